@@ -1,0 +1,23 @@
+# decode-gap: where every millisecond of decode goes. Run: snakemake --cores all report
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/audit.smk"
+include: "workflow/rules/roofline.smk"
+include: "workflow/rules/microbench.smk"
+include: "workflow/rules/simulate.smk"
+include: "workflow/rules/live.smk"
+include: "workflow/rules/gap.smk"
+include: "workflow/rules/report.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        rules.report.input,

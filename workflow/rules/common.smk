@@ -1,0 +1,115 @@
+# Helpers shared by every rule file: config validation, the hardware revision and the fingerprint.
+import os
+import sys
+from pathlib import Path
+
+from snakemake.utils import validate
+
+REPO = Path(workflow.basedir)
+PACKAGE_DIR = str(REPO / "workflow")
+sys.path.insert(0, PACKAGE_DIR)
+# Scripts run as child processes; they import the package from the checkout too.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [PACKAGE_DIR] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+)
+
+from decode_gap.config import one_line_validation_error, resolve_run
+from decode_gap.errors import ConfigError
+from decode_gap import fingerprint as fp
+
+
+try:
+    validate(config, str(REPO / "config" / "config.schema.json"))
+except Exception as exc:
+    sys.exit(one_line_validation_error(exc, workflow.configfiles))
+
+try:
+    RUN = resolve_run(config, REPO)
+except ConfigError as exc:
+    sys.exit(f"decode-gap: error: {exc}")
+HWREV = RUN.hardware_revision
+RES = f"results/{HWREV}"
+FINGERPRINT = fp.measure_components(server=RUN.server_identity)
+
+
+def stage_fingerprint(stage):
+    """Params value that makes Snakemake rerun a stage when a component it depends on changes."""
+    return fp.for_stage(FINGERPRINT, stage)
+
+
+def stage_enabled(stage):
+    return bool(config.get("stages", {}).get(stage, True))
+
+
+def res(path):
+    return f"{RES}/{path}"
+
+
+EMBEDDED_GGUF = "resources/models/gemma-3-270m-q4_k_m.gguf"
+
+
+def gguf_path():
+    """The GGUF file in play: configured, or the embedded server's (assembled from its PyPI package)."""
+    if config.get("gguf_path"):
+        return config["gguf_path"]
+    if config["weight_format"] == "gguf-q4_k_m" or RUN.embedded_server:
+        return EMBEDDED_GGUF
+    return ""
+
+
+def gguf_input(wildcards):
+    path = gguf_path()
+    return [path] if path else []
+
+
+def run_params(stage):
+    """The config a stage's result depends on (a params change reruns the stage)."""
+    keys = ["model", "weight_format", "hardware", "tp", "ep", "batch_size", "context_len", "kv_cache_dtype"]
+    out = {k: config.get(k) for k in keys}
+    out["gguf_path"] = gguf_path()
+    out["hardware_spec"] = RUN.hardware.key
+    out["hardware_revision"] = HWREV
+    out["enabled"] = stage_enabled(stage) if stage in ("audit", "microbench", "simulate", "live") else True
+    if stage in ("roofline", "microbench", "simulate", "live"):
+        out[stage] = config.get(stage, {})
+    if stage == "live":
+        out["endpoint"] = config.get("endpoint", "")
+        out["api_key_env"] = config.get("api_key_env", "")
+    if stage == "simulate":
+        out["microbench"] = config.get("microbench", {})
+    return out
+
+
+def gpu_count_wanted(n):
+    """GPUs a rule asks for (for --executor slurm); zero on a host without GPUs."""
+    return n if RUN.hardware.kind == "gpu" else 0
+
+
+def report_templates(wildcards):
+    return sorted(str(p) for p in (REPO / "report" / "templates").glob("*.j2"))
+
+
+def stage_summaries(wildcards):
+    """Every stage file the report reads; the archive keeps them beside the report."""
+    return [
+        res(p)
+        for p in (
+            "audit.json",
+            "roofline.json",
+            "roofline_components.csv",
+            "microbench/memory.json",
+            "microbench/allreduce.csv",
+            "microbench/allreduce.json",
+            "microbench/gemm.csv",
+            "microbench/gemm.json",
+            "microbench/moe.csv",
+            "microbench/moe.json",
+            "microbench/attention.csv",
+            "microbench/attention.json",
+            "microbench/launch.csv",
+            "microbench/launch.json",
+            "simulate.json",
+            "live/summary.json",
+            "gap.json",
+        )
+    ]

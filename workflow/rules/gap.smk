@@ -1,0 +1,20 @@
+# Gap attribution: the waterfall from the roofline to the live inter-token latency.
+
+
+rule attribute_gap:
+    input:
+        roofline=rules.compute_roofline.output.json,
+        memory=rules.measure_memory.output.json,
+        allreduce=rules.bench_allreduce.output.json,
+        gemm=rules.bench_gemm.output.json,
+        launch=rules.bench_launch.output.json,
+        simulate=rules.merge_simulation.output.json,
+        live=rules.measure_live.output.summary,
+        audit=rules.collect_audit.output.json,
+    output:
+        json=res("gap.json"),
+    log:
+        res("logs/attribute_gap.log"),
+    localrule: True
+    script:
+        "../scripts/attribute_gap.py"
