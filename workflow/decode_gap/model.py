@@ -38,7 +38,7 @@ class LinearLayer:
     layers: int  # how many layers hold one
     per_layer: int = 1  # copies per layer (experts)
     active_per_token: float = 1.0  # copies read per token per layer (top-k experts)
-    quantizable: bool = True  # router and lm_head stay in bf16 in every format we model
+    quantizable: bool = True  # the router and the DSA indexer's head weights stay in bf16 in every format
 
     @property
     def params(self) -> int:
@@ -293,7 +293,7 @@ def linear_layers(spec: ModelSpec, tp: int = 1, ep: int = 1, batch: int = 1) -> 
         out.append(LinearLayer("moe.expert.gate_up_proj", "routed_expert", 2 * inter, h, ml, per_rank, active))
         out.append(LinearLayer("moe.expert.down_proj", "routed_expert", h, inter, ml, per_rank, active))
 
-    out.append(LinearLayer("lm_head", "lm_head", _shard(spec.vocab, tp), h, 1, quantizable=False))
+    out.append(LinearLayer("lm_head", "lm_head", _shard(spec.vocab, tp), h, 1))
     return out
 
 

@@ -1,0 +1,383 @@
+"""Roofline of one decode step: bytes and FLOPs per GPU, and the floors they imply.
+
+Definitions (per decode step, i.e. one new token for each of `batch` sequences; at batch 1 per token):
+- weight bytes: every linear layer read once (routed experts: the expected number of distinct experts the batch
+  hits), plus block-scale bytes, norms and one embedding row per sequence;
+- KV bytes: the cache read at the context length (GQA: K and V of this GPU's KV heads; MLA: the latent cache,
+  which every TP rank reads whole; DSA: the indexer keys of the whole context plus index_topk latent rows);
+- t_memory = bytes / bandwidth, t_compute = FLOPs / peak rate, t_comm_floor = all-reduces x latency,
+  t_floor = max(t_memory, t_compute) + t_comm_floor.
+
+Layout `even` splits every weight evenly over the TP group: the theoretical minimum, and the arithmetic the
+seeds' investigation used. Layout `engine` follows SGLang/vLLM sharding, where MLA's A projections, the DSA
+indexer and the router are replicated on every rank; both are always reported, the configured one heads.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+from .hardware import HardwareSpec
+from .model import LinearLayer, ModelSpec, expected_distinct_experts, linear_layers, norm_params, parameter_counts
+
+# bytes per weight element, and scale bytes per element, by format
+_FP32_TENSOR_SCALE = 4.0
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    name: str
+    bytes_per_param: float
+    scale_bytes_per_param: float  # block scales, amortised per element
+    per_tensor_scale_bytes: float
+    compute_dtype: str  # the tensor-core rate the math runs at, when the hardware has it
+    description: str
+
+
+WEIGHT_FORMATS = {
+    "bf16": WeightFormat("bf16", 2.0, 0.0, 0.0, "bf16", "bfloat16"),
+    "fp8": WeightFormat("fp8", 1.0, 0.0, _FP32_TENSOR_SCALE, "fp8", "FP8 E4M3 with one FP32 scale per tensor"),
+    "fp8-block": WeightFormat(
+        "fp8-block", 1.0, 4.0 / (128 * 128), 0.0, "fp8", "FP8 E4M3 with one FP32 scale per 128x128 block"
+    ),
+    "nvfp4": WeightFormat(
+        "nvfp4", 0.5, 1.0 / 16, _FP32_TENSOR_SCALE, "fp4",
+        "NVFP4: 4-bit E2M1, one FP8 E4M3 scale per 16 elements, one FP32 scale per tensor",
+    ),
+    # Without the file: Q4_K (4.5 bits per weight: 144 bytes per 256-element super-block) for the bulk.
+    "gguf-q4_k_m": WeightFormat("gguf-q4_k_m", 144 / 256, 0.0, 0.0, "bf16", "GGUF Q4_K_M (Q4_K bulk, 4.5 bits/weight)"),
+}
+
+KV_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}
+
+
+def kv_dtype(config_value: str, weight_format: str) -> str:
+    if config_value and config_value != "auto":
+        return config_value
+    return "fp16" if weight_format.startswith("gguf") else "bf16"
+
+
+def _layer_bytes(lin: LinearLayer, fmt: WeightFormat, keep_bf16: set[str]) -> tuple[float, float, str]:
+    """(weight bytes, scale bytes, dtype) of one copy of a linear layer."""
+    if not lin.quantizable or lin.group in keep_bf16 or fmt.name == "bf16":
+        return lin.params * 2.0, 0.0, "bf16"
+    scale = lin.params * fmt.scale_bytes_per_param + fmt.per_tensor_scale_bytes
+    return lin.params * fmt.bytes_per_param, scale, fmt.name
+
+
+def _replicated(lin: LinearLayer, spec: ModelSpec) -> bool:
+    """Layers that the engine layout does not shard: their per-GPU shape equals the full shape."""
+    if lin.group == "router":
+        return True
+    return lin.name in {"attn.q_a_proj", "attn.kv_a_proj"} or lin.name.startswith("attn.indexer.")
+
+
+def kv_bytes_per_sequence(spec: ModelSpec, context_len: int, tp: int, dtype: str) -> tuple[float, str]:
+    """KV-cache bytes one GPU reads for one sequence at `context_len`, and how they were counted."""
+    b = KV_BYTES[dtype]
+    if spec.mla:
+        latent = spec.kv_lora_rank + spec.qk_rope_head_dim
+        if spec.index_heads and spec.index_topk:
+            rows = min(context_len, spec.index_topk)
+            # DSA: the indexer scans FP8 keys (plus one fp32 scale per key) over the whole context
+            indexer = context_len * (spec.index_head_dim * 1 + 4)
+            return spec.layers * (rows * latent * b + indexer), (
+                f"MLA latent {latent} x min(ctx, index_topk={spec.index_topk}) + DSA indexer keys x ctx, every rank"
+            )
+        return spec.layers * context_len * latent * b, f"MLA latent cache ({latent} per token per layer), every rank"
+    kv_heads = max(1, -(-spec.kv_heads // tp))
+    per_token_layer = 2 * kv_heads * spec.head_dim * b
+    full_layers = spec.layers - spec.sliding_layers
+    sliding_ctx = min(context_len, spec.sliding_window) if spec.sliding_layers else 0
+    total = per_token_layer * (full_layers * context_len + spec.sliding_layers * sliding_ctx)
+    how = f"K+V of {kv_heads} KV head(s) x {spec.head_dim} per GPU"
+    if spec.sliding_layers:
+        how += f"; {spec.sliding_layers} sliding layers read min(ctx, {spec.sliding_window})"
+    return total, how
+
+
+def attention_flops_per_sequence(spec: ModelSpec, context_len: int, tp: int) -> float:
+    heads = max(1, -(-spec.heads // tp))
+    if spec.mla:
+        ctx = min(context_len, spec.index_topk) if spec.index_topk else context_len
+        # absorbed MLA: scores over latent+rope, values over the latent
+        per_layer = 2 * heads * ctx * (spec.kv_lora_rank + spec.qk_rope_head_dim) + 2 * heads * ctx * spec.kv_lora_rank
+        if spec.index_heads:
+            per_layer += 2 * spec.index_heads * spec.index_head_dim * context_len
+        return spec.layers * per_layer
+    full = spec.layers - spec.sliding_layers
+    sliding_ctx = min(context_len, spec.sliding_window) if spec.sliding_layers else 0
+    ctx_sum = full * context_len + spec.sliding_layers * sliding_ctx
+    return 4 * heads * spec.head_dim * ctx_sum
+
+
+def allreduces_per_step(spec: ModelSpec, tp: int) -> int:
+    """Two per layer under TP (after attention, after the MLP/MoE), none at TP1; the seeds counted 2 x 78 = 156."""
+    return 0 if tp <= 1 else 2 * spec.layers
+
+
+_GGUF_GROUPS = [
+    (re.compile(r"^token_embd\."), "embedding"),
+    (re.compile(r"^output\.weight"), "lm_head"),
+    (re.compile(r"norm"), "norms"),
+    (re.compile(r"ffn_gate_inp"), "router"),
+    (re.compile(r"_shexp"), "shared_expert"),
+    (re.compile(r"_exps"), "routed_expert"),
+    (re.compile(r"\.attn_|\.attn\."), "attention"),
+    (re.compile(r"\.ffn_"), "mlp"),
+]
+
+
+def gguf_tensor_bytes(path: str | Path) -> list[dict[str, Any]]:
+    """Exact per-tensor sizes and types from a GGUF file header (read with the `gguf` package)."""
+    try:
+        import gguf
+    except ImportError:  # pragma: no cover - gguf is a declared dependency
+        raise ConfigError("the 'gguf' package is needed to read GGUF files (pip install gguf)") from None
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: GGUF file not found (config key 'gguf_path')") from None
+    except Exception as exc:
+        raise ConfigError(f"{path}: not a readable GGUF file ({exc})") from None
+    rows = []
+    for t in reader.tensors:
+        group = next((g for rx, g in _GGUF_GROUPS if rx.search(t.name)), "other")
+        rows.append({"name": t.name, "type": t.tensor_type.name, "bytes": int(t.n_bytes), "elements": int(t.n_elements), "group": group})
+    return rows
+
+
+def _component_rows_from_gguf(spec: ModelSpec, tensors: list[dict[str, Any]], batch: int, tp: int) -> list[dict[str, Any]]:
+    by_group: dict[str, dict[str, Any]] = {}
+    tied = not any(t["group"] == "lm_head" for t in tensors)
+    for t in tensors:
+        group = t["group"]
+        read = float(t["bytes"])
+        if group == "embedding":
+            row_bytes = t["bytes"] / max(1, spec.vocab)
+            if tied:
+                # the tied output head reads the whole table; the embedding row is one more row
+                add = {"component": "lm_head (tied token_embd)", "group": "lm_head", "bytes": read / tp,
+                       "params": t["elements"] / tp, "dtype": t["type"]}
+                _accumulate(by_group, add)
+            read = row_bytes * batch
+            _accumulate(by_group, {"component": "embedding rows", "group": "embedding", "bytes": read,
+                                   "params": spec.hidden * batch, "dtype": t["type"]})
+            continue
+        if group == "routed_expert":
+            share = expected_distinct_experts(spec.experts, spec.top_k, batch) / max(1, spec.experts)
+            read *= share
+        _accumulate(by_group, {"component": group, "group": group, "bytes": read / tp,
+                               "params": t["elements"] / tp, "dtype": t["type"]})
+    return list(by_group.values())
+
+
+def _accumulate(acc: dict[str, dict[str, Any]], row: dict[str, Any]) -> None:
+    key = row["component"]
+    if key not in acc:
+        acc[key] = {**row, "dtype": {row["dtype"]}, "scale_bytes": 0.0}
+    else:
+        acc[key]["bytes"] += row["bytes"]
+        acc[key]["params"] += row["params"]
+        acc[key]["dtype"].add(row["dtype"])
+
+
+def compute_roofline(
+    spec: ModelSpec,
+    hardware: HardwareSpec,
+    weight_format: str,
+    tp: int = 1,
+    ep: int = 1,
+    batch: int = 1,
+    context_len: int = 512,
+    kv_cache_dtype: str = "auto",
+    layout: str = "even",
+    keep_bf16: tuple[str, ...] = (),
+    allreduce_latency_us: float | None = None,
+    gguf_path: str | None = None,
+) -> dict[str, Any]:
+    if weight_format not in WEIGHT_FORMATS:
+        raise ConfigError(f"config field 'weight_format': unknown format '{weight_format}' (known: {', '.join(WEIGHT_FORMATS)})")
+    if layout not in ("even", "engine"):
+        raise ConfigError(f"config field 'roofline.layout': '{layout}' is not one of even, engine")
+    fmt = WEIGHT_FORMATS[weight_format]
+    keep = set(keep_bf16)
+    kvd = kv_dtype(kv_cache_dtype, weight_format)
+    provenance: dict[str, str] = {}
+
+    # ---- weights per GPU, per decode step
+    per_layout: dict[str, float] = {}
+    rows_by_layout: dict[str, list[dict[str, Any]]] = {}
+    for lay in ("even", "engine"):
+        lins = linear_layers(spec, tp=1 if lay == "even" else tp, ep=1 if lay == "even" else ep, batch=batch)
+        rows = []
+        for lin in lins:
+            w, s, dtype = _layer_bytes(lin, fmt, keep)
+            copies = lin.layers * lin.active_per_token
+            divisor = tp if lay == "even" else 1
+            if lay == "engine" and lin.group == "routed_expert" and ep > 1:
+                copies = lin.layers * lin.active_per_token  # already spread over ep ranks
+            rows.append({
+                "component": lin.name, "group": lin.group, "dtype": dtype,
+                "n": lin.n, "k": lin.k, "copies_read": copies,
+                "params": lin.params * copies / divisor,
+                "bytes": w * copies / divisor, "scale_bytes": s * copies / divisor,
+                "replicated": lay == "engine" and _replicated(lin, spec) and tp > 1,
+            })
+        norms = norm_params(spec)
+        rows.append({"component": "norms", "group": "norms", "dtype": "bf16", "n": 0, "k": 0, "copies_read": 1,
+                     "params": norms, "bytes": norms * 2.0, "scale_bytes": 0.0, "replicated": True})
+        rows.append({"component": "embedding rows", "group": "embedding", "dtype": "bf16", "n": spec.hidden, "k": 1,
+                     "copies_read": batch, "params": spec.hidden * batch, "bytes": spec.hidden * 2.0 * batch,
+                     "scale_bytes": 0.0, "replicated": True})
+        rows_by_layout[lay] = rows
+        per_layout[lay] = sum(r["bytes"] + r["scale_bytes"] for r in rows)
+
+    gguf_rows = None
+    if weight_format.startswith("gguf") and gguf_path:
+        tensors = gguf_tensor_bytes(gguf_path)
+        gguf_rows = _component_rows_from_gguf(spec, tensors, batch, tp)
+        for r in gguf_rows:
+            r["dtype"] = "+".join(sorted(r["dtype"]))
+        weight_bytes = sum(r["bytes"] for r in gguf_rows)
+        per_layout = {"even": weight_bytes, "engine": weight_bytes}
+        provenance["weight_bytes_per_token_per_gpu"] = f"modelled: exact tensor sizes from {gguf_path}"
+        components = gguf_rows
+    else:
+        weight_bytes = per_layout[layout]
+        provenance["weight_bytes_per_token_per_gpu"] = (
+            f"modelled: {fmt.description}; layout '{layout}'; kept in bf16: {', '.join(sorted(keep)) or 'none'}"
+        )
+        components = rows_by_layout[layout]
+
+    kv_seq, kv_how = kv_bytes_per_sequence(spec, context_len, tp, kvd)
+    kv_bytes = kv_seq * batch
+    components = components + [{
+        "component": "kv_cache", "group": "kv_cache", "dtype": kvd, "params": 0,
+        "bytes": kv_bytes, "scale_bytes": 0.0, "note": kv_how,
+    }]
+    total_bytes = weight_bytes + kv_bytes
+
+    # ---- FLOPs: 2 per weight element per sequence, plus attention over the context
+    linear_params_per_gpu = sum(r["params"] for r in rows_by_layout[layout] if r["group"] not in ("norms", "embedding"))
+    attn_flops = attention_flops_per_sequence(spec, context_len, tp) * batch
+    flops = 2.0 * linear_params_per_gpu * batch + attn_flops
+    for r in components:
+        if r["group"] == "kv_cache":
+            r["flops"] = attn_flops
+        elif r["group"] in ("norms", "embedding"):
+            r["flops"] = 0.0
+        else:
+            r["flops"] = 2.0 * r.get("params", 0) * batch
+
+    # ---- floors
+    bw = hardware.memory_bandwidth_gbps
+    if bw:
+        t_memory = total_bytes / (bw * 1e9) * 1e3
+        t_memory_engine = (per_layout["engine"] + kv_bytes) / (bw * 1e9) * 1e3
+        provenance["t_memory_ms"] = f"modelled: bytes / datasheet bandwidth {bw:g} GB/s ({hardware.source or hardware.key})"
+    else:
+        t_memory = t_memory_engine = None
+        provenance["t_memory_ms"] = (
+            f"unavailable: hardware '{hardware.key}' has no datasheet bandwidth; the gap stage applies the "
+            "measured bandwidth from microbench/memory.json"
+        )
+    compute_dtype = fmt.compute_dtype if fmt.compute_dtype in hardware.peak_tflops else "bf16"
+    peak = hardware.peak_tflops.get(compute_dtype)
+    if peak:
+        t_compute = flops / (peak * 1e12) * 1e3
+        provenance["t_compute_ms"] = f"modelled: FLOPs / datasheet {compute_dtype} peak {peak:g} TFLOP/s"
+    else:
+        t_compute = None
+        provenance["t_compute_ms"] = f"unavailable: no datasheet {compute_dtype} peak for '{hardware.key}' (measured by microbench)"
+
+    n_ar = allreduces_per_step(spec, tp)
+    msg_bytes = spec.hidden * batch * 2
+    link = hardware.interconnect.get("bandwidth_gbps") if isinstance(hardware.interconnect, dict) else None
+    link = link if isinstance(link, (int, float)) else None
+    if n_ar == 0:
+        t_comm = 0.0
+        provenance["t_comm_floor_ms"] = "modelled: TP1 has no all-reduce"
+    elif allreduce_latency_us is not None:
+        t_comm = n_ar * allreduce_latency_us / 1e3
+        provenance["t_comm_floor_ms"] = f"modelled: {n_ar} all-reduces x {allreduce_latency_us:g} us (config roofline.allreduce_latency_us)"
+    elif link:
+        per_op_s = msg_bytes * 2 * (tp - 1) / tp / (link * 1e9)
+        t_comm = n_ar * per_op_s * 1e3
+        provenance["t_comm_floor_ms"] = (
+            f"modelled: {n_ar} all-reduces of {msg_bytes} B at the datasheet link {link:g} GB/s (bandwidth term only; "
+            "the latency term is measured by microbench/allreduce)"
+        )
+    else:
+        t_comm = None
+        provenance["t_comm_floor_ms"] = "unavailable: no interconnect bandwidth in the hardware spec; measured by microbench/allreduce"
+
+    bound = None
+    if t_memory is not None or t_compute is not None:
+        t_floor = max(x for x in (t_memory, t_compute) if x is not None) + (t_comm or 0.0)
+        bound = "memory" if (t_memory or 0) >= (t_compute or 0) else "compute"
+        tokens_per_s = batch * 1e3 / t_floor if t_floor > 0 else None
+        provenance["t_floor_ms"] = "modelled: max(t_memory, t_compute) + t_comm_floor"
+    else:
+        t_floor = tokens_per_s = None
+        provenance["t_floor_ms"] = "unavailable: no datasheet rates for this hardware; see gap.json for the measured-bandwidth floor"
+    provenance["tokens_per_s_ceiling"] = provenance["t_floor_ms"]
+
+    counts = parameter_counts(spec)
+    for r in components:
+        r["bytes_total"] = r["bytes"] + r.get("scale_bytes", 0.0)
+        r["share"] = r["bytes_total"] / total_bytes if total_bytes else 0.0
+        if bw:
+            r["t_memory_ms"] = r["bytes_total"] / (bw * 1e9) * 1e3
+    replicated_extra = per_layout["engine"] - per_layout["even"]
+    return {
+        "stage": "roofline",
+        "status": "ok",
+        "model": {"name": spec.name, "architecture": spec.architecture, "path": spec.path},
+        "weight_format": weight_format,
+        "weight_format_description": fmt.description,
+        "hardware": {
+            "key": hardware.key, "name": hardware.name, "kind": hardware.kind,
+            "memory_bandwidth_gbps": bw, "peak_tflops": hardware.peak_tflops, "interconnect": hardware.interconnect,
+        },
+        "tp": tp, "ep": ep, "batch_size": batch, "context_len": context_len, "kv_cache_dtype": kvd,
+        "layout": layout, "keep_bf16": sorted(keep),
+        "params_total": counts["params_total"],
+        "params_active": counts["params_active"],
+        "weight_bytes_per_token_per_gpu": weight_bytes,
+        "kv_bytes_per_token_per_gpu": kv_bytes,
+        "bytes_per_token_per_gpu": total_bytes,
+        "weight_bytes_even_layout_per_gpu": per_layout["even"],
+        "weight_bytes_engine_layout_per_gpu": per_layout["engine"],
+        "replicated_weight_bytes_per_gpu": replicated_extra,
+        "t_memory_engine_layout_ms": t_memory_engine,
+        "flops_per_token_per_gpu": flops,
+        "compute_dtype": compute_dtype,
+        "t_memory_ms": t_memory,
+        "t_compute_ms": t_compute,
+        "t_comm_floor_ms": t_comm,
+        "t_floor_ms": t_floor,
+        "bound": bound,
+        "tokens_per_s_ceiling": tokens_per_s,
+        "allreduces_per_token": n_ar,
+        "allreduce_message_bytes": msg_bytes,
+        "kv_note": kv_how,
+        "provenance": provenance,
+        "components": components,
+    }
+
+
+def components_table(result: dict[str, Any]):
+    """The per-component table as a DataFrame (written as roofline_components.csv)."""
+    import pandas as pd
+
+    cols = ["component", "group", "dtype", "params", "bytes", "scale_bytes", "bytes_total", "share", "flops", "t_memory_ms", "replicated", "note"]
+    df = pd.DataFrame(result["components"])
+    for c in cols:
+        if c not in df.columns:
+            df[c] = None
+    return df[cols]
