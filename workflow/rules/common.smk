@@ -1,4 +1,4 @@
-# Helpers shared by every rule file: config validation, the hardware revision and the fingerprint.
+# Shared helpers for all stages (config validation, hardware revision, fingerprint).
 import os
 import sys
 from pathlib import Path
@@ -8,9 +8,11 @@ from snakemake.utils import validate
 REPO = Path(workflow.basedir)
 PACKAGE_DIR = str(REPO / "workflow")
 sys.path.insert(0, PACKAGE_DIR)
-# Scripts run as child processes; they import the package from the checkout too.
-os.environ["PYTHONPATH"] = os.pathsep.join(
-    [PACKAGE_DIR] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+# Scripts run as child processes; they import the package from the checkout too (no install needed).
+os.environ.update(
+    PYTHONPATH=os.pathsep.join(
+        [PACKAGE_DIR, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    )
 )
 
 from decode_gap.config import one_line_validation_error, resolve_run
