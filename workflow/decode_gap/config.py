@@ -63,15 +63,47 @@ def load_run(config: dict[str, Any], repo: str | Path = ".") -> Run:
     return resolve_run(config, repo)
 
 
-def one_line_validation_error(exc: Exception, configfiles: list[str] | None = None) -> str:
-    """Turn snakemake.utils.validate's error into one line naming the file and the field."""
-    where = ", ".join(str(f) for f in (configfiles or [])) or "config"
+def _lookup(data: Any, path: list) -> bool:
+    for key in path:
+        if isinstance(data, dict) and key in data:
+            data = data[key]
+        elif isinstance(data, list) and isinstance(key, int) and key < len(data):
+            data = data[key]
+        else:
+            return False
+    return True
+
+
+def field_source(path: list, configfiles: list[str], overrides: dict[str, Any] | None) -> str:
+    """Where a config field's value came from: --config wins over the config files, the last file over earlier ones."""
+    if overrides and _lookup(overrides, path):
+        return "--config"
+    for f in reversed(configfiles or []):
+        try:
+            import yaml
+
+            with open(f, encoding="utf-8") as fh:
+                if _lookup(yaml.safe_load(fh) or {}, path):
+                    return str(f)
+        except (OSError, ValueError):
+            continue
+    return ", ".join(str(f) for f in configfiles) if configfiles else "config"
+
+
+def one_line_validation_error(
+    exc: Exception, configfiles: list[str] | None = None, overrides: dict[str, Any] | None = None
+) -> str:
+    """Turn snakemake.utils.validate's error into one line naming the file (or --config) and the field."""
+    configfiles = [str(f) for f in (configfiles or [])]
     cause = exc
     while cause is not None and not hasattr(cause, "absolute_path"):
         cause = cause.__cause__ or cause.__context__
     if cause is not None:
-        field = ".".join(str(p) for p in cause.absolute_path) or "(top level)"
+        path = list(cause.absolute_path)
+        field = ".".join(str(p) for p in path) or "(top level)"
+        where = field_source(path, configfiles, overrides) if path else (", ".join(configfiles) or "config")
         msg = cause.message if hasattr(cause, "message") else str(cause)
         return f"decode-gap: error: {where}: field '{field}': {msg}"
+    where = ", ".join(configfiles) or "config"
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return f"decode-gap: error: {where}: {first}"

@@ -23,7 +23,13 @@ from decode_gap import fingerprint as fp
 try:
     validate(config, str(REPO / "config" / "config.schema.json"))
 except Exception as exc:
-    sys.exit(one_line_validation_error(exc, workflow.configfiles))
+    sys.exit(
+        one_line_validation_error(
+            exc,
+            [*workflow.configfiles, *workflow.config_settings.configfiles],
+            dict(workflow.config_settings.config),
+        )
+    )
 
 try:
     RUN = resolve_run(config, REPO)

@@ -1,0 +1,62 @@
+"""Config validation: the shipped config is valid; every error is one line naming the file (or --config) and field."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+from snakemake.utils import validate
+
+from decode_gap.config import one_line_validation_error, resolve_run
+from decode_gap.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+SCHEMA = str(REPO / "config" / "config.schema.json")
+
+
+def shipped():
+    return yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+
+
+def test_shipped_config_is_valid():
+    cfg = shipped()
+    validate(cfg, SCHEMA)
+    run = resolve_run(cfg, REPO)
+    assert run.model.architecture == "Gemma3ForCausalLM"
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ({"tp": "two"}, "field 'tp': 'two' is not of type 'integer'"),
+        ({"weight_format": "int3"}, "field 'weight_format': 'int3' is not one of"),
+        ({"live": {"api": "grpc"}}, "field 'live.api': 'grpc' is not one of"),
+        ({"bogus": 1}, "Additional properties are not allowed ('bogus' was unexpected)"),
+    ],
+)
+def test_schema_errors_are_one_line(override, expected, tmp_path):
+    cfg = shipped()
+    for k, v in override.items():
+        cfg[k] = {**cfg[k], **v} if isinstance(v, dict) and isinstance(cfg.get(k), dict) else v
+    with pytest.raises(Exception) as info:
+        validate(cfg, SCHEMA)
+    line = one_line_validation_error(info.value, ["config/config.yaml"], override)
+    assert "\n" not in line
+    assert line.startswith("decode-gap: error: ")
+    assert expected in line
+
+
+def test_error_names_the_config_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("tp: 0\n")
+    cfg = {**shipped(), "tp": 0}
+    with pytest.raises(Exception) as info:
+        validate(cfg, SCHEMA)
+    line = one_line_validation_error(info.value, ["config/config.yaml", str(bad)], {})
+    assert line == f"decode-gap: error: {bad}: field 'tp': 0 is less than the minimum of 1"
+
+
+def test_unknown_hardware_and_model(tmp_path):
+    with pytest.raises(ConfigError, match="config field 'hardware': no spec named 'tpu'"):
+        resolve_run({**shipped(), "hardware": "tpu"}, REPO)
+    with pytest.raises(ConfigError, match="model config.json not found"):
+        resolve_run({**shipped(), "model": str(tmp_path / "x.json")}, REPO)
