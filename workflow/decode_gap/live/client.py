@@ -1,0 +1,147 @@
+"""One streamed request to an OpenAI-compatible server, timed the way `vllm bench serve` times it.
+
+The arrival time of each server-sent event is the `time.perf_counter_ns()` taken as soon as the network
+read that completed it returns, before SSE decoding and before JSON parsing: the byte stream under
+httpx-sse is wrapped so that every read is stamped. JSON is parsed only after the stream ends (`parse`),
+so the loop that receives chunks does as little as possible while the clock matters.
+
+A request never raises: every failure becomes a `StreamResult` with a stable one-line `reason` naming the
+URL (counted and grouped in the summary) and a per-request `detail`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+from httpx_sse import SSEError, aconnect_sse
+
+
+def display_url(url: str) -> str:
+    """The URL without any user:password part (a secret must never reach a result or a log)."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+
+
+def one_line(text: str, limit: int = 200) -> str:
+    """Server-supplied text squeezed to one short line (it is escaped again where the report renders it)."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+@dataclass
+class StreamResult:
+    """What came back for one request: raw events with arrival times, or why it failed."""
+
+    url: str
+    t_start_ns: int = 0
+    t_end_ns: int = 0
+    status: int | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    events: list[tuple[int, str, str]] = field(default_factory=list)  # (arrival ns, SSE event name, data)
+    overhead_ns: list[int] = field(default_factory=list)  # per event: bytes arrived -> record stored
+    done: bool = False
+    reason: str | None = None  # stable, grouped in the summary; None when the transport part succeeded
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.reason is None
+
+    def fail(self, reason: str, detail: str = "") -> "StreamResult":
+        if self.reason is None:  # the first failure wins
+            self.reason = reason
+            self.detail = one_line(detail)
+        return self
+
+
+class _StampedStream(httpx.AsyncByteStream):
+    """Wraps a response's byte stream; `t_ns` is the arrival time of the latest network read."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.t_ns = 0
+        self.reads = 0
+
+    async def __aiter__(self):
+        async for chunk in self._inner:
+            self.t_ns = time.perf_counter_ns()
+            self.reads += 1
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+async def stream_request(
+    client: httpx.AsyncClient,
+    url: str,
+    payload: dict[str, Any],
+    headers: dict[str, str] | None,
+    timeout_s: float,
+) -> StreamResult:
+    """POST `payload` with `stream: true` and record every SSE event's arrival time until `[DONE]`."""
+    shown = display_url(url)
+    res = StreamResult(url=shown)
+    res.t_start_ns = time.perf_counter_ns()
+    started = False
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with aconnect_sse(client, "POST", url, json=payload, headers=dict(headers or {})) as source:
+                resp = source.response
+                started = True
+                res.status = resp.status_code
+                res.headers = {k.lower(): v for k, v in resp.headers.items()}
+                if resp.status_code >= 400:
+                    body = (await resp.aread())[:4000].decode("utf-8", "replace")
+                    return res.fail(f"HTTP {resp.status_code} from {shown}", body)
+                ctype = resp.headers.get("content-type", "")
+                if "text/event-stream" not in ctype:
+                    body = (await resp.aread())[:400].decode("utf-8", "replace")
+                    return res.fail(
+                        f"non-SSE response from {shown} (content-type {ctype.split(';')[0].strip() or 'missing'!r})",
+                        body,
+                    )
+                stamped = _StampedStream(resp.stream)
+                resp.stream = stamped
+                events = res.events
+                overhead = res.overhead_ns
+                async for sse in source.aiter_sse():
+                    t = stamped.t_ns
+                    if sse.data == "[DONE]":
+                        res.done = True
+                        break
+                    events.append((t, sse.event, sse.data))
+                    overhead.append(time.perf_counter_ns() - t)
+        if not res.done:
+            res.fail(f"stream from {shown} ended without [DONE]", f"{len(res.events)} events received")
+    except TimeoutError:
+        res.fail(
+            f"timeout after {timeout_s:g} s (live.timeout_s) waiting for {shown}",
+            f"{len(res.events)} events received",
+        )
+    except httpx.TimeoutException as exc:
+        res.fail(f"timeout ({type(exc).__name__}) waiting for {shown}", str(exc))
+    except httpx.ConnectError as exc:
+        res.fail(f"cannot connect to {shown}", str(exc))
+    except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
+        if started:
+            res.fail(f"connection dropped mid-stream by {shown}", f"{len(res.events)} events received; {exc}")
+        else:
+            res.fail(f"connection closed by {shown} before a response", str(exc))
+    except SSEError as exc:
+        res.fail(f"non-SSE response from {shown}", str(exc))
+    except httpx.HTTPError as exc:
+        res.fail(f"HTTP transport error ({type(exc).__name__}) with {shown}", str(exc))
+    finally:
+        res.t_end_ns = time.perf_counter_ns()
+    return res
