@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The whole pipeline on one H200, repeatably (the `device` tool runs this over a copy of the repo).
+#
+# Here, once:   ../shared/tools/device-wheels.sh .whl accelerate transformers fastapi uvicorn openai pydantic \
+#                   httpx httpx-sse nvidia-ml-py psutil rich gguf
+#               (then drop the CUDA/torch wheels it pulls in: rm .whl/{nvidia_,triton-,cuda_,sympy-,networkx-}*)
+# Device:       run(command="bash benchmarks/device/h200_pipeline.sh", carry=[".whl"], timeout_s=600)
+# Back here:    tar xzf <files_at>/results.tgz && .venv/bin/snakemake --cores 2 report --configfile benchmarks/device/h200-llama1b.yaml
+#               (the report renders here: the device has no pango for weasyprint; finished stages are not rerun
+#               when the fingerprint overrides in the tarball's env file are exported, see render_h200_report.sh)
+#
+# Two runs: (1) `transformers serve` with a random-weight 1B Llama in bf16 as the live server, the same model at
+# the kernel and engine levels (closure); (2) DeepSeek-V3 FP8 shapes for the micro-benchmarks and the kernel level.
+set -uo pipefail
+OUT=${OUT:-$PWD/devrun/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  >"$OUT/pip.log" 2>&1 || { echo "wheel install failed"; tail "$OUT/pip.log"; }
+export PYTHONPATH=/tmp/site:$PWD/workflow PATH=/tmp/site/bin:$PATH
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+
+MODEL_DIR=/tmp/llama-1b-random
+python3 -c "from decode_gap.randmodel import build_random_model as b; b('config/models/llama-1b-random.json', '$MODEL_DIR')" \
+  >"$OUT/model.log" 2>&1 || tail -5 "$OUT/model.log"
+
+setsid transformers serve "$MODEL_DIR" --host 127.0.0.1 --port 8000 --device cuda:0 --dtype bfloat16 \
+  >"$OUT/serve.log" 2>&1 &
+SERVER_PID=$!
+stop_server() { kill -- -"$SERVER_PID" 2>/dev/null || kill "$SERVER_PID" 2>/dev/null; }
+trap 'stop_server; tar czf "$OUT/results.tgz" results .snakemake/log 2>/dev/null' EXIT
+for _ in $(seq 1 120); do curl -sf http://127.0.0.1:8000/health >/dev/null && break; sleep 1; done
+curl -sf http://127.0.0.1:8000/health && echo " server ready"
+
+# Stop before render_report: the report is rendered where weasyprint's pango exists.
+timeout 330 snakemake --cores 16 attribute_gap --configfile benchmarks/device/h200-llama1b.yaml \
+  >"$OUT/llama1b.log" 2>&1; echo "llama1b pipeline rc=$?"
+stop_server
+timeout 200 snakemake --cores 16 microbench simulate --configfile benchmarks/device/h200-dsv3.yaml \
+  >"$OUT/dsv3.log" 2>&1; echo "dsv3 rc=$?"
+grep -h "decode-gap: error" "$OUT"/*.log | head -20
+python3 benchmarks/closure.py results/h200-transformers-llama1b 2>&1 | tail -20 || true
