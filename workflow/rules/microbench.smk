@@ -4,13 +4,13 @@
 rule measure_memory:
     output:
         json=res("microbench/memory.json"),
-    params:
-        run=run_params("microbench"),
-        fingerprint=stage_fingerprint("microbench"),
     log:
         res("logs/measure_memory.log"),
     resources:
         gpu=gpu_count_wanted(1),
+    params:
+        run=run_params("microbench"),
+        fingerprint=stage_fingerprint("microbench"),
     script:
         "../scripts/measure_memory.py"
 
@@ -19,13 +19,13 @@ rule bench_allreduce:
     output:
         csv=res("microbench/allreduce.csv"),
         json=res("microbench/allreduce.json"),
-    params:
-        run=run_params("microbench"),
-        fingerprint=stage_fingerprint("microbench"),
     log:
         res("logs/bench_allreduce.log"),
     resources:
         gpu=gpu_count_wanted(config["tp"]),
+    params:
+        run=run_params("microbench"),
+        fingerprint=stage_fingerprint("microbench"),
     script:
         "../scripts/bench_allreduce.py"
 
@@ -36,43 +36,47 @@ rule bench_gemm:
     output:
         csv=res("microbench/gemm.csv"),
         json=res("microbench/gemm.json"),
-    params:
-        run=run_params("microbench"),
-        fingerprint=stage_fingerprint("microbench"),
     log:
         res("logs/bench_gemm.log"),
     resources:
         gpu=gpu_count_wanted(1),
+    params:
+        run=run_params("microbench"),
+        fingerprint=stage_fingerprint("microbench"),
     script:
         "../scripts/bench_gemm.py"
 
 
 rule bench_moe:
+    input:
+        memory=rules.measure_memory.output.json,
     output:
         csv=res("microbench/moe.csv"),
         json=res("microbench/moe.json"),
-    params:
-        run=run_params("microbench"),
-        fingerprint=stage_fingerprint("microbench"),
     log:
         res("logs/bench_moe.log"),
     resources:
         gpu=gpu_count_wanted(1),
+    params:
+        run=run_params("microbench"),
+        fingerprint=stage_fingerprint("microbench"),
     script:
         "../scripts/bench_moe.py"
 
 
 rule bench_attention:
+    input:
+        memory=rules.measure_memory.output.json,
     output:
         csv=res("microbench/attention.csv"),
         json=res("microbench/attention.json"),
-    params:
-        run=run_params("microbench"),
-        fingerprint=stage_fingerprint("microbench"),
     log:
         res("logs/bench_attention.log"),
     resources:
         gpu=gpu_count_wanted(1),
+    params:
+        run=run_params("microbench"),
+        fingerprint=stage_fingerprint("microbench"),
     script:
         "../scripts/bench_attention.py"
 
@@ -81,13 +85,13 @@ rule bench_launch:
     output:
         csv=res("microbench/launch.csv"),
         json=res("microbench/launch.json"),
-    params:
-        run=run_params("microbench"),
-        fingerprint=stage_fingerprint("microbench"),
     log:
         res("logs/bench_launch.log"),
     resources:
         gpu=gpu_count_wanted(1),
+    params:
+        run=run_params("microbench"),
+        fingerprint=stage_fingerprint("microbench"),
     script:
         "../scripts/bench_launch.py"
 

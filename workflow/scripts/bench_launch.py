@@ -1,4 +1,12 @@
-# Placeholder until this stage lands: writes a skipped summary so the report can say "not measured".
-from decode_gap.stub import write_stub
+# Micro-benchmark 'launch' at the model's per-GPU shapes -> microbench/launch.csv and launch.json.
+from decode_gap.microbench.stages import run_stage
+from decode_gap.smk import run_script
 
-write_stub(snakemake)  # noqa: F821
+snakemake = snakemake  # noqa: F821  (injected by Snakemake)
+
+
+def body():
+    run_stage("launch", snakemake.config, snakemake.output.csv, snakemake.output.json, memory_json=None)
+
+
+run_script(snakemake, body)

@@ -1,0 +1,77 @@
+"""GEMM harness arithmetic and the CPU paths (fp32/bf16 torch.mm, the NVFP4 reference), timing stats."""
+
+import math
+
+import pytest
+import torch
+
+from decode_gap.microbench import gemm, timing
+from decode_gap.microbench import nvfp4 as nv
+from decode_gap.microbench.common import BenchEnv
+from decode_gap.microbench.shapes import GemmShape
+
+
+def test_rate_formulas():
+    assert timing.gbps(4e9, 1e6) == pytest.approx(4.0)  # 4 GB in 1 s
+    assert timing.gbps(2_000, 1.0) == pytest.approx(2.0)  # 2 kB in 1 us = 2 GB/s
+    assert timing.tflops(2e12, 1e6) == pytest.approx(2.0)
+    assert timing.fraction(3000.0, 4000.0) == pytest.approx(0.75)
+    assert timing.gbps(1, 0) is None and timing.fraction(1.0, None) is None
+
+
+def test_bytes_and_flops_per_dtype():
+    m, n, k = 4, 256, 6144
+    assert gemm.flops(m, n, k) == 2 * m * n * k
+    assert gemm.bytes_moved("bf16", m, n, k) == 2 * (n * k + m * k + m * n)
+    assert gemm.bytes_moved("fp32", m, n, k) == 4 * (n * k + m * k + m * n)
+    assert gemm.bytes_moved("fp8", m, n, k) == n * k + 4 + m * k + 4 + 2 * m * n
+    wo = gemm.bytes_moved("nvfp4", m, n, k, "nvfp4-weight-only")
+    assert wo == n * k // 2 + n * k // 16 + 4 + 2 * m * k + 2 * m * n
+    w4a4 = gemm.bytes_moved("nvfp4", m, n, k, nv.ScaledMmNvfp4.label)
+    assert w4a4 == nv.nvfp4_bytes(n, k) + nv.nvfp4_bytes(m, k) + 2 * m * n
+
+
+def test_stats_are_numpy_percentiles():
+    st = timing.stats_us(list(range(1, 101)))
+    assert (st.min_us, st.median_us, st.n) == (1.0, 50.5, 100)
+    assert st.p99_us == pytest.approx(99.01)
+
+
+def test_rotating_copies_is_one_on_cpu():
+    assert timing.rotating_copies(1000, "cpu") == 1
+
+
+def test_cpu_gemm_bench_rows_and_summary():
+    env = BenchEnv(device=torch.device("cpu"), warmup=1, iters=3, cpu_budget_s=0.02, copy_gbps=10.0,
+                   cpu_max_weight_elements=100_000)
+    shapes = [GemmShape("attn.o_proj", "attention", 64, 128), GemmShape("mlp.down_proj", "mlp", 64, 128),
+              GemmShape("moe.router", "router", 32, 64, quantizable=False), GemmShape("lm_head", "lm_head", 1000, 1000)]
+    df, js = gemm.run_gemm_bench(env, shapes, [1, 4], log=lambda s: None)
+    assert list(df.columns[:11]) == ["name", "dtype", "backend", "M", "N", "K", "gpu_us", "eager_us", "gbps", "tflops",
+                                     "frac_of_copy_bw"]
+    assert set(df["dtype"]) == {"fp32", "bf16", "nvfp4"}
+    assert df["gpu_us"].isna().all() and (df["timing"] == timing.CPU_WALL).all()
+    for _, r in df.iterrows():
+        nb = gemm.bytes_moved(r["dtype"], r["M"], r["N"], r["K"], r["backend"])
+        assert r["bytes"] == nb
+        assert r["gbps"] == pytest.approx(nb / r["eager_us"] / 1e3)
+        assert r["tflops"] == pytest.approx(2 * r["M"] * r["N"] * r["K"] / r["eager_us"] / 1e6)
+        assert r["frac_of_copy_bw"] == pytest.approx(r["gbps"] / 10.0)
+    # o_proj and down_proj share a shape: measured once, reported under both names
+    a = df[(df["name"] == "attn.o_proj")].set_index(["dtype", "M"])["eager_us"]
+    b = df[(df["name"] == "mlp.down_proj")].set_index(["dtype", "M"])["eager_us"]
+    assert a.equals(b)
+    assert "moe.router" not in set(df[df["dtype"] == "nvfp4"]["name"]) and "moe.router" in js["not_quantised"]
+    assert any("lm_head" in s["case"] and "cpu_max_weight_elements" in s["reason"] for s in js["skipped"])
+    assert any(s["case"] == "fp8" for s in js["skipped"])
+    assert js["status"] == "partial" and js["dtypes"]["bf16"]["backend"] == "torch.mm"
+    assert set(js["dtypes"]["fp32"]["by_m"]) == {"1", "4"}
+    m1 = js["dtypes"]["fp32"]["by_m"]["1"]
+    assert 0 < m1["frac_of_copy_bw_median"] and math.isfinite(m1["gbps_aggregate"])
+
+
+def test_cpu_reference_check_passes():
+    env = BenchEnv(device=torch.device("cpu"))
+    for be in gemm.choose_backends(env)[0]:
+        c = gemm.check_case(env, be, 3, 32, 64)
+        assert c["pass"], c

@@ -1,0 +1,53 @@
+"""The stage entry points the Snakemake scripts call, on this CPU host with a small config."""
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from decode_gap.microbench import stages
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def config(**mb):
+    return {"model": "config/models/gemma-3-270m.json", "tp": 1, "ep": 1, "batch_size": 1, "context_len": 64,
+            "microbench": {"warmup": 1, "iters": 3, "cpu_case_budget_s": 0.02, "cpu_m_values": [1],
+                           "cpu_max_weight_elements": 3_000_000, "attention": {"context_lens": [64]}, **mb}}
+
+
+def test_memory_then_gemm_attention_launch_moe(tmp_path):
+    cfg = config()
+    mem = tmp_path / "memory.json"
+    m = stages.run_stage("memory", cfg, None, str(mem), repo=REPO, log=lambda s: None)
+    data = json.loads(mem.read_text())
+    assert data["copy_gbps"] > 0 and data["read_gbps"] > 0 and data["peak_tflops"]["fp32"] > 0
+    assert data["figures"]["copy_gbps"]["status"] == "measured" and m["stage"] == "microbench.memory"
+
+    for stage in ("gemm", "attention", "launch", "moe"):
+        csv, js = tmp_path / f"{stage}.csv", tmp_path / f"{stage}.json"
+        out = stages.run_stage(stage, cfg, str(csv), str(js), memory_json=str(mem), repo=REPO, log=lambda s: None)
+        summary = json.loads(js.read_text())
+        assert summary["stage"] == f"microbench.{stage}" and summary["device"].startswith("cpu")
+        assert {"status", "backend", "skipped"} <= set(summary)
+        assert out["status"] == summary["status"]
+        assert csv.exists()
+
+    g = pd.read_csv(tmp_path / "gemm.csv")
+    assert not g.empty and g["frac_of_copy_bw"].notna().all()
+    assert any("lm_head" in s["case"] for s in json.loads((tmp_path / "gemm.json").read_text())["skipped"])
+    a = pd.read_csv(tmp_path / "attention.csv")
+    assert set(a["name"]) == {"sdpa", "sdpa-sliding"} and set(a["context_len"]) == {64}
+    launch = json.loads((tmp_path / "launch.json").read_text())
+    k = launch["kernels"]["aten add_ (1 element)"]
+    assert k["eager_launch_us"] > 0 and k["graph_node_us"] is None
+    assert launch["figures"]["aten add_ (1 element)"]["graph_node_us"]["status"] == "unavailable"
+    moe = json.loads((tmp_path / "moe.json").read_text())
+    assert moe["status"] == "skipped" and "no MoE" in moe["skipped"][0]["reason"]
+
+
+def test_disabled_stage_writes_skipped_files(tmp_path):
+    cfg = {**config(), "stages": {"microbench": False}}
+    stages.run_stage("gemm", cfg, str(tmp_path / "g.csv"), str(tmp_path / "g.json"), repo=REPO)
+    assert json.loads((tmp_path / "g.json").read_text())["status"] == "skipped"
+    assert list(pd.read_csv(tmp_path / "g.csv").columns)[:3] == ["name", "dtype", "backend"]

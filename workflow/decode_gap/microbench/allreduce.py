@@ -1,0 +1,453 @@
+"""All-reduce over real torch.distributed: one process per rank, NCCL on GPUs, gloo on CPU.
+
+Output follows nccl-tests: size (bytes), count (elements), type, redop, root, time_us, algbw and busbw in
+GB/s (1e9 bytes/s), with algbw = size / time and busbw = algbw * 2(n-1)/n, and `wrong` (nccl-tests'
+#wrong: elements that differ from the expected sum in a check op before timing). As in nccl-tests, the
+timed ops run in place, back to back, on the same buffer. Each op is timed on each rank (CUDA events on
+a GPU, perf_counter with gloo); an op's time is the slowest rank's, and time_us is the median over ops.
+`mode` is `eager` or `graph` (ops captured in a CUDA graph and replayed; NCCL only).
+
+A rank that fails takes the others down: the parent watches every rank, terminates the rest at the first
+failure, and raises one line naming the rank and its error; a rank that hangs past the deadline is killed
+the same way. No process outlives the call.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..errors import DecodeGapError
+from ..provenance import measured, unavailable
+from .timing import stats_us
+
+COLUMNS = [
+    "size", "count", "type", "redop", "root", "time_us", "algbw", "busbw", "wrong", "mode", "placement",
+    "world_size", "backend", "source", "time_min_us", "time_p99_us", "iters", "model_size",
+]
+
+DTYPE_NAMES = {"bfloat16": 2, "float": 4, "half": 2}
+
+
+def busbw_factor(world_size: int) -> float:
+    """nccl-tests' all-reduce bus bandwidth factor 2(n-1)/n (0 for one rank)."""
+    return 2.0 * (world_size - 1) / world_size if world_size > 0 else 0.0
+
+
+def algbw_gbps(size_bytes: int, time_us: float) -> float:
+    return size_bytes / (time_us * 1e-6) / 1e9 if time_us > 0 else float("nan")
+
+
+def size_sweep(min_bytes: int, max_bytes: int, elem: int) -> list[int]:
+    """Powers of two from min_bytes to max_bytes (nccl-tests -f 2), rounded to whole elements."""
+    sizes = []
+    s = max(min_bytes, elem)
+    while s <= max_bytes:
+        sizes.append(s - s % elem)
+        s *= 2
+    return sorted(set(sizes))
+
+
+# --------------------------------------------------------------------------- the rank process
+
+
+def _rank_main(rank: int, job: dict[str, Any]) -> None:
+    """Body of one rank (runs in its own process). Writes rank<r>.json into job['out_dir']."""
+    import torch
+    import torch.distributed as dist
+
+    backend = job["backend"]
+    world = job["world_size"]
+    if job.get("fail_rank") == rank:  # used by the tests: a real failure on one rank
+        raise RuntimeError(f"injected failure on rank {rank}")
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+        device = torch.device("cuda", rank)
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(1)
+    dist.init_process_group(
+        backend, init_method=job["init_method"], rank=rank, world_size=world,
+        timeout=timedelta(seconds=job["op_timeout_s"]),
+    )
+    try:
+        if job.get("hang_rank") == rank:  # used by the tests: this rank never joins the collectives
+            time.sleep(3600)
+        dtype = {"bfloat16": torch.bfloat16, "float": torch.float32, "half": torch.float16}[job["type"]]
+        elem = torch.tensor([], dtype=dtype).element_size()
+        results = []
+        for size in job["sizes"]:
+            count = max(size // elem, 1)
+            results.append(_one_size(rank, world, device, dtype, count, job))
+        Path(job["out_dir"], f"rank{rank}.json").write_text(json.dumps(results))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _one_size(rank, world, device, dtype, count, job) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    gpu = device.type == "cuda"
+    warmup, iters = job["warmup"], job["iters"]
+    # correctness: each rank holds rank+1, the sum is n(n+1)/2 everywhere (exact in bf16 for small n)
+    buf = torch.full((count,), float(rank + 1), dtype=dtype, device=device)
+    dist.all_reduce(buf)
+    expect = world * (world + 1) / 2
+    wrong = int((buf.float() != expect).sum().item())
+    # timing data: random values, reduced in place again and again (as nccl-tests does)
+    buf.copy_(torch.rand(count, dtype=torch.float32, device=device).to(dtype))
+    for _ in range(warmup):
+        dist.all_reduce(buf)
+    out: dict[str, Any] = {"count": count, "bytes": count * buf.element_size(), "wrong": wrong}
+    dist.barrier()
+    if gpu:
+        torch.cuda.synchronize(device)
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+        for i in range(iters):
+            starts[i].record()
+            dist.all_reduce(buf)
+            ends[i].record()
+        torch.cuda.synchronize(device)
+        out["eager_us"] = [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
+    else:
+        samples = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            dist.all_reduce(buf)
+            samples.append((time.perf_counter() - t0) * 1e6)
+        out["eager_us"] = samples
+    if gpu and job.get("graph", True):
+        try:
+            reps = job.get("graph_ops", 10)
+            stream = torch.cuda.Stream(device=device)
+            stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    dist.all_reduce(buf)
+            torch.cuda.current_stream(device).wait_stream(stream)
+            torch.cuda.synchronize(device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for _ in range(reps):
+                    dist.all_reduce(buf)
+            graph.replay()
+            torch.cuda.synchronize(device)
+            dist.barrier()
+            n = max(iters // 2, 3)
+            starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+            ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+            for i in range(n):
+                starts[i].record()
+                graph.replay()
+                ends[i].record()
+            torch.cuda.synchronize(device)
+            out["graph_us"] = [s.elapsed_time(e) * 1e3 / reps for s, e in zip(starts, ends)]
+            del graph
+        except Exception as exc:  # recorded as a skipped case by the parent
+            out["graph_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+    return out
+
+
+# --------------------------------------------------------------------------- the parent
+
+
+def _stop_all(procs: list[subprocess.Popen]) -> None:
+    """Terminate every rank still running, then kill what is left after a grace period."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.time() + 5
+    for p in procs:
+        try:
+            p.wait(max(0.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(5)
+
+
+def launch_ranks(job: dict[str, Any], world_size: int, timeout_s: float) -> list[list[dict[str, Any]]]:
+    """Start one process per rank, wait for all; on any failure or timeout, stop every rank and raise.
+
+    Each rank is `python -m decode_gap.microbench.allreduce <job.json> <rank>` (a fresh interpreter, so
+    nothing of the caller's __main__ is re-run). Returns each rank's results, indexed by rank.
+    """
+    with tempfile.TemporaryDirectory(prefix="decode-gap-allreduce-") as tmp:
+        job = {**job, "out_dir": tmp, "init_method": f"file://{tmp}/store", "world_size": world_size}
+        job_path = Path(tmp, "job.json")
+        job_path.write_text(json.dumps(job))
+        env = dict(os.environ)
+        pkg_root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join([pkg_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        procs: list[subprocess.Popen] = []
+        logs = []
+        try:
+            for r in range(world_size):
+                log = open(Path(tmp, f"rank{r}.log"), "w")
+                logs.append(log)
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "decode_gap.microbench.allreduce", str(job_path), str(r)],
+                    stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=False,
+                ))
+            deadline = time.time() + timeout_s
+            while True:
+                codes = [p.poll() for p in procs]
+                failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
+                if failed:
+                    r = failed[0]
+                    _stop_all(procs)
+                    raise DecodeGapError(
+                        f"all-reduce: rank {r} of {world_size} failed "
+                        f"({_exit_text(codes[r])}): {_last_error_line(Path(tmp, f'rank{r}.log'))}; "
+                        "the other ranks were stopped"
+                    )
+                if all(c == 0 for c in codes):
+                    break
+                if time.time() > deadline:
+                    alive = [r for r, c in enumerate(codes) if c is None]
+                    _stop_all(procs)
+                    raise DecodeGapError(
+                        f"all-reduce: rank(s) {', '.join(map(str, alive))} of {world_size} did not finish within "
+                        f"{timeout_s:.0f} s (microbench.allreduce.timeout_s); every rank was stopped"
+                    )
+                time.sleep(0.1)
+        finally:
+            _stop_all(procs)
+            for log in logs:
+                log.close()
+        out = []
+        for r in range(world_size):
+            path = Path(tmp, f"rank{r}.json")
+            if not path.exists():
+                raise DecodeGapError(f"all-reduce: rank {r} of {world_size} exited without writing its results")
+            out.append(json.loads(path.read_text()))
+        return out
+
+
+def _exit_text(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def _last_error_line(log_path: Path) -> str:
+    try:
+        lines = [ln.strip() for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return "no log"
+    for ln in reversed(lines):
+        if re.match(r"^[A-Za-z_][A-Za-z0-9_.]*(Error|Exception|Interrupt|Exit)\b", ln):
+            return ln[:300]
+    return lines[-1][:300] if lines else "no output"
+
+
+def merge_ranks(per_rank: list[list[dict[str, Any]]], sizes: list[int], world: int, backend: str, type_name: str,
+                model_bytes: int | None) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """nccl-tests rows from every rank's per-op times: an op takes as long as its slowest rank."""
+    rows, skipped = [], []
+    factor = busbw_factor(world)
+    for i, _ in enumerate(sizes):
+        first = per_rank[0][i]
+        for mode, key in (("eager", "eager_us"), ("graph", "graph_us")):
+            if key not in first:
+                if mode == "graph" and "graph_error" in first:
+                    skipped.append({"case": f"graph {first['bytes']} B", "reason": first["graph_error"]})
+                continue
+            per_op = np.max(np.array([r[i][key] for r in per_rank], dtype=float), axis=0)
+            st = stats_us(per_op)
+            alg = algbw_gbps(first["bytes"], st.median_us)
+            rows.append({
+                "size": first["bytes"], "count": first["count"], "type": type_name, "redop": "sum", "root": -1,
+                "time_us": st.median_us, "algbw": alg, "busbw": alg * factor,
+                "wrong": int(sum(r[i]["wrong"] for r in per_rank)), "mode": mode, "placement": "in-place",
+                "world_size": world, "backend": backend, "source": "torch.distributed", "time_min_us": st.min_us,
+                "time_p99_us": st.p99_us, "iters": st.n, "model_size": bool(model_bytes and first["bytes"] == model_bytes),
+            })
+    return rows, skipped
+
+
+# --------------------------------------------------------------------------- nccl-tests
+
+
+def parse_nccl_tests(text: str, world: int) -> list[dict[str, Any]]:
+    """Rows of `all_reduce_perf` output (out-of-place and in-place columns) in this module's schema."""
+    rows = []
+    for line in text.splitlines():
+        tok = line.split()
+        if len(tok) < 12 or line.lstrip().startswith("#") or not tok[0].isdigit():
+            continue
+        has_root = len(tok) >= 13
+        head = 5 if has_root else 4
+        size, count, type_name, redop = int(tok[0]), int(tok[1]), tok[2], tok[3]
+        root = int(tok[4]) if has_root else -1
+        for placement, off in (("out-of-place", head), ("in-place", head + 4)):
+            try:
+                t, alg, bus = float(tok[off]), float(tok[off + 1]), float(tok[off + 2])
+            except (ValueError, IndexError):
+                continue
+            wrong_tok = tok[off + 3] if off + 3 < len(tok) else "N/A"
+            rows.append({
+                "size": size, "count": count, "type": type_name, "redop": redop, "root": root, "time_us": t,
+                "algbw": alg, "busbw": bus, "wrong": int(wrong_tok) if wrong_tok.isdigit() else None,
+                "mode": "eager", "placement": placement, "world_size": world, "backend": "nccl",
+                "source": "nccl-tests", "time_min_us": None, "time_p99_us": None, "iters": None, "model_size": False,
+            })
+    return rows
+
+
+def run_nccl_tests(world: int, min_bytes: int, max_bytes: int, warmup: int, iters: int, timeout_s: float,
+                   binary: str | None = None) -> tuple[list[dict[str, Any]], dict[str, str] | None]:
+    exe = binary or shutil.which("all_reduce_perf")
+    if not exe:
+        return [], {"case": "nccl-tests", "reason": "all_reduce_perf (nccl-tests) is not on the PATH"}
+    cmd = [exe, "-b", str(min_bytes), "-e", str(max_bytes), "-f", "2", "-g", str(world), "-d", "bfloat16",
+           "-w", str(warmup), "-n", str(iters), "-c", "1"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return [], {"case": "nccl-tests", "reason": f"{' '.join(cmd)} did not finish within {timeout_s:.0f} s"}
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        return [], {"case": "nccl-tests", "reason": f"all_reduce_perf exited {proc.returncode}: {tail[0][:200]}"}
+    rows = parse_nccl_tests(proc.stdout, world)
+    if not rows:
+        return [], {"case": "nccl-tests", "reason": "all_reduce_perf printed no result rows"}
+    return rows, None
+
+
+# --------------------------------------------------------------------------- the stage
+
+
+def run_allreduce_bench(
+    world_size: int,
+    model_bytes: int,
+    settings: dict[str, Any],
+    warmup: int,
+    iters: int,
+    device_name: str,
+    gpu_count: int,
+    log=print,
+    **test_hooks: Any,
+) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Measure at `world_size` ranks when the host can (GPUs: one per rank; CPU: gloo processes), else the
+    1-rank floor; the figure at the model's message size is labelled either way."""
+    ar = settings
+    gpu = gpu_count > 0
+    backend = "nccl" if gpu else "gloo"
+    type_name = "bfloat16"
+    elem = DTYPE_NAMES[type_name]
+    skipped: list[dict[str, str]] = []
+    max_bytes = int(ar["max_bytes"]) if gpu else min(int(ar["max_bytes"]), int(ar.get("cpu_max_bytes", 8 * 2**20)))
+    if not gpu and int(ar["max_bytes"]) > max_bytes:
+        skipped.append({"case": f"sizes above {max_bytes} B",
+                        "reason": f"CPU host: sizes capped at microbench.allreduce.cpu_max_bytes={max_bytes}"})
+    sizes = size_sweep(int(ar["min_bytes"]), max_bytes, elem)
+    if model_bytes not in sizes:
+        sizes = sorted(set(sizes) | {model_bytes})
+
+    run_world = world_size
+    multi_why = None
+    if world_size == 1:
+        multi_why = "one GPU/process only (world size 1: tp=1 and microbench.allreduce.world_size unset)"
+    elif gpu and world_size > gpu_count:
+        multi_why = f"needs {world_size} GPUs, this host has {gpu_count}"
+        run_world = 1
+    if multi_why:
+        skipped.append({"case": f"all-reduce at world size {world_size}", "reason": multi_why})
+
+    job = {"backend": backend, "sizes": sizes, "warmup": warmup, "iters": iters, "type": type_name,
+           "op_timeout_s": min(float(ar.get("timeout_s", 300)), 120.0), "graph": gpu, **test_hooks}
+    t0 = time.time()
+    per_rank = launch_ranks(job, run_world, float(ar.get("timeout_s", 300)))
+    log(f"all-reduce: {run_world} rank(s), {backend}, {len(sizes)} sizes in {time.time() - t0:.1f} s")
+    rows, graph_skips = merge_ranks(per_rank, sizes, run_world, backend, type_name, model_bytes)
+    skipped.extend(graph_skips)
+    if not gpu:
+        skipped.append({"case": "graph mode", "reason": "CUDA graphs need a GPU (gloo on CPU runs eager only)"})
+
+    nccl_rows: list[dict[str, Any]] = []
+    if gpu and ar.get("nccl_tests", True):
+        nccl_rows, why = run_nccl_tests(run_world, int(ar["min_bytes"]), max_bytes, warmup, iters,
+                                        float(ar.get("timeout_s", 300)))
+        if why:
+            skipped.append(why)
+    elif not gpu:
+        skipped.append({"case": "nccl-tests", "reason": "nccl-tests needs GPUs"})
+
+    df = pd.DataFrame(rows + nccl_rows, columns=COLUMNS)
+    return df, allreduce_summary(df, world_size, run_world, backend, model_bytes, multi_why, skipped, device_name)
+
+
+def allreduce_summary(df: pd.DataFrame, world_size: int, run_world: int, backend: str, model_bytes: int,
+                      multi_why: str | None, skipped: list[dict[str, str]], device_name: str) -> dict[str, Any]:
+    ours = df[(df["source"] == "torch.distributed") & (df["size"] == model_bytes)]
+    by_mode = {m: float(g["time_us"].iloc[0]) for m, g in ours.groupby("mode")}
+    headline_mode = "graph" if "graph" in by_mode else "eager"
+    floor = run_world == 1
+    src = (f"torch.distributed {backend}, {run_world} rank(s), {model_bytes} B (hidden x batch x 2 B), "
+           f"{headline_mode}, median" + (" - the 1-rank floor" if floor else ""))
+    figures: dict[str, Any] = {}
+    if headline_mode in by_mode:
+        figures["allreduce_us_at_model_size"] = measured(by_mode[headline_mode], "us", src)
+    else:
+        figures["allreduce_us_at_model_size"] = unavailable("no measurement at the model's message size", "us")
+    for m in ("eager", "graph"):
+        figures[f"allreduce_us_at_model_size_{m}"] = (
+            measured(by_mode[m], "us", src.replace(headline_mode, m)) if m in by_mode
+            else unavailable("graph capture needs NCCL on a GPU" if m == "graph" else "not measured", "us")
+        )
+    if multi_why:
+        figures["allreduce_us_at_model_size_multi_gpu"] = unavailable(multi_why, "us")
+    else:
+        figures["allreduce_us_at_model_size_multi_gpu"] = figures["allreduce_us_at_model_size"]
+    wrong = int(pd.to_numeric(df.loc[df["source"] == "torch.distributed", "wrong"], errors="coerce").fillna(0).sum())
+    status = "ok" if not skipped else "partial"
+    out = {
+        "stage": "microbench.allreduce",
+        "status": status,
+        "device": device_name,
+        "backend": backend,
+        "world_size": world_size,
+        "measured_world_size": run_world,
+        "model_bytes": model_bytes,
+        "allreduce_us_at_model_size": figures["allreduce_us_at_model_size"]["value"],
+        "figures": figures,
+        "wrong_elements": wrong,
+        "busbw_formula": "busbw = algbw * 2(n-1)/n; algbw = size / time_us / 1e3 (GB/s)",
+        "skipped": skipped,
+    }
+    if status != "ok":
+        out["reason"] = "; ".join(sorted({s["reason"] for s in skipped})[:3])
+    if wrong:
+        out["status"] = "partial"
+        out["reason"] = f"{wrong} elements disagreed with the expected sum; " + out.get("reason", "")
+    return out
+
+
+def _main(argv: list[str]) -> int:
+    """Entry point of one rank: python -m decode_gap.microbench.allreduce <job.json> <rank>."""
+    job = json.loads(Path(argv[0]).read_text())
+    _rank_main(int(argv[1]), job)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main(sys.argv[1:]))

@@ -1,0 +1,179 @@
+"""Decode attention (one new query token per sequence) at the configured context lengths, per-GPU heads.
+
+- GQA/MHA models: `F.scaled_dot_product_attention` with each SDPA backend that accepts the case
+  (flash, efficient, cudnn, math on a GPU; the default on CPU), K/V [B, kv_heads, L, D] bf16 (fp32 on CPU).
+  Sliding-window layers (Gemma 3) read min(L, window) keys: timed as `sdpa-sliding`.
+- MLA models (DeepSeek-V3, GLM-5): the absorbed form a decode kernel runs. q_nope is absorbed into the
+  latent space (bmm with W_UK), scores against the compressed cache c_kv [B, L, kv_lora_rank] plus the
+  RoPE keys [B, L, rope_dim], softmax, value read from c_kv, then up-projected with W_UV (bmm).
+- DSA (GLM-5's indexer): index scores over the whole context and a top-k of index_topk, then MLA over
+  the selected tokens (timed as `mla-absorbed` at L = index_topk).
+
+Bytes are the KV cache read (plus q, out and the absorbed weights for MLA); no FLOP-bound claims are made.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from .common import BenchEnv, short_error, skip, summary
+from .shapes import AttentionShape
+from .timing import L2Flusher, fraction, gbps, measure
+
+COLUMNS = [
+    "name", "backend", "batch", "context_len", "heads", "kv_heads", "head_dim", "gpu_us", "eager_us", "gbps",
+    "frac_of_copy_bw", "gpu_min_us", "gpu_p99_us", "eager_min_us", "eager_p99_us", "eager_loop_us", "timing",
+    "iters", "bytes", "layers", "note",
+]
+
+
+def _sdpa_backends(env: BenchEnv):
+    if not env.is_gpu:
+        return [("default", None)]
+    try:
+        from torch.nn.attention import SDPBackend
+    except ImportError:  # older torch
+        return [("default", None)]
+    out = []
+    for name in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH"):
+        if hasattr(SDPBackend, name):
+            out.append((name.lower(), getattr(SDPBackend, name)))
+    return out
+
+
+def sdpa_case(env: BenchEnv, b: int, heads: int, kv_heads: int, d: int, length: int, backend) -> tuple[Callable[[], Any], int]:
+    dev = env.device
+    dtype = torch.bfloat16 if env.is_gpu else torch.float32
+    q = torch.randn((b, heads, 1, d), device=dev, dtype=dtype)
+    k = torch.randn((b, kv_heads, length, d), device=dev, dtype=dtype)
+    v = torch.randn((b, kv_heads, length, d), device=dev, dtype=dtype)
+    gqa = heads != kv_heads
+    es = dtype.itemsize if hasattr(dtype, "itemsize") else torch.tensor([], dtype=dtype).element_size()
+    nbytes = es * (2 * b * kv_heads * length * d + 2 * b * heads * d)
+
+    if backend is None:
+        def fn():
+            return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+    else:
+        from torch.nn.attention import sdpa_kernel
+
+        def fn():
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+    fn()  # raise here if this backend refuses the case
+    return fn, nbytes
+
+
+def mla_case(env: BenchEnv, shape: AttentionShape, b: int, length: int) -> tuple[Callable[[], Any], int]:
+    dev = env.device
+    dtype = torch.bfloat16 if env.is_gpu else torch.float32
+    h, r, p, dn, dv = shape.heads, shape.kv_lora_rank, shape.qk_rope_head_dim, shape.qk_nope_head_dim, shape.v_head_dim
+    q_nope = torch.randn((b, h, dn), device=dev, dtype=dtype)
+    q_pe = torch.randn((b, h, p), device=dev, dtype=dtype)
+    w_uk = torch.randn((h, dn, r), device=dev, dtype=dtype) * 0.05
+    w_uv = torch.randn((h, r, dv), device=dev, dtype=dtype) * 0.05
+    c_kv = torch.randn((b, length, r), device=dev, dtype=dtype)
+    k_pe = torch.randn((b, length, p), device=dev, dtype=dtype)
+    scale = 1.0 / math.sqrt(dn + p)
+
+    def fn():
+        q_lat = torch.einsum("bhd,hdr->bhr", q_nope, w_uk)  # absorb W_UK
+        scores = torch.matmul(q_lat, c_kv.transpose(1, 2)) + torch.matmul(q_pe, k_pe.transpose(1, 2))  # [B, H, L]
+        probs = torch.softmax(scores.float() * scale, dim=-1).to(dtype)
+        o_lat = torch.matmul(probs, c_kv)  # [B, H, r]
+        return torch.einsum("bhr,hrv->bhv", o_lat, w_uv)  # absorb W_UV
+
+    es = torch.tensor([], dtype=dtype).element_size()
+    nbytes = es * (b * length * (r + p) + w_uk.numel() + w_uv.numel() + b * h * (dn + p + dv))
+    fn()
+    return fn, nbytes
+
+
+def indexer_case(env: BenchEnv, shape: AttentionShape, b: int, length: int) -> tuple[Callable[[], Any], int]:
+    dev = env.device
+    dtype = torch.bfloat16 if env.is_gpu else torch.float32
+    hi, di, topk = shape.index_heads, shape.index_head_dim, shape.index_topk
+    q = torch.randn((b, hi, di), device=dev, dtype=dtype)
+    k = torch.randn((b, length, di), device=dev, dtype=dtype)
+    w = torch.randn((b, hi), device=dev, dtype=torch.float32)
+    kk = min(topk, length)
+
+    def fn():
+        s = torch.relu(torch.matmul(q, k.transpose(1, 2)).float())  # [B, Hi, L]
+        s = (s * w[..., None]).sum(1)  # [B, L]
+        return s.topk(kk, dim=-1).indices
+
+    es = torch.tensor([], dtype=dtype).element_size()
+    fn()
+    return fn, es * (b * length * di + b * hi * di)
+
+
+def run_attention_bench(env: BenchEnv, shape: AttentionShape, context_lens: list[int], batches: list[int],
+                        log=print) -> tuple[pd.DataFrame, dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    skipped: list[dict[str, str]] = []
+    flush = L2Flusher(env.device) if env.is_gpu else None
+
+    def add(name, backend, b, length, fn_bytes_maker, heads, kv_heads, head_dim, layers, note=""):
+        case = f"{name} {backend} B={b} L={length}"
+        try:
+            fn, nbytes = fn_bytes_maker()
+            t = measure([fn], env.device, env.warmup, env.iters, flush=flush, cpu_budget_s=env.cpu_budget_s,
+                        graphs=env.graphs)
+        except Exception as exc:
+            skipped.append(skip(case, short_error(exc)))
+            if env.is_gpu:
+                torch.cuda.synchronize()
+            return
+        bw = gbps(nbytes, t.device_us)
+        rows.append({"name": name, "backend": backend, "batch": b, "context_len": length, "heads": heads,
+                     "kv_heads": kv_heads, "head_dim": head_dim, **t.columns(), "gbps": bw,
+                     "frac_of_copy_bw": fraction(bw, env.copy_gbps), "bytes": nbytes, "layers": layers,
+                     "note": "; ".join(x for x in (note, t.note) if x)})
+        log(f"attention {case}: {t.device_us:.1f} us ({t.method}), eager {t.eager.median_us:.1f} us")
+
+    for b in batches:
+        for length in context_lens:
+            if shape.kind == "gqa":
+                full_layers = shape.layers - shape.sliding_layers
+                for bname, be in _sdpa_backends(env):
+                    add("sdpa", f"sdpa:{bname}", b, length,
+                        lambda be=be: sdpa_case(env, b, shape.heads, shape.kv_heads, shape.head_dim, length, be),
+                        shape.heads, shape.kv_heads, shape.head_dim, full_layers)
+                    if shape.sliding_layers and shape.sliding_window:
+                        lw = min(length, shape.sliding_window)
+                        add("sdpa-sliding", f"sdpa:{bname}", b, lw,
+                            lambda be=be, lw=lw: sdpa_case(env, b, shape.heads, shape.kv_heads, shape.head_dim, lw, be),
+                            shape.heads, shape.kv_heads, shape.head_dim, shape.sliding_layers,
+                            note=f"sliding window {shape.sliding_window} at context {length}")
+            else:
+                add("mla-absorbed", "torch (einsum/matmul/softmax)", b, length, lambda: mla_case(env, shape, b, length),
+                    shape.heads, 1, shape.kv_lora_rank + shape.qk_rope_head_dim, shape.layers,
+                    note="dense over the whole context")
+                if shape.index_heads and shape.index_topk:
+                    add("dsa-indexer", "torch (matmul/relu/topk)", b, length, lambda: indexer_case(env, shape, b, length),
+                        shape.index_heads, 1, shape.index_head_dim, shape.layers,
+                        note=f"index scores over L, top-{shape.index_topk}")
+                    if length > shape.index_topk:
+                        add("mla-absorbed-sparse", "torch (einsum/matmul/softmax)", b, shape.index_topk,
+                            lambda: mla_case(env, shape, b, shape.index_topk), shape.heads, 1,
+                            shape.kv_lora_rank + shape.qk_rope_head_dim, shape.layers,
+                            note=f"DSA: attends to the top {shape.index_topk} of {length} tokens")
+        if env.is_gpu:
+            torch.cuda.empty_cache()
+    df = pd.DataFrame(rows, columns=COLUMNS)
+    by_case: dict[str, Any] = {}
+    col = "gpu_us" if env.is_gpu else "eager_us"
+    for (name, b, length), g in df.groupby(["name", "batch", "context_len"]):
+        best = g.loc[g[col].idxmin()]
+        by_case[f"{name} B={b} L={length}"] = {"best_backend": best["backend"], "us": best[col],
+                                               "eager_us": best["eager_us"], "gbps": best["gbps"]}
+    return df, summary(
+        "microbench.attention", env, env.backend, skipped, int(len(df)),
+        shape={k: v for k, v in shape.__dict__.items() if k != "extra"}, best=by_case,
+    )

@@ -1,0 +1,331 @@
+"""Decode GEMMs at the model's per-GPU shapes, by dtype, with the backend chosen by capability at run time.
+
+y[M, N] = x[M, K] @ W[N, K]^T. Bytes are what the layer must move in its stored format: the weight (with
+its scales), the activation and the output, once each; FLOPs are 2 M N K. `gbps` and `tflops` come from
+GPU time on a GPU (graph replay over rotating weight copies larger than L2) and from wall time on a CPU host.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..errors import DecodeGapError
+from . import nvfp4 as nv
+from .common import BenchEnv, short_error, skip, summary
+from .shapes import GemmShape, unique_shapes
+from .timing import L2Flusher, fraction, gbps, measure, rotating_copies, tflops
+
+COLUMNS = [
+    "name", "dtype", "backend", "M", "N", "K", "gpu_us", "eager_us", "gbps", "tflops", "frac_of_copy_bw",
+    "gpu_min_us", "gpu_p99_us", "eager_min_us", "eager_p99_us", "eager_loop_us", "timing", "iters",
+    "bytes", "flops", "group", "layers", "per_layer", "quantizable", "copies", "note",
+]
+
+BF16 = "bf16"
+FP32 = "fp32"
+FP8 = "fp8"
+NVFP4 = "nvfp4"
+
+
+@dataclass(frozen=True)
+class Backend:
+    dtype: str
+    label: str
+
+
+def bytes_moved(dtype: str, m: int, n: int, k: int, backend: str = "") -> int:
+    """Weight (stored format, scales included) + activation + output bytes of one GEMM."""
+    if dtype == FP32:
+        return 4 * (n * k + m * k + m * n)
+    if dtype == BF16:
+        return 2 * (n * k + m * k + m * n)
+    if dtype == FP8:
+        return n * k + 4 + m * k + 4 + 2 * m * n  # e4m3 weight and activation, per-tensor scales, bf16 out
+    if dtype == NVFP4:
+        act = nv.nvfp4_bytes(m, k) if "scaled_mm" in backend else 2 * m * k  # W4A4 or bf16 activation
+        out = 4 * m * n if "reference" in backend else 2 * m * n
+        return nv.nvfp4_bytes(n, k) + act + out
+    raise DecodeGapError(f"gemm: unknown dtype {dtype}")
+
+
+def flops(m: int, n: int, k: int) -> int:
+    return 2 * m * n * k
+
+
+def choose_backends(env: BenchEnv) -> tuple[list[Backend], list[dict[str, str]]]:
+    """Every dtype this device can run, and a reason for each it cannot."""
+    skipped: list[dict[str, str]] = []
+    if not env.is_gpu:
+        return (
+            [Backend(FP32, "torch.mm"), Backend(BF16, "torch.mm"), Backend(NVFP4, "nvfp4-reference (dequantise + torch.mm fp32)")],
+            [skip("fp8", "no GPU: fp8 GEMMs need sm89+ tensor cores (torch._scaled_mm)")],
+        )
+    out = [Backend(BF16, "torch.mm")]
+    cap = env.capability or (0, 0)
+    if cap >= (8, 9):
+        out.append(Backend(FP8, "torch._scaled_mm(e4m3, per-tensor scales)"))
+    else:
+        skipped.append(skip("fp8", f"fp8 tensor cores need sm89 or newer; this GPU is {env.sm}"))
+    if nv.has_fp4_tensor_cores(env.device):
+        out.append(Backend(NVFP4, nv.ScaledMmNvfp4.label))
+    elif nv.HAVE_TRITON:
+        out.append(Backend(NVFP4, nv.WeightOnlyGemm.label))
+        skipped.append(skip("nvfp4 tensor cores", f"FP4 tensor cores need sm100/sm120; this GPU is {env.sm}: "
+                            "the Triton weight-only kernel (nvfp4-weight-only) ran instead"))
+    else:
+        skipped.append(skip("nvfp4", f"no FP4 tensor cores on {env.sm} and Triton is not installed"))
+    return out, skipped
+
+
+# --------------------------------------------------------------------------- cases
+
+
+def _copies_of(t: torch.Tensor, copies: int) -> list[torch.Tensor]:
+    return [t] + [t.clone() for _ in range(copies - 1)]
+
+
+GEMV_WX = "torch.mm(W, x^T)"  # M=1 only: y^T = W @ x^T is the same memory as y, and cuBLAS may pick another kernel
+
+
+def build_case(env: BenchEnv, be: Backend, m: int, n: int, k: int, seed: int = 0,
+               variant: str | None = None) -> tuple[list[Callable[[], Any]], int, str]:
+    """Callables (one per rotating weight copy) computing the GEMM, their copy count, and a note."""
+    dev = env.device
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    w = torch.randn((n, k), generator=gen, device=dev, dtype=torch.float32 if be.dtype == FP32 else torch.bfloat16)
+    x = torch.randn((m, k), generator=gen, device=dev, dtype=w.dtype)
+    wbytes = bytes_moved(be.dtype, 0, n, k, be.label)
+    copies = rotating_copies(wbytes, dev) if env.is_gpu else 1
+    note = ""
+    if be.dtype in (FP32, BF16):
+        ws = _copies_of(w, copies)
+        if variant == GEMV_WX:
+            xt = x.t()
+            outs = [torch.empty((n, m), device=dev, dtype=w.dtype) for _ in ws]
+            return [(lambda a=a, o=o: torch.mm(a, xt, out=o)) for a, o in zip(ws, outs)], copies, note
+        outs = [torch.empty((m, n), device=dev, dtype=w.dtype) for _ in ws]
+        return [(lambda a=a, o=o: torch.mm(x, a.t(), out=o)) for a, o in zip(ws, outs)], copies, note
+    if be.dtype == FP8:
+        if n % 16 or k % 16:
+            raise _Skip(f"torch._scaled_mm needs N and K divisible by 16 (N={n}, K={k})")
+        sw = (w.float().abs().amax() / 448.0).clamp(min=1e-12)
+        sx = (x.float().abs().amax() / 448.0).clamp(min=1e-12)
+        w8 = (w.float() / sw).to(torch.float8_e4m3fn)
+        x8 = (x.float() / sx).to(torch.float8_e4m3fn)
+        del w
+        ws = _copies_of(w8, copies)
+        return [(lambda a=a: torch._scaled_mm(x8, a.t(), sx, sw, out_dtype=torch.bfloat16)) for a in ws], copies, \
+            "activation quantised outside the timed call"
+    if be.dtype == NVFP4:
+        if k % nv.BLOCK:
+            raise _Skip(f"NVFP4 needs K divisible by 16 (K={k})")
+        q = nv.quantize_nvfp4(w)
+        del w
+        if be.label == nv.WeightOnlyGemm.label:
+            gemms = [nv.WeightOnlyGemm(q if i == 0 else _clone_q(q), m, dev) for i in range(copies)]
+            return [(lambda g=g: g(x)) for g in gemms], copies, f"plan {gemms[0].plan}"
+        if be.label == nv.ScaledMmNvfp4.label:
+            mms = [nv.ScaledMmNvfp4(q if i == 0 else _clone_q(q), x) for i in range(copies)]
+            return list(mms), copies, "activation quantised and per-tensor scales applied outside the timed call"
+        # CPU reference: dequantise then matmul, every call
+        return [lambda: x.float() @ nv.dequantize_nvfp4(q).t()], 1, "reference path: dequantises on every call"
+    raise _Skip(f"unknown dtype {be.dtype}")
+
+
+def _clone_q(q: nv.NVFP4Tensor) -> nv.NVFP4Tensor:
+    return nv.NVFP4Tensor(q.packed.clone(), q.block_scales.clone(), q.tensor_scale.clone(), q.shape)
+
+
+class _Skip(Exception):
+    pass
+
+
+def check_case(env: BenchEnv, be: Backend, m: int, n: int, k: int, seed: int = 1) -> dict[str, Any]:
+    """Relative error of one backend against its fp32 reference on fresh random inputs."""
+    dev = env.device
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    w = torch.randn((n, k), generator=gen, device=dev)
+    x = torch.randn((m, k), generator=gen, device=dev).to(torch.bfloat16)
+    if be.dtype == BF16:
+        out = torch.mm(x, w.to(torch.bfloat16).t())
+        ref = x.float() @ w.to(torch.bfloat16).float().t()
+        tol = 1e-2
+    elif be.dtype == FP32:
+        out = torch.mm(x.float(), w.t())
+        ref = x.double() @ w.double().t()
+        tol = 1e-5
+    elif be.dtype == FP8:
+        sw = w.abs().amax() / 448.0
+        sx = x.float().abs().amax() / 448.0
+        w8 = (w / sw).to(torch.float8_e4m3fn)
+        x8 = (x.float() / sx).to(torch.float8_e4m3fn)
+        out = torch._scaled_mm(x8, w8.t(), sx, sw, out_dtype=torch.bfloat16)
+        ref = (x8.float() * sx) @ (w8.float() * sw).t()
+        tol = 1e-2
+    else:
+        q = nv.quantize_nvfp4(w)
+        ref = nv.reference_mm(x, q)
+        if be.label == nv.WeightOnlyGemm.label:
+            out = nv.WeightOnlyGemm(q, m, dev)(x)
+            tol = 1e-2
+        elif be.label == nv.ScaledMmNvfp4.label:
+            mm = nv.ScaledMmNvfp4(q, x)
+            out = mm.result()
+            xq_ref = nv.dequantize_nvfp4(mm.xq)  # W4A4: the reference uses the quantised activation too
+            ref = xq_ref @ nv.dequantize_nvfp4(q).t()
+            tol = 2e-2
+        else:
+            out = x.float() @ nv.dequantize_nvfp4(q).t()
+            tol = 1e-5
+    err = nv.relative_error(out, ref)
+    return {"dtype": be.dtype, "backend": be.label, "M": m, "N": n, "K": k, "rel_err": err, "tolerance": tol,
+            "pass": bool(math.isfinite(err) and err <= tol)}
+
+
+# --------------------------------------------------------------------------- the stage
+
+
+def run_gemm_bench(env: BenchEnv, shapes: list[GemmShape], m_values: list[int], backends: list[Backend] | None = None,
+                   checks: bool = True, log: Callable[[str], None] = print) -> tuple[pd.DataFrame, dict[str, Any]]:
+    chosen, skipped = choose_backends(env)
+    if backends is not None:
+        chosen = backends
+    flush = L2Flusher(env.device) if env.is_gpu else None
+    rows: list[dict[str, Any]] = []
+    check_rows: list[dict[str, Any]] = []
+    not_quantised: set[str] = set()
+    groups = unique_shapes(shapes)
+    for be in chosen:
+        failed_check = False
+        for (n, k), names in groups.items():
+            if not env.is_gpu and n * k > env.cpu_max_weight_elements:
+                for s in names:
+                    skipped.append(skip(f"{s.name} {be.dtype}", f"weight {n}x{k} = {n * k} elements exceeds "
+                                        f"microbench.cpu_max_weight_elements={env.cpu_max_weight_elements} on a CPU host"))
+                continue
+            if be.dtype in (FP8, NVFP4) and not any(s.quantizable for s in names):
+                not_quantised.update(s.name for s in names)  # not a skip: no format stores these quantised
+                continue
+            if checks and env.is_gpu:
+                for m in sorted({m_values[0], m_values[-1]}):
+                    try:
+                        c = check_case(env, be, m, n, k)
+                    except Exception as exc:
+                        c = {"dtype": be.dtype, "backend": be.label, "M": m, "N": n, "K": k, "error": short_error(exc), "pass": False}
+                    check_rows.append(c)
+                    failed_check |= not c["pass"]
+            for m in m_values:
+                case = f"{names[0].name} {be.dtype} M={m} ({n}x{k})"
+                label = be.label
+                try:
+                    fns, copies, note = build_case(env, be, m, n, k)
+                    t = measure(fns, env.device, env.warmup, env.iters, flush=flush, cpu_budget_s=env.cpu_budget_s,
+                                graphs=env.graphs)
+                    if env.is_gpu and be.dtype == BF16 and m == 1:
+                        # a GEMV: time both operand orders and keep the faster, naming it (chosen at run time)
+                        del fns
+                        fns, copies, note = build_case(env, be, m, n, k, variant=GEMV_WX)
+                        t2 = measure(fns, env.device, env.warmup, env.iters, flush=flush, graphs=env.graphs)
+                        if t2.device_us < t.device_us:
+                            note = f"faster than {be.label} ({t.device_us:.2f} us)"
+                            t, label = t2, GEMV_WX
+                        else:
+                            note = f"faster than {GEMV_WX} ({t2.device_us:.2f} us)"
+                except _Skip as exc:
+                    skipped.append(skip(case, str(exc)))
+                    continue
+                except torch.OutOfMemoryError as exc:
+                    skipped.append(skip(case, f"out of memory: {short_error(exc)}"))
+                    if env.is_gpu:
+                        torch.cuda.empty_cache()
+                    continue
+                except Exception as exc:
+                    skipped.append(skip(case, short_error(exc)))
+                    if env.is_gpu:
+                        torch.cuda.synchronize()
+                    continue
+                del fns
+                nb = bytes_moved(be.dtype, m, n, k, be.label)
+                fl = flops(m, n, k)
+                bw = gbps(nb, t.device_us)
+                for s in names:
+                    rows.append({
+                        "name": s.name, "dtype": be.dtype, "backend": label, "M": m, "N": n, "K": k,
+                        **t.columns(), "gbps": bw, "tflops": tflops(fl, t.device_us),
+                        "frac_of_copy_bw": fraction(bw, env.copy_gbps), "bytes": nb, "flops": fl, "group": s.group,
+                        "layers": s.layers, "per_layer": s.per_layer, "quantizable": s.quantizable, "copies": copies,
+                        "note": "; ".join(x for x in (note, t.note) if x),
+                    })
+                log(f"gemm {case}: {t.device_us:.2f} us ({t.method}), eager {t.eager.median_us:.2f} us, "
+                    f"{bw or 0:.0f} GB/s")
+            if env.is_gpu:
+                torch.cuda.empty_cache()
+        if failed_check:
+            skipped.append(skip(f"{be.dtype} check", f"{be.label} disagreed with its reference on at least one shape "
+                                "(see checks); its timings are kept but flagged"))
+    df = pd.DataFrame(rows, columns=COLUMNS)
+    out = gemm_summary(env, df, chosen, skipped, check_rows)
+    out["not_quantised"] = sorted(not_quantised)
+    return df, out
+
+
+def gemm_summary(env: BenchEnv, df: pd.DataFrame, chosen: list[Backend], skipped: list[dict[str, str]],
+                 check_rows: list[dict[str, Any]]) -> dict[str, Any]:
+    dtypes: dict[str, Any] = {}
+    for be in chosen:
+        sub = df[df["dtype"] == be.dtype].drop_duplicates(subset=["M", "N", "K"])
+        if sub.empty:
+            dtypes[be.dtype] = {"backend": be.label, "status": "unavailable", "why": "no case ran"}
+            continue
+        by_m: dict[str, Any] = {}
+        for m, g in sub.groupby("M"):
+            time_col = "gpu_us" if env.is_gpu else "eager_us"
+            total_t = float(g[time_col].sum())
+            agg = gbps(float(g["bytes"].sum()), total_t)
+            by_m[str(int(m))] = {
+                "frac_of_copy_bw_median": _nanmedian(g["frac_of_copy_bw"]),
+                "gbps_median": _nanmedian(g["gbps"]),
+                "gbps_aggregate": agg,
+                "frac_of_copy_bw_aggregate": fraction(agg, env.copy_gbps),
+                "shapes": int(len(g)),
+            }
+        checks = [c for c in check_rows if c.get("dtype") == be.dtype and c.get("backend") == be.label]
+        labels = sorted(set(sub["backend"]))
+        dtypes[be.dtype] = {
+            "backend": labels[0] if len(labels) == 1 else " | ".join(labels) + " (fastest per shape)",
+            "status": "measured",
+            "timing": str(sub["timing"].iloc[0]),
+            "by_m": by_m,
+            "checks_passed": all(c.get("pass") for c in checks) if checks else None,
+        }
+    ran = int(len(df))
+    return summary(
+        "microbench.gemm",
+        env,
+        backend="; ".join(f"{b.dtype}: {b.label}" for b in chosen),
+        skipped=skipped,
+        ran=ran,
+        copy_gbps=env.copy_gbps,
+        copy_gbps_status="measured" if env.copy_gbps else "unavailable: memory.json has no copy_gbps",
+        dtypes=dtypes,
+        checks=check_rows,
+        definitions={
+            "gpu_us": "GPU time per call: CUDA-graph replay over rotating weight copies larger than 2x L2 (median)",
+            "eager_us": "one isolated eager call, launch to completion (perf_counter around fn(); synchronize())",
+            "eager_loop_us": "wall time per call of back-to-back eager calls (CPU launch-bound when kernels are short)",
+            "gbps": "bytes (weight+scales, activation, output in the stored format) / (gpu_us, or eager_us on CPU)",
+            "frac_of_copy_bw": "gbps / memory.json copy_gbps",
+        },
+    )
+
+
+def _nanmedian(s: pd.Series) -> float | None:
+    a = pd.to_numeric(s, errors="coerce").to_numpy(dtype=float)
+    a = a[np.isfinite(a)]
+    return float(np.median(a)) if a.size else None

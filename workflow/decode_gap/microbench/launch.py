@@ -1,0 +1,114 @@
+"""Launch overhead: what one kernel launch costs eagerly against one node of a replayed CUDA graph.
+
+Kernels: an empty Triton kernel (when Triton is there), the smallest ATen kernel (`x.add_(1)` on one
+element) and a small decode GEMM (bf16 [1, K] @ [K, N]^T). For each:
+- `eager_launch_us`: wall time per launch of a back-to-back loop of N launches (the CPU cost a server
+  without graphs pays per kernel, when the GPU keeps up);
+- `eager_sync_us`: one launch followed by a synchronise (launch-to-completion latency);
+- `graph_node_us`: GPU time per kernel of a graph of N such kernels, replayed (CUDA events).
+Also the chain: N kernels eager (wall time to completion) against the same N graphed.
+On a CPU host only the eager figures exist (per-op dispatch cost); graph figures are unavailable.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pandas as pd
+import torch
+
+from ..provenance import measured, unavailable
+from .common import BenchEnv, short_error, skip, summary
+from .timing import capture_graph, stats_us, time_cpu, time_eager_loop
+
+COLUMNS = ["kernel", "mode", "n_kernels", "per_kernel_us", "per_kernel_min_us", "per_kernel_p99_us", "total_us",
+           "iters", "backend", "note"]
+
+try:
+    import triton
+
+    @triton.jit
+    def _empty_kernel(x_ptr):
+        pass
+
+    HAVE_TRITON = True
+except Exception:  # pragma: no cover - depends on the host
+    HAVE_TRITON = False
+
+
+def kernels(env: BenchEnv, gemm_nk: tuple[int, int]) -> list[tuple[str, str, Callable[[], Any]]]:
+    dev = env.device
+    one = torch.zeros(1, device=dev)
+    out: list[tuple[str, str, Callable[[], Any]]] = [("aten add_ (1 element)", "torch", lambda: one.add_(1.0))]
+    n, k = gemm_nk
+    dtype = torch.bfloat16 if env.is_gpu else torch.float32
+    w = torch.randn((n, k), device=dev, dtype=dtype)
+    x = torch.randn((1, k), device=dev, dtype=dtype)
+    y = torch.empty((1, n), device=dev, dtype=dtype)
+    out.append((f"gemm 1x{n}x{k}", "torch.mm", lambda: torch.mm(x, w.t(), out=y)))
+    if env.is_gpu and HAVE_TRITON:
+        out.insert(0, ("triton empty", "triton", lambda: _empty_kernel[(1,)](one)))
+    return out
+
+
+def _graph_per_kernel(fn, n: int, env: BenchEnv):
+    g = capture_graph([fn] * n, env.device)
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize(env.device)
+    iters = max(env.iters, 5)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    for i in range(iters):
+        starts[i].record()
+        g.replay()
+        ends[i].record()
+    torch.cuda.synchronize(env.device)
+    totals = [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
+    return stats_us([t / n for t in totals]), stats_us(totals)
+
+
+def run_launch_bench(env: BenchEnv, gemm_nk: tuple[int, int] = (256, 6144), n_kernels: int = 100,
+                     log=print) -> tuple[pd.DataFrame, dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    skipped: list[dict[str, str]] = []
+    per_kernel: dict[str, Any] = {}
+    dev = env.device
+    if env.is_gpu and not HAVE_TRITON:
+        skipped.append(skip("triton empty", "Triton is not installed"))
+    for name, backend, fn in kernels(env, gemm_nk):
+        entry: dict[str, Any] = {}
+        try:
+            loop = time_eager_loop(fn, env.warmup, max(env.iters // 2, 5), n_kernels, dev)
+            sync = time_cpu(fn, env.warmup, env.iters, budget_s=None if env.is_gpu else env.cpu_budget_s, device=dev)
+        except Exception as exc:
+            skipped.append(skip(f"{name} eager", short_error(exc)))
+            continue
+        rows.append(_row(name, "eager", n_kernels, loop, loop.median_us * n_kernels, backend))
+        rows.append(_row(name, "eager-sync", 1, sync, sync.median_us, backend))
+        entry["eager_launch_us"] = measured(loop.median_us, "us", f"{n_kernels} back-to-back launches, wall time / launch")
+        entry["eager_sync_us"] = measured(sync.median_us, "us", "one launch + synchronize, wall time")
+        if env.is_gpu:
+            try:
+                node, total = _graph_per_kernel(fn, n_kernels, env)
+                rows.append(_row(name, "graph", n_kernels, node, total.median_us, backend))
+                entry["graph_node_us"] = measured(node.median_us, "us", f"graph of {n_kernels} nodes, GPU time / node")
+            except Exception as exc:
+                skipped.append(skip(f"{name} graph", short_error(exc)))
+                entry["graph_node_us"] = unavailable(short_error(exc), "us")
+        else:
+            entry["graph_node_us"] = unavailable("CUDA graphs need a GPU", "us")
+        per_kernel[name] = entry
+        log(f"launch {name}: eager {loop.median_us:.2f} us/launch, sync {sync.median_us:.2f} us, graph "
+            f"{entry['graph_node_us']['value'] if entry['graph_node_us']['value'] is not None else 'n/a'}")
+    if not env.is_gpu:
+        skipped.append(skip("graph mode", "CUDA graphs need a GPU"))
+    df = pd.DataFrame(rows, columns=COLUMNS)
+    flat = {k: {f: (v["value"] if isinstance(v, dict) else v) for f, v in e.items()} for k, e in per_kernel.items()}
+    return df, summary("microbench.launch", env, env.backend, skipped, int(len(df)), kernels=flat, figures=per_kernel,
+                       n_kernels=n_kernels)
+
+
+def _row(kernel, mode, n, st, total, backend, note=""):
+    return {"kernel": kernel, "mode": mode, "n_kernels": n, "per_kernel_us": st.median_us, "per_kernel_min_us": st.min_us,
+            "per_kernel_p99_us": st.p99_us, "total_us": total, "iters": st.n, "backend": backend, "note": note}

@@ -1,0 +1,282 @@
+"""MoE decode at the model's expert shapes: routing pieces, then expert GEMMs as a per-expert loop against a
+grouped kernel.
+
+Routing for M tokens (bf16 activations): the router GEMM, scoring (sigmoid or softmax, DeepSeek's
+group-limited top-k when the card has n_group > 1), top-k, permute (sort the M*k token-expert pairs by
+expert and gather rows) and unpermute (weight and scatter-add rows back to tokens).
+
+Expert GEMMs for the permuted rows: gate_up [2I, H], SiLU-and-mul, down [H, I] for every expert hit.
+- `loop`: one torch.mm per expert per projection (what a naive implementation launches);
+- `grouped_mm`: `torch._grouped_mm` (bf16, one launch per projection);
+- `scaled_grouped_mm`: `torch._scaled_grouped_mm` (fp8 e4m3 with row-wise scales, sm90+).
+Only the experts the routing hits are allocated (a compact id per hit expert), which changes no kernel's
+work: an expert with no rows costs nothing in either form.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from .common import BenchEnv, short_error, skip, summary
+from .shapes import MoeShape
+from .timing import L2Flusher, fraction, gbps, measure, tflops
+
+COLUMNS = [
+    "name", "impl", "dtype", "backend", "M", "top_k", "experts_hit", "rows", "H", "I", "gpu_us", "eager_us",
+    "gbps", "tflops", "frac_of_copy_bw", "gpu_min_us", "gpu_p99_us", "eager_min_us", "eager_p99_us",
+    "eager_loop_us", "timing", "iters", "bytes", "flops", "kernels", "note",
+]
+
+
+def route(x: torch.Tensor, w_router: torch.Tensor, shape: MoeShape, bias: torch.Tensor | None = None):
+    """Router GEMM + scoring + top-k. Returns (topk weights [M, k] fp32, topk ids [M, k] int64)."""
+    logits = (x @ w_router.t()).float()
+    k = shape.top_k
+    if shape.scoring == "sigmoid":
+        scores = logits.sigmoid()
+        choice = scores + bias if bias is not None else scores
+        if shape.n_group > 1:
+            m = x.shape[0]
+            grouped = choice.view(m, shape.n_group, -1)
+            group_scores = grouped.topk(2, dim=-1).values.sum(-1)
+            keep = group_scores.topk(shape.topk_group, dim=-1).indices
+            mask = torch.zeros_like(group_scores).scatter_(1, keep, 1.0)
+            choice = grouped.masked_fill(mask[..., None] == 0, float("-inf")).view(m, -1)
+        ids = choice.topk(k, dim=-1).indices
+        weights = scores.gather(1, ids)
+    else:
+        scores = logits.softmax(dim=-1)
+        weights, ids = scores.topk(k, dim=-1)
+    if shape.norm_topk_prob:
+        weights = weights / weights.sum(-1, keepdim=True).clamp(min=1e-20)
+    return weights * shape.routed_scaling_factor, ids
+
+
+def permute(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, experts: int):
+    """Sort token-expert pairs by expert: rows [M*k, H], token of each row, weight of each row, offsets."""
+    k = ids.shape[1]
+    flat = ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    token = order // k
+    rows = x.index_select(0, token)
+    # scatter_add rather than bincount: bincount syncs with the host, which a CUDA graph cannot capture
+    counts = torch.zeros(experts, dtype=torch.long, device=x.device).scatter_add_(0, flat, torch.ones_like(flat))
+    offs = torch.cumsum(counts, 0).to(torch.int32)
+    return rows, token, weights.reshape(-1).index_select(0, order), offs
+
+
+def unpermute(y_rows: torch.Tensor, token: torch.Tensor, row_weights: torch.Tensor, m: int) -> torch.Tensor:
+    out = torch.zeros((m, y_rows.shape[1]), dtype=torch.float32, device=y_rows.device)
+    out.index_add_(0, token, y_rows.float() * row_weights[:, None])
+    return out.to(y_rows.dtype)
+
+
+def silu_mul(h: torch.Tensor) -> torch.Tensor:
+    g, u = h.chunk(2, dim=-1)
+    return F.silu(g) * u
+
+
+class TooLarge(Exception):
+    pass
+
+
+class ExpertSet:
+    """Weights of the experts a routing hits, and the rows routed to each (compact expert ids)."""
+
+    def __init__(self, env: BenchEnv, shape: MoeShape, m: int, seed: int = 0, dtype=torch.bfloat16,
+                 max_weight_elements: int | None = None):
+        dev = env.device
+        gen = torch.Generator(device=dev).manual_seed(seed)
+        self.x = torch.randn((m, shape.hidden), generator=gen, device=dev, dtype=dtype)
+        w_router = torch.randn((shape.experts_total, shape.hidden), generator=gen, device=dev, dtype=dtype) * 0.02
+        weights, ids = route(self.x, w_router, shape)
+        local = ids < shape.experts_local  # with EP, this rank serves the experts in its range
+        hit = torch.unique(ids[local])
+        self.experts_hit = int(hit.numel())
+        compact = torch.full((shape.experts_total,), -1, dtype=torch.long, device=dev)
+        compact[hit] = torch.arange(self.experts_hit, device=dev)
+        # rows for local experts only: drop the others by routing them past the last compact id
+        cids = torch.where(local, compact[ids], torch.full_like(ids, self.experts_hit))
+        rows, token, roww, offs = permute(self.x, cids, weights, self.experts_hit + 1)
+        n_local_rows = int(offs[self.experts_hit - 1].item()) if self.experts_hit else 0
+        self.rows = rows[:n_local_rows].contiguous()
+        self.token = token[:n_local_rows]
+        self.row_weights = roww[:n_local_rows]
+        self.offs = offs[: self.experts_hit].contiguous()
+        self.counts = torch.diff(self.offs, prepend=torch.zeros(1, dtype=torch.int32, device=dev)).tolist()
+        h, i = shape.hidden, shape.inter
+        need = self.experts_hit * 3 * h * i
+        if max_weight_elements is not None and need > max_weight_elements:
+            raise TooLarge(f"{self.experts_hit} experts = {need} weight elements exceed "
+                           f"microbench.cpu_max_weight_elements={max_weight_elements} on a CPU host")
+        self.w13 = torch.randn((self.experts_hit, 2 * i, h), generator=gen, device=dev, dtype=dtype) * 0.02  # [E, 2I, H]
+        self.w2 = torch.randn((self.experts_hit, h, i), generator=gen, device=dev, dtype=dtype) * 0.02  # [E, H, I]
+        self.m = m
+
+    @property
+    def weight_elements(self) -> int:
+        return self.w13.numel() + self.w2.numel()
+
+
+def loop_fn(es: ExpertSet) -> Callable[[], torch.Tensor]:
+    bounds, start = [], 0
+    for c in es.counts:
+        bounds.append((start, start + int(c)))
+        start += int(c)
+    out = torch.empty((es.rows.shape[0], es.w2.shape[1]), dtype=es.rows.dtype, device=es.rows.device)
+
+    def run() -> torch.Tensor:
+        for e, (a, b) in enumerate(bounds):
+            h = es.rows[a:b] @ es.w13[e].t()
+            torch.mm(silu_mul(h), es.w2[e].t(), out=out[a:b])
+        return out
+
+    return run
+
+
+def grouped_fn(es: ExpertSet) -> Callable[[], torch.Tensor]:
+    w13t = es.w13.transpose(1, 2)  # [E, H, 2I]
+    w2t = es.w2.transpose(1, 2)  # [E, I, H]
+
+    def run() -> torch.Tensor:
+        h = torch._grouped_mm(es.rows, w13t, offs=es.offs)
+        return torch._grouped_mm(silu_mul(h), w2t, offs=es.offs)
+
+    return run
+
+
+def scaled_grouped_fn(es: ExpertSet) -> Callable[[], torch.Tensor]:
+    """fp8 e4m3 with row-wise scales (per row of the activation, per output channel of each expert)."""
+    def q_rows(t: torch.Tensor):  # [..., R, C] -> fp8 and per-row scale
+        s = (t.float().abs().amax(-1) / 448.0).clamp(min=1e-12)
+        return (t.float() / s[..., None]).to(torch.float8_e4m3fn), s
+
+    w13_8, s13 = q_rows(es.w13)  # [E, 2I, H], [E, 2I]
+    w2_8, s2 = q_rows(es.w2)  # [E, H, I], [E, H]
+    w13t, w2t = w13_8.transpose(1, 2), w2_8.transpose(1, 2)  # column-major [E, H, 2I], [E, I, H]
+    x8, sx = q_rows(es.rows)
+
+    def run() -> torch.Tensor:
+        h = torch._scaled_grouped_mm(x8, w13t, sx, s13, offs=es.offs, out_dtype=torch.bfloat16)
+        a = silu_mul(h)
+        sa = (a.float().abs().amax(-1) / 448.0).clamp(min=1e-12)
+        a8 = (a.float() / sa[:, None]).to(torch.float8_e4m3fn)
+        return torch._scaled_grouped_mm(a8, w2t, sa, s2, offs=es.offs, out_dtype=torch.bfloat16)
+
+    return run
+
+
+def _expert_bytes(es: ExpertSet, weight_bytes_per_elem: float, act_bytes: int) -> int:
+    rows, h = es.rows.shape
+    i = es.w2.shape[2]
+    act = rows * h * act_bytes + rows * 2 * i * 2 + rows * i * act_bytes + rows * h * 2
+    return int(es.weight_elements * weight_bytes_per_elem + act)
+
+
+def _expert_flops(es: ExpertSet) -> int:
+    rows, h = es.rows.shape
+    i = es.w2.shape[2]
+    return 2 * rows * h * 2 * i + 2 * rows * i * h
+
+
+def run_moe_bench(env: BenchEnv, shape: MoeShape | None, m_values: list[int], log=print) -> tuple[pd.DataFrame, dict[str, Any]]:
+    skipped: list[dict[str, str]] = []
+    if shape is None:
+        df = pd.DataFrame([], columns=COLUMNS)
+        out = summary("microbench.moe", env, env.backend, [skip("moe", "the model has no MoE layers")], 0)
+        return df, out
+    rows: list[dict[str, Any]] = []
+    flush = L2Flusher(env.device) if env.is_gpu else None
+    impls = ["loop", "grouped_mm"]
+    if env.is_gpu and (env.capability or (0, 0)) >= (9, 0) and hasattr(torch, "_scaled_grouped_mm"):
+        impls.append("scaled_grouped_mm")
+    else:
+        skipped.append(skip("scaled_grouped_mm", f"fp8 grouped GEMM needs sm90+ (torch._scaled_grouped_mm); this device is {env.sm}"))
+    for m in m_values:
+        try:
+            es = ExpertSet(env, shape, m, max_weight_elements=None if env.is_gpu else env.cpu_max_weight_elements)
+        except TooLarge as exc:
+            skipped.append(skip(f"experts M={m}", str(exc)))
+            continue
+        except Exception as exc:
+            skipped.append(skip(f"experts M={m}", short_error(exc)))
+            continue
+        base = {"M": m, "top_k": shape.top_k, "experts_hit": es.experts_hit, "rows": int(es.rows.shape[0]),
+                "H": shape.hidden, "I": shape.inter}
+        # routing pieces
+        w_router = torch.randn((shape.experts_total, shape.hidden), device=env.device, dtype=torch.bfloat16) * 0.02
+        weights, ids = route(es.x, w_router, shape)
+        rows_all, token, roww, _ = permute(es.x, ids, weights, shape.experts_total)
+        pieces: list[tuple[str, Callable[[], Any], int, int, int]] = [
+            ("moe.router_gemm", lambda: es.x @ w_router.t(), w_router.numel() * 2 + es.x.numel() * 2,
+             2 * m * shape.hidden * shape.experts_total, 1),
+            ("moe.route", lambda: route(es.x, w_router, shape), w_router.numel() * 2, 2 * m * shape.hidden * shape.experts_total, 0),
+            ("moe.permute", lambda: permute(es.x, ids, weights, shape.experts_total), rows_all.numel() * 2 * 2, 0, 0),
+            ("moe.unpermute", lambda: unpermute(rows_all, token, roww, m), rows_all.numel() * 2 + m * shape.hidden * 2, 0, 0),
+        ]
+        for name, fn, nb, fl, _ in pieces:
+            rows.append(_time_row(env, flush, name, "routing", "bf16", "torch", fn, nb, fl, base, skipped, log))
+        for impl in impls:
+            try:
+                if impl == "loop":
+                    fn, dt, be, wb, ab, kernels = loop_fn(es), "bf16", "torch.mm per expert", 2, 2, 4 * es.experts_hit
+                elif impl == "grouped_mm":
+                    fn, dt, be, wb, ab, kernels = grouped_fn(es), "bf16", "torch._grouped_mm", 2, 2, 4
+                else:
+                    fn, dt, be, wb, ab, kernels = scaled_grouped_fn(es), "fp8", "torch._scaled_grouped_mm(e4m3, row-wise)", 1, 1, 7
+                fn()  # fail here (unsupported backend) rather than inside the timing
+            except Exception as exc:
+                skipped.append(skip(f"{impl} M={m}", short_error(exc)))
+                continue
+            row = _time_row(env, flush, "moe.experts", impl, dt, be, fn, _expert_bytes(es, wb, ab), _expert_flops(es),
+                            base, skipped, log)
+            if row:
+                row["kernels"] = kernels
+                rows.append(row)
+        es = None  # free the expert weights before the next M
+        if env.is_gpu:
+            torch.cuda.empty_cache()
+    rows = [r for r in rows if r]
+    df = pd.DataFrame(rows, columns=COLUMNS)
+    return df, moe_summary(env, df, shape, skipped)
+
+
+def _time_row(env, flush, name, impl, dtype, backend, fn, nbytes, fl, base, skipped, log) -> dict[str, Any] | None:
+    try:
+        t = measure([fn], env.device, env.warmup, env.iters, flush=flush, cpu_budget_s=env.cpu_budget_s, graphs=env.graphs,
+                    min_graph_calls=2 if impl == "loop" else 8)
+    except Exception as exc:
+        skipped.append(skip(f"{name} {impl} M={base['M']}", short_error(exc)))
+        return None
+    bw = gbps(nbytes, t.device_us)
+    log(f"moe {name} {impl} M={base['M']}: {t.device_us:.1f} us ({t.method}), eager {t.eager.median_us:.1f} us")
+    return {"name": name, "impl": impl, "dtype": dtype, "backend": backend, **base, **t.columns(), "gbps": bw,
+            "tflops": tflops(fl, t.device_us) if fl else None, "frac_of_copy_bw": fraction(bw, env.copy_gbps),
+            "bytes": nbytes, "flops": fl, "kernels": None, "note": t.note}
+
+
+def moe_summary(env: BenchEnv, df: pd.DataFrame, shape: MoeShape, skipped: list[dict[str, str]]) -> dict[str, Any]:
+    col = "gpu_us" if env.is_gpu else "eager_us"
+    per_m: dict[str, Any] = {}
+    for m, g in df.groupby("M"):
+        entry: dict[str, Any] = {}
+        for _, r in g.iterrows():
+            key = r["name"].replace("moe.", "") if r["name"] != "moe.experts" else f"experts_{r['impl']}"
+            entry[f"{key}_us"] = r[col]
+            if r["name"] == "moe.experts":
+                entry[f"{key}_eager_us"] = r["eager_us"]
+        if "experts_loop_us" in entry and "experts_grouped_mm_us" in entry and entry["experts_grouped_mm_us"]:
+            entry["loop_over_grouped"] = entry["experts_loop_us"] / entry["experts_grouped_mm_us"]
+        per_m[str(int(m))] = entry
+    return summary(
+        "microbench.moe", env, env.backend, skipped, int(len(df)),
+        shape={"hidden": shape.hidden, "experts_total": shape.experts_total, "experts_local": shape.experts_local,
+               "top_k": shape.top_k, "inter": shape.inter, "scoring": shape.scoring, "n_group": shape.n_group,
+               "topk_group": shape.topk_group},
+        by_m=per_m,
+        timing="gpu_us: CUDA-graph replay (GPU time); eager_us: one isolated call" if env.is_gpu else "perf_counter wall time",
+    )
