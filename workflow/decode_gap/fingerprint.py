@@ -3,7 +3,9 @@
 Each rule takes only the components that can change its result as a param, so Snakemake's
 params rerun trigger reruns exactly the stages a kernel, driver or tunable change invalidates.
 Any component can be replaced for a rehearsal or a test with DECODE_GAP_FP_<COMPONENT> (upper case),
-e.g. DECODE_GAP_FP_KERNEL=6.14.11.
+e.g. DECODE_GAP_FP_KERNEL=6.14.11. Components: kernel, driver, cuda, torch, nccl, governor, tunables (NUMA
+balancing, THP, scaling driver, C-state/IOMMU cmdline), pcie (per NVIDIA GPU: link speed and width, MaxReadReq,
+MaxPayload), gpu (per GPU: persistence mode, power limit, application SM clock), server.
 """
 
 from __future__ import annotations
@@ -17,15 +19,16 @@ from pathlib import Path
 
 from .host import host_identity
 
-COMPONENTS = ("kernel", "driver", "cuda", "torch", "nccl", "governor", "tunables", "server")
+COMPONENTS = ("kernel", "driver", "cuda", "torch", "nccl", "governor", "tunables", "pcie", "gpu", "server")
+HOST = ("kernel", "driver", "cuda", "torch", "nccl", "governor", "tunables", "pcie", "gpu")
 
 # Which components each stage depends on (the roofline depends on none: model, hardware and config only).
 STAGE_COMPONENTS = {
     "roofline": (),
     "audit": COMPONENTS,
-    "microbench": ("kernel", "driver", "cuda", "torch", "nccl", "governor", "tunables"),
-    "simulate": ("kernel", "driver", "cuda", "torch", "nccl", "governor", "tunables"),
-    "live": ("kernel", "driver", "cuda", "torch", "nccl", "governor", "tunables", "server"),
+    "microbench": HOST,
+    "simulate": HOST,
+    "live": (*HOST, "server"),
 }
 
 ENV_PREFIX = "DECODE_GAP_FP_"
@@ -71,6 +74,73 @@ def _tunables() -> str:
     return ";".join(parts)
 
 
+def _pcie_devctl(config_path: Path) -> tuple[str, str]:
+    """MaxReadReq and MaxPayload from the PCIe capability's Device Control register in sysfs config space.
+
+    Only root can read past the first 64 bytes; then both are 'n/a' (the audit reads them with lspci instead).
+    """
+    try:
+        data = config_path.read_bytes()
+    except OSError:
+        return "n/a", "n/a"
+    if len(data) < 256 or not data[0x06] & 0x10:
+        return "n/a", "n/a"
+    ptr, seen = data[0x34] & 0xFC, set()
+    while ptr and ptr not in seen and ptr + 10 <= len(data):
+        seen.add(ptr)
+        if data[ptr] == 0x10:  # PCI Express capability
+            devctl = int.from_bytes(data[ptr + 8:ptr + 10], "little")
+            return str(128 << ((devctl >> 12) & 7)), str(128 << ((devctl >> 5) & 7))
+        ptr = data[ptr + 1] & 0xFC
+    return "n/a", "n/a"
+
+
+def _pcie() -> str:
+    """Link speed and width, MaxReadReq and MaxPayload of every NVIDIA display/3D device (sysfs; no subprocess)."""
+    parts = []
+    for dev in sorted(Path("/sys/bus/pci/devices").glob("*")):
+        if _read(str(dev / "vendor")) != "0x10de" or not (_read(str(dev / "class")) or "").startswith("0x03"):
+            continue
+        speed = (_read(str(dev / "current_link_speed")) or "n/a").replace(" PCIe", "").replace(" ", "")
+        width = _read(str(dev / "current_link_width")) or "n/a"
+        mrr, mps = _pcie_devctl(dev / "config")
+        parts.append(f"{dev.name}:{speed}x{width}:mrr={mrr}:mps={mps}")
+    return ";".join(parts) or "none"
+
+
+def _gpu_settings() -> str:
+    """Persistence mode, power limit and application SM clock of each GPU (NVML), the settings that move results."""
+    try:
+        import pynvml  # nvidia-ml-py
+
+        pynvml.nvmlInit()
+    except Exception:  # no driver library or no GPU
+        return "none"
+    parts = []
+    try:
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            vals = []
+            for label, call in (
+                ("pm", lambda: pynvml.nvmlDeviceGetPersistenceMode(h)),
+                ("pl_w", lambda: pynvml.nvmlDeviceGetPowerManagementLimit(h) // 1000),
+                ("app_sm_mhz", lambda: pynvml.nvmlDeviceGetApplicationsClock(h, pynvml.NVML_CLOCK_SM)),
+            ):
+                try:
+                    vals.append(f"{label}={call()}")
+                except Exception:
+                    vals.append(f"{label}=n/a")
+            parts.append(f"gpu{i}:" + ",".join(vals))
+    except Exception:
+        return "n/a"
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+    return ";".join(parts) or "none"
+
+
 def measure_components(server: str = "") -> dict[str, str]:
     ident = host_identity()
     values = {
@@ -81,6 +151,8 @@ def measure_components(server: str = "") -> dict[str, str]:
         "nccl": _dist_version("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11") or "none",
         "governor": _read("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor") or "n/a",
         "tunables": _tunables(),
+        "pcie": _pcie(),
+        "gpu": _gpu_settings(),
         "server": server or "none",
     }
     for name in COMPONENTS:

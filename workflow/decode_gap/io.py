@@ -25,6 +25,13 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
+def _umask_mode() -> int:
+    # mkstemp creates 0600 files; results are meant to be read like any other file (0644 under umask 022).
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -34,6 +41,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, _umask_mode())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -64,6 +72,7 @@ def write_table(path: str | os.PathLike, df: pd.DataFrame) -> None:
             df.to_parquet(tmp, index=False)
         else:
             df.to_csv(tmp, index=False)
+        os.chmod(tmp, _umask_mode())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -1,4 +1,14 @@
 # The HTML and PDF gap-analysis report, its archive copy, and the comparison of two archived runs.
+from decode_gap import archive as archive_mod
+from decode_gap.errors import DecodeGapError
+
+ARCHIVE_DIR = config.get("archive", {}).get("dir", "report/archive")
+
+
+try:
+    COMPARE = archive_mod.compare_target(config, ARCHIVE_DIR, HWREV)
+except DecodeGapError as exc:
+    sys.exit(f"decode-gap: error: config fields run_a and run_b: {exc}")
 
 
 rule render_report:
@@ -26,13 +36,15 @@ rule render_report:
     output:
         html=res("report.html"),
         pdf=res("report.pdf"),
-    params:
-        hardware_revision=HWREV,
-        fingerprint=FINGERPRINT,
-        archive_dir=config.get("archive", {}).get("dir", "report/archive"),
     log:
         res("logs/render_report.log"),
     localrule: True
+    conda:
+        "../../envs/decode-gap.yaml"
+    params:
+        hardware_revision=HWREV,
+        fingerprint=FINGERPRINT,
+        archive_dir=ARCHIVE_DIR,
     script:
         "../scripts/render_report.py"
 
@@ -42,15 +54,20 @@ rule archive_report:
         html=rules.render_report.output.html,
         pdf=rules.render_report.output.pdf,
         stage_files=stage_summaries,
+        live_requests=rules.measure_live.output.requests,
+        live_chunks=rules.measure_live.output.chunks,
+        templates=report_templates,
     output:
         receipt=res("archive.json"),
-    params:
-        hardware_revision=HWREV,
-        fingerprint=FINGERPRINT,
-        archive_dir=config.get("archive", {}).get("dir", "report/archive"),
     log:
         res("logs/archive_report.log"),
     localrule: True
+    conda:
+        "../../envs/decode-gap.yaml"
+    params:
+        hardware_revision=HWREV,
+        fingerprint=FINGERPRINT,
+        archive_dir=ARCHIVE_DIR,
     script:
         "../scripts/archive_report.py"
 
@@ -59,3 +76,30 @@ rule report:
     input:
         rules.render_report.output,
         rules.archive_report.output,
+
+
+# snakemake --cores 1 compare --config run_a=<hw-rev>/<run-id> run_b=<hw-rev>/<run-id>  (or latest, previous, a path)
+rule compare_runs:
+    input:
+        unpack(lambda wildcards: COMPARE.inputs),
+        templates=report_templates,
+    output:
+        html=f"results/compare/{COMPARE.slug}.html",
+        pdf=f"results/compare/{COMPARE.slug}.pdf",
+    log:
+        f"results/compare/logs/{COMPARE.slug}.log",
+    localrule: True
+    conda:
+        "../../envs/decode-gap.yaml"
+    params:
+        a=COMPARE.spec_a,
+        b=COMPARE.spec_b,
+        archive_dir=ARCHIVE_DIR,
+        hardware_revision=HWREV,
+    script:
+        "../scripts/compare_runs.py"
+
+
+rule compare:
+    input:
+        rules.compare_runs.output,
