@@ -10,6 +10,8 @@ rule measure_live:
         chunks=res("live/chunks.parquet"),
     log:
         res("logs/measure_live.log"),
+    conda:
+        "../../envs/decode-gap.yaml"
     # All cores: the embedded server uses them, and no other benchmark may run beside a latency measurement.
     threads: workflow.cores
     resources:
@@ -32,5 +34,7 @@ rule assemble_gguf:
     log:
         "resources/logs/assemble_gguf.log",
     localrule: True
+    conda:
+        "../../envs/decode-gap.yaml"
     script:
         "../scripts/assemble_gguf.py"

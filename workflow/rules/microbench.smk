@@ -6,6 +6,8 @@ rule measure_memory:
         json=res("microbench/memory.json"),
     log:
         res("logs/measure_memory.log"),
+    conda:
+        "../../envs/decode-gap.yaml"
     resources:
         gpu=gpu_count_wanted(1),
     params:
@@ -21,6 +23,8 @@ rule bench_allreduce:
         json=res("microbench/allreduce.json"),
     log:
         res("logs/bench_allreduce.log"),
+    conda:
+        "../../envs/decode-gap.yaml"
     resources:
         gpu=gpu_count_wanted(config["tp"]),
     params:
@@ -38,6 +42,8 @@ rule bench_gemm:
         json=res("microbench/gemm.json"),
     log:
         res("logs/bench_gemm.log"),
+    conda:
+        "../../envs/decode-gap.yaml"
     resources:
         gpu=gpu_count_wanted(1),
     params:
@@ -55,6 +61,8 @@ rule bench_moe:
         json=res("microbench/moe.json"),
     log:
         res("logs/bench_moe.log"),
+    conda:
+        "../../envs/decode-gap.yaml"
     resources:
         gpu=gpu_count_wanted(1),
     params:
@@ -72,6 +80,8 @@ rule bench_attention:
         json=res("microbench/attention.json"),
     log:
         res("logs/bench_attention.log"),
+    conda:
+        "../../envs/decode-gap.yaml"
     resources:
         gpu=gpu_count_wanted(1),
     params:
@@ -87,6 +97,8 @@ rule bench_launch:
         json=res("microbench/launch.json"),
     log:
         res("logs/bench_launch.log"),
+    conda:
+        "../../envs/decode-gap.yaml"
     resources:
         gpu=gpu_count_wanted(1),
     params:

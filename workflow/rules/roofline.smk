@@ -9,10 +9,12 @@ rule compute_roofline:
     output:
         json=res("roofline.json"),
         components=res("roofline_components.csv"),
-    params:
-        run=run_params("roofline"),
     log:
         res("logs/compute_roofline.log"),
+    conda:
+        "../../envs/decode-gap.yaml"
+    params:
+        run=run_params("roofline"),
     script:
         "../scripts/compute_roofline.py"
 
