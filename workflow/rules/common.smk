@@ -18,7 +18,7 @@ os.environ.update(
 from decode_gap.config import one_line_validation_error, resolve_run
 from decode_gap.errors import ConfigError
 from decode_gap import fingerprint as fp
-
+from decode_gap import fleet
 
 try:
     validate(config, str(REPO / "config" / "config.schema.json"))
@@ -72,12 +72,25 @@ def gguf_input(wildcards):
 
 def run_params(stage):
     """The config a stage's result depends on (a params change reruns the stage)."""
-    keys = ["model", "weight_format", "hardware", "tp", "ep", "batch_size", "context_len", "kv_cache_dtype"]
+    keys = [
+        "model",
+        "weight_format",
+        "hardware",
+        "tp",
+        "ep",
+        "batch_size",
+        "context_len",
+        "kv_cache_dtype",
+    ]
     out = {k: config.get(k) for k in keys}
     out["gguf_path"] = gguf_path()
     out["hardware_spec"] = RUN.hardware.key
     out["hardware_revision"] = HWREV
-    out["enabled"] = stage_enabled(stage) if stage in ("audit", "microbench", "simulate", "live") else True
+    out["enabled"] = (
+        stage_enabled(stage)
+        if stage in ("audit", "microbench", "simulate", "live")
+        else True
+    )
     if stage in ("roofline", "microbench", "simulate", "live"):
         out[stage] = config.get(stage, {})
     if stage == "live":
@@ -121,3 +134,22 @@ def stage_summaries(wildcards):
             "gap.json",
         )
     ]
+
+
+def allreduce_resources():
+    """GPUs (and nodes, for a multi-node all-reduce) the all-reduce benchmark asks a cluster for."""
+    return fleet.allreduce_resources(config, RUN.hardware.kind == "gpu")
+
+
+onstart:
+    # On a cluster the submit host is not the node type measured: auto-detection would describe the wrong machine.
+    if (
+        workflow.non_local_exec
+        and workflow.is_main_process
+        and (config["hardware"] == "auto" or not config.get("hardware_revision"))
+    ):
+        sys.exit(
+            "decode-gap: error: config fields 'hardware' and 'hardware_revision': set both on a cluster "
+            "(the submit host is not the node type measured); "
+            "`PYTHONPATH=workflow python -m decode_gap.fleet detect -p <partition>` prints them (docs/slurm.md)"
+        )

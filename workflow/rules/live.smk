@@ -13,7 +13,7 @@ rule measure_live:
     conda:
         "../../envs/decode-gap.yaml"
     # All cores: the embedded server uses them, and no other benchmark may run beside a latency measurement.
-    threads: workflow.cores
+    threads: workflow.resource_settings.cores or 1
     resources:
         gpu=gpu_count_wanted(0),
     params:

@@ -26,7 +26,7 @@ rule bench_allreduce:
     conda:
         "../../envs/decode-gap.yaml"
     resources:
-        gpu=gpu_count_wanted(config["tp"]),
+        **allreduce_resources(),
     params:
         run=run_params("microbench"),
         fingerprint=stage_fingerprint("microbench"),
