@@ -376,3 +376,33 @@ def test_profile_names_only_real_rules_and_local_rules_stay_local(monkeypatch):
     cluster_rules = {name for name, body in rules.items() if "localrule: True" not in body}
     unnamed = cluster_rules - {item.split(":", 1)[0] for item in prof["set-resources"]}
     assert not unnamed, f"cluster rules without resources in {PROFILE.relative_to(REPO)}: {sorted(unnamed)}"
+
+
+# ------------------------------------------------------------------------------------------- run_launch
+def test_run_launch_failure_is_one_line():
+    with pytest.raises(DecodeGapError, match=r"^\S+ exited with status 3: ") as exc:
+        fleet.run_launch([sys.executable, "-c", "raise SystemExit(3)"], timeout_s=60)
+    assert "\n" not in str(exc.value)
+    with pytest.raises(DecodeGapError, match="no-such-launcher not found"):
+        fleet.run_launch(["no-such-launcher"], timeout_s=60)
+
+
+def test_run_launch_past_its_deadline_leaves_no_process(tmp_path):
+    """A launch that ignores SIGTERM, with a child of its own: both are gone when run_launch returns."""
+    pids = tmp_path / "pids"
+    code = (
+        "import os, signal, subprocess, sys, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+        f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}')\n"
+        "time.sleep(120)\n"
+    )
+    with pytest.raises(DecodeGapError, match=r"did not finish within 10 s"):
+        fleet.run_launch([sys.executable, "-c", code], timeout_s=10, grace_s=1)
+    for pid in map(int, pids.read_text().split()):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        # a zombie (exited, not yet reaped by its parent) counts as gone
+        assert open(f"/proc/{pid}/stat").read().split(") ")[1].startswith("Z"), f"pid {pid} still running"

@@ -19,6 +19,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -208,17 +209,55 @@ def launch_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def run_launch(cmd: Sequence[str], *, timeout_s: float | None = None, env: Mapping[str, str] | None = None) -> None:
-    """Run a launch command, output to our stdout/stderr (the rule's log); a failure is one DecodeGapError line."""
+def run_launch(
+    cmd: Sequence[str],
+    *,
+    timeout_s: float | None = None,
+    env: Mapping[str, str] | None = None,
+    grace_s: float = 45.0,
+) -> None:
+    """Run a launch command, output to our stdout/stderr (the rule's log); a failure is one DecodeGapError line.
+
+    The launch runs in its own session. Past `timeout_s` (or when we are interrupted) it gets SIGTERM, which
+    srun forwards to its tasks and torchrun turns into stopping its workers (torchrun waits up to 30 s for
+    them); whatever is left of its process group after `grace_s` is killed. No launch outlives the call.
+    """
     print("launch:", shlex.join(cmd), flush=True)
     try:
-        done = subprocess.run(list(cmd), env=launch_env(env), timeout=timeout_s, check=False)
+        proc = subprocess.Popen(list(cmd), env=launch_env(env), start_new_session=True)
     except FileNotFoundError:
         raise DecodeGapError(f"{cmd[0]} not found: the launch needs it on PATH") from None
+    try:
+        code = proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
+        stop_launch(proc, grace_s)
         raise DecodeGapError(f"{cmd[0]} did not finish within {timeout_s:.0f} s: {shlex.join(cmd)}") from None
-    if done.returncode:
-        raise DecodeGapError(f"{cmd[0]} exited with status {done.returncode}: {shlex.join(cmd)}")
+    except BaseException:
+        stop_launch(proc, grace_s)
+        raise
+    if code:
+        raise DecodeGapError(f"{cmd[0]} exited with status {code}: {shlex.join(cmd)}")
+
+
+def stop_launch(proc: subprocess.Popen, grace_s: float = 45.0) -> None:
+    """SIGTERM the launch's process group, then SIGKILL it after `grace_s` (the group of a start_new_session child)."""
+    def group(sig: int) -> None:
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    if proc.poll() is None:
+        group(signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+    group(signal.SIGKILL)  # stragglers of the group (the leader may be gone already)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 # --------------------------------------------------------------------------------------------- node identity

@@ -60,7 +60,9 @@ def gguf_path():
     """The GGUF file in play: configured, or the embedded server's (assembled from its PyPI package)."""
     if config.get("gguf_path"):
         return config["gguf_path"]
-    if config["weight_format"] == "gguf-q4_k_m" or RUN.embedded_server:
+    if config["weight_format"] == "gguf-q4_k_m" or (
+        RUN.embedded_server and stage_enabled("live")
+    ):
         return EMBEDDED_GGUF
     return ""
 

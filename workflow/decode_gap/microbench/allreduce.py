@@ -10,6 +10,13 @@ a GPU, perf_counter with gloo); an op's time is the slowest rank's, and time_us 
 A rank that fails takes the others down: the parent watches every rank, terminates the rest at the first
 failure, and raises one line naming the rank and its error; a rank that hangs past the deadline is killed
 the same way. No process outlives the call.
+
+Across nodes (`microbench.allreduce.nodes > 1`, inside a SLURM job): `launch_multinode` writes job.json on the
+shared filesystem (under the rule's output directory), starts one `torchrun` per node with `srun`
+(`decode_gap.fleet.multinode_command`, c10d rendezvous on the allocation's first host), and each rank joins
+through `env://` (torchrun's RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT). Ranks write the same rank files,
+so the CSV and JSON have the same shape as on one node; the JSON adds `nodes`, `ranks_per_node` and `hosts`.
+A rank that fails writes rank<r>.error.json first, so the one-line error names its rank, host and reason.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -30,7 +38,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..errors import DecodeGapError
+from ..errors import ConfigError, DecodeGapError
 from ..provenance import measured, unavailable
 from .timing import stats_us
 
@@ -40,6 +48,8 @@ COLUMNS = [
 ]
 
 DTYPE_NAMES = {"bfloat16": 2, "float": 4, "half": 2}
+MODULE = "decode_gap.microbench.allreduce"
+ENV_INIT = "env://"  # job.json's init_method under torchrun
 
 
 def busbw_factor(world_size: int) -> float:
@@ -65,24 +75,36 @@ def size_sweep(min_bytes: int, max_bytes: int, elem: int) -> list[int]:
 
 
 def _rank_main(rank: int, job: dict[str, Any]) -> None:
-    """Body of one rank (runs in its own process). Writes rank<r>.json into job['out_dir']."""
+    """Body of one rank (runs in its own process). Writes rank<r>.json into job['out_dir'].
+
+    Started by `launch_ranks`, the rank meets the others through a file store; under torchrun
+    (job['init_method'] == 'env://'), through torchrun's environment, on GPU LOCAL_RANK of its node.
+    """
     import torch
     import torch.distributed as dist
 
     backend = job["backend"]
     world = job["world_size"]
+    launched = job.get("init_method") == ENV_INIT
+    local_rank = rank
+    if launched:
+        local_rank = int(os.environ["LOCAL_RANK"])
+        if int(os.environ["WORLD_SIZE"]) != world:
+            raise RuntimeError(f"torchrun started {os.environ['WORLD_SIZE']} ranks, job.json wants {world}")
+        Path(job["out_dir"], f"rank{rank}.where.json").write_text(json.dumps(_where(rank, local_rank, backend)))
     if job.get("fail_rank") == rank:  # used by the tests: a real failure on one rank
         raise RuntimeError(f"injected failure on rank {rank}")
     if backend == "nccl":
-        torch.cuda.set_device(rank)
-        device = torch.device("cuda", rank)
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
         torch.set_num_threads(1)
-    dist.init_process_group(
-        backend, init_method=job["init_method"], rank=rank, world_size=world,
-        timeout=timedelta(seconds=job["op_timeout_s"]),
-    )
+    timeout = timedelta(seconds=job["op_timeout_s"])
+    if launched:
+        dist.init_process_group(backend, init_method=ENV_INIT, timeout=timeout)
+    else:
+        dist.init_process_group(backend, init_method=job["init_method"], rank=rank, world_size=world, timeout=timeout)
     try:
         if job.get("hang_rank") == rank:  # used by the tests: this rank never joins the collectives
             time.sleep(3600)
@@ -96,6 +118,11 @@ def _rank_main(rank: int, job: dict[str, Any]) -> None:
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def _where(rank: int, local_rank: int, backend: str) -> dict[str, Any]:
+    return {"rank": rank, "local_rank": local_rank, "host": socket.gethostname(),
+            "device": f"cuda:{local_rank}" if backend == "nccl" else "cpu"}
 
 
 def _one_size(rank, world, device, dtype, count, job) -> dict[str, Any]:
@@ -239,6 +266,89 @@ def launch_ranks(job: dict[str, Any], world_size: int, timeout_s: float) -> list
         return out
 
 
+def launch_multinode(
+    job: dict[str, Any],
+    layout: Any,
+    work_dir: str | Path,
+    timeout_s: float,
+    *,
+    gpus: bool,
+    env: dict[str, str] | None = None,
+    hosts: list[str] | None = None,
+    launcher: list[str] | None = None,
+) -> tuple[list[list[dict[str, Any]]], list[dict[str, Any]]]:
+    """All ranks of `layout` (a fleet.AllreduceLayout) through srun + torchrun; each rank's results and where it ran.
+
+    `work_dir` must be on the filesystem every node sees (the rule's output directory); it is emptied first,
+    so no rank file of an earlier run counts. `env`, `hosts` and `launcher` go to `fleet.multinode_command`
+    (the SLURM job's own by default). A failure or a launch past `timeout_s` is one DecodeGapError line naming
+    the failed rank, its host and its error; `fleet.run_launch` stops the launch first.
+    """
+    from .. import fleet
+
+    work = Path(work_dir).resolve()
+    job_path = work / "job.json"
+    cmd = fleet.multinode_command(layout, module=MODULE, module_args=[str(job_path)], gpus=gpus, env=env,
+                                  hosts=hosts, launcher=launcher)  # first: outside a SLURM job, nothing is written
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    job = {**job, "out_dir": str(work), "init_method": ENV_INIT, "world_size": layout.world_size,
+           "nodes": layout.nodes}
+    job_path.write_text(json.dumps(job))
+    try:
+        fleet.run_launch(cmd, timeout_s=timeout_s, env=env)
+    except DecodeGapError as exc:
+        raise DecodeGapError(_multinode_failure(work, layout, _short_launch_error(str(exc)))) from None
+    out, missing = [], []
+    for r in range(layout.world_size):
+        path = work / f"rank{r}.json"
+        if path.exists():
+            out.append(json.loads(path.read_text()))
+        else:
+            missing.append(r)
+    if missing:
+        raise DecodeGapError(_multinode_failure(work, layout, "the launch exited 0"))
+    return out, _read_where(work, layout.world_size)
+
+
+def _read_where(work: Path, world: int) -> list[dict[str, Any]]:
+    where = []
+    for r in range(world):
+        try:
+            where.append(json.loads(Path(work, f"rank{r}.where.json").read_text()))
+        except (OSError, ValueError):
+            where.append({"rank": r, "host": "?"})
+    return where
+
+
+def _short_launch_error(text: str) -> str:
+    """fleet.run_launch's message without the whole command line (the log has it)."""
+    m = re.match(r"^(.*?(?:exited with status -?\d+|did not finish within \d+ s|not found))", text)
+    return m.group(1) if m else text.splitlines()[0][:300]
+
+
+def _multinode_failure(work: Path, layout: Any, launch_error: str) -> str:
+    """One line: the first rank that reported an error (rank, host, error), else the ranks without results."""
+    world = layout.world_size
+    where = {w["rank"]: w.get("host", "?") for w in _read_where(work, world)}
+    errors = []
+    for path in work.glob("rank*.error.json"):
+        try:
+            errors.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    head = f"all-reduce across {layout.nodes} nodes ({world} ranks)"
+    if errors:
+        first = min(errors, key=lambda e: e["rank"])
+        more = f" (and {len(errors) - 1} other rank(s))" if len(errors) > 1 else ""
+        return (f"{head}: rank {first['rank']} on node {first.get('host', '?')} failed: {first['error']}{more}; "
+                f"{launch_error}; the other ranks were stopped")
+    missing = [r for r in range(world) if not Path(work, f"rank{r}.json").exists()]
+    named = ", ".join(f"{r} ({where.get(r, '?')})" for r in missing[:8]) + (" ..." if len(missing) > 8 else "")
+    return f"{head}: {launch_error}; rank(s) without results: {named or 'none'} (rank logs: the rule's log)"
+
+
 def _exit_text(code: int) -> str:
     if code < 0:
         try:
@@ -363,6 +473,11 @@ def run_allreduce_bench(
     if model_bytes not in sizes:
         sizes = sorted(set(sizes) | {model_bytes})
 
+    nodes = int(ar.get("nodes") or 1)
+    if nodes > 1:
+        return _run_multinode(world_size, nodes, model_bytes, ar, sizes, skipped, warmup, iters, device_name, gpu,
+                              log, test_hooks)
+
     run_world = world_size
     multi_why = None
     if world_size == 1:
@@ -393,7 +508,50 @@ def run_allreduce_bench(
         skipped.append({"case": "nccl-tests", "reason": "nccl-tests needs GPUs"})
 
     df = pd.DataFrame(rows + nccl_rows, columns=COLUMNS)
-    return df, allreduce_summary(df, world_size, run_world, backend, model_bytes, multi_why, skipped, device_name)
+    out = allreduce_summary(df, world_size, run_world, backend, model_bytes, multi_why, skipped, device_name)
+    out["nodes"] = 1
+    return df, out
+
+
+def _run_multinode(world_size: int, nodes: int, model_bytes: int, ar: dict[str, Any], sizes: list[int],
+                   skipped: list[dict[str, str]], warmup: int, iters: int, device_name: str, gpu: bool, log,
+                   test_hooks: dict[str, Any]) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """The stage across `nodes` nodes of a SLURM job: srun + torchrun, then the same rows and summary as one node.
+
+    ar['work_dir'] (set by the rule's script: a folder under its output directory) holds job.json and the rank
+    files; ar['launch'] may carry `env`, `hosts` and `launcher` for `launch_multinode`.
+    """
+    from .. import fleet
+
+    layout = fleet.allreduce_layout({"microbench": {"allreduce": {"world_size": world_size, "nodes": nodes}}})
+    if not ar.get("work_dir"):
+        raise ConfigError("microbench.allreduce.nodes > 1: no work_dir on the shared filesystem (the bench_allreduce "
+                          "script sets it under the rule's output directory)")
+    backend = "nccl" if gpu else "gloo"
+    type_name = "bfloat16"
+    timeout_s = float(ar.get("timeout_s", 300))
+    job = {"backend": backend, "sizes": sizes, "warmup": warmup, "iters": iters, "type": type_name,
+           "op_timeout_s": min(timeout_s, 120.0), "graph": gpu, **test_hooks}
+    t0 = time.time()
+    per_rank, where = launch_multinode(job, layout, ar["work_dir"], timeout_s, gpus=gpu, **(ar.get("launch") or {}))
+    hosts = sorted({w.get("host", "?") for w in where})
+    log(f"all-reduce: {layout.world_size} rank(s) on {layout.nodes} nodes ({', '.join(hosts)}), {backend}, "
+        f"{len(sizes)} sizes in {time.time() - t0:.1f} s")
+    rows, graph_skips = merge_ranks(per_rank, sizes, layout.world_size, backend, type_name, model_bytes)
+    skipped.extend(graph_skips)
+    if not gpu:
+        skipped.append({"case": "graph mode", "reason": "CUDA graphs need a GPU (gloo on CPU runs eager only)"})
+    skipped.append({"case": "nccl-tests", "reason": "all_reduce_perf -g runs on one node; across nodes it needs an "
+                                                      "MPI build under mpirun (not run)"})
+    df = pd.DataFrame(rows, columns=COLUMNS)
+    out = allreduce_summary(df, world_size, layout.world_size, backend, model_bytes, None, skipped, device_name)
+    out.update(nodes=layout.nodes, ranks_per_node=layout.per_node, hosts=hosts)
+    seen: set[int] = set()
+    for fig in out["figures"].values():  # the multi-GPU figure may be the headline's own dict: label it once
+        if fig.get("status") == "measured" and id(fig) not in seen:
+            seen.add(id(fig))
+            fig["source"] = f"{fig['source']}, across {layout.nodes} nodes ({layout.per_node} per node)"
+    return df, out
 
 
 def allreduce_summary(df: pd.DataFrame, world_size: int, run_world: int, backend: str, model_bytes: int,
@@ -443,10 +601,38 @@ def allreduce_summary(df: pd.DataFrame, world_size: int, run_world: int, backend
 
 
 def _main(argv: list[str]) -> int:
-    """Entry point of one rank: python -m decode_gap.microbench.allreduce <job.json> <rank>."""
+    """Entry point of one rank: `python -m decode_gap.microbench.allreduce <job.json> [<rank>]`.
+
+    Without a rank argument the rank is $RANK (torchrun sets it, with LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT).
+    """
+    if not argv:
+        print("usage: python -m decode_gap.microbench.allreduce <job.json> [<rank>]", file=sys.stderr)
+        return 2
     job = json.loads(Path(argv[0]).read_text())
-    _rank_main(int(argv[1]), job)
+    if len(argv) > 1:
+        rank = int(argv[1])
+    elif os.environ.get("RANK", "").isdigit():
+        rank = int(os.environ["RANK"])
+    else:
+        print(f"{argv[0]}: no rank argument and $RANK is not set (start it with torchrun)", file=sys.stderr)
+        return 2
+    try:
+        _rank_main(rank, job)
+    except BaseException as exc:
+        if job.get("init_method") == ENV_INIT:  # the launcher only sees an exit status: leave the reason
+            _write_error(job, rank, exc)
+        raise
     return 0
+
+
+def _write_error(job: dict[str, Any], rank: int, exc: BaseException) -> None:
+    text = str(exc).strip().splitlines()
+    err = {**_where(rank, int(os.environ.get("LOCAL_RANK", rank)), job.get("backend", "")),
+           "error": f"{type(exc).__name__}: {text[0][:300]}" if text else type(exc).__name__}
+    try:
+        Path(job["out_dir"], f"rank{rank}.error.json").write_text(json.dumps(err))
+    except OSError:
+        pass
 
 
 if __name__ == "__main__":
