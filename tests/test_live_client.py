@@ -115,3 +115,22 @@ def test_client_overhead_is_recorded_per_event(double):
     assert len(res.overhead_ns) == len(res.events)
     assert all(0 <= o < 50_000_000 for o in res.overhead_ns)
     assert all(c.overhead_ns >= 0 for c in parsed.chunks)
+
+
+async def _nodone(url, require_done):
+    body = {"stream": True, "max_tokens": 5, "prompt": "x"}
+    async with httpx.AsyncClient() as client:
+        return await stream_request(client, url + "/completions", body, None, 10, require_done=require_done)
+
+
+def test_missing_done_fails_by_default_and_passes_after_finish_reason_when_allowed(double):
+    """`transformers serve` ends streams after the finish_reason chunk without [DONE] (live.require_done: false)."""
+    strict = asyncio.run(_nodone(double.url("nodone"), True))
+    assert not strict.ok and "ended without [DONE]" in strict.reason
+    lenient = asyncio.run(_nodone(double.url("nodone"), False))
+    assert lenient.ok and lenient.done and not lenient.done_marker
+
+
+def test_stream_dropped_without_finish_reason_still_fails_when_lenient(double):
+    res = asyncio.run(_nodone(double.url("drop"), False))
+    assert not res.ok

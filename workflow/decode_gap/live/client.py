@@ -12,6 +12,7 @@ URL (counted and grouped in the summary) and a per-request `detail`.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,6 +51,7 @@ class StreamResult:
     events: list[tuple[int, str, str]] = field(default_factory=list)  # (arrival ns, SSE event name, data)
     overhead_ns: list[int] = field(default_factory=list)  # per event: bytes arrived -> record stored
     done: bool = False
+    done_marker: bool = True  # False: completion taken from a finish_reason (no [DONE] sent)
     reason: str | None = None  # stable, grouped in the summary; None when the transport part succeeded
     detail: str = ""
 
@@ -62,6 +64,19 @@ class StreamResult:
             self.reason = reason
             self.detail = one_line(detail)
         return self
+
+
+def _finished(events: list[tuple[int, str, str]]) -> bool:
+    """Whether one of the last events carries a finish_reason (the usage-only chunk may come after it)."""
+    for _, _, data in events[-3:]:
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            continue
+        for choice in obj.get("choices") or [] if isinstance(obj, dict) else []:
+            if isinstance(choice, dict) and choice.get("finish_reason"):
+                return True
+    return False
 
 
 class _StampedStream(httpx.AsyncByteStream):
@@ -88,8 +103,14 @@ async def stream_request(
     payload: dict[str, Any],
     headers: dict[str, str] | None,
     timeout_s: float,
+    require_done: bool = True,
 ) -> StreamResult:
-    """POST `payload` with `stream: true` and record every SSE event's arrival time until `[DONE]`."""
+    """POST `payload` with `stream: true` and record every SSE event's arrival time until `[DONE]`.
+
+    With `require_done=False` (live.require_done) a stream that ends cleanly after a chunk carrying a
+    `finish_reason` also counts as complete: `transformers serve` never sends `[DONE]`. A stream that ends with
+    neither is a failure either way.
+    """
     shown = display_url(url)
     res = StreamResult(url=shown)
     res.t_start_ns = time.perf_counter_ns()
@@ -122,6 +143,9 @@ async def stream_request(
                         break
                     events.append((t, sse.event, sse.data))
                     overhead.append(time.perf_counter_ns() - t)
+        if not res.done and not require_done and _finished(res.events):
+            res.done = True
+            res.done_marker = False
         if not res.done:
             res.fail(f"stream from {shown} ended without [DONE]", f"{len(res.events)} events received")
     except TimeoutError:

@@ -90,6 +90,7 @@ class LiveSettings:
     prompt: str = ""
     ignore_eos: bool = True
     timeout_s: float = 120.0
+    require_done: bool = True
     engine: str = "auto"
     threads: int = 0
     ready_timeout_s: float = 180.0
@@ -114,6 +115,7 @@ class LiveSettings:
             prompt=live.get("prompt", d.prompt) or "",
             ignore_eos=bool(live.get("ignore_eos", d.ignore_eos)),
             timeout_s=float(live.get("timeout_s", d.timeout_s)),
+            require_done=bool(live.get("require_done", d.require_done)),
             engine=live.get("engine", d.engine) or "auto",
             threads=int(emb.get("threads", d.threads)),
             ready_timeout_s=float(emb.get("ready_timeout_s", d.ready_timeout_s)),
@@ -127,7 +129,7 @@ class LiveSettings:
             "num_requests": self.num_requests, "warmup_requests": self.warmup_requests,
             "max_tokens": self.max_tokens, "input_len": self.input_len,
             "prompt": "fixed" if self.prompt else "random", "ignore_eos": self.ignore_eos,
-            "timeout_s": self.timeout_s, "temperature": 0.0, "api_key_env": self.api_key_env or None,
+            "timeout_s": self.timeout_s, "require_done": self.require_done, "temperature": 0.0, "api_key_env": self.api_key_env or None,
         }
 
 
@@ -330,7 +332,7 @@ async def _sweep(s: LiveSettings, endpoint: str, api_key: str, server: EmbeddedS
             for name in (None, *OPTIONAL_FIELDS):
                 if name:
                     dropped.add(name)
-                probe = await stream_request(client, url, _payload(s, model, prompts[0][0], 2, dropped), headers, s.timeout_s)
+                probe = await stream_request(client, url, _payload(s, model, prompts[0][0], 2, dropped), headers, s.timeout_s, require_done=s.require_done)
                 if probe.status in (400, 422):
                     rejected.append({"without": sorted(dropped), "status": probe.status, "detail": probe.detail})
                     continue
@@ -343,7 +345,7 @@ async def _sweep(s: LiveSettings, endpoint: str, api_key: str, server: EmbeddedS
             for i in range(s.warmup_requests):
                 bar.describe(f"warm-up {i + 1}/{s.warmup_requests}")
                 p, n = prompts[1 + i]
-                r = await stream_request(client, url, _payload(s, model, p, s.max_tokens, dropped), headers, s.timeout_s)
+                r = await stream_request(client, url, _payload(s, model, p, s.max_tokens, dropped), headers, s.timeout_s, require_done=s.require_done)
                 sent.append(_Sent(-1, 1, "warmup", n, r))
                 bar.advance()
             # The sweep.
@@ -357,7 +359,7 @@ async def _sweep(s: LiveSettings, endpoint: str, api_key: str, server: EmbeddedS
                 async def one(prompt: str) -> StreamResult:
                     async with sem:
                         r = await stream_request(client, url, _payload(s, model, prompt, s.max_tokens, dropped),
-                                                 headers, s.timeout_s)
+                                                 headers, s.timeout_s, require_done=s.require_done)
                     bar.advance()
                     return r
 
