@@ -16,5 +16,7 @@ rule attribute_gap:
     log:
         res("logs/attribute_gap.log"),
     localrule: True
+    conda:
+        "../../envs/decode-gap.yaml"
     script:
         "../scripts/attribute_gap.py"

@@ -1,4 +1,5 @@
-# Decode simulation at the kernel level (one step of real kernels) and the engine level (the engine's own forward).
+# Decode simulation at the kernel level (one step of real kernels), the engine level (the engine's own forward)
+# and the server's HTTP/SSE stack (a loopback calibration without a model).
 
 
 rule simulate_kernel:
@@ -6,13 +7,17 @@ rule simulate_kernel:
         allreduce=rules.bench_allreduce.output.json,
     output:
         json=res("simulate/kernel.json"),
+    log:
+        res("logs/simulate_kernel.log"),
+    conda:
+        "../../envs/decode-gap.yaml"
+    # All cores: a latency measurement; no other benchmark may run beside it.
+    threads: workflow.resource_settings.cores or 1
+    resources:
+        gpu=gpu_count_wanted(config["tp"]),
     params:
         run=run_params("simulate"),
         fingerprint=stage_fingerprint("simulate"),
-    log:
-        res("logs/simulate_kernel.log"),
-    resources:
-        gpu=gpu_count_wanted(config["tp"]),
     script:
         "../scripts/simulate_kernel.py"
 
@@ -22,26 +27,53 @@ rule simulate_engine:
         gguf=gguf_input,
     output:
         json=res("simulate/engine.json"),
+    log:
+        res("logs/simulate_engine.log"),
+    conda:
+        "../../envs/decode-gap.yaml"
+    # All cores: a latency measurement; no other benchmark may run beside it.
+    threads: workflow.resource_settings.cores or 1
+    resources:
+        gpu=gpu_count_wanted(1),
     params:
         run=run_params("simulate"),
         fingerprint=stage_fingerprint("simulate"),
-    log:
-        res("logs/simulate_engine.log"),
-    resources:
-        gpu=gpu_count_wanted(1),
+        live=config.get("live", {}),
+        endpoint=config.get("endpoint", ""),
     script:
         "../scripts/simulate_engine.py"
+
+
+rule calibrate_server:
+    output:
+        json=res("simulate/server.json"),
+    log:
+        res("logs/calibrate_server.log"),
+    conda:
+        "../../envs/decode-gap.yaml"
+    # All cores: a latency measurement; no other benchmark may run beside it.
+    threads: workflow.resource_settings.cores or 1
+    params:
+        run=run_params("simulate"),
+        fingerprint=stage_fingerprint("simulate"),
+        live=config.get("live", {}),
+        endpoint=config.get("endpoint", ""),
+    script:
+        "../scripts/calibrate_server.py"
 
 
 rule merge_simulation:
     input:
         kernel=rules.simulate_kernel.output.json,
         engine=rules.simulate_engine.output.json,
+        server=rules.calibrate_server.output.json,
     output:
         json=res("simulate.json"),
     log:
         res("logs/merge_simulation.log"),
     localrule: True
+    conda:
+        "../../envs/decode-gap.yaml"
     script:
         "../scripts/merge_simulation.py"
 

@@ -1,4 +1,11 @@
-# Placeholder until this stage lands: writes a skipped summary so the report can say "not measured".
-from decode_gap.stub import write_stub
+# Kernel level: one decode step of the configured model on this device (eager and one CUDA graph).
+from decode_gap.smk import run_script
 
-write_stub(snakemake)  # noqa: F821
+
+def body():
+    from decode_gap.simulate.stage import kernel_stage
+
+    kernel_stage(dict(snakemake.params.run), snakemake.input.get("allreduce"), snakemake.output.json)  # noqa: F821
+
+
+run_script(snakemake, body)  # noqa: F821

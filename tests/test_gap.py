@@ -1,0 +1,194 @@
+"""Gap attribution arithmetic: the waterfall sums exactly to the live ITL, a negative residual is flagged,
+missing inputs become 'unavailable' rows, the levers are ranked by the milliseconds they save."""
+
+import math
+
+import pytest
+
+from decode_gap.gap import attribute, attribute_files, load_input
+from decode_gap.io import write_json
+
+
+def gpu_inputs(**over):
+    inputs = {
+        "roofline": {"tp": 1, "t_memory_ms": 0.45, "bytes_per_token_per_gpu": 2.16e9,
+                     "hardware": {"memory_bandwidth_gbps": 4800}, "allreduces_per_token": 0, "t_comm_floor_ms": 0.0},
+        "memory": {"read_gbps": 4000.0, "copy_gbps": 4300.0},
+        "simulate": {
+            "kernel": {"status": "ok", "format_match": True, "eager_ms": 6.0, "graph_ms": 0.9, "tp": 1,
+                       "layers_simulated": 16, "layers_total": 16, "components": []},
+            "engine": {"status": "ok", "engine": "transformers", "eager_ms": 15.0, "graph_ms": 2.0, "serving_ms": 15.0,
+                       "loop": {"overhead_ms": 0.0}, "cpu_saturated": False},
+            "server": {"status": "ok", "stack": "starlette", "server_cpu_per_chunk_ms": 0.25,
+                       "client_cpu_per_chunk_ms": 0.05},
+        },
+        "live": {"status": "ok", "engine": "transformers",
+                 "levels": [{"concurrency": 2, "completed": 8, "median_itl_per_token_ms": 30.0},
+                            {"concurrency": 1, "completed": 8, "median_itl_per_token_ms": 16.0}]},
+        "audit": {"findings": [{"id": "pcie.max_read_req", "severity": "warning", "title": "MaxReadReq 512->4096",
+                                "evidence": "MaxReadReq 512 bytes on GPU0", "fix": "setpci ..."},
+                               {"id": "x", "severity": "info", "title": "fine", "evidence": "", "fix": ""}]},
+    }
+    inputs.update(over)
+    return inputs
+
+
+def steps(g):
+    return {r["name"]: r for r in g["waterfall"]}
+
+
+def test_gpu_waterfall_sums_exactly_and_ranks_levers():
+    g = attribute(gpu_inputs())
+    w = steps(g)
+    assert g["status"] == "ok"
+    assert g["sum_check"]["exact"] is True
+    assert math.isclose(sum(r["ms"] for r in g["waterfall"] if r["kind"] in ("start", "step", "residual") and r["ms"] is not None),
+                        16.0, abs_tol=1e-12)
+    t_meas = 2.16e9 / 4000e9 * 1e3
+    assert math.isclose(w["lost bandwidth: memory ceiling"]["ms"], t_meas - 0.45)
+    assert w["all-reduce"]["ms"] == 0.0
+    assert math.isclose(w["lost bandwidth: kernels at decode shapes"]["ms"], 0.9 - t_meas)
+    assert math.isclose(w["launch overhead"]["ms"], 6.0 - 0.9)
+    assert math.isclose(w["framework overhead"]["ms"], 15.0 - 6.0)
+    assert w["server overhead: completion loop"]["ms"] == 0.0
+    assert math.isclose(w["server overhead: HTTP/SSE streaming"]["ms"], 0.25)  # client on free cores
+    assert math.isclose(g["predicted_ms"], 15.25)
+    assert math.isclose(g["residual_ms"], 0.75)
+    assert g["live_itl_ms"] == 16.0 and g["live_itl_field"] == "median_itl_per_token_ms"
+    assert math.isclose(g["closure_ratio"], 15.25 / 16.0)
+    assert math.isclose(g["explained_fraction"], 1 - 0.75 / 16.0)
+    assert math.isclose(g["headline"]["efficiency"], 0.45 / 16.0)
+    assert g["headline"]["closure_pass"] is True and g["headline"]["negative_residual"] is False
+    assert g["observed_server_overhead_ms"] == 1.0
+    for r in g["waterfall"]:
+        assert r["source"] and r["status"] in ("measured", "modelled", "unavailable")
+    levers = g["levers"]
+    saves = [l["saves_ms"] for l in levers if l["saves_ms"] is not None]
+    assert saves == sorted(saves, reverse=True)
+    assert levers[0]["name"] == "static KV cache + compile (CUDA graphs)" and math.isclose(levers[0]["saves_ms"], 13.0)
+    names = [l["name"] for l in levers]
+    assert "capture CUDA graphs" in names
+    audit = [l for l in levers if l["source"].startswith("audit.json")]
+    assert len(audit) == 1 and audit[0]["saves_ms"] is None and "MaxReadReq" in audit[0]["name"]
+    assert audit[0]["saves_status"].startswith("unavailable")
+    assert levers[-1] is audit[0]
+    assert g["headline"]["top_levers"] == levers[:3]
+
+
+def test_negative_residual_is_flagged():
+    inputs = gpu_inputs()
+    inputs["live"]["levels"][1]["median_itl_per_token_ms"] = 12.0
+    g = attribute(inputs)
+    res = steps(g)["unexplained residual"]
+    assert res["ms"] < 0 and res["negative"] is True and "negative" in res["note"]
+    assert g["headline"]["negative_residual"] is True
+    assert g["sum_check"]["exact"] is True
+    assert math.isclose(g["explained_fraction"], 1 - abs(12.0 - 15.25) / 12.0)
+    assert g["headline"]["unexplained_component"].startswith("over-prediction")
+
+
+def test_cpu_stand_in_kernel_level_is_kept_off_the_chain():
+    inputs = gpu_inputs(
+        roofline={"tp": 1, "t_memory_ms": None, "bytes_per_token_per_gpu": 3.0e8},
+        memory={"read_gbps": {"value": 20.0, "status": "measured"}, "copy_gbps": 15.0},
+    )
+    inputs["simulate"]["kernel"] = {"status": "ok", "format_match": False, "stand_in": "fp32 stand-in", "eager_ms": 90.0,
+                                    "graph_ms": None, "graph_reason": "CUDA graphs need a GPU", "components": []}
+    inputs["simulate"]["engine"] = {"status": "ok", "engine": "llama.cpp", "eager_ms": 20.0, "serving_ms": 20.0,
+                                    "loop": {"overhead_ms": 3.0}, "cpu_saturated": True}
+    inputs["live"] = {"engine": "llama.cpp", "levels": [{"concurrency": 1, "median_itl_per_token_ms": 24.0}]}
+    g = attribute(inputs)
+    w = steps(g)
+    roof = 3.0e8 / 20e9 * 1e3
+    assert math.isclose(g["roofline_ms"], roof) and "measured" in w["roofline (weights + KV at measured bandwidth)"]["note"]
+    assert w["lost bandwidth: memory ceiling"]["status"] == "unavailable"
+    assert w["lost bandwidth: kernels at decode shapes"]["status"] == "unavailable"
+    assert w["launch overhead"]["status"] == "unavailable"
+    combined = next(r for r in g["waterfall"] if r.get("absorbs"))
+    assert combined["name"] == "lost bandwidth: kernels at decode shapes + launch overhead + framework overhead"
+    assert math.isclose(combined["ms"], 20.0 - roof)
+    assert math.isclose(w["server overhead: HTTP/SSE streaming"]["ms"], 0.30)  # engine on every core: client counts
+    assert math.isclose(g["predicted_ms"], 23.3)
+    assert g["sum_check"]["exact"] is True
+    assert g["kernel_ms"] == 90.0 and g["levels"]["kernel_comparable"] is False
+
+
+def test_graph_server_without_engine_level_names_the_unexplained_part():
+    inputs = gpu_inputs()
+    inputs["simulate"]["engine"] = {"status": "skipped", "engine": "vllm", "reason": "engine level not measured: vLLM"}
+    inputs["live"] = {"engine": "vllm", "levels": [{"concurrency": 1, "median_itl_per_token_ms": 5.0}]}
+    g = attribute(inputs)
+    w = steps(g)
+    assert w["launch overhead"]["ms"] == 0.0 and "captures CUDA graphs" in w["launch overhead"]["note"]
+    assert w["framework overhead"]["status"] == "unavailable"
+    assert g["headline"]["closure_basis"] == "kernel" and g["headline"]["closure_pass"] is False
+    assert "framework overhead" in g["headline"]["unexplained_component"]
+    assert g["sum_check"]["exact"] is True
+    assert "capture CUDA graphs" not in [l["name"] for l in g["levers"]]
+
+
+def test_every_input_missing_does_not_crash():
+    g = attribute({})
+    assert g["status"] == "partial"
+    assert all(r["status"] == "unavailable" for r in g["waterfall"] if r["name"] != "all-reduce")
+    assert g["explained_fraction"] is None and g["closure_ratio"] is None and g["sum_check"] is None
+
+
+def test_tp_allreduce_modelled_from_microbench():
+    inputs = gpu_inputs()
+    inputs["roofline"].update(tp=8, allreduces_per_token=34, t_comm_floor_ms=0.2)
+    inputs["allreduce"] = {"allreduce_us_at_model_size": {"value": 20.0, "unit": "us", "status": "measured"}}
+    g = attribute(inputs)
+    ar = steps(g)["all-reduce"]
+    assert math.isclose(ar["ms"], 34 * 20.0 / 1000) and ar["status"] == "modelled"
+    lever = next(l for l in g["levers"] if l["name"].startswith("faster all-reduce"))
+    assert math.isclose(lever["saves_ms"], 0.68 - 0.2)
+    assert g["sum_check"]["exact"] is True
+
+
+def test_attribute_files_reads_and_labels_skipped(tmp_path):
+    inputs = gpu_inputs()
+    paths = {}
+    for key, data in inputs.items():
+        write_json(tmp_path / f"{key}.json", data)
+        paths[key] = str(tmp_path / f"{key}.json")
+    write_json(tmp_path / "memory.json", {"stage": "microbench.memory", "status": "skipped", "reason": "no bench"})
+    paths["gemm"] = str(tmp_path / "absent.json")
+    g = attribute_files(paths)
+    assert g["inputs_unavailable"]["memory"].startswith("memory.json: skipped")
+    assert g["inputs_unavailable"]["gemm"] == "absent.json is missing"
+    assert steps(g)["lost bandwidth: memory ceiling"]["status"] == "unavailable"
+    assert g["sum_check"]["exact"] is True
+    data, why = load_input(None)
+    assert data is None and why
+
+
+@pytest.mark.parametrize("live_key", ["mean_itl_per_token_ms", "median_itl_ms", "median_tpot_ms"])
+def test_live_itl_fallbacks(live_key):
+    inputs = gpu_inputs()
+    inputs["live"] = {"levels": [{"concurrency": 1, live_key: 16.0}]}
+    g = attribute(inputs)
+    assert g["live_itl_ms"] == 16.0 and g["live_itl_field"] == live_key
+
+
+def test_missing_roofline_still_predicts_from_the_engine():
+    inputs = gpu_inputs(roofline={"tp": 1}, memory=None)
+    g = attribute(inputs, {"roofline": "roofline.json: skipped (test)", "memory": "memory.json is missing"})
+    first = next(r for r in g["waterfall"] if r.get("absorbs"))
+    assert first["absorbs"][0] == "roofline" and first["name"].startswith("roofline + ")
+    assert math.isclose(first["ms"], 0.9)  # from zero to the kernel level's graph time
+    assert math.isclose(g["predicted_ms"], 15.25) and g["headline"]["efficiency"] is None
+    assert g["sum_check"]["exact"] is True
+
+
+def test_corun_measurement_is_the_http_step_when_present():
+    inputs = gpu_inputs()
+    inputs["simulate"]["engine"].update(engine="llama.cpp", eager_ms=15.0, serving_ms=15.0,
+                                        loop={"overhead_ms": 2.0, "per_token_ms": 17.0},
+                                        corun={"per_token_ms": 21.0, "stack": "sse"}, cpu_saturated=True)
+    g = attribute(inputs)
+    w = steps(g)
+    assert math.isclose(w["server overhead: HTTP/SSE streaming"]["ms"], 4.0)
+    assert w["server overhead: HTTP/SSE streaming"]["source"] == "simulate.json (engine level, co-run)"
+    assert math.isclose(g["predicted_ms"], 15.0 + 2.0 + 4.0)
+    assert g["sum_check"]["exact"] is True

@@ -1,0 +1,91 @@
+"""Kernel level on the CPU: tiny layer counts, real torch kernels, real gloo all-reduce between two ranks."""
+
+import math
+from pathlib import Path
+
+import pytest
+
+from decode_gap.model import load_model_card, spec_from_dict
+from decode_gap.simulate.kernel import COMPONENT_ORDER, KernelSettings, simulate_kernel
+
+REPO = Path(__file__).resolve().parents[1]
+
+TINY_MLA = {  # DeepSeek-V3 layout (MLA, DSA indexer as in GLM-5, shared + routed experts), tiny sizes
+    "architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 128, "num_hidden_layers": 4, "vocab_size": 512,
+    "num_attention_heads": 4, "intermediate_size": 256, "kv_lora_rank": 32, "q_lora_rank": 48,
+    "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16, "first_k_dense_replace": 1,
+    "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1, "moe_intermediate_size": 32,
+    "n_group": 4, "topk_group": 2, "index_n_heads": 2, "index_head_dim": 16, "index_topk": 16,
+}
+TINY_MOE = {
+    "architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 256,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128,
+    "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+}
+FAST = dict(warmup=1, iters=2, context_len=32)
+
+
+def _check_scaling(r):
+    total = 0.0
+    for seg, m in r["segments"].items():
+        total += m["eager"]["median_ms"] * m["scale"]
+    ar = next((c for c in r["components"] if c["name"] == "all-reduce" and c["status"] == "modelled"), None)
+    total += ar["ms"] if ar else 0.0
+    assert math.isclose(total, r["eager_ms"], rel_tol=1e-9)
+
+
+def test_mla_moe_step_on_cpu():
+    spec = spec_from_dict(TINY_MLA)
+    r = simulate_kernel(spec, KernelSettings(weight_format="bf16", layers=2, **FAST))
+    assert r["status"] == "ok" and r["device"].startswith("cpu")
+    assert r["eager_ms"] > 0 and r["graph_ms"] is None and "GPU" in r["graph_reason"]
+    assert r["layers_simulated"] == 2 and r["layers_total"] == 4 and r["scale"] == 2.0
+    assert r["scale_by_kind"] == {"dense/full": 1.0, "moe/full": 3.0}
+    names = [c["name"] for c in r["components"]]
+    for want in ("embedding", "norms", "attention projections", "attention", "mlp", "router", "shared expert",
+                 "routed experts", "final norm", "lm_head", "sampling"):
+        assert want in names
+    assert names == [n for n in COMPONENT_ORDER if n in names]
+    assert all(c["status"] == "measured" and c["ms"] > 0 for c in r["components"])
+    assert r["format_match"] is True and r["moe_backend"] == "loop"
+    assert r["allreduce"]["mode"] == "none"
+    _check_scaling(r)
+
+
+def test_stand_in_format_and_modelled_allreduce():
+    spec = spec_from_dict(TINY_MOE)
+    r = simulate_kernel(spec, KernelSettings(tp=2, ranks=1, weight_format="gguf-q4_k_m", layers=1, sampling="top_p",
+                                             allreduce_us=10.0, allreduce_source="allreduce.json", **FAST))
+    assert r["format_match"] is False and "stand-in" in r["stand_in"]
+    assert r["dtypes"]["linear"] == "fp32"
+    ar = [c for c in r["components"] if c["name"] == "all-reduce"]
+    assert len(ar) == 1 and ar[0]["status"] == "modelled"
+    assert math.isclose(ar[0]["ms"], (2 * 2 + 2) * 10.0 / 1000)
+    assert r["allreduce"]["mode"] == "modelled"
+    _check_scaling(r)
+
+
+def test_modelled_allreduce_unavailable_is_labelled():
+    spec = spec_from_dict(TINY_MOE)
+    r = simulate_kernel(spec, KernelSettings(tp=2, ranks=1, weight_format="bf16", layers=1,
+                                             allreduce_why="allreduce.json: skipped", **FAST))
+    ar = [c for c in r["components"] if c["name"] == "all-reduce"]
+    assert ar[0]["status"] == "unavailable" and ar[0]["ms"] is None
+    assert r["allreduce"]["mode"] == "unavailable"
+
+
+def test_real_gloo_allreduce_two_ranks():
+    spec = spec_from_dict(TINY_MOE)
+    r = simulate_kernel(spec, KernelSettings(tp=2, weight_format="bf16", layers=1, **FAST))
+    assert r["world_size"] == 2 and r["allreduce"]["mode"] == "real" and r["allreduce"]["backend"] == "gloo"
+    ar = [c for c in r["components"] if c["name"] == "all-reduce"]
+    assert len(ar) == 1 and ar[0]["status"] == "measured" and ar[0]["ms"] > 0
+
+
+def test_shipped_default_card_one_layer_per_kind():
+    spec = load_model_card(REPO / "config" / "models" / "gemma-3-270m.json")
+    r = simulate_kernel(spec, KernelSettings(weight_format="gguf-q4_k_m", layers=1, warmup=0, iters=1, context_len=16))
+    assert r["layers_simulated"] == 2  # one sliding-window layer and one full-attention layer
+    assert r["layers_by_kind"] == {"dense/sliding": {"total": 15, "simulated": 1},
+                                   "dense/full": {"total": 3, "simulated": 1}}
+    assert r["eager_ms"] > 0 and not r["format_match"]

@@ -1,0 +1,498 @@
+"""Gap attribution: the waterfall from the roofline to the live inter-token latency, and the levers.
+
+The waterfall is a chain of checkpoints, each a time one level of the stack takes per token:
+
+    roofline (weights + KV at datasheet peak)            roofline.json
+    + lost bandwidth: memory ceiling                      bytes / measured read bandwidth  (microbench/memory.json)
+    + all-reduce                                          simulate kernel level (real) or allreduce.json (modelled)
+    + lost bandwidth: kernels at decode shapes            kernel level, CUDA-graph time (simulate.json)
+    + launch overhead                                     kernel level, eager - graph
+    + framework overhead                                  engine level (simulate.json) - kernel level
+    + server overhead: completion loop                    engine level, in-process completion loop - eval
+    + server overhead: HTTP/SSE streaming                 loopback calibration server (simulate.json server)
+    = predicted ITL;   live ITL (live/summary.json);   unexplained residual = live - predicted
+
+A checkpoint that is not available (no GPU for graphs, engine not measured, a kernel level that ran stand-in
+dtypes for a format it cannot run) is listed with its reason, and the next available checkpoint's step absorbs
+it under a combined name, so every millisecond up to the last checkpoint is still attributed to something that
+was measured. The steps always sum exactly to the live ITL: the residual is defined as the remainder. A negative
+residual (the levels predict more than the live server takes) is flagged, never hidden.
+
+The server overhead model, and why closure is not circular. The issue defines server overhead as live ITL minus
+the engine level; used as is, predicted = engine + (live - engine) = live, and closure would prove nothing. So
+the model is built only from measurements that never look at the live stream:
+  1. the completion loop: the server library's own per-token loop (for llama-cpp-python: create_completion with
+     the server's request defaults, i.e. sampling over the whole vocabulary, penalties, detokenisation, chunk
+     dicts) run in-process on the same model, minus llama.cpp's own eval time inside it (engine level);
+  2. HTTP/SSE streaming. Where the engine can run in-process beside a stream (llama.cpp), the engine level runs
+     the completion loop a second time while a loopback server on the same stack (Starlette/sse-starlette/
+     uvicorn, no model) streams one chunk per engine step to a streaming client on the same host ("co-run"):
+     the loop's slowdown is what the HTTP stack and the client cost the engine, core sharing included (on a
+     small CPU host a preempted engine thread stalls every other one at the next barrier, which costs more
+     than the CPU time taken). Otherwise the loopback calibration's CPU time per chunk is the model: the
+     server process's share is serialised with the generation loop (GIL, one worker thread) and always
+     counts; the client's share counts only when the engine already occupies every core.
+The live ITL at concurrency 1 is then a prediction target the model never saw. live - engine is still reported,
+labelled as the observed (circular) server overhead, for comparison only.
+
+Explained fraction = 1 - |residual| / live. Closure ratio = predicted / live. Efficiency = roofline / live.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from .io import read_json
+
+STEP, START, TOTAL, RESIDUAL = "step", "start", "total", "residual"
+GRAPH_ENGINES = {"vllm", "sglang", "tgi"}  # serve with captured CUDA graphs by default
+
+
+# ----------------------------------------------------------------------------------------------------------
+# inputs
+
+
+def load_input(path: str | Path | None) -> tuple[dict | None, str]:
+    """(data, why-not). A missing, unreadable or skipped stage file gives (None or data, reason)."""
+    if not path:
+        return None, "not an input of this run"
+    p = Path(path)
+    if not p.is_file():
+        return None, f"{p.name} is missing"
+    try:
+        data = read_json(p)
+    except (OSError, ValueError) as exc:
+        return None, f"{p.name} is unreadable ({type(exc).__name__})"
+    if not isinstance(data, dict):
+        return None, f"{p.name} is not a JSON object"
+    if data.get("status") == "skipped":
+        return None, f"{p.name}: skipped ({data.get('reason', 'no reason given')})"
+    return data, ""
+
+
+def _num(value: Any) -> float | None:
+    """A number, or the value of a labelled figure {"value": ..} that is not unavailable."""
+    if isinstance(value, dict):
+        if value.get("status") == "unavailable":
+            return None
+        value = value.get("value")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def live_level(live: dict | None) -> tuple[dict | None, str]:
+    """The concurrency-1 level (else the lowest concurrency) of live/summary.json."""
+    if not live:
+        return None, "live/summary.json unavailable"
+    levels = [lv for lv in live.get("levels") or [] if isinstance(lv, dict) and lv.get("completed", 1)]
+    if not levels:
+        return None, "live/summary.json has no completed level"
+    levels.sort(key=lambda lv: lv.get("concurrency", 1e9))
+    return levels[0], "" if levels[0].get("concurrency") == 1 else f"no concurrency-1 level; used {levels[0].get('concurrency')}"
+
+
+def live_itl(level: dict) -> tuple[float | None, str]:
+    for key in ("median_itl_per_token_ms", "mean_itl_per_token_ms", "median_itl_ms", "median_tpot_ms"):
+        v = _num(level.get(key))
+        if v is not None:
+            return v, key
+    return None, ""
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the chain
+
+
+def _row(name: str, ms: float | None, source: str, status: str, kind: str = STEP, **extra: Any) -> dict[str, Any]:
+    row = {"name": name, "ms": ms, "source": source, "status": status, "kind": kind}
+    row.update({k: v for k, v in extra.items() if v is not None})
+    return row
+
+
+def _unavail(name: str, why: str, source: str) -> dict[str, Any]:
+    return _row(name, None, source, "unavailable", why=why)
+
+
+def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None) -> dict[str, Any]:
+    """Build gap.json from the loaded stage files (any of them may be None; `why` says why)."""
+    why = dict(why or {})
+    roof = inputs.get("roofline") or {}
+    mem = inputs.get("memory") or {}
+    ar = inputs.get("allreduce") or {}
+    sim = inputs.get("simulate") or {}
+    kern = sim.get("kernel") if isinstance(sim.get("kernel"), dict) else None
+    eng = sim.get("engine") if isinstance(sim.get("engine"), dict) else None
+    srv = sim.get("server") if isinstance(sim.get("server"), dict) else None
+    if kern and kern.get("status") == "skipped":
+        why["kernel"], kern = f"kernel level skipped: {kern.get('reason', '')}", None
+    if eng and eng.get("status") == "skipped":
+        why["engine"], eng = eng.get("reason", "engine level not measured"), None
+    if srv and srv.get("status") != "ok":
+        why["server"], srv = f"HTTP calibration skipped: {srv.get('reason', '')}", None
+    live = inputs.get("live")
+    engine_name = (eng or {}).get("engine") or ((sim.get("engine") or {}).get("engine")) or (live or {}).get("engine") or "unknown"
+    tp = int(roof.get("tp") or (kern or {}).get("tp") or 1)
+
+    waterfall: list[dict[str, Any]] = []
+    notes: list[str] = []
+
+    # (1) roofline
+    bytes_tok = _num(roof.get("bytes_per_token_per_gpu"))
+    read_bw = _num(mem.get("read_gbps")) or None
+    bw_name = "read_gbps"
+    if read_bw is None:
+        read_bw, bw_name = _num(mem.get("copy_gbps")), "copy_gbps"
+    t_peak = _num(roof.get("t_memory_ms"))
+    t_meas = bytes_tok / (read_bw * 1e9) * 1e3 if (bytes_tok and read_bw) else None
+    roofline_ms = t_peak
+    if t_peak is not None:
+        waterfall.append(_row("roofline (weights + KV at datasheet bandwidth)", t_peak, "roofline.json",
+                              "modelled", START, note=(roof.get("provenance") or {}).get("t_memory_ms")))
+    elif t_meas is not None:
+        roofline_ms = t_meas
+        waterfall.append(_row("roofline (weights + KV at measured bandwidth)", t_meas,
+                              "roofline.json, microbench/memory.json", "modelled", START,
+                              note=f"modelled from measured: no datasheet bandwidth for this hardware, so bytes / "
+                                   f"measured {bw_name} {read_bw:.1f} GB/s"))
+    else:
+        waterfall.append(_unavail("roofline", why.get("roofline") or "roofline.json has neither t_memory_ms nor "
+                                  "bytes with a measured bandwidth", "roofline.json"))
+    # (2) lost bandwidth: the memory ceiling
+    if t_peak is not None and t_meas is not None:
+        waterfall.append(_row("lost bandwidth: memory ceiling", t_meas - t_peak, "microbench/memory.json", "modelled",
+                              note=f"bytes / measured {bw_name} {read_bw:.0f} GB/s - bytes / datasheet "
+                                   f"{_num((roof.get('hardware') or {}).get('memory_bandwidth_gbps')) or 0:.0f} GB/s"))
+    elif t_peak is None and t_meas is not None:
+        waterfall.append(_row("lost bandwidth: memory ceiling", None, "microbench/memory.json", "unavailable",
+                              why="no datasheet peak: the roofline already uses the measured bandwidth"))
+    else:
+        waterfall.append(_unavail("lost bandwidth: memory ceiling", why.get("memory") or "no measured bandwidth",
+                                  "microbench/memory.json"))
+    chain = sum(r["ms"] for r in waterfall if r["ms"] is not None)
+    have_chain = roofline_ms is not None
+
+    # (3) all-reduce
+    ar_ms, ar_row = None, None
+    if tp <= 1:
+        ar_ms = 0.0
+        ar_row = _row("all-reduce", 0.0, "roofline.json", "modelled", note="tp=1: no all-reduce")
+    else:
+        kc = next((c for c in (kern or {}).get("components", []) if c.get("name") == "all-reduce"), None)
+        if kc and kc.get("ms") is not None:
+            ar_ms = float(kc["ms"])
+            ar_row = _row("all-reduce", ar_ms, "simulate.json (kernel level)", kc.get("status", "measured"),
+                          note=kc.get("source"))
+        else:
+            us = _num(ar.get("allreduce_us_at_model_size"))
+            n = _num(roof.get("allreduces_per_token"))
+            if us is not None and n is not None:
+                ar_ms = us * n / 1000.0
+                ar_row = _row("all-reduce", ar_ms, "microbench/allreduce.json, roofline.json", "modelled",
+                              note=f"{n:.0f} all-reduces x {us:.2f} us measured at the model's message size")
+            else:
+                ar_row = _unavail("all-reduce", why.get("allreduce") or "no all-reduce measurement",
+                                  "microbench/allreduce.json")
+    waterfall.append(ar_row)
+    if ar_ms is not None:
+        chain += ar_ms
+
+    # (4-6) kernel level, launch overhead, framework overhead: checkpoints
+    server_graphs = engine_name in GRAPH_ENGINES
+    checkpoints: list[tuple[str, float | None, str, str, str]] = []  # (name, value, source, status, why)
+    kernel_ok = kern is not None and kern.get("format_match", True)
+    k_graph = _num((kern or {}).get("graph_ms"))
+    k_eager = _num((kern or {}).get("eager_ms"))
+    if kern is None:
+        kwhy = why.get("kernel") or why.get("simulate") or "kernel level unavailable"
+    elif not kernel_ok:
+        kwhy = f"kernel level ran stand-in kernels: {kern.get('stand_in', '')}"
+    else:
+        kwhy = ""
+    src_k = "simulate.json (kernel level)"
+    if kernel_ok and k_graph is not None:
+        checkpoints.append(("lost bandwidth: kernels at decode shapes", k_graph, src_k, "measured", ""))
+    elif kernel_ok and k_eager is not None:
+        checkpoints.append(("lost bandwidth: kernels at decode shapes", None, src_k, "unavailable",
+                            f"no CUDA-graph time ({kern.get('graph_reason')}); the eager step below includes launches"))
+    else:
+        checkpoints.append(("lost bandwidth: kernels at decode shapes", None, src_k, "unavailable", kwhy))
+    if server_graphs:
+        launch_note = f"{engine_name} captures CUDA graphs: launch overhead is not paid"
+    else:
+        if kernel_ok and k_eager is not None and k_graph is not None:
+            checkpoints.append(("launch overhead", k_eager, src_k, "measured", ""))
+        elif kernel_ok and k_eager is not None:
+            checkpoints.append(("launch overhead", k_eager, src_k, "measured",
+                                f"{kern.get('graph_reason') or 'no graph time'}: eager kernels with their launches"))
+        else:
+            checkpoints.append(("launch overhead", None, src_k, "unavailable",
+                                kwhy or (kern or {}).get("graph_reason") or "no eager kernel time"))
+        launch_note = None
+    e_serv = _num((eng or {}).get("serving_ms"))
+    if e_serv is None:
+        e_serv = _num((eng or {}).get("eager_ms"))
+    src_e = "simulate.json (engine level)"
+    if eng is not None and e_serv is not None:
+        checkpoints.append(("framework overhead", e_serv, src_e, "measured", ""))
+    else:
+        checkpoints.append(("framework overhead", None, src_e, "unavailable",
+                            why.get("engine") or f"engine level not measured for {engine_name}"))
+    # without a roofline the chain starts at zero and the first measured level absorbs it
+    pending: list[str] = [] if have_chain else ["roofline"]
+    last_level = "roofline + all-reduce"
+    reached = have_chain
+    for name, value, source, status, cwhy in checkpoints:
+        if value is None:
+            waterfall.append(_unavail(name, cwhy, source))
+            pending.append(name)
+            continue
+        label = " + ".join(pending + [name]) if pending else name
+        extra = {"absorbs": pending[:]} if pending else {}
+        if cwhy:
+            extra["note"] = cwhy
+        waterfall.append(_row(label, value - chain, source, status, **extra))
+        chain = value
+        reached = True
+        pending = []
+        last_level = name
+    if launch_note:
+        waterfall.append(_row("launch overhead", 0.0, src_k, "modelled", note=launch_note))
+
+    # (7) server overhead model: completion loop + HTTP/SSE streaming (never from the live ITL)
+    loop = (eng or {}).get("loop") or {}
+    loop_ms = _num(loop.get("overhead_ms")) if eng else None
+    if loop_ms is not None:
+        waterfall.append(_row("server overhead: completion loop", loop_ms, src_e, "measured",
+                              note=loop.get("source")))
+        chain += loop_ms
+    else:
+        waterfall.append(_unavail("server overhead: completion loop",
+                                  why.get("engine") or f"no in-process loop for {engine_name}", src_e))
+    http_ms = None
+    corun = (eng or {}).get("corun") or {}
+    c_tok = _num(corun.get("per_token_ms"))
+    a_tok = _num(corun.get("alone_per_token_ms"))
+    if a_tok is None:
+        a_tok = _num(loop.get("per_token_ms"))
+    c_delta = _num(corun.get("delta_ms"))
+    if c_delta is None and c_tok is not None and a_tok is not None:
+        c_delta = c_tok - a_tok
+    if eng is not None and c_delta is not None:
+        http_ms = c_delta
+        waterfall.append(_row(
+            "server overhead: HTTP/SSE streaming", http_ms, "simulate.json (engine level, co-run)", "measured",
+            note=f"completion loop while a loopback SSE stream ({corun.get('stack') or 'HTTP'}) and a streaming "
+                 f"client share the host" + (f": {c_tok:.3f} vs {a_tok:.3f} ms/token alone" if c_tok and a_tok else "")
+                 + " (median of alternating pairs)"))
+        chain += http_ms
+    elif srv is not None:
+        s_cpu = _num(srv.get("server_cpu_per_chunk_ms"))
+        c_cpu = _num(srv.get("client_cpu_per_chunk_ms"))
+        saturated = bool((eng or {}).get("cpu_saturated"))
+        if s_cpu is not None:
+            http_ms = s_cpu + (c_cpu or 0.0 if saturated else 0.0)
+            waterfall.append(_row(
+                "server overhead: HTTP/SSE streaming", http_ms, "simulate.json (server calibration)", "measured",
+                note=f"loopback {srv.get('stack')} without a model: server CPU {s_cpu:.3f} ms/chunk" +
+                     (f" + client CPU {c_cpu:.3f} ms/chunk (the engine occupies every core)" if saturated and c_cpu is not None
+                      else " (the client runs on free cores)")))
+            chain += http_ms
+    if http_ms is None:
+        waterfall.append(_unavail("server overhead: HTTP/SSE streaming", why.get("server") or
+                                  "no HTTP calibration", "simulate.json (server calibration)"))
+    predicted = chain if reached else None
+
+    # (8) live and residual
+    level, lwhy = live_level(live)
+    itl, itl_key = live_itl(level) if level else (None, "")
+    if lwhy and level:
+        notes.append(lwhy)
+    residual = (itl - predicted) if (itl is not None and predicted is not None) else None
+    explained_steps = [r for r in waterfall if r["ms"] is not None]
+    if residual is not None:
+        waterfall.append(_row("unexplained residual", residual, "live/summary.json - predicted", "measured", RESIDUAL,
+                              negative=residual < 0 or None,
+                              note=("negative: the levels predict more than the live server takes" if residual < 0
+                                    else None)))
+    else:
+        waterfall.append(_unavail("unexplained residual", lwhy or why.get("live") or "no live ITL or no prediction",
+                                  "live/summary.json"))
+    waterfall.append(_row("live ITL", itl, f"live/summary.json ({itl_key}, concurrency "
+                          f"{(level or {}).get('concurrency', '?')})" if itl is not None else "live/summary.json",
+                          "measured" if itl is not None else "unavailable", TOTAL,
+                          why=None if itl is not None else (lwhy or why.get("live"))))
+    # cumulative positions for the chart
+    run = 0.0
+    for r in waterfall:
+        if r["kind"] in (START, STEP, RESIDUAL) and r["ms"] is not None:
+            r["from_ms"] = run
+            run += r["ms"]
+            r["to_ms"] = run
+    sum_check = None
+    if itl is not None and residual is not None:
+        total = sum(r["ms"] for r in explained_steps) + residual
+        sum_check = {"sum_of_steps_ms": total, "live_itl_ms": itl, "exact": math.isclose(total, itl, rel_tol=0, abs_tol=1e-9)}
+
+    explained = max(0.0, 1.0 - abs(residual) / itl) if (residual is not None and itl) else None
+    closure = predicted / itl if (predicted is not None and itl) else None
+    closure_basis = "engine" if (eng is not None and e_serv is not None) else (
+        "kernel" if kernel_ok and (k_graph or k_eager) else ("roofline" if have_chain else None))
+    engine_ms = e_serv if eng is not None else None
+    kernel_ms = (k_graph if (server_graphs and k_graph is not None) else k_eager) if kern else None
+    observed_server = (itl - engine_ms) if (itl is not None and engine_ms is not None) else None
+
+    levers = rank_levers(waterfall, kern, eng, inputs, server_graphs, roof, ar_ms)
+    unexplained_component = None
+    if residual is not None and (explained is None or explained < 0.85 or abs(closure - 1) > 0.15):
+        absorbed = {n for r in waterfall for n in r.get("absorbs", [])}
+        missing = [r["name"] for r in waterfall if r["status"] == "unavailable" and r["kind"] == STEP
+                   and r["name"] not in absorbed and not r["name"].startswith("lost bandwidth: memory")]
+        if residual < 0:
+            unexplained_component = ("over-prediction: the measured levels add up to more than the live ITL; "
+                                     "the largest modelled step is the suspect")
+        elif missing:
+            unexplained_component = "not measured: " + ", ".join(missing)
+        else:
+            unexplained_component = (f"{residual:.2f} ms per token outside every measured level (live ITL minus "
+                                     f"{last_level} and the server-overhead model)")
+    headline = {
+        "efficiency": (roofline_ms / itl) if (roofline_ms is not None and itl) else None,
+        "efficiency_basis": "roofline_ms / live_itl_ms",
+        "explained_fraction": explained,
+        "closure_ratio": closure,
+        "closure_basis": closure_basis,
+        "closure_pass": (closure is not None and abs(closure - 1) <= 0.15 and explained is not None and explained >= 0.85
+                         and closure_basis == "engine"),
+        "gap_x": (itl / roofline_ms) if (roofline_ms and itl) else None,
+        "top_levers": levers[:3],
+        "unexplained_component": unexplained_component,
+        "negative_residual": bool(residual is not None and residual < 0),
+    }
+    return {
+        "stage": "gap",
+        "status": "ok" if (itl is not None and predicted is not None) else "partial",
+        "reason": None if (itl is not None and predicted is not None) else
+        ("; ".join(v for v in (why.get("live"), why.get("roofline"), lwhy) if v) or "live ITL or roofline missing"),
+        "engine": engine_name,
+        "roofline_ms": roofline_ms,
+        "kernel_ms": kernel_ms,
+        "kernel_graph_ms": k_graph if kern else None,
+        "engine_ms": engine_ms,
+        "engine_graph_ms": _num((eng or {}).get("graph_ms")),
+        "predicted_ms": predicted,
+        "live_itl_ms": itl,
+        "live_itl_field": itl_key or None,
+        "residual_ms": residual,
+        "explained_fraction": explained,
+        "closure_ratio": closure,
+        "observed_server_overhead_ms": observed_server,
+        "observed_server_overhead_note": "live ITL - engine level: circular (for comparison only, never used "
+                                         "in the prediction)",
+        "waterfall": waterfall,
+        "sum_check": sum_check,
+        "levers": levers,
+        "headline": headline,
+        "levels": {
+            "roofline_ms": roofline_ms, "kernel_graph_ms": k_graph if kern else None,
+            "kernel_eager_ms": k_eager if kern else None, "kernel_comparable": bool(kernel_ok),
+            "engine_ms": engine_ms, "live_itl_ms": itl,
+        },
+        "inputs_unavailable": {k: v for k, v in why.items() if v},
+        "notes": notes,
+        "provenance": {
+            "roofline_ms": "modelled: roofline.json t_memory_ms" if t_peak is not None else
+                           "modelled from measured: bytes / measured bandwidth",
+            "live_itl_ms": f"measured: live/summary.json {itl_key}" if itl is not None else "unavailable",
+            "predicted_ms": "modelled from measured levels (engine + server-overhead model)",
+            "residual_ms": "measured: live ITL - predicted",
+        },
+        "skipped": [],
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------
+# levers
+
+
+def _step(waterfall: list[dict], name: str) -> dict | None:
+    return next((r for r in waterfall if r["name"] == name and r["ms"] is not None), None)
+
+
+def rank_levers(waterfall, kern, eng, inputs, server_graphs: bool, roof: dict, ar_ms: float | None) -> list[dict]:
+    levers: list[dict[str, Any]] = []
+
+    def add(name, saves, evidence, status="measured", source=""):
+        levers.append({"name": name, "saves_ms": saves, "saves_status": status, "evidence": evidence,
+                       "source": source})
+
+    launch = _step(waterfall, "launch overhead")
+    if launch and not server_graphs and (launch["ms"] or 0) > 0 and kern and kern.get("graph_ms") is not None:
+        add("capture CUDA graphs", launch["ms"],
+            f"kernel level: eager {kern['eager_ms']:.3f} ms vs one CUDA graph {kern['graph_ms']:.3f} ms per step "
+            f"({kern.get('layers_simulated')} of {kern.get('layers_total')} layers simulated, scaled)",
+            source="simulate.json (kernel level)")
+    if eng and _num(eng.get("eager_ms")) is not None and _num(eng.get("graph_ms")) is not None:
+        d = eng["eager_ms"] - eng["graph_ms"]
+        if d > 0:
+            add("static KV cache + compile (CUDA graphs)", d,
+                f"engine level ({eng.get('engine')}): eager {eng['eager_ms']:.3f} ms vs static cache + "
+                f"torch.compile {eng['graph_ms']:.3f} ms per token", source="simulate.json (engine level)")
+    kshape = _step(waterfall, "lost bandwidth: kernels at decode shapes")
+    if kshape and kshape["ms"] > 0:
+        gemm = inputs.get("gemm") or {}
+        worst = gemm.get("worst_frac_of_copy_bw") or gemm.get("min_frac_of_copy_bw")
+        ev = (f"kernel level in CUDA graphs takes {kshape['ms']:.3f} ms more than streaming its bytes at the "
+              f"measured bandwidth (decode GEMVs, attention, norms and routing below streaming speed)")
+        if isinstance(worst, (int, float)):
+            ev += f"; worst decode GEMM reaches {worst:.0%} of copy bandwidth (microbench/gemm.json)"
+        add("decode kernels at streaming bandwidth (fused / better-tuned GEMV, attention, MoE kernels)",
+            kshape["ms"], ev, source="simulate.json (kernel level), microbench/gemm.json")
+    fw = _step(waterfall, "framework overhead")
+    if fw and fw["ms"] > 0 and not fw.get("absorbs"):
+        add("leaner framework step (fewer host-side ops per layer, fused kernels)", fw["ms"],
+            f"engine level {eng.get('serving_ms') or eng.get('eager_ms'):.3f} ms vs the same kernels "
+            f"{'in graphs' if server_graphs else 'eagerly'} at the kernel level", source="simulate.json")
+    loop = _step(waterfall, "server overhead: completion loop")
+    if loop and loop["ms"] > 0:
+        add("lighter completion loop (sampling on the device / fewer Python steps per token)", loop["ms"],
+            f"in-process completion loop spends {loop['ms']:.3f} ms per token beyond the engine's eval "
+            f"(sampling over the vocabulary, detokenisation, chunk building)", source="simulate.json (engine level)")
+    http = _step(waterfall, "server overhead: HTTP/SSE streaming")
+    if http and http["ms"] > 0:
+        add("cheaper streaming path (batch chunks, faster JSON/SSE)", http["ms"], http.get("note", ""),
+            source="simulate.json (server calibration)")
+    if ar_ms and ar_ms > 0:
+        floor = _num(roof.get("t_comm_floor_ms"))
+        saves, status = (ar_ms - floor, "modelled") if floor is not None and ar_ms > floor else (None, "unavailable")
+        add("faster all-reduce (one-shot / custom all-reduce, NVLS, or fewer TP ranks)", saves,
+            f"all-reduce costs {ar_ms:.3f} ms per token" + (f" against a {floor:.3f} ms floor" if floor is not None else ""),
+            status=status if saves is not None else "unavailable: no all-reduce floor to compare with",
+            source="microbench/allreduce.json, roofline.json")
+    audit = inputs.get("audit") or {}
+    for f in audit.get("findings") or []:
+        if not isinstance(f, dict) or f.get("severity") not in ("critical", "warning"):
+            continue
+        levers.append({
+            "name": f"{f.get('title', f.get('id', 'audit finding'))}",
+            "saves_ms": None,
+            "saves_status": "unavailable: the audit finds the setting; no measurement here gives its milliseconds",
+            "evidence": f"{f.get('evidence', '')} (fix: {f.get('fix', '')})",
+            "source": f"audit.json ({f.get('id')}, {f.get('severity')})",
+        })
+    levers.sort(key=lambda l: (l["saves_ms"] is None, -(l["saves_ms"] or 0.0)))
+    for i, l in enumerate(levers, 1):
+        l["rank"] = i
+    return levers
+
+
+def attribute_files(paths: dict[str, str | Path | None]) -> dict[str, Any]:
+    """Load the stage files named in `paths` (roofline, memory, allreduce, gemm, launch, simulate, live, audit)."""
+    inputs, why = {}, {}
+    for key, path in paths.items():
+        inputs[key], why[key] = load_input(path)
+    result = attribute(inputs, why)
+    result["inputs"] = {k: str(v) for k, v in paths.items() if v}
+    return result

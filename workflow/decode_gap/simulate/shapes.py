@@ -1,0 +1,175 @@
+"""What one GPU computes in one decode step, derived from the model card and `model.linear_layers()`.
+
+The linear shapes come from `decode_gap.model.linear_layers` (the one place the sharding rules live); this module
+adds what a decode step needs beyond the GEMMs: per-GPU head counts, the layer pattern (dense or MoE MLP, full or
+sliding attention), the collectives per token, and the bytes a layer holds (to decide how many layers fit).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+from ..errors import ConfigError
+from ..model import LinearLayer, ModelSpec, linear_layers
+
+# bytes per stored weight element for the dtypes the kernel level can run
+DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp32": 4.0, "fp8": 1.0}
+
+
+@dataclass(frozen=True)
+class StepShapes:
+    """Per-GPU dimensions of one decode step after TP/EP sharding."""
+
+    spec: ModelSpec
+    tp: int
+    ep: int
+    batch: int
+    context_len: int
+    linears: dict[str, LinearLayer]
+    heads: int  # attention heads on this GPU
+    kv_heads: int  # KV heads on this GPU (GQA); MLA: 1 latent head
+    head_dim: int
+    vocab: int  # lm_head rows on this GPU (vocab-parallel)
+    experts: int  # routed experts held on this GPU
+    top_k: int  # routed experts one token runs on this GPU
+    moe_inter: int
+    shared_inter: int
+    dense_inter: int
+    layer_kinds: tuple[str, ...]  # one per layer: "<mlp>/<attention>", e.g. "moe/full", "dense/sliding"
+    collectives_per_token: int
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def kinds(self) -> Counter:
+        return Counter(self.layer_kinds)
+
+
+def _mlp_pattern(spec: ModelSpec) -> list[str]:
+    """dense or moe for each layer index, following the same rules as model.spec_from_dict."""
+    raw = spec.raw or {}
+    L = spec.layers
+    if not spec.is_moe:
+        return ["dense"] * L
+    if spec.family == "qwen3_moe":
+        mlp_only = set(raw.get("mlp_only_layers") or [])
+        step = raw.get("decoder_sparse_step", 1) or 1
+        pattern = ["moe" if i not in mlp_only and (i + 1) % step == 0 else "dense" for i in range(L)]
+    else:
+        first = raw.get("first_k_dense_replace", 0) or 0
+        freq = raw.get("moe_layer_freq", 1) or 1
+        pattern = ["moe" if i >= first and i % freq == 0 else "dense" for i in range(L)]
+    if pattern.count("moe") != spec.moe_layers:  # a card the rules above do not describe: keep the counts right
+        pattern = ["dense"] * spec.dense_layers + ["moe"] * spec.moe_layers
+    return pattern
+
+
+def _attention_pattern(spec: ModelSpec) -> list[str]:
+    L = spec.layers
+    if not spec.sliding_layers or not spec.sliding_window:
+        return ["full"] * L
+    types = (spec.raw or {}).get("layer_types")
+    if types and len(types) == L:
+        return ["sliding" if t == "sliding_attention" else "full" for t in types]
+    pattern = (spec.raw or {}).get("sliding_window_pattern", 6) or 6
+    return ["sliding" if (i + 1) % pattern != 0 else "full" for i in range(L)]
+
+
+def step_shapes(spec: ModelSpec, tp: int = 1, ep: int = 1, batch: int = 1, context_len: int = 512) -> StepShapes:
+    lin = {l.name: l for l in linear_layers(spec, tp=tp, ep=ep, batch=batch)}
+    notes: list[str] = []
+    if spec.mla:
+        heads = lin["attn.o_proj"].k // spec.v_head_dim
+        kv_heads = 1
+        head_dim = spec.kv_lora_rank + spec.qk_rope_head_dim
+    else:
+        head_dim = spec.head_dim
+        heads = lin["attn.o_proj"].k // head_dim
+        kv_heads = (lin["attn.qkv_proj"].n // head_dim - heads) // 2
+    experts = top_k = moe_inter = shared_inter = 0
+    if spec.is_moe:
+        gu = lin["moe.expert.gate_up_proj"]
+        experts = gu.per_layer
+        moe_inter = gu.n // 2
+        top_k = spec.top_k if ep == 1 else max(1, math.ceil(spec.top_k / ep))
+        if ep > 1:
+            notes.append(f"ep={ep}: each GPU runs ceil(top_k/ep)={top_k} of its {experts} experts per token (modelled spread)")
+        if "moe.shared.gate_up_proj" in lin:
+            shared_inter = lin["moe.shared.gate_up_proj"].n // 2
+    dense_inter = lin["mlp.gate_up_proj"].n // 2 if "mlp.gate_up_proj" in lin else 0
+    kinds = tuple(f"{m}/{a}" for m, a in zip(_mlp_pattern(spec), _attention_pattern(spec)))
+    # Collectives per token under TP: after attention and after the MLP in every layer, one for the
+    # vocab-parallel embedding and one gather of the vocab-parallel logits.
+    collectives = 2 * spec.layers + 2 if tp > 1 else 0
+    return StepShapes(
+        spec=spec, tp=tp, ep=ep, batch=batch, context_len=context_len, linears=lin, heads=heads,
+        kv_heads=kv_heads, head_dim=head_dim, vocab=lin["lm_head"].n, experts=experts, top_k=top_k,
+        moe_inter=moe_inter, shared_inter=shared_inter, dense_inter=dense_inter, layer_kinds=kinds,
+        collectives_per_token=collectives, notes=notes,
+    )
+
+
+def linear_names_for(shapes: StepShapes, kind: str) -> list[str]:
+    """The linear layers a layer of `kind` holds (names from model.linear_layers)."""
+    mlp = kind.split("/")[0]
+    names = [n for n, l in shapes.linears.items() if l.group == "attention"]
+    if mlp == "dense":
+        names += ["mlp.gate_up_proj", "mlp.down_proj"]
+    else:
+        names += [n for n in ("moe.router", "moe.shared.gate_up_proj", "moe.shared.down_proj",
+                              "moe.expert.gate_up_proj", "moe.expert.down_proj") if n in shapes.linears]
+    return names
+
+
+def layer_bytes(shapes: StepShapes, kind: str, weight_bytes: float, act_bytes: float, kv_len: int) -> float:
+    """Bytes one layer of `kind` holds on this GPU: all its weights (every expert) plus its KV cache."""
+    total = 0.0
+    for name in linear_names_for(shapes, kind):
+        l = shapes.linears[name]
+        per_elem = weight_bytes if l.quantizable else act_bytes
+        total += l.n * l.k * l.per_layer * per_elem
+    total += shapes.batch * kv_len * kv_row_elems(shapes) * act_bytes
+    return total
+
+
+def kv_row_elems(shapes: StepShapes) -> int:
+    """KV-cache elements one token adds per layer on this GPU."""
+    spec = shapes.spec
+    if spec.mla:
+        return spec.kv_lora_rank + spec.qk_rope_head_dim + (spec.index_head_dim if spec.index_heads else 0)
+    return 2 * shapes.kv_heads * shapes.head_dim
+
+
+def plan_layers(shapes: StepShapes, requested: int | str, fits: int | None) -> dict[str, int]:
+    """How many layers of each kind to simulate: `requested` total ("auto": `fits`), at least one of each kind.
+
+    The simulated layers keep the model's mix of kinds; each kind's time is later scaled by its own ratio.
+    """
+    counts = shapes.kinds
+    total = shapes.spec.layers
+    if requested == "auto":
+        want = total if fits is None else min(total, fits)
+    else:
+        if not isinstance(requested, int) or requested < 1:
+            raise ConfigError(f"config field 'simulate.layers': expected a positive integer or 'auto', got {requested!r}")
+        want = min(total, requested)
+    want = max(want, len(counts))
+    if want >= total:
+        return dict(counts)
+    plan = {k: 1 for k in counts}
+    left = want - len(plan)
+    # hand out the rest in proportion to each kind's share (largest remainder)
+    shares = {k: counts[k] / total * want - 1 for k in counts}
+    extra = {k: max(0, min(counts[k] - 1, int(math.floor(s)))) for k, s in shares.items()}
+    for k in extra:
+        give = min(extra[k], left)
+        plan[k] += give
+        left -= give
+    for k in sorted(counts, key=lambda k: shares[k] - math.floor(shares[k]), reverse=True):
+        if left <= 0:
+            break
+        if plan[k] < counts[k]:
+            plan[k] += 1
+            left -= 1
+    return plan
