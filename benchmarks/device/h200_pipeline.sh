@@ -32,12 +32,12 @@ trap 'stop_server; tar czf "$OUT/results.tgz" results .snakemake/log 2>/dev/null
 for _ in $(seq 1 120); do curl -sf http://127.0.0.1:8000/health >/dev/null && break; sleep 1; done
 curl -sf http://127.0.0.1:8000/health && echo " server ready"
 
-# Stop before render_report: the report is rendered where weasyprint's pango exists.
-timeout 420 snakemake --cores 16 --keep-going attribute_gap --configfile benchmarks/device/h200-llama1b.yaml \
+# Every stage file the report reads, but not the report: it is rendered where weasyprint's pango exists.
+timeout 400 snakemake --cores 16 --keep-going attribute_gap microbench --configfile benchmarks/device/h200-llama1b.yaml \
   >"$OUT/llama1b.log" 2>&1; echo "llama1b pipeline rc=$?"
 stop_server
 if [ "${DSV3:-1}" = 1 ]; then
-  timeout 200 snakemake --cores 16 --keep-going microbench simulate --configfile benchmarks/device/h200-dsv3.yaml \
+  timeout 150 snakemake --cores 16 --keep-going attribute_gap microbench --configfile benchmarks/device/h200-dsv3.yaml \
     >"$OUT/dsv3.log" 2>&1; echo "dsv3 rc=$?"
 fi
 grep -h "decode-gap: error" "$OUT"/*.log | head -20

@@ -132,6 +132,7 @@ def stage_summaries(wildcards):
             "microbench/launch.csv",
             "microbench/launch.json",
             "simulate.json",
+            "simulate/server.json",
             "live/summary.json",
             "gap.json",
         )
