@@ -5,9 +5,12 @@
 #                   httpx httpx-sse nvidia-ml-py psutil rich gguf
 #               (then drop the CUDA/torch wheels it pulls in: rm .whl/{nvidia_,triton-,cuda_,sympy-,networkx-}*)
 # Device:       run(command="bash benchmarks/device/h200_pipeline.sh", carry=[".whl"], timeout_s=600)
-# Back here:    tar xzf <files_at>/results.tgz && .venv/bin/snakemake --cores 2 report --configfile benchmarks/device/h200-llama1b.yaml
-#               (the report renders here: the device has no pango for weasyprint; finished stages are not rerun
-#               when the fingerprint overrides in the tarball's env file are exported, see render_h200_report.sh)
+# Back here:    tar xzf <files_at>/results.tgz results
+#               for c in h200-llama1b h200-dsv3; do .venv/bin/snakemake --cores 2 report \
+#                 --configfile benchmarks/device/$c.yaml --config hardware=h200 --rerun-triggers mtime \
+#                 --allowed-rules render_report archive_report report; done
+#               (the device has no pango for weasyprint, so only the report and its archive copy are made here;
+#               `--rerun-triggers mtime` keeps this host's fingerprint from rerunning the device's stages)
 #
 # Two runs: (1) `transformers serve` with a random-weight 1B Llama in bf16 as the live server, the same model at
 # the kernel and engine levels (closure); (2) DeepSeek-V3 FP8 shapes for the micro-benchmarks and the kernel level.
