@@ -69,9 +69,12 @@ def test_charts_are_embedded(pipeline):
     # interactive charts: Vega-Lite specs and the runtime inline (no network needed)
     assert "vega-lite" in html.lower() and "<script" in html
     assert "cdn.jsdelivr" not in html and "unpkg.com" not in html
-    pdf_bytes = (res / "report.pdf").read_bytes()
-    # charts are drawn as vector graphics in the PDF (SVG from vl-convert), not left out
-    assert pdf_bytes.count(b"/Type /Page") >= 2 or pdf_bytes.count(b"/Type/Page") >= 2
+    pypdf = pytest.importorskip("pypdf")
+    reader = pypdf.PdfReader(str(res / "report.pdf"))
+    text = "\n".join(page.extract_text() or "" for page in reader.pages)
+    # charts are drawn as vector graphics (SVG from vl-convert): their axis titles are text in the PDF
+    assert len(reader.pages) >= 3
+    assert "ms per token" in text
 
 
 def test_every_stage_wrote_its_summary(pipeline):
