@@ -301,6 +301,19 @@ def _sub(title: str, doc: Doc | None, table: Table | None) -> dict[str, Any]:
             "skipped": doc.skipped_cases if doc else [], "rel": table.rel if table else (doc.rel if doc else "")}
 
 
+def _table_sub(bundle: Bundle, title: str, json_key: str, table_key: str) -> tuple[dict[str, Any], Doc, Table]:
+    """The opening every micro-benchmark table section shares: the sidecar JSON's labels, then usable or why not."""
+    doc, t = bundle.doc(json_key), bundle.table(table_key)
+    s = _sub(title, doc if doc.state != "missing" else None, t)
+    if not t.usable:
+        s["ok"], s["why"] = False, (doc.why if doc.state == "skipped" else t.why)
+        return s, doc, t
+    s["ok"] = True
+    if doc.state in ("skipped", "partial"):
+        s["note"] = doc.why
+    return s, doc, t
+
+
 def memory_sub(b: Builder, bundle: Bundle, datasheet: dict[str, Any]) -> dict[str, Any]:
     doc = bundle.doc("memory")
     s = _sub("Memory and compute ceilings", doc, None)
@@ -373,15 +386,10 @@ def gemm_sub(b: Builder, bundle: Bundle, copy_gbps: float | None) -> dict[str, A
 
 
 def allreduce_sub(b: Builder, bundle: Bundle) -> dict[str, Any]:
-    doc, t = bundle.doc("allreduce_json"), bundle.table("allreduce")
-    s = _sub("All-reduce", doc if doc.state != "missing" else None, t)
+    s, doc, t = _table_sub(bundle, "All-reduce", "allreduce_json", "allreduce")
     s["world_size"] = doc.get("world_size") if doc.data else None
-    if not t.usable:
-        s["ok"], s["why"] = False, (doc.why if doc.state == "skipped" else t.why)
+    if not s["ok"]:
         return s
-    s["ok"] = True
-    if doc.state == "skipped" or doc.state == "partial":
-        s["note"] = doc.why
     df = _numeric(t.df, "size", "count", "time_us", "algbw", "busbw", "graph_time_us", "world_size")
     size = find_col(df, "size", "bytes", "size_bytes")
     tcol = find_col(df, "time_us", "time", "us")
@@ -479,14 +487,9 @@ def eager_graph_sub(b: Builder, bundle: Bundle) -> dict[str, Any]:
 
 
 def moe_sub(b: Builder, bundle: Bundle) -> dict[str, Any]:
-    doc, t = bundle.doc("moe_json"), bundle.table("moe")
-    s = _sub("MoE: routing, per-expert loop against grouped GEMM", doc if doc.state != "missing" else None, t)
-    if not t.usable:
-        s["ok"], s["why"] = False, (doc.why if doc.state == "skipped" else t.why)
+    s, doc, t = _table_sub(bundle, "MoE: routing, per-expert loop against grouped GEMM", "moe_json", "moe")
+    if not s["ok"]:
         return s
-    s["ok"] = True
-    if doc.state in ("skipped", "partial"):
-        s["note"] = doc.why
     df = t.df
     impl = find_col(df, "impl", "method", "variant", "kernel", "mode")
     mcol = find_col(df, "M", "m", "tokens", "batch")
@@ -516,14 +519,9 @@ def moe_sub(b: Builder, bundle: Bundle) -> dict[str, Any]:
 
 
 def attention_sub(b: Builder, bundle: Bundle) -> dict[str, Any]:
-    doc, t = bundle.doc("attention_json"), bundle.table("attention")
-    s = _sub("Attention decode", doc if doc.state != "missing" else None, t)
-    if not t.usable:
-        s["ok"], s["why"] = False, (doc.why if doc.state == "skipped" else t.why)
+    s, doc, t = _table_sub(bundle, "Attention decode", "attention_json", "attention")
+    if not s["ok"]:
         return s
-    s["ok"] = True
-    if doc.state in ("skipped", "partial"):
-        s["note"] = doc.why
     s["table"] = df_table(t.df, _cols(t.df, ("kind", "name", "backend", "batch", "context_len", "heads", "kv_heads",
                                              "head_dim", "gpu_us", "eager_us", "gbps", "frac_of_copy_bw", "note")))
     return s
