@@ -89,3 +89,13 @@ def test_shipped_default_card_one_layer_per_kind():
     assert r["layers_by_kind"] == {"dense/sliding": {"total": 15, "simulated": 1},
                                    "dense/full": {"total": 3, "simulated": 1}}
     assert r["eager_ms"] > 0 and not r["format_match"]
+
+
+def test_gathered_logits_keep_their_size_over_many_iterations():
+    # Timed on its own, the logits all-gather runs back to back: it must never gather its own output again
+    # (which doubled the logits every call: 2^iters growth, an OOM kill of every rank in the tp=2 pipeline).
+    spec = spec_from_dict(TINY_MOE)
+    r = simulate_kernel(spec, KernelSettings(tp=2, weight_format="bf16", layers=1, warmup=2, iters=30, context_len=32))
+    assert r["world_size"] == 2 and r["status"] == "ok"
+    head_ar = [c for c in r["components"] if c["name"] == "all-reduce"]
+    assert head_ar and head_ar[0]["ms"] < 1000

@@ -25,11 +25,9 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -40,6 +38,7 @@ import pandas as pd
 
 from ..errors import ConfigError, DecodeGapError
 from ..provenance import measured, unavailable
+from ..ranks import launch
 from .timing import stats_us
 
 COLUMNS = [
@@ -194,76 +193,13 @@ def _one_size(rank, world, device, dtype, count, job) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the parent
 
 
-def _stop_all(procs: list[subprocess.Popen]) -> None:
-    """Terminate every rank still running, then kill what is left after a grace period."""
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-    deadline = time.time() + 5
-    for p in procs:
-        try:
-            p.wait(max(0.0, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(5)
-
-
 def launch_ranks(job: dict[str, Any], world_size: int, timeout_s: float) -> list[list[dict[str, Any]]]:
-    """Start one process per rank, wait for all; on any failure or timeout, stop every rank and raise.
-
-    Each rank is `python -m decode_gap.microbench.allreduce <job.json> <rank>` (a fresh interpreter, so
-    nothing of the caller's __main__ is re-run). Returns each rank's results, indexed by rank.
-    """
-    with tempfile.TemporaryDirectory(prefix="decode-gap-allreduce-") as tmp:
-        job = {**job, "out_dir": tmp, "init_method": f"file://{tmp}/store", "world_size": world_size}
-        job_path = Path(tmp, "job.json")
-        job_path.write_text(json.dumps(job))
-        env = dict(os.environ)
-        pkg_root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = os.pathsep.join([pkg_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-        procs: list[subprocess.Popen] = []
-        logs = []
-        try:
-            for r in range(world_size):
-                log = open(Path(tmp, f"rank{r}.log"), "w")
-                logs.append(log)
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "decode_gap.microbench.allreduce", str(job_path), str(r)],
-                    stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=False,
-                ))
-            deadline = time.time() + timeout_s
-            while True:
-                codes = [p.poll() for p in procs]
-                failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
-                if failed:
-                    r = failed[0]
-                    _stop_all(procs)
-                    raise DecodeGapError(
-                        f"all-reduce: rank {r} of {world_size} failed "
-                        f"({_exit_text(codes[r])}): {_last_error_line(Path(tmp, f'rank{r}.log'))}; "
-                        "the other ranks were stopped"
-                    )
-                if all(c == 0 for c in codes):
-                    break
-                if time.time() > deadline:
-                    alive = [r for r, c in enumerate(codes) if c is None]
-                    _stop_all(procs)
-                    raise DecodeGapError(
-                        f"all-reduce: rank(s) {', '.join(map(str, alive))} of {world_size} did not finish within "
-                        f"{timeout_s:.0f} s (microbench.allreduce.timeout_s); every rank was stopped"
-                    )
-                time.sleep(0.1)
-        finally:
-            _stop_all(procs)
-            for log in logs:
-                log.close()
-        out = []
-        for r in range(world_size):
-            path = Path(tmp, f"rank{r}.json")
-            if not path.exists():
-                raise DecodeGapError(f"all-reduce: rank {r} of {world_size} exited without writing its results")
-            out.append(json.loads(path.read_text()))
-        return out
+    """One process per rank through the shared launcher (`decode_gap.ranks`); each rank's results, by rank."""
+    per_rank = launch(MODULE, job, world_size, timeout_s, "all-reduce")
+    missing = [r for r in range(world_size) if r not in per_rank]
+    if missing:
+        raise DecodeGapError(f"all-reduce: rank {missing[0]} of {world_size} exited without writing its results")
+    return [per_rank[r] for r in range(world_size)]
 
 
 def launch_multinode(
@@ -347,26 +283,6 @@ def _multinode_failure(work: Path, layout: Any, launch_error: str) -> str:
     missing = [r for r in range(world) if not Path(work, f"rank{r}.json").exists()]
     named = ", ".join(f"{r} ({where.get(r, '?')})" for r in missing[:8]) + (" ..." if len(missing) > 8 else "")
     return f"{head}: {launch_error}; rank(s) without results: {named or 'none'} (rank logs: the rule's log)"
-
-
-def _exit_text(code: int) -> str:
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
-
-
-def _last_error_line(log_path: Path) -> str:
-    try:
-        lines = [ln.strip() for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()]
-    except OSError:
-        return "no log"
-    for ln in reversed(lines):
-        if re.match(r"^[A-Za-z_][A-Za-z0-9_.]*(Error|Exception|Interrupt|Exit)\b", ln):
-            return ln[:300]
-    return lines[-1][:300] if lines else "no output"
 
 
 def merge_ranks(per_rank: list[list[dict[str, Any]]], sizes: list[int], world: int, backend: str, type_name: str,

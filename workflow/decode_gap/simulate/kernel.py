@@ -25,14 +25,11 @@ from __future__ import annotations
 
 import math
 import os
-import socket
-import tempfile
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import DecodeGapError
-from ..io import read_json, write_json
 from ..model import ModelSpec
 from .shapes import StepShapes, kv_row_elems, layer_bytes, plan_layers, step_shapes
 from .timing import L2Flusher, spread, time_cpu, time_cuda
@@ -63,6 +60,7 @@ class KernelSettings:
     allreduce_source: str = ""
     allreduce_why: str = ""
     ranks: int | None = None  # None: tp ranks when the host has them (tp GPUs, or gloo on a CPU), else 1
+    timeout_s: float = 3600.0  # every rank is stopped past it (a hung collective never blocks the DAG)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -377,13 +375,17 @@ class DecodeStep:
         world = dist.get_world_size(group)
 
         def op(S):
+            # The gather reads this rank's shard and writes the full logits under another key: an op timed
+            # on its own runs back to back, and gathering its own output would double the logits every call.
             lg = S["logits"].contiguous()
-            out = torch.empty((world,) + tuple(lg.shape), dtype=lg.dtype, device=lg.device)
+            out = S.get("logits_gathered")
+            if out is None or out.shape[1:] != lg.shape:
+                out = S["logits_gathered"] = torch.empty((world,) + tuple(lg.shape), dtype=lg.dtype, device=lg.device)
             if lg.is_cuda:
                 dist.all_gather_into_tensor(out, lg, group=group)
             else:
                 dist.all_gather(list(out.unbind(0)), lg, group=group)
-            S["logits"] = out.permute(1, 0, 2).reshape(lg.shape[0], -1)
+            S["logits_full"] = out.permute(1, 0, 2).reshape(lg.shape[0], -1)
 
         return op
 
@@ -392,13 +394,13 @@ class DecodeStep:
 
         if sampling == "greedy":
             def op(S):
-                S["tok"].copy_(torch.argmax(S["logits"], dim=-1))
+                S["tok"].copy_(torch.argmax(S.get("logits_full", S["logits"]), dim=-1))
             return op
 
         top_p = 0.95
 
         def op(S):  # top-p over the full vocabulary, then an exponential race (graph-safe multinomial)
-            probs = torch.softmax(S["logits"].float(), dim=-1)
+            probs = torch.softmax(S.get("logits_full", S["logits"]).float(), dim=-1)
             sp, idx = torch.sort(probs, dim=-1, descending=True)
             keep = (torch.cumsum(sp, dim=-1) - sp) < top_p
             sp = sp * keep
@@ -853,31 +855,29 @@ def simulate_rank(spec: ModelSpec, settings: KernelSettings, device: str, group=
 # entry point (one rank, or several through torch.distributed)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+RANK_MODULE = "decode_gap.simulate.kernel_rank"
 
 
-def _rank_main(rank: int, world: int, port: int, backend: str, spec: ModelSpec, settings: KernelSettings,
-               out_path: str) -> None:
+def rank_body(rank: int, job: dict[str, Any]) -> None:
+    """One rank of the simulated step (started by `decode_gap.ranks.launch`); rank 0 writes the result."""
     import torch
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    from ..ranks import load_payload, write_result
+
+    spec, settings = load_payload(job)
+    world, backend = job["world_size"], job["backend"]
     device = f"cuda:{rank}" if backend == "nccl" else "cpu"
     if backend == "gloo":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     else:
         torch.cuda.set_device(rank)
     kwargs = {"device_id": torch.device(device)} if backend == "nccl" else {}
-    dist.init_process_group(backend, rank=rank, world_size=world, **kwargs)
+    dist.init_process_group(backend, init_method=job["init_method"], rank=rank, world_size=world, **kwargs)
     try:
         result = simulate_rank(spec, settings, device, group=dist.group.WORLD)
         if rank == 0:
-            write_json(out_path, result)
-    except Exception as exc:
-        raise RuntimeError(f"simulate rank {rank}/{world} failed: {type(exc).__name__}: {exc}") from exc
+            write_result(job, rank, result)
     finally:
         dist.destroy_process_group()
 
@@ -907,16 +907,11 @@ def simulate_kernel(spec: ModelSpec, settings: KernelSettings) -> dict[str, Any]
             world = settings.tp  # gloo ranks on the CPU
     if world == 1:
         return simulate_rank(spec, settings, device)
-    import torch.multiprocessing as mp
+    from ..ranks import launch
 
     backend = "nccl" if device.startswith("cuda") else "gloo"
-    with tempfile.TemporaryDirectory(prefix="decode-gap-sim-") as tmp:
-        out = os.path.join(tmp, "rank0.json")
-        try:
-            mp.spawn(_rank_main, args=(world, _free_port(), backend, spec, settings, out), nprocs=world, join=True)
-        except mp.ProcessRaisedException as exc:
-            last = [l for l in str(exc).strip().splitlines() if l.strip()][-1]
-            raise DecodeGapError(f"simulate_kernel: {last.strip()}") from None
-        except mp.ProcessExitedException as exc:
-            raise DecodeGapError(f"simulate_kernel: a rank died ({exc})") from None
-        return read_json(out)
+    results = launch(RANK_MODULE, {"backend": backend}, world, settings.timeout_s, "simulate_kernel",
+                     payload=(spec, settings))
+    if 0 not in results:
+        raise DecodeGapError(f"simulate_kernel: rank 0 of {world} exited without writing the step's result")
+    return results[0]
