@@ -105,7 +105,7 @@ def _assign(work: pd.DataFrame, ev: pd.DataFrame, opts: Options, kind: str
         steps = pd.DataFrame({"start": s, "cpu_end": e})
         return work, steps, method
     w = work.sort_values("ts").reset_index(drop=True)
-    starts, period = periodic_steps(w["name"].to_numpy(), w["ts"].to_numpy())
+    starts, period = periodic_steps(w["name"].to_numpy(), w["ts"].to_numpy())  # raises: no steps
     step = np.full(len(w), -1)
     for i, st in enumerate(starts):
         if st + period <= len(w):
@@ -120,7 +120,10 @@ def analyze_trace(tr: Trace, opts: Options | None = None) -> tuple[dict[str, Any
     """One rank's trace -> (summary dict, per-kernel-name table)."""
     opts = opts or Options()
     work, kind = _work(tr)
-    work, steps, method = _assign(work, tr.events, opts, kind)
+    try:
+        work, steps, method = _assign(work, tr.events, opts, kind)
+    except DecodeGapError as exc:
+        raise DecodeGapError(f"trace {tr.path}: {exc}") from None
     periodic = method.startswith("periodic")
     inside = work[work["step"] >= 0]
     if inside.empty:

@@ -28,6 +28,8 @@ RULES: list[tuple[str, re.Pattern]] = [
     (MEMCPY, re.compile(r"^memcpy|^memset|^aten::(copy_|to|_to_copy|fill_|zero_)$|cudaMemcpy", _I)),
     (ALLREDUCE, re.compile(r"nccl|all_?reduce|all_?gather|reduce_?scatter|cross_device_reduce|custom_?ar|"
                            r"one_?shot|two_?shot|c10d::|gloo|lamport|\bmscclpp", _I)),
+    (SAMPLING, re.compile(r"sampl|argmax|multinomial|top_?k_?top_?p|top_?p_|min_?p|exponential_|"
+                          r"penalt|logits_?process|gumbel|aten::(max|sort)$|cumsum", _I)),
     (MOE_ROUTING, re.compile(r"moe_align|topk_?softmax|topkgating|grouped_?topk|biased_?grouped|moe_?sum|"
                              r"permute|expert_?(map|index|count)|router|gating|moe_?route|count_and_sort|"
                              r"sort_?tokens|aten::topk|gatherTopK|bitonicSort|radixSort", _I)),
@@ -36,8 +38,6 @@ RULES: list[tuple[str, re.Pattern]] = [
     (ATTENTION, re.compile(r"flash|fmha|attention|attn|paged|mla_|_mla|batchdecode|batchprefill|"
                            r"decode_?(kernel|attention)|merge_state|sdpa|scaled_dot_product|"
                            r"reshape_and_cache|kv_?cache|xqa|cutlass.*fmha|lean_?attn", _I)),
-    (SAMPLING, re.compile(r"sampl|argmax|multinomial|top_?k_?top_?p|top_?p_|min_?p|exponential_|"
-                          r"penalt|logits_?process|gumbel|aten::(max|sort)$|cumsum", _I)),
     ("GEMM", re.compile(r"gemm|gemv|cublas|cutlass|nvjet|xmma|matmul|_mm_|^mm_|triton_.*mm|splitkreduce|"
                         r"scaled_mm|cudnn.*conv|^aten::(mm|addmm|bmm|matmul|linear|_scaled_mm|baddbmm|"
                         r"mkldnn_linear|_weight_int\w*mm)$|sm\d+_.*(gemm|mma)|ampere_|hopper_|wgmma|dot_?product_?kernel|"
