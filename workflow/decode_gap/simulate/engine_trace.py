@@ -75,7 +75,10 @@ class _Graph:
         from transformers import StaticCache
 
         self.model = model
-        self.cache = StaticCache(config=model.config, max_batch_size=1, max_cache_len=max_len, device=device,
+        self.forward = model
+        self.backend = "torch.cuda.graph (manual capture)"
+        # keywords only: transformers 4.x takes batch/device/dtype, 5.x sizes its layers at the first update
+        self.cache = StaticCache(config=model.config, max_cache_len=max_len, max_batch_size=1, device=device,
                                  dtype=model.dtype)
         ids = torch.randint(0, model.config.vocab_size, (1, prompt_len), device=device)
         with torch.inference_mode():
@@ -90,20 +93,32 @@ class _Graph:
             for _ in range(2):  # warm-up on a side stream before capture (allocator, lazy init)
                 self._forward()
         torch.cuda.current_stream().wait_stream(s)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph), torch.inference_mode():
-            self.out = self._forward()
+        try:
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph), torch.inference_mode():
+                self.out = self._forward()
+        except Exception as exc:  # the model's mask code synced during capture: let torch.compile cut the graph
+            self.graph = None
+            self.backend = (f"torch.compile mode=reduce-overhead (manual capture failed: "
+                            f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
+            self.forward = torch.compile(model, mode="reduce-overhead")
+            with torch.inference_mode():
+                for _ in range(3):  # compile, record, then replay
+                    self.out = self._forward()
 
     def _forward(self):
-        logits = self.model(input_ids=self.ids, past_key_values=self.cache, cache_position=self.pos,
-                            use_cache=True).logits
+        logits = self.forward(input_ids=self.ids, past_key_values=self.cache, cache_position=self.pos,
+                              use_cache=True).logits
         return logits[:, -1:].argmax(-1)
 
     def step(self) -> int:
         import torch
 
         with torch.inference_mode():
-            self.graph.replay()
+            if self.graph is not None:
+                self.graph.replay()
+            else:
+                self.out = self._forward()
             self.ids.copy_(self.out)
             if self.at + 1 < self.max_len:  # past the cache's end, keep rewriting the last slot
                 self.at += 1
@@ -150,5 +165,6 @@ def record_engine_trace(card: str | Path | dict[str, Any], out_path: str | Path,
     prof.export_chrome_trace(str(out))  # torch gzips when the name ends in .gz
     return {"path": str(out), "mode": mode, "device": device, "dtype": dtype, "steps": steps,
             "layers": cfg.num_hidden_layers, "annotation": ANNOTATION if annotate else None,
+            "graph_backend": getattr(runner, "backend", None),
             "unprofiled_step_ms_median": statistics.median(samples), "unprofiled_step_ms": samples,
             "torch": torch.__version__}
