@@ -1,22 +1,12 @@
 # Trace: the decode step from a torch.profiler Chrome trace (config key `trace`: a file or a per-rank directory).
-from decode_gap.trace.load import TRACE_SUFFIXES
+from decode_gap.trace.load import input_files as trace_input_files
 
 TRACE_PATH = config.get("trace", "")
 
 
-def trace_input(wildcards):
-    """The trace files (so a new trace reruns the stage); none when unset or missing (the stage says why)."""
-    p = Path(TRACE_PATH) if TRACE_PATH else None
-    if p is None or not p.exists():
-        return []
-    if p.is_file():
-        return [str(p)]
-    return sorted(str(f) for f in p.iterdir() if f.name.endswith(TRACE_SUFFIXES))
-
-
 rule analyze_trace:
     input:
-        trace=trace_input,
+        trace=lambda wildcards: trace_input_files(TRACE_PATH),
     output:
         json=res("trace.json"),
         kernels=res("trace_kernels.csv"),

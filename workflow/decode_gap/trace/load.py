@@ -64,6 +64,17 @@ def trace_files(path: str | Path) -> list[Path]:
     raise DecodeGapError(f"config key 'trace': {p} does not exist")
 
 
+def input_files(path: str) -> list[str]:
+    """The rule's input: the trace files at `path` (a new trace reruns the stage); none when unset or missing,
+    so the stage runs and says why."""
+    p = Path(path) if path else None
+    if p is None or not p.exists():
+        return []
+    if p.is_file():
+        return [str(p)]
+    return sorted(str(f) for f in p.iterdir() if f.is_file() and f.name.endswith(TRACE_SUFFIXES))
+
+
 def _decode(path: Path) -> Any:
     raw = path.read_bytes()
     if raw[:2] == b"\x1f\x8b":
