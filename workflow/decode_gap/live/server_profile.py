@@ -101,7 +101,7 @@ class ServerProfiler:
         files = sorted(str(p) for p in Path(self.output_dir).glob(pattern)
                        if self.started_at is None or p.stat().st_mtime >= self.started_at - 1) if local else []
         note = (f"trace files {pattern} in {d}" + ("" if local else
-                f" on the server's host: copy them here and set the config key trace: to that directory"))
+                " on the server's host: copy them here and set the config key trace: to that directory"))
         return {"dir": d, "pattern": pattern, "local": local, "files": files, "note": note}
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 
-import numpy as np
 import pandas as pd
 
 MEMCPY = "memcpy/memset"
@@ -104,4 +103,4 @@ def is_gemm(category: str) -> bool:
     return category.startswith(GEMM_PREFIX) or category == MOE_GEMM
 
 
-__all__ = ["classify", "classify_frame", "gemm_dtype", "KERNEL_LEVEL", "kernel_level_group", "is_gemm", "np"]
+__all__ = ["classify", "classify_frame", "gemm_dtype", "KERNEL_LEVEL", "kernel_level_group", "is_gemm"]
