@@ -2,8 +2,9 @@
 
 A benchmark, not a test: it synthesizes a Kineto-format GPU trace of the requested size (the test double in
 tests/kineto_trace_double.py: per step, a decode_step annotation, one cpu_op + cudaLaunchKernel per kernel and the
-kernels linked by correlation id, as eager torch writes them), times `analyze_path` on it, and prints the time
-and its ratio to the target. It never fails on time.
+kernels linked by correlation id, as eager torch writes them, wrapped in 3 Python-stack events as SGLang's
+with_stack=True profile records them), times `analyze_path` on it, and prints the time and its ratio to the
+target. It never fails on time.
 
     .venv/bin/python benchmarks/trace_speed.py              # 100 MB, plain JSON
     .venv/bin/python benchmarks/trace_speed.py --mb 20 --gz # smaller, gzipped
@@ -31,10 +32,10 @@ def synthesize(path: Path, mb: float) -> tuple[int, int]:
     """Write a trace of about `mb` MB; return (steps, events)."""
     layer = kd.STEP_KERNELS[1:6]
     names = kd.STEP_KERNELS[:1] + layer * 32 + kd.STEP_KERNELS[6:]  # a 32-layer step, ~160 kernels
-    one = kd.build(steps=1, names=names)
+    one = kd.build(steps=1, names=names, python_stack=3)
     per_step = len(json.dumps(one["traceEvents"]).encode())
     steps = max(3, int(mb * 1e6 / per_step))
-    data = kd.build(steps=steps, names=names)
+    data = kd.build(steps=steps, names=names, python_stack=3)
     kd.write(path, data)
     return steps, len(data["traceEvents"])
 

@@ -32,10 +32,12 @@ STEP_KERNELS = [
 def build(steps: int = 5, *, graph: bool = False, annotation: str | None = "decode_step", gap_us: float = 5.0,
           launch_us: float = 4.0, host_tail_us: float = 30.0, lag_us: float = 20.0, overlap_us: float = 0.0,
           memcpy: bool = True, pid: int = 4242, names: list[tuple] | None = None,
-          vllm: bool = False, sglang: bool = False, rank: int | None = None) -> dict[str, Any]:
+          vllm: bool = False, sglang: bool = False, rank: int | None = None, python_stack: int = 0
+          ) -> dict[str, Any]:
     """A trace of `steps` decode steps. Per step: the CPU launches every kernel (or one cudaGraphLaunch), the GPU runs
     them back to back with `gap_us` idle between kernels (the second kernel overlaps the first by `overlap_us` on
-    another stream), then a D2H memcpy of the token; the CPU waits for it and spends `host_tail_us` after."""
+    another stream), then a D2H memcpy of the token; the CPU waits for it and spends `host_tail_us` after.
+    `python_stack`: that many nested python_function events around each launch (with_stack=True traces)."""
     names = names or STEP_KERNELS
     ev: list[dict[str, Any]] = [
         {"ph": "M", "name": "process_name", "pid": pid, "args": {"name": "python"}},
@@ -62,6 +64,11 @@ def build(steps: int = 5, *, graph: bool = False, annotation: str | None = "deco
                            "args": {"External id": ext, **({"Input type": types.split()} if types else {})}})
                 ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": pid, "tid": pid,
                            "ts": cpu + 0.5, "dur": launch_us, "args": {"correlation": corr, "External id": ext}})
+                for depth in range(python_stack):
+                    ev.append({"ph": "X", "cat": "python_function", "pid": pid, "tid": pid,
+                               "name": f"torch/nn/modules/module.py({1700 + depth}): _call_impl",
+                               "ts": cpu - 0.1 * (depth + 1), "dur": launch_us + 1 + 0.2 * (depth + 1),
+                               "args": {"Python id": corr * 10 + depth, "Python parent id": corr * 10 + depth - 1}})
                 cpu += launch_us + 1
             start = max(gpu, cpu + 1.0) if not graph else gpu
             stream = 7 if i != 1 else 13

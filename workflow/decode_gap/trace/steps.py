@@ -54,10 +54,12 @@ def markers(step_annotation: str = "decode_step") -> list[Marker]:
 
 
 def _windows(cpu: pd.DataFrame, m: Marker) -> pd.DataFrame | None:
-    fam = cpu[cpu["name"].str.contains(m.family, regex=True)]
+    # match the distinct names once: Python-stack traces repeat a few thousand names over millions of events
+    names = pd.unique(cpu["name"])
+    fam = cpu[cpu["name"].isin([n for n in names if m.family.search(n)])]
     if fam.empty:
         return None
-    starts = fam[fam["name"].str.contains(m.start, regex=True)]
+    starts = fam[fam["name"].isin([n for n in pd.unique(fam["name"]) if m.start.search(n)])]
     if starts.empty:
         return None
     # one thread opens the steps: the one with most openings (a server's worker, not a helper thread)
