@@ -106,3 +106,31 @@ def test_sglang_profile_window_protocol():
 def test_other_engines_have_no_profile_endpoint():
     with pytest.raises(DecodeGapError, match="no profiling endpoint"):
         ServerProfiler("tgi", ENDPOINT)
+
+
+def test_server_side_window_metrics_and_sglang_profile():
+    from decode_gap.live.server_side import ServerSideWindow
+
+    d = EngineDouble("sglang")
+    w = ServerSideWindow(ENDPOINT, "sglang", profile={"enabled": True, "output_dir": "/srv/t", "num_steps": 8},
+                         client=d.client())
+    w.start()
+    d.observe(ITL)
+    out = w.stop(client_itl_ms=13.0)
+    assert out["metrics"]["status"] == "measured"
+    assert out["profile"]["status"] == "recorded" and out["profile"]["where"]["dir"] == "/srv/t"
+    assert [p for _, p, _ in d.requests] == ["/metrics", "/start_profile", "/metrics", "/stop_profile"]
+
+
+def test_server_side_window_never_raises():
+    from decode_gap.live.server_side import ServerSideWindow
+
+    d = EngineDouble("vllm", profiler_on=False, metrics=False)
+    w = ServerSideWindow(ENDPOINT, "vllm", profile={"enabled": True}, client=d.client())
+    w.start()
+    out = w.stop()
+    assert out["metrics"]["status"] == "unavailable"
+    assert out["profile"]["status"] == "unavailable" and "VLLM_TORCH_PROFILER_DIR" in out["profile"]["why"]
+    w2 = ServerSideWindow(ENDPOINT, "tgi", profile={"enabled": True}, client=EngineDouble("tgi").client())
+    w2.start()
+    assert "no profiling endpoint" in w2.stop()["profile"]["why"]

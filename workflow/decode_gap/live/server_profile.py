@@ -79,14 +79,14 @@ class ServerProfiler:
         if r.status_code != 200:
             raise DecodeGapError(f"{url}: HTTP {r.status_code}: {r.text.strip().splitlines()[0][:160] if r.text else ''}")
         self.started_at = time.time()
-        return {"url": url, "status": r.status_code, "message": r.text.strip()[:200]}
+        return {"url": url, "http_status": r.status_code, "message": r.text.strip()[:200]}
 
     def stop(self) -> dict[str, Any]:
         """Stop the window. SGLang with num_steps has stopped by itself; its /stop_profile then answers anyway."""
         url = f"{self.root}/stop_profile"
         r = _post(self.client, url, self.headers)
         ok = r.status_code == 200
-        return {"url": url, "status": r.status_code, "message": r.text.strip()[:200], "ok": ok,
+        return {"url": url, "http_status": r.status_code, "message": r.text.strip()[:200], "ok": ok,
                 "where": self.where()}
 
     def where(self) -> dict[str, Any]:
