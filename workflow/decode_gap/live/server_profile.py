@@ -66,8 +66,9 @@ class ServerProfiler:
             body["output_dir"] = self.output_dir
         if self.num_steps:
             body["num_steps"] = int(self.num_steps)
-        if self.decode_only:
-            body["profile_by_stage"] = True  # a separate -DECODE trace: prefill kept out of the decode steps
+        if self.decode_only and self.num_steps:
+            # a separate -DECODE trace of num_steps decode batches: prefill kept out (SGLang counts per stage)
+            body["profile_by_stage"] = True
         return body
 
     def start(self) -> dict[str, Any]:
@@ -94,7 +95,7 @@ class ServerProfiler:
         if self.engine == "vllm":
             pattern, d = "*.pt.trace.json.gz", self.output_dir or "the server's VLLM_TORCH_PROFILER_DIR"
         else:
-            suffix = "-DECODE" if self.decode_only else ""
+            suffix = "-DECODE" if self.decode_only and self.num_steps else ""
             pattern = f"*-TP-*{suffix}.trace.json.gz"
             d = self.output_dir or "the server's SGLANG_TORCH_PROFILER_DIR (default /tmp)"
         local = bool(self.output_dir) and Path(self.output_dir).is_dir() and _is_local(self.root)
