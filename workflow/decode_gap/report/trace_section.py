@@ -29,7 +29,7 @@ def timeline_chart(df: pd.DataFrame, wall_ms: float | None) -> alt.LayerChart:
     """Kernels of one step as bars on a µs axis (one row per stream); white space is GPU idle."""
     df = ch._need(df, "start_us", "dur_us", "category", "stream", what="step timeline").copy()
     df["end_us"] = df["start_us"] + df["dur_us"].clip(lower=0.05)  # keep sub-ns kernels visible
-    df["stream"] = "stream " + df["stream"].astype(str)
+    df["stream"] = df["lane"] if "lane" in df.columns else "stream " + df["stream"].astype(str)
     cats = [c for c in CATEGORY_COLORS if c in set(df["category"])] + sorted(set(df["category"]) - set(CATEGORY_COLORS))
     color = alt.Color("category:N", scale=alt.Scale(domain=cats, range=[CATEGORY_COLORS.get(c, "#64748b") for c in cats]),
                       legend=alt.Legend(title=None, orient="bottom", columns=4))

@@ -185,7 +185,8 @@ def analyze_trace(tr: Trace, opts: Options | None = None) -> tuple[dict[str, Any
         tl = {"step": pick, "wall_ms": _r(st.loc[pick, "wall_ms"]), "busy_ms": _r(st.loc[pick, "busy_ms"]),
               "cpu_window_ms": [_r((st.loc[pick, "start"] - t0) / 1e3), _r((st.loc[pick, "cpu_end"] - t0) / 1e3)],
               "kernels": [{"name": nm[:120], "category": c, "start_us": round(float(a - t0), 3),
-                           "dur_us": round(float(d), 3), "stream": s}
+                           "dur_us": round(float(d), 3), "stream": s,
+                           "lane": f"{'stream' if kind == 'gpu' else 'thread'} {s}"}
                           for nm, c, a, d, s in zip(ks["name"], ks["category"], ks["ts"], ks["dur"], ks["tid"])],
               "truncated": int(st.loc[pick, "kernels"]) > opts.timeline_max}
     step_rows = [{"index": int(i), "start_ms": _r((r.t0 - st["t0"].iloc[0]) / 1e3, 3), "wall_ms": _r(r.wall_ms),
