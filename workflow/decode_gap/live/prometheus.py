@@ -152,6 +152,12 @@ def counter_delta(before: Snapshot, after: Snapshot, name: str) -> float | None:
     return a - (before.value(name) or 0.0)
 
 
+def local_client(endpoint: str, timeout_s: float) -> httpx.Client:
+    """A client that, like the live stage's, ignores proxy variables for a loopback server."""
+    host = httpx.URL(endpoint).host
+    return httpx.Client(timeout=timeout_s, trust_env=host not in ("127.0.0.1", "localhost", "::1"))
+
+
 def scrape(endpoint: str, *, client: httpx.Client | None = None, headers: dict[str, str] | None = None,
            timeout_s: float = 10.0) -> Snapshot:
     """GET <server root>/metrics; a missing or non-Prometheus endpoint is one DecodeGapError line."""
@@ -159,7 +165,7 @@ def scrape(endpoint: str, *, client: httpx.Client | None = None, headers: dict[s
     root = root[:-3] if root.endswith("/v1") else root
     url = f"{root}/metrics"
     own = client is None
-    client = client or httpx.Client(timeout=timeout_s)
+    client = client or local_client(endpoint, timeout_s)
     try:
         r = client.get(url, headers=headers or {})
     except httpx.HTTPError as exc:

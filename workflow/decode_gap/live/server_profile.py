@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 
 from ..errors import DecodeGapError
+from .prometheus import local_client
 
 ENGINES = ("vllm", "sglang")
 
@@ -55,7 +56,7 @@ class ServerProfiler:
         self.engine, self.root = engine, _root(endpoint)
         self.output_dir, self.num_steps, self.decode_only = output_dir, num_steps, decode_only
         self.headers = headers
-        self.client = client or httpx.Client(timeout=timeout_s)
+        self.client = client or local_client(endpoint, timeout_s)
         self.started_at: float | None = None
 
     def start_body(self) -> dict[str, Any] | None:
