@@ -134,3 +134,35 @@ def test_server_side_window_never_raises():
     w2 = ServerSideWindow(ENDPOINT, "tgi", profile={"enabled": True}, client=EngineDouble("tgi").client())
     w2.start()
     assert "no profiling endpoint" in w2.stop()["profile"]["why"]
+
+
+def test_scrape_over_real_http_from_prometheus_client_exporter():
+    """A real exporter (prometheus_client's own HTTP server, as vLLM and SGLang use) with vLLM's metric names."""
+    import socket
+
+    from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+
+    from engine_endpoints_double import VLLM_ITL_BUCKETS
+
+    reg = CollectorRegistry()
+    itl = Histogram("vllm:inter_token_latency_seconds", "ITL", ["model_name", "engine"], buckets=VLLM_ITL_BUCKETS,
+                    registry=reg)
+    gen = Counter("vllm:generation_tokens", "tokens", ["model_name", "engine"], registry=reg)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server, thread = start_http_server(port, addr="127.0.0.1", registry=reg)
+    try:
+        itl.labels("m", "0").observe(0.5)  # before the window
+        w = prom.MetricsWindow(f"http://127.0.0.1:{port}/v1")
+        w.start()
+        for v in ITL:
+            itl.labels("m", "0").observe(v)
+        gen.labels("m", "0").inc(len(ITL))
+        res = w.stop(client_itl_ms=15.0)
+    finally:
+        server.shutdown()
+        thread.join(timeout=5)
+    assert res["engine"] == "vllm"
+    assert res["figures"]["itl"]["value"] == pytest.approx(1e3 * sum(ITL) / len(ITL), rel=1e-6)
+    assert res["figures"]["itl"]["count"] == len(ITL)
