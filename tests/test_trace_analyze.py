@@ -95,14 +95,14 @@ def test_gpu_overlapping_streams_count_once(tmp_path):
 def test_gpu_steps_from_vllm_annotations(tmp_path):
     path = kd.write(tmp_path / "vllm.json", kd.build(steps=4, annotation=None, vllm=True))
     res, _ = analyze_path(path)
-    assert res["method"].startswith("vLLM")
+    assert res["method"].startswith("vLLM") and res["engine"] == "vllm"
     assert res["steps_used"] == 4
 
 
 def test_gpu_steps_from_sglang_run_batch(tmp_path):
     path = kd.write(tmp_path / "sgl-TP-0.trace.json.gz", kd.build(steps=4, annotation=None, sglang=True))
     res, _ = analyze_path(path)
-    assert res["method"].startswith("SGLang")
+    assert res["method"].startswith("SGLang") and res["engine"] == "sglang"
     assert res["ranks"][0]["rank"] == 0  # from SGLang's file name
 
 

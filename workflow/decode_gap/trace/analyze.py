@@ -240,6 +240,7 @@ def analyze_path(path: str | Path, source: str = "file", opts: Options | None = 
         "status": "ok" if gpu else "partial",
         "source": {"kind": source, "path": str(path), "files": files},
         "backend": "pandas",
+        "engine": engine_of(primary["method"]),
         "device": "gpu" if gpu else "cpu",
         "primary_rank": primary["rank"],
         **{k: primary[k] for k in ("method", "steps_found", "steps_used", "step_ms_median", "period_ms_median",
@@ -260,6 +261,14 @@ def analyze_path(path: str | Path, source: str = "file", opts: Options | None = 
                          "busy = time inside top-level aten ops, idle = Python/framework time between them")
     out["waterfall"] = waterfall_inputs(out)
     return out, pd.concat(tables, ignore_index=True)
+
+
+def engine_of(method: str) -> str | None:
+    """The engine whose own annotations framed the steps (None: a user annotation or the kernel period)."""
+    for key, name in (("vLLM", "vllm"), ("SGLang", "sglang")):
+        if method.startswith(key):
+            return name
+    return None
 
 
 def waterfall_inputs(res: dict[str, Any]) -> dict[str, Any]:
