@@ -7,6 +7,7 @@ trace.json and simulate.json (the trace records which kernel-level components ea
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import altair as alt
@@ -48,10 +49,11 @@ def timeline_chart(df: pd.DataFrame, wall_ms: float | None) -> alt.LayerChart:
 def category_rows(doc_cats: dict[str, Any], details: dict[str, Any], kernel_components: list[dict[str, Any]]
                   ) -> list[dict[str, Any]]:
     """Trace ms/step per kernel-level group beside the kernel level's matching components."""
-    kc = {}
+    kc: dict[str, float | None] = {}
     for c in kernel_components or []:
         if isinstance(c, dict) and c.get("name"):
-            kc[str(c["name"])] = num(c.get("graph_ms")) if num(c.get("graph_ms")) is not None else num(c.get("ms"))
+            name = re.sub(r"\s*\(.*\)$", "", str(c["name"]))  # "attention (KV 512)" is the attention component
+            kc[name] = num(c.get("graph_ms")) if num(c.get("graph_ms")) is not None else num(c.get("ms"))
     groups: dict[str, dict[str, Any]] = {}
     for cat, ms in (doc_cats or {}).items():
         comps = (details.get(cat) or {}).get("kernel_level_components") or []
