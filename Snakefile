@@ -13,6 +13,7 @@ include: "workflow/rules/roofline.smk"
 include: "workflow/rules/microbench.smk"
 include: "workflow/rules/simulate.smk"
 include: "workflow/rules/live.smk"
+include: "workflow/rules/trace.smk"
 include: "workflow/rules/gap.smk"
 include: "workflow/rules/report.smk"
 

@@ -135,6 +135,7 @@ def stage_summaries(wildcards):
             "simulate/server.json",
             "live/summary.json",
             "gap.json",
+            "trace.json",
         )
     ]
 

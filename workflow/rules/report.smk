@@ -32,6 +32,7 @@ rule render_report:
         live_requests=rules.measure_live.output.requests,
         live_chunks=rules.measure_live.output.chunks,
         gap=rules.attribute_gap.output.json,
+        trace=rules.analyze_trace.output.json,
         templates=report_templates,
     output:
         html=res("report.html"),

@@ -39,6 +39,7 @@ STAGE_FILES: dict[str, str] = {
     "live_requests": "live/requests.parquet",
     "live_chunks": "live/chunks.parquet",
     "gap": "gap.json",
+    "trace": "trace.json",
 }
 
 STATUSES = (MEASURED, MODELLED, UNAVAILABLE)

@@ -23,6 +23,7 @@ from .data import (HEADLINE, HEADLINE_BETTER, HEADLINE_LABELS, SEVERITY_RANK, Bu
                    audit_findings, dig, fig_field, find_col, first_key, fmt_bytes, fmt_num, fmt_size, headline, live_levels,
                    num, parse_provenance, unavailable_fig)
 from .secrets import REDACTED, SECRET_NAME, redact_url
+from .trace_section import trace_section
 
 META_KEYS = {"stage", "status", "reason", "findings", "provenance", "skipped", "fixture", "device", "backend",
              "not_checked", "summary", "unavailable", "params"}
@@ -1048,6 +1049,7 @@ def build_context(bundle: Bundle, *, hw_rev: str, fingerprint: dict[str, str], r
                                           caption="gap.json waterfall · teal measured, indigo modelled, red residual · "
                                                   "details in section 5")
     live = live_section(b, bundle)
+    trace = trace_section(b, bundle)  # issue 13: report/templates/trace_section.html.j2
     since = since_section(b, hw_rev, fingerprint, figs, audit.get("findings", []), history or [],
                           history_warnings or [], archive_note)
     prov = provenance_section(b)
@@ -1069,8 +1071,9 @@ def build_context(bundle: Bundle, *, hw_rev: str, fingerprint: dict[str, str], r
         "fingerprint": fingerprint,
         "headline": head,
         "labels": HEADLINE_LABELS,
-        "sections": [audit, roof, micro, sim, live, since],
-        "audit": audit, "roofline": roof, "microbench": micro, "simulation": sim, "live": live, "since": since,
+        "sections": [audit, roof, micro, sim, live, trace, since],
+        "audit": audit, "roofline": roof, "microbench": micro, "simulation": sim, "live": live, "trace": trace,
+        "since": since,
         "provenance": prov,
         "sources": sources_rows(bundle),
         "charts": b.charts,

@@ -1,0 +1,170 @@
+"""Engine level, opt-in: record a torch.profiler trace of N decode steps of the transformers engine.
+
+The model is the card's architecture with random weights (`AutoModelForCausalLM.from_config`), as the engine
+level times it. Each decode step (one token: forward over the KV cache, greedy pick, host read of the token,
+as `generate` does) runs inside `record_function("decode_step")`, so the trace stage finds the steps by that
+annotation. `mode="graph"` captures one step as a CUDA graph over a static cache and replays it (GPU only).
+The same steps are timed without the profiler first, so the trace's step time can be compared with it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import DecodeGapError
+
+ANNOTATION = "decode_step"
+
+
+def build_model(card: str | Path | dict[str, Any], layers: int | None, device: str, dtype: Any):
+    """A random-weight causal LM from a config.json path (or a config dict), optionally with fewer layers."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
+
+    if isinstance(card, dict):
+        cfg = LlamaConfig(**card) if card.get("model_type", "llama") == "llama" else AutoConfig.for_model(**card)
+    else:
+        cfg = AutoConfig.from_pretrained(str(card))
+    if layers:
+        cfg.num_hidden_layers = int(layers)
+        if getattr(cfg, "layer_types", None):
+            cfg.layer_types = list(cfg.layer_types)[: int(layers)]
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="sdpa")
+    return model.to(device).eval(), cfg
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+class _Eager:
+    """Decode with the dynamic cache: one forward per token."""
+
+    def __init__(self, model, prompt_len: int, device: str):
+        import torch
+        from transformers import DynamicCache
+
+        self.model = model
+        ids = torch.randint(0, model.config.vocab_size, (1, prompt_len), device=device)
+        self.cache = DynamicCache()
+        with torch.inference_mode():
+            out = model(input_ids=ids, past_key_values=self.cache, use_cache=True)
+        self.tok = out.logits[:, -1:].argmax(-1)
+
+    def step(self) -> int:
+        import torch
+
+        with torch.inference_mode():
+            out = self.model(input_ids=self.tok, past_key_values=self.cache, use_cache=True)
+            self.tok = out.logits[:, -1:].argmax(-1)
+        return int(self.tok.item())  # the host reads the token, as a streaming server does
+
+
+class _Graph:
+    """One decode step over a static cache, captured once as a CUDA graph and replayed per token."""
+
+    def __init__(self, model, prompt_len: int, max_len: int, device: str):
+        import torch
+        from transformers import StaticCache
+
+        self.model = model
+        self.forward = model
+        self.backend = "torch.cuda.graph (manual capture)"
+        # keywords only: transformers 4.x takes batch/device/dtype, 5.x sizes its layers at the first update
+        self.cache = StaticCache(config=model.config, max_cache_len=max_len, max_batch_size=1, device=device,
+                                 dtype=model.dtype)
+        ids = torch.randint(0, model.config.vocab_size, (1, prompt_len), device=device)
+        with torch.inference_mode():
+            out = model(input_ids=ids, past_key_values=self.cache, cache_position=torch.arange(prompt_len, device=device),
+                        use_cache=True)
+        self.ids = out.logits[:, -1:].argmax(-1).clone()
+        self.pos = torch.tensor([prompt_len], device=device)
+        self.at, self.max_len = prompt_len, max_len
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s), torch.inference_mode():
+            for _ in range(2):  # warm-up on a side stream before capture (allocator, lazy init)
+                self._forward()
+        torch.cuda.current_stream().wait_stream(s)
+        try:
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph), torch.inference_mode():
+                self.out = self._forward()
+        except Exception as exc:  # the model's mask code synced during capture: let torch.compile cut the graph
+            self.graph = None
+            self.backend = (f"torch.compile mode=reduce-overhead (manual capture failed: "
+                            f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
+            self.forward = torch.compile(model, mode="reduce-overhead")
+            with torch.inference_mode():
+                for _ in range(3):  # compile, record, then replay
+                    self.out = self._forward()
+
+    def _forward(self):
+        logits = self.forward(input_ids=self.ids, past_key_values=self.cache, cache_position=self.pos,
+                              use_cache=True).logits
+        return logits[:, -1:].argmax(-1)
+
+    def step(self) -> int:
+        import torch
+
+        with torch.inference_mode():
+            if self.graph is not None:
+                self.graph.replay()
+            else:
+                self.out = self._forward()
+            self.ids.copy_(self.out)
+            if self.at + 1 < self.max_len:  # past the cache's end, keep rewriting the last slot
+                self.at += 1
+                self.pos.add_(1)
+        return int(self.ids.item())
+
+
+def record_engine_trace(card: str | Path | dict[str, Any], out_path: str | Path, *, steps: int = 8,
+                        warmup: int = 3, timed: int = 20, mode: str = "eager", layers: int | None = None,
+                        device: str = "auto", dtype: str = "auto", prompt_len: int = 32,
+                        annotate: bool = True) -> dict[str, Any]:
+    """Profile `steps` decode steps into `out_path` (.json.gz); return what ran and the unprofiled step times."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if mode == "graph" and not device.startswith("cuda"):
+        raise DecodeGapError("engine trace mode 'graph' needs a CUDA GPU (CUDA-graph replay)")
+    if dtype == "auto":
+        dtype = "bfloat16" if device.startswith("cuda") else "float32"
+    model, cfg = build_model(card, layers, device, getattr(torch, dtype))
+    total = prompt_len + warmup + timed + steps + 8
+    runner = _Eager(model, prompt_len, device) if mode == "eager" else _Graph(model, prompt_len, total, device)
+    for _ in range(warmup):
+        runner.step()
+    samples = []
+    for _ in range(timed):  # unprofiled step time, for comparison with the trace
+        _sync(device)
+        t0 = time.perf_counter()
+        runner.step()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    with profile(activities=acts, record_shapes=True) as prof:
+        for _ in range(steps):
+            if annotate:
+                with record_function(ANNOTATION):
+                    runner.step()
+            else:  # no annotation: the trace stage must find the steps from the kernel sequence
+                runner.step()
+        _sync(device)
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(out))  # torch gzips when the name ends in .gz
+    return {"path": str(out), "mode": mode, "device": device, "dtype": dtype, "steps": steps,
+            "layers": cfg.num_hidden_layers, "annotation": ANNOTATION if annotate else None,
+            "graph_backend": getattr(runner, "backend", None),
+            "unprofiled_step_ms_median": statistics.median(samples), "unprofiled_step_ms": samples,
+            "torch": torch.__version__}
