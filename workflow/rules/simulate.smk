@@ -81,3 +81,22 @@ rule merge_simulation:
 rule simulate:
     input:
         rules.merge_simulation.output,
+
+
+rule record_engine_trace:
+    output:
+        trace=res("simulate/engine_trace.json.gz"),
+        json=res("simulate/engine_trace.json"),
+    log:
+        res("logs/record_engine_trace.log"),
+    conda:
+        "../../envs/decode-gap.yaml"
+    # All cores: the unprofiled step time beside the trace is a latency measurement.
+    threads: workflow.resource_settings.cores or 1
+    resources:
+        gpu=gpu_count_wanted(1),
+    params:
+        run=run_params("simulate"),
+        fingerprint=stage_fingerprint("simulate"),
+    script:
+        "../scripts/record_engine_trace.py"

@@ -2,11 +2,17 @@
 from decode_gap.trace.load import input_files as trace_input_files
 
 TRACE_PATH = config.get("trace", "")
+# No trace given and simulate.engine_trace on: the engine level records one of its own decode steps.
+ENGINE_TRACE = not TRACE_PATH and bool(config.get("simulate", {}).get("engine_trace", False))
 
 
 rule analyze_trace:
     input:
-        trace=lambda wildcards: trace_input_files(TRACE_PATH),
+        trace=lambda wildcards: (
+            [rules.record_engine_trace.output.trace]
+            if ENGINE_TRACE
+            else trace_input_files(TRACE_PATH)
+        ),
     output:
         json=res("trace.json"),
         kernels=res("trace_kernels.csv"),
@@ -16,8 +22,8 @@ rule analyze_trace:
     conda:
         "../../envs/decode-gap.yaml"
     params:
-        path=TRACE_PATH,
-        source="file",
+        path=res("simulate/engine_trace.json.gz") if ENGINE_TRACE else TRACE_PATH,
+        source="engine-level" if ENGINE_TRACE else "file",
     script:
         "../scripts/analyze_trace.py"
 

@@ -168,3 +168,38 @@ def record_engine_trace(card: str | Path | dict[str, Any], out_path: str | Path,
             "graph_backend": getattr(runner, "backend", None),
             "unprofiled_step_ms_median": statistics.median(samples), "unprofiled_step_ms": samples,
             "torch": torch.__version__}
+
+
+def engine_trace_stage(params: dict[str, Any], trace_out: str, json_out: str) -> dict[str, Any]:
+    """Rule record_engine_trace: the engine level's decode steps under torch.profiler (graph replay on a GPU).
+
+    A model transformers cannot build here leaves an empty trace and a `skipped` summary with the reason; the
+    trace stage then reports that reason, and the DAG goes on.
+    """
+    import gzip
+    import json
+
+    from ..io import write_json
+    from ..provenance import skipped_stage
+
+    sim = params.get("simulate") or {}
+    layers = sim.get("layers")
+    layers = int(layers) if isinstance(layers, int) else None
+    try:
+        import torch
+
+        mode = "graph" if torch.cuda.is_available() else "eager"
+        if mode == "eager" and layers is None:
+            layers = 2  # a CPU host: a few layers show the step's anatomy; the figure is the trace's, not the model's
+        info = record_engine_trace(params["model"], trace_out, steps=int(sim.get("engine_trace_steps", 8)),
+                                   mode=mode, layers=layers)
+        result = {"stage": "record_engine_trace", "status": "ok", **info}
+    except Exception as exc:  # any build or capture failure is a case this host cannot run, never a crash
+        why = f"engine trace not recorded: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        Path(trace_out).parent.mkdir(parents=True, exist_ok=True)
+        with gzip.open(trace_out, "wt") as f:
+            json.dump({"traceEvents": [], "decode_gap_skipped": why}, f)
+        result = skipped_stage("record_engine_trace", why)
+    result["hardware_revision"] = params.get("hardware_revision")
+    write_json(json_out, result)
+    return result

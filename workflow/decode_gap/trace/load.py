@@ -114,6 +114,8 @@ def read_trace(path: str | Path) -> Trace:
         events, meta = data, {}
     elif isinstance(data, dict) and isinstance(data.get("traceEvents"), list):
         events, meta = data["traceEvents"], {k: v for k, v in data.items() if k != "traceEvents"}
+        if meta.get("decode_gap_skipped"):  # record_engine_trace could not run here: say why, not "empty"
+            raise DecodeGapError(str(meta["decode_gap_skipped"]))
     else:
         raise DecodeGapError(f"trace {path}: not a Chrome trace (no 'traceEvents' list); torch.profiler's "
                              "export_chrome_trace writes one")
