@@ -33,8 +33,17 @@ MTP_FIELDS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_laye
 _MLP_SCOPES = {"mlp", "feed_forward", "ffn", "block_sparse_moe", "moe", "mlp_block", "ff", "feedforward"}
 _ATTN_SCOPES = {"self_attn", "attention", "attn", "self_attention", "mixer_attn"}
 _QKV = {"q_proj", "k_proj", "v_proj", "qkv_proj", "query_key_value", "c_attn", "wqkv", "qkv", "query", "key",
-        "value", "wq", "wk", "wv", "q", "k", "v", "in_proj_qkv"}
-_O = {"o_proj", "out_proj", "dense", "c_proj", "wo", "o", "output", "out"}
+        "value", "wq", "wk", "wv", "q", "k", "v", "in_proj_qkv", "query_proj", "key_proj", "value_proj", "q_lin",
+        "k_lin", "v_lin", "qkv_proj_fused"}
+_O = {"o_proj", "out_proj", "dense", "c_proj", "wo", "o", "output", "out", "out_lin", "o_lin"}
+_WRAPPERS = {"linear", "layer", "module", "base_layer", "proj"}  # a wrapper whose parent names the projection
+
+
+def _is_attention_scope(scope: str) -> bool:
+    s = scope.lower()
+    if s in _ATTN_SCOPES:
+        return True
+    return ("attn" in s or "attention" in s) and not any(x in s for x in ("linear", "cross", "mamba", "ssm", "conv"))
 _UP = {"gate_proj", "up_proj", "w1", "w3", "fc1", "c_fc", "gate_up_proj", "dense_h_to_4h", "wi", "wi_0", "wi_1",
        "fc_in", "input_linear", "gate_up", "up", "gate"}
 _DOWN = {"down_proj", "w2", "fc2", "c_proj", "dense_4h_to_h", "fc_out", "output_linear", "down", "wo"}
@@ -73,6 +82,7 @@ class Graph:
     top_k: int
     transformers_version: str
     build_seconds: float
+    transformers_count: int = 0  # model.num_parameters(): transformers' own count, to check ours against
 
 
 def transformers_module():
@@ -137,9 +147,17 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
+def safe_attr(cfg: Any, name: str) -> Any:
+    """getattr that also survives configs whose per-layer attributes refuse a global read (they raise)."""
+    try:
+        return getattr(cfg, name, None)
+    except Exception:
+        return None
+
+
 def _first_field(cfg: Any, names: tuple[str, ...]) -> Any:
     for n in names:
-        v = getattr(cfg, n, None)
+        v = safe_attr(cfg, n)
         if v is not None and not isinstance(v, bool):
             return v
     return None
@@ -219,10 +237,10 @@ def _classify(model, cfg, seconds: float, version: str) -> Graph:
     out = model.get_output_embeddings()
     tied = out is not None and inp is not None and out.weight is inp.weight
     stack, n_layers = _layer_stack(model)
-    hidden = getattr(cfg, "hidden_size", None) or (inp.weight.shape[1] if inp is not None else 0)
+    hidden = safe_attr(cfg, "hidden_size") or (inp.weight.shape[1] if inp is not None else 0)
     experts_cfg = _first_field(cfg, EXPERT_FIELDS) or 0
     top_k = _first_field(cfg, TOP_K_FIELDS) or 0
-    n_cfg_layers = getattr(cfg, "num_hidden_layers", None) or n_layers
+    n_cfg_layers = safe_attr(cfg, "num_hidden_layers") or n_layers
     weights: list[Weight] = []
 
     for name, p in model.named_parameters():
@@ -238,6 +256,9 @@ def _classify(model, cfg, seconds: float, version: str) -> Graph:
         parts = rel.split(".")
         if inp is not None and p is inp.weight:
             weights.append(Weight(name, shape, numel, None, "embedding", "model", input_table=True))
+            continue
+        if out is not None and getattr(out, "bias", None) is not None and p is out.bias:
+            weights.append(Weight(name, shape, numel, None, "bias", "lm_head"))
             continue
         if out is not None and p is out.weight:
             weights.append(Weight(name, shape, numel, None, "lm_head", "model", "lm_head", "", shape[0], shape[1]))
@@ -300,6 +321,8 @@ def _classify(model, cfg, seconds: float, version: str) -> Graph:
             if type(owner).__name__ == "Conv1D":  # GPT-2 style [in, out]
                 n, k = k, n
             part = owner_leaf
+            if part.lower() in _WRAPPERS and len(parts) >= 3:
+                part = parts[-3]
             if block == "routed_expert":
                 expert = next((int(x) for x in parts if x.isdigit()), -1)
         linear = _canonical(block, scope, parts, part)
@@ -313,7 +336,7 @@ def _classify(model, cfg, seconds: float, version: str) -> Graph:
     if fused:
         experts = Counter(fused).most_common(1)[0][0]
     return Graph(cfg, type(model).__name__, tuple(weights), n_layers, tied, int(experts or 0), int(top_k or 0),
-                 version, seconds)
+                 version, seconds, int(model.num_parameters()))
 
 
 def _canonical(block: str, scope: str, parts: list[str], part: str) -> str:
@@ -327,15 +350,15 @@ def _canonical(block: str, scope: str, parts: list[str], part: str) -> str:
             return f"{prefix[block]}.gate_up_proj"
         return f"{prefix[block]}.{part}"
     # the token mixer: standard attention keeps the names the other stages know
-    head = "attn" if scope in _ATTN_SCOPES else (scope or "attn")
+    head = "attn" if _is_attention_scope(scope) else (scope or "attn")
     if "indexer" in parts:
         return f"{head}.indexer.{part}"
     if part == "kv_a_proj_with_mqa":
         return f"{head}.kv_a_proj"
     if part in ("q_a_proj", "q_b_proj", "kv_b_proj", "kv_a_proj"):
         return f"{head}.{part}"
-    if head == "attn" and part in _QKV:
+    if head == "attn" and part.lower() in _QKV:
         return "attn.qkv_proj"
-    if head == "attn" and part in _O:
+    if head == "attn" and part.lower() in _O:
         return "attn.o_proj"
     return f"{head}.{part}"

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .graph import Graph
+from .graph import Graph, safe_attr
 
 # layer_types values transformers uses -> our kind
 _TYPE_KIND = {
@@ -41,7 +41,7 @@ class LayerAttention:
 
 def _cfg(cfg: Any, *names: str, default: Any = None) -> Any:
     for n in names:
-        v = getattr(cfg, n, None)
+        v = safe_attr(cfg, n)
         if v is not None:
             return v
     return default
@@ -56,14 +56,25 @@ def _state_layer(cfg: Any, i: int, lin: dict[str, int], others: dict[str, tuple[
         kd, vd = _cfg(cfg, "linear_key_head_dim"), _cfg(cfg, "linear_value_head_dim")
         if kd and vd:
             return LayerAttention(i, "linear", state=vh * kd * vd + conv_state, state_heads=vh)
+    lac = _cfg(cfg, "linear_attn_config")
+    lac = lac if isinstance(lac, dict) else {}
+    nh = lac.get("num_heads") or _cfg(cfg, "linear_num_heads")
+    hd = lac.get("head_dim") or _cfg(cfg, "linear_head_dim")
+    if nh and hd:  # Kimi Delta Attention: S is [heads, head_dim, head_dim]
+        return LayerAttention(i, "linear", state=nh * hd * hd + conv_state, state_heads=nh)
     a_log = next((s for n, s in others.items() if n.endswith("A_log")), None)
     if a_log is not None and len(a_log) == 2:  # Mamba-1: h is [d_inner, d_state], A_log has that shape
         return LayerAttention(i, "linear", state=a_log[0] * a_log[1] + conv_state, state_heads=a_log[0])
-    nh = _cfg(cfg, "mamba_n_heads", "mamba_num_heads")
-    hd = _cfg(cfg, "mamba_d_head", "mamba_head_dim")
-    ds = _cfg(cfg, "mamba_d_state", "ssm_state_size", "state_size")
-    if nh and hd and ds:  # Mamba-2: h is [heads, head_dim, d_state]
-        return LayerAttention(i, "linear", state=nh * hd * ds + conv_state, state_heads=nh)
+    ds = _cfg(cfg, "mamba_d_state", "ssm_state_size", "state_size", "mamba_ssm_state_size")
+    out_in = next((s[1] for n, s in others.items() if n.endswith("out_proj.weight") and len(s) == 2), None)
+    if a_log is not None and len(a_log) == 1 and ds and out_in:
+        # Mamba-2: h is [heads, head_dim, d_state] = d_inner x d_state; d_inner is out_proj's input width
+        return LayerAttention(i, "linear", state=out_in * ds + conv_state, state_heads=a_log[0])
+    heads = _cfg(cfg, "num_attention_heads") or 0
+    hd = _cfg(cfg, "head_dim") or ((_cfg(cfg, "hidden_size") or 0) // heads if heads else 0)
+    if a_log is None and any(k.startswith("attn.qkv_proj:") for k in lin) and heads and hd:
+        # plain linear attention (e.g. MiniMax lightning attention): S = sum k v^T, head_dim x head_dim per head
+        return LayerAttention(i, "linear", state=heads * hd * hd + conv_state, state_heads=heads)
     return LayerAttention(i, "unknown", why=f"layer {i}: a recurrent/linear-attention layer whose state size "
                                                "this code does not know")
 
@@ -71,11 +82,11 @@ def _state_layer(cfg: Any, i: int, lin: dict[str, int], others: dict[str, tuple[
 def layer_attention(graph: Graph) -> tuple[LayerAttention, ...]:
     cfg = graph.config
     L = graph.layers
-    types = getattr(cfg, "layer_types", None)
+    types = safe_attr(cfg, "layer_types")
     types = list(types) if types and len(types) == L else None
     heads = _cfg(cfg, "num_attention_heads", default=0) or 0
     kv_heads = _cfg(cfg, "num_key_value_heads", default=heads) or heads
-    head_dim = _cfg(cfg, "head_dim", default=None) or ((cfg.hidden_size // heads) if heads else 0)
+    head_dim = _cfg(cfg, "head_dim", default=None) or (((safe_attr(cfg, "hidden_size") or 0) // heads) if heads else 0)
     window = _cfg(cfg, "sliding_window", default=0) or 0
     all_sliding = types is None and window and _cfg(cfg, "use_sliding_window", default=True) is not False
     chunk = _cfg(cfg, "attention_chunk_size", default=0) or 0
@@ -85,7 +96,7 @@ def layer_attention(graph: Graph) -> tuple[LayerAttention, ...]:
         if w.layer is None or w.block != "attention":
             continue
         if w.linear:
-            by_layer.setdefault(w.layer, {})[f"{w.linear}:{w.part}"] = w.n
+            by_layer.setdefault(w.layer, {})[f"{w.linear}:{w.part.lower()}"] = w.n
         others.setdefault(w.layer, {})[w.name] = w.shape
     out = []
     for i in range(L):
@@ -100,8 +111,8 @@ def layer_attention(graph: Graph) -> tuple[LayerAttention, ...]:
                                       index_topk=(_cfg(cfg, "index_topk", default=0) or 0) if idx else 0))
             continue
         if "attn.qkv_proj" in names and kind in (None, "full", "sliding", "chunked"):
-            k = next((v for key, v in lin.items() if key.split(":")[1] in ("k_proj", "wk", "key", "k")), None)
-            v = next((v for key, v in lin.items() if key.split(":")[1] in ("v_proj", "wv", "value", "v")), None)
+            k = next((v for key, v in lin.items() if key.split(":")[1] in ("k_proj", "wk", "key", "k", "key_proj", "k_lin")), None)
+            v = next((v for key, v in lin.items() if key.split(":")[1] in ("v_proj", "wv", "value", "v", "value_proj", "v_lin")), None)
             kvh = kv_heads
             if k is not None and v is not None:
                 per_tok = k + v

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from .graph import MTP_FIELDS, Graph, Weight, auto_config, build_graph
+from .graph import MTP_FIELDS, Graph, Weight, auto_config, build_graph, safe_attr
 from .kv import LayerAttention, layer_attention
 
 
@@ -97,6 +97,7 @@ class ModelSpec:
     mtp_layers: int = 0
     transformers_version: str = ""
     build_seconds: float = 0.0
+    transformers_count: int = 0
 
     @property
     def dense_layers(self) -> int:
@@ -150,7 +151,7 @@ def spec_from_dict(cfg: dict, path: str = "<config>") -> ModelSpec:
 
 def _attr(cfg: Any, *names: str, default: Any = 0) -> Any:
     for n in names:
-        v = getattr(cfg, n, None)
+        v = safe_attr(cfg, n)
         if v is not None:
             return v
     return default
@@ -254,10 +255,10 @@ def _spec_from_graph(g: Graph, arch: str, path: str) -> ModelSpec:
     has_indexer = any(".indexer." in t.name for t in templates)
     qk_norm = any(x.role == "norm" and x.block == "attention" and x.name.rsplit(".", 2)[-2] in
                   ("q_norm", "k_norm", "q_layernorm", "k_layernorm") for x in w)
-    mt = getattr(cfg, "model_type", "") or ""
+    mt = safe_attr(cfg, "model_type") or ""
     family = ("deepseek_v3" if mla else "gemma3" if mt.startswith("gemma") else
               "qwen3_moe" if moe_ids else "llama")
-    mtp = int(next((getattr(cfg, f) for f in MTP_FIELDS if getattr(cfg, f, None)), 0) or 0)
+    mtp = int(next((safe_attr(cfg, f) for f in MTP_FIELDS if safe_attr(cfg, f)), 0) or 0)
     raw = cfg.to_dict()
     raw.setdefault("architectures", [arch])
     return ModelSpec(
@@ -278,7 +279,7 @@ def _spec_from_graph(g: Graph, arch: str, path: str) -> ModelSpec:
         sliding_layers=len(sliding), sliding_window=sliding[0].window if sliding else 0, qk_norm=qk_norm,
         raw=raw, model_type=mt, model_class=g.model_class, weights=w, linears=templates, attention=att,
         layer_mlp=layer_mlp, mtp_layers=mtp, transformers_version=g.transformers_version,
-        build_seconds=g.build_seconds,
+        build_seconds=g.build_seconds, transformers_count=g.transformers_count,
     )
 
 
@@ -294,7 +295,7 @@ def expected_distinct_experts(experts: int, top_k: int, batch: int) -> float:
     return experts * (1.0 - (1.0 - top_k / experts) ** batch)
 
 
-_Q_PARTS = {"q_proj", "wq", "query", "q"}
+_Q_PARTS = {"q_proj", "wq", "query", "q", "query_proj", "q_lin"}
 _KV_PARTS = {"k_proj", "v_proj", "wk", "wv", "key", "value", "k", "v"}
 
 
@@ -329,7 +330,7 @@ def _shard_template(t: LinearTemplate, spec: ModelSpec, tp: int, ep: int, batch:
         mla_heads = spec.heads if spec.mla else 0
         if base == "attn.qkv_proj":
             if len(t.parts) > 1:
-                n = sum(_by_units(pn, spec.heads if p in _Q_PARTS else spec.kv_heads, tp) for p, pn in t.parts)
+                n = sum(_by_units(pn, spec.heads if p.lower() in _Q_PARTS else spec.kv_heads, tp) for p, pn in t.parts)
             elif n == (spec.heads + 2 * spec.kv_heads) * spec.head_dim:
                 n = (_shard(spec.heads, tp) + 2 * _shard(spec.kv_heads, tp)) * spec.head_dim
             else:

@@ -80,9 +80,10 @@ def step_shapes(spec: ModelSpec, tp: int = 1, ep: int = 1, batch: int = 1, conte
             heads, kv_heads = _shard(spec.heads, tp), _shard(spec.kv_heads, tp)
     experts = top_k = moe_inter = shared_inter = 0
     if spec.is_moe:
-        gu = lin["moe.expert.gate_up_proj"]
+        gu = lin.get("moe.expert.gate_up_proj") or next(
+            l for l in lin.values() if l.group == "routed_expert" and l.k == spec.hidden)
         experts = gu.per_layer
-        moe_inter = gu.n // 2
+        moe_inter = gu.n // 2 if gu.name.endswith("gate_up_proj") else gu.n
         top_k = spec.top_k if ep == 1 else max(1, math.ceil(spec.top_k / ep))
         if ep > 1:
             notes.append(f"ep={ep}: each GPU runs ceil(top_k/ep)={top_k} of its {experts} experts per token (modelled spread)")
