@@ -91,3 +91,34 @@ def walk_all() -> list[dict[str, Any]]:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     return [walk_one(mt) for mt in sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)]
+
+
+# Scaled-down configs of the families the issue names (every size small; the fields each family's code reads)
+_BASE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 512, "bos_token_id": 1, "eos_token_id": 2,
+         "pad_token_id": 0, "tie_word_embeddings": False}
+FAMILIES: dict[str, dict[str, Any]] = {
+    "mixtral": {**_BASE, "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "num_local_experts": 4,
+                "num_experts_per_tok": 2},
+    "deepseek_v2": {**_BASE, "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
+                    "num_key_value_heads": 4, "kv_lora_rank": 32, "q_lora_rank": None, "qk_nope_head_dim": 16,
+                    "qk_rope_head_dim": 8, "v_head_dim": 16, "first_k_dense_replace": 1, "n_routed_experts": 8,
+                    "num_experts_per_tok": 2, "n_shared_experts": 2, "moe_intermediate_size": 32,
+                    "n_group": 1, "topk_group": 1},
+    "gpt_oss": {**_BASE, "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "intermediate_size": 64,
+                "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 8,
+                "layer_types": ["sliding_attention", "full_attention"] * 2},
+    "llama4": {**_BASE, "architectures": ["Llama4ForCausalLM"], "model_type": "llama4_text", "num_local_experts": 4,
+               "num_experts_per_tok": 1, "intermediate_size_mlp": 256, "interleave_moe_layer_step": 2,
+               "attention_chunk_size": 8},
+    "gemma2": {**_BASE, "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "sliding_window": 8,
+               "tie_word_embeddings": True},
+    "phi3": {**_BASE, "architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "num_key_value_heads": 4,
+             "sliding_window": 16},
+    "qwen3_next": {**_BASE, "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "num_experts": 4,
+                   "num_experts_per_tok": 2, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
+                   "linear_num_value_heads": 4, "linear_num_key_heads": 2, "linear_key_head_dim": 8,
+                   "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4, "full_attention_interval": 4},
+    "olmoe": {**_BASE, "architectures": ["OlmoeForCausalLM"], "model_type": "olmoe", "num_experts": 4,
+              "num_experts_per_tok": 2},
+}
