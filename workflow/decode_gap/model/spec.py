@@ -7,7 +7,11 @@ simulation) derives from `ModelSpec` and `linear_layers()`, so the sharding rule
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
+import os
+import pickle
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,9 +148,87 @@ def spec_from_dict(cfg: dict, path: str = "<config>") -> ModelSpec:
         for key in _REQUIRED:
             if key not in text:
                 raise ConfigError(f"{path}: field '{key}' is missing (needed for {archs[0]})")
-    config = auto_config(cfg, path)
-    graph = build_graph(config, path)
-    return _spec_from_graph(graph, archs[0], path)
+    key = cache_key(cfg)
+    spec = _cache_get(key)
+    if spec is None:
+        config = auto_config(cfg, path)
+        graph = build_graph(config, path)
+        spec = _spec_from_graph(graph, archs[0], path)
+        _cache_put(key, spec)
+    return dataclasses.replace(spec, path=path)
+
+
+# ---- cache of derived specs per config hash: every Snakemake invocation resolves the model card at parse time,
+# and importing torch + transformers and building the graph costs seconds; a hit costs a pickle load.
+_MEMO: dict[str, ModelSpec] = {}
+
+
+def _code_version() -> str:
+    h = hashlib.sha256()
+    for f in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _transformers_version() -> str:
+    import sys
+
+    mod = sys.modules.get("transformers")
+    if mod is not None:
+        return str(getattr(mod, "__version__", "?"))
+    try:
+        from importlib.metadata import version
+
+        return version("transformers")
+    except Exception:
+        return "absent"
+
+
+def cache_key(cfg: dict) -> str:
+    blob = json.dumps(cfg, sort_keys=True, default=str)
+    return hashlib.sha256(f"{_transformers_version()}|{_code_version()}|{blob}".encode()).hexdigest()
+
+
+def cache_dir() -> Path | None:
+    """$DECODE_GAP_MODEL_CACHE, else $XDG_CACHE_HOME/decode-gap/models (~/.cache/...); 'off' disables it."""
+    env = os.environ.get("DECODE_GAP_MODEL_CACHE")
+    if env == "off":
+        return None
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "decode-gap" / "models"
+
+
+def _cache_get(key: str) -> ModelSpec | None:
+    if key in _MEMO:
+        return _MEMO[key]
+    d = cache_dir()
+    if d is None:
+        return None
+    try:
+        with open(d / f"{key}.pickle", "rb") as fh:
+            spec = pickle.load(fh)
+    except Exception:  # absent, unreadable or stale: rebuild
+        return None
+    if not isinstance(spec, ModelSpec):
+        return None
+    _MEMO[key] = spec
+    return spec
+
+
+def _cache_put(key: str, spec: ModelSpec) -> None:
+    _MEMO[key] = spec
+    d = cache_dir()
+    if d is None:
+        return
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = d / f".{key}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as fh:
+            pickle.dump(spec, fh, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, d / f"{key}.pickle")
+    except OSError:  # a read-only home is no error: the next run builds again
+        pass
 
 
 def _attr(cfg: Any, *names: str, default: Any = 0) -> Any:
@@ -259,7 +341,7 @@ def _spec_from_graph(g: Graph, arch: str, path: str) -> ModelSpec:
     family = ("deepseek_v3" if mla else "gemma3" if mt.startswith("gemma") else
               "qwen3_moe" if moe_ids else "llama")
     mtp = int(next((safe_attr(cfg, f) for f in MTP_FIELDS if safe_attr(cfg, f)), 0) or 0)
-    raw = cfg.to_dict()
+    raw = json.loads(json.dumps(cfg.to_dict(), default=str))  # plain JSON types only (the spec is cached)
     raw.setdefault("architectures", [arch])
     return ModelSpec(
         path=path, architecture=arch, family=family, hidden=hidden, layers=L, vocab=vocab, heads=heads,
