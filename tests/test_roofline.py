@@ -176,3 +176,14 @@ def test_params_conventions_in_the_output():
     # biases and the attention sinks are read too
     groups = {c["component"] for c in r["components"]}
     assert {"biases", "other parameters"} <= groups
+
+
+def test_measured_latency_recomputes_from_the_fields():
+    """The gap stage can swap in a measured latency from roofline.json's fields alone."""
+    r = compute_roofline(card("llama-3.1-70b"), resolve_hardware("h200", HW), "bf16", tp=8, context_len=1)
+    assert r["allreduce_us_each"] == pytest.approx(r["allreduce_latency_us"] + r["allreduce_bandwidth_us_each"])
+    measured = 42.0
+    t = r["allreduces_per_token"] * (measured + r["allreduce_bandwidth_us_each"]) / 1e3
+    r2 = compute_roofline(card("llama-3.1-70b"), resolve_hardware("h200", HW), "bf16", tp=8, context_len=1,
+                          allreduce_latency_us=measured)
+    assert r2["t_comm_floor_ms"] == pytest.approx(t)

@@ -453,6 +453,8 @@ def compute_roofline(
         "allreduce_latency_source": lat_source if n_ar else None,
         "allreduce_link_gbps": link if n_ar else None,
         "allreduce_us_each": per_ar_us,
+        # the bytes-over-link term alone: a measured latency L gives t_comm = n x (L + this) without this module
+        "allreduce_bandwidth_us_each": (allreduce_time_us(msg_bytes, tp, 0.0, link) if n_ar else None),
         "kv_layers": kv_rows,
         "kv_unavailable_layers": sum(r["layers"] for r in unknown),
         "kv_note": kv_how,
