@@ -275,6 +275,8 @@ def _classify(model, cfg, seconds: float, version: str) -> Graph:
         mtp = layer >= n_cfg_layers or "mtp" in name.lower()
         scope = parts[0] if len(parts) > 1 else ""
         in_mlp = scope in _MLP_SCOPES or "expert" in rel or "moe" in scope
+        if len(parts) == 2 and scope.lower() in (_UP | _DOWN) - {"gate", "out", "output"}:
+            in_mlp = True  # MLP projections straight under the layer (OPT's fc1/fc2)
         owner_leaf = owner_name.rsplit(".", 1)[-1]
         # block: routed experts, shared experts, router, dense MLP, or the token mixer (attention or its kin)
         if "shared_expert" in rel or "shared_mlp" in rel:
