@@ -121,3 +121,69 @@ def test_unknown_hardware_names_available():
 def test_unknown_format():
     with pytest.raises(ConfigError, match="weight_format"):
         compute_roofline(card("gemma-3-270m"), resolve_hardware("h200", HW), "int3")
+
+
+def test_comm_floor_has_latency_at_tp():
+    """Llama-3.1-70B TP8 on H200: 160 all-reduces, each latency (hardware spec, cited) + ring bytes / link."""
+    hw = resolve_hardware("h200", HW)
+    r = compute_roofline(card("llama-3.1-70b"), hw, "bf16", tp=8, context_len=1)
+    assert r["allreduces_per_token"] == 160 and r["allreduce_message_bytes"] == 8192 * 2
+    lat, source = hw.allreduce_latency()
+    assert lat == r["allreduce_latency_us"] == 6 and "github.com/NVIDIA/nccl/issues/1259" in source
+    each = 6 + 8192 * 2 * 2 * 7 / 8 / 900e9 * 1e6
+    assert r["allreduce_us_each"] == pytest.approx(each)
+    assert r["t_comm_floor_ms"] == pytest.approx(160 * each / 1e3)
+    assert r["t_comm_floor_ms"] > 0.9  # the bandwidth-only floor was 0.005 ms
+    assert r["provenance"]["t_comm_floor_ms"].startswith("modelled:") and "latency" in r["provenance"]["t_comm_floor_ms"]
+
+
+def test_comm_floor_takes_a_measured_latency():
+    hw = resolve_hardware("rtx-pro-6000-blackwell", HW)
+    r = compute_roofline(card("glm-5"), hw, "nvfp4", tp=8, context_len=1, allreduce_latency_us=42.0,
+                         allreduce_latency_source="measured: microbench/allreduce.json")
+    assert r["allreduce_latency_us"] == 42.0
+    assert r["provenance"]["t_comm_floor_ms"].startswith("measured:")
+    assert r["t_comm_floor_ms"] == pytest.approx(156 * r["allreduce_us_each"] / 1e3)
+    assert 6.5 < r["t_comm_floor_ms"] < 6.7  # the seeds: about 6.6 ms per token
+
+
+@pytest.mark.parametrize("hw_name", ["a100-sxm", "b200", "h100-sxm", "h200", "l40s", "rtx-pro-6000-blackwell"])
+def test_every_gpu_spec_cites_a_latency(hw_name):
+    lat, source = resolve_hardware(hw_name, HW).allreduce_latency()
+    assert lat and lat > 0 and len(source) > 40
+    r = compute_roofline(card("llama-3.1-8b"), resolve_hardware(hw_name, HW), "bf16", tp=2, context_len=1)
+    assert r["t_comm_floor_ms"] > 0
+
+
+def test_comm_floor_never_zero_at_tp_without_latency():
+    r = compute_roofline(card("gemma-3-270m"), resolve_hardware("cpu", HW), "bf16", tp=2, context_len=1)
+    assert r["t_comm_floor_ms"] is None
+    assert r["provenance"]["t_comm_floor_ms"].startswith("unavailable:")
+
+
+def test_latency_without_source_is_one_line(tmp_path):
+    (tmp_path / "x.yaml").write_text("name: X\nkind: gpu\nmemory_bandwidth_gbps: 100\n"
+                                     "interconnect: {type: pcie, bandwidth_gbps: 10, allreduce_latency_us: 5}\n")
+    with pytest.raises(ConfigError, match=r"x.yaml: field 'interconnect.allreduce_latency_source' is missing"):
+        resolve_hardware("x", tmp_path)
+
+
+def test_params_conventions_in_the_output():
+    r = compute_roofline(card("gpt-oss-120b"), resolve_hardware("h200", HW), "bf16", context_len=1)
+    assert r["params_active_non_embedding"] == pytest.approx(5.13e9, rel=0.01)
+    assert r["params_active"] - r["params_active_non_embedding"] == r["params_embedding"]
+    assert "OpenAI" in r["params_conventions"]["params_active_non_embedding"]
+    # biases and the attention sinks are read too
+    groups = {c["component"] for c in r["components"]}
+    assert {"biases", "other parameters"} <= groups
+
+
+def test_measured_latency_recomputes_from_the_fields():
+    """The gap stage can swap in a measured latency from roofline.json's fields alone."""
+    r = compute_roofline(card("llama-3.1-70b"), resolve_hardware("h200", HW), "bf16", tp=8, context_len=1)
+    assert r["allreduce_us_each"] == pytest.approx(r["allreduce_latency_us"] + r["allreduce_bandwidth_us_each"])
+    measured = 42.0
+    t = r["allreduces_per_token"] * (measured + r["allreduce_bandwidth_us_each"]) / 1e3
+    r2 = compute_roofline(card("llama-3.1-70b"), resolve_hardware("h200", HW), "bf16", tp=8, context_len=1,
+                          allreduce_latency_us=measured)
+    assert r2["t_comm_floor_ms"] == pytest.approx(t)

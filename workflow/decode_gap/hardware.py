@@ -31,6 +31,18 @@ class HardwareSpec:
     def needs_measurement(self) -> bool:
         return self.memory_bandwidth_gbps is None
 
+    def allreduce_latency(self) -> tuple[float | None, str]:
+        """(latency of one small all-reduce in us, where it comes from) from the interconnect entry.
+
+        None when the spec has none or says 'measure' (then the micro-benchmark's figure is the only source)."""
+        ic = self.interconnect if isinstance(self.interconnect, dict) else {}
+        value = ic.get("allreduce_latency_us")
+        source = str(ic.get("allreduce_latency_source") or "")
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            return float(value), f"hardware spec {self.key}: interconnect.allreduce_latency_us ({source or 'no source given'})"
+        why = "the spec says 'measure'" if value == MEASURE else "the spec has no interconnect.allreduce_latency_us"
+        return None, why
+
 
 def _number_or_none(value: Any, where: str) -> float | None:
     if value == MEASURE or value is None:
@@ -50,6 +62,14 @@ def load_hardware_file(path: Path) -> HardwareSpec:
     for key in ("name", "kind", "memory_bandwidth_gbps"):
         if key not in data:
             raise ConfigError(f"{path}: field '{key}' is missing")
+    ic = data.get("interconnect") or {}
+    if not isinstance(ic, dict):
+        raise ConfigError(f"{path}: field 'interconnect' must be a mapping")
+    if "allreduce_latency_us" in ic:
+        _number_or_none(ic["allreduce_latency_us"], f"{path}: field 'interconnect.allreduce_latency_us'")
+        if ic["allreduce_latency_us"] != MEASURE and not ic.get("allreduce_latency_source"):
+            raise ConfigError(f"{path}: field 'interconnect.allreduce_latency_source' is missing (cite where the "
+                              "latency comes from)")
     peaks = {
         dt: v
         for dt, raw in (data.get("peak_tflops") or {}).items()

@@ -22,7 +22,16 @@ from typing import Any
 
 from .errors import ConfigError
 from .hardware import HardwareSpec
-from .model import LinearLayer, ModelSpec, expected_distinct_experts, linear_layers, norm_params, parameter_counts
+from .model import (
+    LinearLayer,
+    ModelSpec,
+    expected_distinct_experts,
+    extra_params,
+    kv_shard,
+    linear_layers,
+    norm_params,
+    parameter_counts,
+)
 
 # bytes per weight element, and scale bytes per element, by format
 _FP32_TENSOR_SCALE = 4.0
@@ -71,53 +80,86 @@ def _layer_bytes(lin: LinearLayer, fmt: WeightFormat, keep_bf16: set[str]) -> tu
 
 def _replicated(lin: LinearLayer, spec: ModelSpec) -> bool:
     """Layers that the engine layout does not shard: their per-GPU shape equals the full shape."""
-    if lin.group == "router":
-        return True
-    return lin.name in {"attn.q_a_proj", "attn.kv_a_proj"} or lin.name.startswith("attn.indexer.")
+    return lin.replicated or lin.group == "router"
+
+
+def kv_layer_breakdown(spec: ModelSpec, context_len: int, tp: int, dtype: str) -> list[dict[str, Any]]:
+    """Per attention kind: layers, cache elements per token per layer, tokens read, bytes one GPU reads per sequence.
+
+    GQA/MQA: K+V of this GPU's KV heads; MLA: the latent cache, whole on every rank (plus the DSA indexer's FP8
+    keys over the whole context, and only index_topk latent rows); sliding/chunked: capped at the window;
+    linear attention / SSM: the fixed per-sequence state, independent of the context; unknown: unavailable.
+    """
+    b = KV_BYTES[dtype]
+    rows: dict[tuple, dict[str, Any]] = {}
+    for la in spec.attention:
+        key = (la.kind, la.kv_per_token, la.window, la.state, la.indexer_dim, la.why and "unknown")
+        if key not in rows:
+            share = kv_shard(la, tp)
+            if la.kind == "mla":
+                ctx = min(context_len, la.index_topk) if la.index_topk else context_len
+                per_seq = ctx * la.kv_per_token * b + (context_len * (la.indexer_dim + 4) if la.indexer_dim else 0)
+                how = (f"MLA latent {la.kv_per_token}/token x ctx" if not la.index_topk else
+                       f"MLA latent {la.kv_per_token} x min(ctx, index_topk={la.index_topk}) + DSA indexer FP8 keys "
+                       f"({la.indexer_dim} + 4 B scale) x ctx") + ", whole on every rank"
+            elif la.kind in ("full", "sliding", "chunked"):
+                ctx = min(context_len, la.window) if la.window else context_len
+                per_seq = ctx * la.kv_per_token * share * b
+                how = f"K+V {la.kv_per_token}/token x {share:g} per GPU x " + (
+                    f"min(ctx, {la.kind} window {la.window})" if la.window else "ctx")
+            elif la.kind == "linear":
+                ctx = 0
+                per_seq = la.state * share * b
+                how = f"fixed recurrent state {la.state} elements/sequence x {share:g} per GPU (independent of ctx)"
+            elif la.kind == "none":
+                ctx, per_seq, how = 0, 0.0, "no attention in this layer"
+            else:
+                ctx, per_seq, how = 0, None, f"unavailable: {la.why}"
+            rows[key] = {"kind": la.kind, "layers": 0, "kv_per_token_per_layer": la.kv_per_token,
+                         "window": la.window or None, "state_per_sequence": la.state or None,
+                         "tokens_read": ctx, "bytes_per_sequence_per_layer": per_seq, "note": how}
+        rows[key]["layers"] += 1
+    return list(rows.values())
 
 
 def kv_bytes_per_sequence(spec: ModelSpec, context_len: int, tp: int, dtype: str) -> tuple[float, str]:
-    """KV-cache bytes one GPU reads for one sequence at `context_len`, and how they were counted."""
-    b = KV_BYTES[dtype]
-    if spec.mla:
-        latent = spec.kv_lora_rank + spec.qk_rope_head_dim
-        if spec.index_heads and spec.index_topk:
-            rows = min(context_len, spec.index_topk)
-            # DSA: the indexer scans FP8 keys (plus one fp32 scale per key) over the whole context
-            indexer = context_len * (spec.index_head_dim * 1 + 4)
-            return spec.layers * (rows * latent * b + indexer), (
-                f"MLA latent {latent} x min(ctx, index_topk={spec.index_topk}) + DSA indexer keys x ctx, every rank"
-            )
-        return spec.layers * context_len * latent * b, f"MLA latent cache ({latent} per token per layer), every rank"
-    kv_heads = max(1, -(-spec.kv_heads // tp))
-    per_token_layer = 2 * kv_heads * spec.head_dim * b
-    full_layers = spec.layers - spec.sliding_layers
-    sliding_ctx = min(context_len, spec.sliding_window) if spec.sliding_layers else 0
-    total = per_token_layer * (full_layers * context_len + spec.sliding_layers * sliding_ctx)
-    how = f"K+V of {kv_heads} KV head(s) x {spec.head_dim} per GPU"
-    if spec.sliding_layers:
-        how += f"; {spec.sliding_layers} sliding layers read min(ctx, {spec.sliding_window})"
+    """KV-cache (and state) bytes one GPU reads for one sequence at `context_len`, and how they were counted.
+
+    Layers of an unknown kind add nothing here; the note says so (their KV is unavailable)."""
+    parts = kv_layer_breakdown(spec, context_len, tp, dtype)
+    total = sum(r["layers"] * r["bytes_per_sequence_per_layer"] for r in parts
+                if r["bytes_per_sequence_per_layer"] is not None)
+    how = "; ".join(f"{r['layers']} {r['kind']} layer(s): {r['note']}" for r in parts)
     return total, how
 
 
 def attention_flops_per_sequence(spec: ModelSpec, context_len: int, tp: int) -> float:
-    heads = max(1, -(-spec.heads // tp))
-    if spec.mla:
-        ctx = min(context_len, spec.index_topk) if spec.index_topk else context_len
-        # absorbed MLA: scores over latent+rope, values over the latent
-        per_layer = 2 * heads * ctx * (spec.kv_lora_rank + spec.qk_rope_head_dim) + 2 * heads * ctx * spec.kv_lora_rank
-        if spec.index_heads:
-            per_layer += 2 * spec.index_heads * spec.index_head_dim * context_len
-        return spec.layers * per_layer
-    full = spec.layers - spec.sliding_layers
-    sliding_ctx = min(context_len, spec.sliding_window) if spec.sliding_layers else 0
-    ctx_sum = full * context_len + spec.sliding_layers * sliding_ctx
-    return 4 * heads * spec.head_dim * ctx_sum
+    heads = max(1, -(-spec.heads // tp)) if spec.heads else 0
+    total = 0.0
+    for la in spec.attention:
+        if la.kind == "mla":
+            ctx = min(context_len, spec.index_topk) if spec.index_topk else context_len
+            # absorbed MLA: scores over latent+rope, values over the latent
+            total += 2 * heads * ctx * (spec.kv_lora_rank + spec.qk_rope_head_dim) + 2 * heads * ctx * spec.kv_lora_rank
+            if la.indexer_dim:
+                total += 2 * spec.index_heads * spec.index_head_dim * context_len
+        elif la.kind in ("full", "sliding", "chunked"):
+            ctx = min(context_len, la.window) if la.window else context_len
+            total += 4 * heads * spec.head_dim * ctx
+        elif la.kind == "linear":
+            total += 4 * la.state * kv_shard(la, tp)  # read-update-read of the state
+    return total
 
 
 def allreduces_per_step(spec: ModelSpec, tp: int) -> int:
     """Two per layer under TP (after attention, after the MLP/MoE), none at TP1; the seeds counted 2 x 78 = 156."""
     return 0 if tp <= 1 else 2 * spec.layers
+
+
+def allreduce_time_us(message_bytes: float, tp: int, latency_us: float, link_gbps: float | None) -> float:
+    """One all-reduce: latency + ring bytes over the link (2 (tp-1)/tp x message / bandwidth)."""
+    bw = (message_bytes * 2 * (tp - 1) / tp / (link_gbps * 1e9) * 1e6) if link_gbps else 0.0
+    return latency_us + bw
 
 
 _GGUF_GROUPS = [
@@ -199,7 +241,11 @@ def compute_roofline(
     keep_bf16: tuple[str, ...] = (),
     allreduce_latency_us: float | None = None,
     gguf_path: str | None = None,
+    allreduce_latency_source: str | None = None,
 ) -> dict[str, Any]:
+    """The roofline of one decode step. `allreduce_latency_us` overrides the hardware spec's modelled latency
+    (e.g. the micro-benchmark's measured one; say where it came from in `allreduce_latency_source`, which is
+    labelled measured when it starts with 'measured')."""
     if weight_format not in WEIGHT_FORMATS:
         raise ConfigError(f"config field 'weight_format': unknown format '{weight_format}' (known: {', '.join(WEIGHT_FORMATS)})")
     if layout not in ("even", "engine"):
@@ -231,9 +277,16 @@ def compute_roofline(
         norms = norm_params(spec)
         rows.append({"component": "norms", "group": "norms", "dtype": "bf16", "n": 0, "k": 0, "copies_read": 1,
                      "params": norms, "bytes": norms * 2.0, "scale_bytes": 0.0, "replicated": True})
+        extra = extra_params(spec, batch)
         rows.append({"component": "embedding rows", "group": "embedding", "dtype": "bf16", "n": spec.hidden, "k": 1,
-                     "copies_read": batch, "params": spec.hidden * batch, "bytes": spec.hidden * 2.0 * batch,
+                     "copies_read": batch, "params": extra["embedding_rows"], "bytes": extra["embedding_rows"] * 2.0,
                      "scale_bytes": 0.0, "replicated": True})
+        # linear biases and the parameters that are no matrix (sinks, convolutions, SSM A/D): bf16, split over TP
+        for comp, key in (("biases", "bias"), ("other parameters", "other")):
+            if extra[key]:
+                rows.append({"component": comp, "group": "norms", "dtype": "bf16", "n": 0, "k": 0, "copies_read": 1,
+                             "params": extra[key] / tp, "bytes": extra[key] * 2.0 / tp, "scale_bytes": 0.0,
+                             "replicated": False})
         rows_by_layout[lay] = rows
         per_layout[lay] = sum(r["bytes"] + r["scale_bytes"] for r in rows)
 
@@ -254,8 +307,16 @@ def compute_roofline(
         )
         components = rows_by_layout[layout]
 
+    kv_rows = kv_layer_breakdown(spec, context_len, tp, kvd)
     kv_seq, kv_how = kv_bytes_per_sequence(spec, context_len, tp, kvd)
     kv_bytes = kv_seq * batch
+    unknown = [r for r in kv_rows if r["bytes_per_sequence_per_layer"] is None]
+    if unknown:
+        provenance["kv_bytes_per_token_per_gpu"] = (
+            f"unavailable for {sum(r['layers'] for r in unknown)} layer(s): " + "; ".join(r["note"] for r in unknown)
+            + "; bytes and floors count the other layers only")
+    else:
+        provenance["kv_bytes_per_token_per_gpu"] = f"modelled: {kv_how}"
     components = components + [{
         "component": "kv_cache", "group": "kv_cache", "dtype": kvd, "params": 0,
         "bytes": kv_bytes, "scale_bytes": 0.0, "note": kv_how,
@@ -298,30 +359,37 @@ def compute_roofline(
     n_ar = allreduces_per_step(spec, tp)
     msg_bytes = spec.hidden * batch * 2
     link = hardware.interconnect.get("bandwidth_gbps") if isinstance(hardware.interconnect, dict) else None
-    link = link if isinstance(link, (int, float)) else None
+    link = float(link) if isinstance(link, (int, float)) and not isinstance(link, bool) and link > 0 else None
+    spec_lat, spec_lat_source = hardware.allreduce_latency()
+    if allreduce_latency_us is not None:
+        lat_us, lat_source = float(allreduce_latency_us), allreduce_latency_source or "config roofline.allreduce_latency_us"
+    else:
+        lat_us, lat_source = spec_lat, spec_lat_source
+    per_ar_us = None
     if n_ar == 0:
         t_comm = 0.0
         provenance["t_comm_floor_ms"] = "modelled: TP1 has no all-reduce"
-    elif allreduce_latency_us is not None:
-        t_comm = n_ar * allreduce_latency_us / 1e3
-        provenance["t_comm_floor_ms"] = f"modelled: {n_ar} all-reduces x {allreduce_latency_us:g} us (config roofline.allreduce_latency_us)"
-    elif link:
-        per_op_s = msg_bytes * 2 * (tp - 1) / tp / (link * 1e9)
-        t_comm = n_ar * per_op_s * 1e3
+    elif lat_us is None:
+        t_comm = None
         provenance["t_comm_floor_ms"] = (
-            f"modelled: {n_ar} all-reduces of {msg_bytes} B at the datasheet link {link:g} GB/s (bandwidth term only; "
-            "the latency term is measured by microbench/allreduce)"
+            f"unavailable: no all-reduce latency for '{hardware.key}' ({lat_source}); measured by microbench/allreduce"
         )
     else:
-        t_comm = None
-        provenance["t_comm_floor_ms"] = "unavailable: no interconnect bandwidth in the hardware spec; measured by microbench/allreduce"
+        per_ar_us = allreduce_time_us(msg_bytes, tp, lat_us, link)
+        t_comm = n_ar * per_ar_us / 1e3
+        bw_note = f" + {msg_bytes} B ring at {link:g} GB/s" if link else " (no link bandwidth in the spec: latency only)"
+        provenance["t_comm_floor_ms"] = (
+            f"{'measured' if lat_source.startswith('measured') else 'modelled'}: {n_ar} all-reduces x "
+            f"({lat_us:g} us latency{bw_note}); latency from {lat_source}"
+        )
 
     bound = None
     if t_memory is not None or t_compute is not None:
         t_floor = max(x for x in (t_memory, t_compute) if x is not None) + (t_comm or 0.0)
         bound = "memory" if (t_memory or 0) >= (t_compute or 0) else "compute"
         tokens_per_s = batch * 1e3 / t_floor if t_floor > 0 else None
-        provenance["t_floor_ms"] = "modelled: max(t_memory, t_compute) + t_comm_floor"
+        provenance["t_floor_ms"] = "modelled: max(t_memory, t_compute) + t_comm_floor" + (
+            " (t_comm_floor unavailable: counted as 0 here)" if t_comm is None else "")
     else:
         t_floor = tokens_per_s = None
         provenance["t_floor_ms"] = "unavailable: no datasheet rates for this hardware; see gap.json for the measured-bandwidth floor"
@@ -337,7 +405,10 @@ def compute_roofline(
     return {
         "stage": "roofline",
         "status": "ok",
-        "model": {"name": spec.name, "architecture": spec.architecture, "path": spec.path},
+        "model": {"name": spec.name, "architecture": spec.architecture, "path": spec.path,
+                  "model_type": spec.model_type, "transformers_class": spec.model_class,
+                  "transformers_version": spec.transformers_version, "mtp_layers": spec.mtp_layers,
+                  "mtp_note": "MTP / next-n layers are not read in plain decode" if spec.mtp_layers else None},
         "weight_format": weight_format,
         "weight_format_description": fmt.description,
         "hardware": {
@@ -348,6 +419,19 @@ def compute_roofline(
         "layout": layout, "keep_bf16": sorted(keep),
         "params_total": counts["params_total"],
         "params_active": counts["params_active"],
+        "params_active_non_embedding": counts["params_active_non_embedding"],
+        "params_embedding": counts["params_embedding"],
+        "params_mtp": counts["params_mtp"],
+        "params_total_with_mtp": counts["params_total_with_mtp"],
+        "params_conventions": {
+            "params_total": f"every parameter transformers {spec.transformers_version} builds for "
+                            f"{spec.model_class} (its own count)",
+            "params_active": "total minus the routed experts a token does not use, embedding table included "
+                             "(Mistral, Qwen, DeepSeek convention)",
+            "params_active_non_embedding": "params_active without the input embedding table (OpenAI convention)"
+                                           + ("; the table is tied to the lm_head and stays" if spec.tie_embeddings else ""),
+            "params_mtp": counts["params_mtp_note"] + "; never read in plain decode",
+        },
         "weight_bytes_per_token_per_gpu": weight_bytes,
         "kv_bytes_per_token_per_gpu": kv_bytes,
         "bytes_per_token_per_gpu": total_bytes,
@@ -365,6 +449,14 @@ def compute_roofline(
         "tokens_per_s_ceiling": tokens_per_s,
         "allreduces_per_token": n_ar,
         "allreduce_message_bytes": msg_bytes,
+        "allreduce_latency_us": lat_us if n_ar else None,
+        "allreduce_latency_source": lat_source if n_ar else None,
+        "allreduce_link_gbps": link if n_ar else None,
+        "allreduce_us_each": per_ar_us,
+        # the bytes-over-link term alone: a measured latency L gives t_comm = n x (L + this) without this module
+        "allreduce_bandwidth_us_each": (allreduce_time_us(msg_bytes, tp, 0.0, link) if n_ar else None),
+        "kv_layers": kv_rows,
+        "kv_unavailable_layers": sum(r["layers"] for r in unknown),
         "kv_note": kv_how,
         "provenance": provenance,
         "components": components,

@@ -85,9 +85,15 @@ def moe_shape(spec: ModelSpec, tp: int = 1, ep: int = 1) -> MoeShape | None:
         topk_group=int(raw.get("topk_group") or 1) if n_group > 1 else 1,
         norm_topk_prob=bool(raw.get("norm_topk_prob", True)),
         routed_scaling_factor=float(raw.get("routed_scaling_factor") or 1.0),
-        shared_inter=_shard(spec.moe_intermediate * spec.shared_experts, tp) if spec.shared_experts else 0,
+        shared_inter=_shared_inter(spec, tp),
         moe_layers=spec.moe_layers,
     )
+
+
+def _shared_inter(spec: ModelSpec, tp: int) -> int:
+    """Per-GPU shared-expert intermediate, from the derived shapes (Qwen2-MoE-style shared experts have their own width)."""
+    gu = next((l for l in linear_layers(spec, tp=tp) if l.name == "moe.shared.gate_up_proj"), None)
+    return gu.n // 2 if gu is not None else 0
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
-from ..model import LinearLayer, ModelSpec, linear_layers
+from ..model import LinearLayer, ModelSpec, _shard, linear_layers
 
 # bytes per stored weight element for the dtypes the kernel level can run
 DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp32": 4.0, "fp8": 1.0}
@@ -47,51 +47,43 @@ class StepShapes:
 
 
 def _mlp_pattern(spec: ModelSpec) -> list[str]:
-    """dense or moe for each layer index, following the same rules as model.spec_from_dict."""
-    raw = spec.raw or {}
-    L = spec.layers
-    if not spec.is_moe:
-        return ["dense"] * L
-    if spec.family == "qwen3_moe":
-        mlp_only = set(raw.get("mlp_only_layers") or [])
-        step = raw.get("decoder_sparse_step", 1) or 1
-        pattern = ["moe" if i not in mlp_only and (i + 1) % step == 0 else "dense" for i in range(L)]
-    else:
-        first = raw.get("first_k_dense_replace", 0) or 0
-        freq = raw.get("moe_layer_freq", 1) or 1
-        pattern = ["moe" if i >= first and i % freq == 0 else "dense" for i in range(L)]
-    if pattern.count("moe") != spec.moe_layers:  # a card the rules above do not describe: keep the counts right
-        pattern = ["dense"] * spec.dense_layers + ["moe"] * spec.moe_layers
-    return pattern
+    """dense, moe or none for each layer index, as the meta-device graph holds them (model.ModelSpec.layer_mlp)."""
+    if spec.layer_mlp and len(spec.layer_mlp) == spec.layers:
+        return list(spec.layer_mlp)
+    return ["dense"] * spec.dense_layers + ["moe"] * spec.moe_layers
+
+
+# model.kv kinds -> the kernel level's attention kinds (chunked attention is capped at its chunk like a window)
+_ATTN_KIND = {"full": "full", "mla": "full", "sliding": "sliding", "chunked": "sliding", "linear": "linear",
+              "none": "none", "unknown": "unknown"}
 
 
 def _attention_pattern(spec: ModelSpec) -> list[str]:
-    L = spec.layers
-    if not spec.sliding_layers or not spec.sliding_window:
-        return ["full"] * L
-    types = (spec.raw or {}).get("layer_types")
-    if types and len(types) == L:
-        return ["sliding" if t == "sliding_attention" else "full" for t in types]
-    pattern = (spec.raw or {}).get("sliding_window_pattern", 6) or 6
-    return ["sliding" if (i + 1) % pattern != 0 else "full" for i in range(L)]
+    if spec.attention and len(spec.attention) == spec.layers:
+        return [_ATTN_KIND.get(a.kind, "unknown") for a in spec.attention]
+    return ["full"] * spec.layers
 
 
 def step_shapes(spec: ModelSpec, tp: int = 1, ep: int = 1, batch: int = 1, context_len: int = 512) -> StepShapes:
     lin = {l.name: l for l in linear_layers(spec, tp=tp, ep=ep, batch=batch)}
     notes: list[str] = []
     if spec.mla:
-        heads = lin["attn.o_proj"].k // spec.v_head_dim
+        heads = lin["attn.o_proj"].k // spec.v_head_dim if "attn.o_proj" in lin else _shard(spec.heads, tp)
         kv_heads = 1
         head_dim = spec.kv_lora_rank + spec.qk_rope_head_dim
     else:
         head_dim = spec.head_dim
-        heads = lin["attn.o_proj"].k // head_dim
-        kv_heads = (lin["attn.qkv_proj"].n // head_dim - heads) // 2
+        if "attn.o_proj" in lin and "attn.qkv_proj" in lin and head_dim and lin["attn.o_proj"].k % head_dim == 0:
+            heads = lin["attn.o_proj"].k // head_dim
+            kv_heads = (lin["attn.qkv_proj"].n // head_dim - heads) // 2
+        else:  # no standard attention projections (e.g. an SSM): the config's head counts, sharded
+            heads, kv_heads = _shard(spec.heads, tp), _shard(spec.kv_heads, tp)
     experts = top_k = moe_inter = shared_inter = 0
     if spec.is_moe:
-        gu = lin["moe.expert.gate_up_proj"]
+        gu = lin.get("moe.expert.gate_up_proj") or next(
+            l for l in lin.values() if l.group == "routed_expert" and l.k == spec.hidden)
         experts = gu.per_layer
-        moe_inter = gu.n // 2
+        moe_inter = gu.n // 2 if gu.name.endswith("gate_up_proj") else gu.n
         top_k = spec.top_k if ep == 1 else max(1, math.ceil(spec.top_k / ep))
         if ep > 1:
             notes.append(f"ep={ep}: each GPU runs ceil(top_k/ep)={top_k} of its {experts} experts per token (modelled spread)")
@@ -99,6 +91,9 @@ def step_shapes(spec: ModelSpec, tp: int = 1, ep: int = 1, batch: int = 1, conte
             shared_inter = lin["moe.shared.gate_up_proj"].n // 2
     dense_inter = lin["mlp.gate_up_proj"].n // 2 if "mlp.gate_up_proj" in lin else 0
     kinds = tuple(f"{m}/{a}" for m, a in zip(_mlp_pattern(spec), _attention_pattern(spec)))
+    odd = sorted({k for k in kinds if k.split("/")[1] in ("linear", "unknown") or k.split("/")[0] == "none"})
+    if odd:
+        notes.append(f"layer kinds {', '.join(odd)}: shapes derived from the model graph; see model.kv for their state")
     # Collectives per token under TP: after attention and after the MLP in every layer, one for the
     # vocab-parallel embedding and one gather of the vocab-parallel logits.
     collectives = 2 * spec.layers + 2 if tp > 1 else 0
@@ -112,13 +107,13 @@ def step_shapes(spec: ModelSpec, tp: int = 1, ep: int = 1, batch: int = 1, conte
 
 def linear_names_for(shapes: StepShapes, kind: str) -> list[str]:
     """The linear layers a layer of `kind` holds (names from model.linear_layers)."""
-    mlp = kind.split("/")[0]
-    names = [n for n, l in shapes.linears.items() if l.group == "attention"]
+    mlp, attn = kind.split("/")
+    # standard attention (GQA, MLA) lives under "attn."; linear-attention/SSM mixers keep their own prefix
+    names = [n for n, l in shapes.linears.items() if l.group == "attention" and n.startswith("attn.") == (attn != "linear")]
     if mlp == "dense":
-        names += ["mlp.gate_up_proj", "mlp.down_proj"]
-    else:
-        names += [n for n in ("moe.router", "moe.shared.gate_up_proj", "moe.shared.down_proj",
-                              "moe.expert.gate_up_proj", "moe.expert.down_proj") if n in shapes.linears]
+        names += [n for n, l in shapes.linears.items() if l.group == "mlp"]
+    elif mlp == "moe":
+        names += [n for n, l in shapes.linears.items() if l.group in ("router", "shared_expert", "routed_expert")]
     return names
 
 

@@ -1,0 +1,25 @@
+"""Model cards from the model's own graph (transformers on the meta device); see spec.py, graph.py, kv.py."""
+
+from .graph import MIN_TRANSFORMERS, Weight, build_graph, config_hash
+from .kv import LayerAttention, kv_shard
+from .spec import (
+    LinearLayer,
+    LinearTemplate,
+    ModelSpec,
+    _shard,
+    expected_distinct_experts,
+    extra_params,
+    linear_layers,
+    load_model_card,
+    mtp_params,
+    norm_params,
+    parameter_counts,
+    role_counts,
+    spec_from_dict,
+)
+
+__all__ = [
+    "MIN_TRANSFORMERS", "LayerAttention", "LinearLayer", "LinearTemplate", "ModelSpec", "Weight", "_shard",
+    "build_graph", "config_hash", "expected_distinct_experts", "extra_params", "kv_shard", "linear_layers",
+    "load_model_card", "mtp_params", "norm_params", "parameter_counts", "role_counts", "spec_from_dict",
+]
