@@ -275,14 +275,21 @@ def _multinode_failure(work: Path, layout: Any, launch_error: str) -> str:
         except (OSError, ValueError):
             continue
     head = f"all-reduce across {layout.nodes} nodes ({world} ranks)"
-    if errors:
+    # A hung launch: the ranks killed at the deadline may report the broken connection on the way out; the
+    # hang is the cause, so the ranks without results come first and those errors follow.
+    if errors and "did not finish within" not in launch_error:
         first = min(errors, key=lambda e: e["rank"])
         more = f" (and {len(errors) - 1} other rank(s))" if len(errors) > 1 else ""
         return (f"{head}: rank {first['rank']} on node {first.get('host', '?')} failed: {first['error']}{more}; "
                 f"{launch_error}; the other ranks were stopped")
     missing = [r for r in range(world) if not Path(work, f"rank{r}.json").exists()]
     named = ", ".join(f"{r} ({where.get(r, '?')})" for r in missing[:8]) + (" ..." if len(missing) > 8 else "")
-    return f"{head}: {launch_error}; rank(s) without results: {named or 'none'} (rank logs: the rule's log)"
+    first = ""
+    if errors:
+        e = min(errors, key=lambda e: e["rank"])
+        first = f"; rank {e['rank']} on node {e.get('host', '?')} then reported: {e['error']}"
+    return (f"{head}: {launch_error}; rank(s) without results: {named or 'none'} (rank logs: the rule's log)"
+            f"{first}")
 
 
 def merge_ranks(per_rank: list[list[dict[str, Any]]], sizes: list[int], world: int, backend: str, type_name: str,
