@@ -96,6 +96,7 @@ class LiveSettings:
     ready_timeout_s: float = 180.0
     gguf_path: str = ""
     enabled: bool = True
+    tokenizer: str = ""  # live.tokenizer: a local tokenizer.json or its directory
 
     @classmethod
     def from_params(cls, run: dict[str, Any]) -> "LiveSettings":
@@ -121,6 +122,7 @@ class LiveSettings:
             ready_timeout_s=float(emb.get("ready_timeout_s", d.ready_timeout_s)),
             gguf_path=str(run.get("gguf_path") or ""),
             enabled=bool(run.get("enabled", True)),
+            tokenizer=str(live.get("tokenizer") or "").strip(),
         )
 
     def public(self) -> dict[str, Any]:
@@ -130,6 +132,7 @@ class LiveSettings:
             "max_tokens": self.max_tokens, "input_len": self.input_len,
             "prompt": "fixed" if self.prompt else "random", "ignore_eos": self.ignore_eos,
             "timeout_s": self.timeout_s, "require_done": self.require_done, "temperature": 0.0, "api_key_env": self.api_key_env or None,
+            "tokenizer": self.tokenizer or None,
         }
 
 
@@ -286,7 +289,7 @@ class _Progress:
 
 
 async def _sweep(s: LiveSettings, endpoint: str, api_key: str, server: EmbeddedServer | None,
-                 progress: bool, log: Callable[[str], None]) -> dict[str, Any]:
+                 progress: bool, log: Callable[[str], None], configured: Any = None) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     path = "/chat/completions" if s.api == "chat" else "/completions"
     url = endpoint.rstrip("/") + path
@@ -300,7 +303,8 @@ async def _sweep(s: LiveSettings, endpoint: str, api_key: str, server: EmbeddedS
             identity = {"kind": "endpoint", **identity}
         model = s.model or (identity["models"][0] if identity.get("models") else None)
 
-        counter: Any = await tok.find_server_tokenizer(client, server_root(endpoint), model, headers)
+        # live.tokenizer is the user's explicit choice; else the server's own, else the GGUF's vocabulary
+        counter: Any = configured or await tok.find_server_tokenizer(client, server_root(endpoint), model, headers)
         gguf = s.gguf_path if (server is not None or s.engine == "llama.cpp") else ""
         if counter is None and gguf and Path(gguf).is_file() and llama_cpp_available():
             try:
@@ -402,7 +406,8 @@ def _build(s: LiveSettings, endpoint: str, m: dict[str, Any], embedded: bool) ->
     errors: dict[tuple[str, str], dict[str, Any]] = {}
     methods, details, out_sources = [], [], []
     warm = {"probe": None, "requests": 0, "completed": 0, "failed": 0}
-    per_level: dict[int, dict[str, Any]] = {c: {"timings": [], "failed": 0, "inputs": []} for c in s.concurrency}
+    per_level: dict[int, dict[str, Any]] = {c: {"timings": [], "failed": 0, "inputs": [], "methods": []}
+                                            for c in s.concurrency}
     overhead_ns: list[int] = []
     early = 0
 
@@ -433,8 +438,9 @@ def _build(s: LiveSettings, endpoint: str, m: dict[str, Any], embedded: bool) ->
             continue
         n_out, source = tok.output_tokens(ps, chunk_tokens)
         t_ns = [c.t_ns for c in ps.chunks]
-        timing = request_timing(t_ns, chunk_tokens, n_out)
+        timing = request_timing(t_ns, chunk_tokens, n_out, spread=method == tok.USAGE_TOTAL_SPREAD)
         lvl["timings"].append(timing)
+        lvl["methods"].append(method)
         usage_in = (ps.usage or {}).get("prompt_tokens")
         n_in = int(usage_in) if isinstance(usage_in, (int, float)) else item.prompt_tokens
         lvl["inputs"].append(n_in)
@@ -463,6 +469,8 @@ def _build(s: LiveSettings, endpoint: str, m: dict[str, Any], embedded: bool) ->
 
     levels = [level_summary(c, per_level[c]["timings"], per_level[c]["failed"], m["durations"].get(c, 0.0),
                             per_level[c]["inputs"]) for c in s.concurrency]
+    for lv in levels:
+        lv["itl_per_token_basis"] = _basis(per_level[lv["concurrency"]]["methods"])
     completed = sum(lv["completed"] for lv in levels)
     failed = sum(lv["failed"] for lv in levels)
 
@@ -504,6 +512,8 @@ def _build(s: LiveSettings, endpoint: str, m: dict[str, Any], embedded: bool) ->
         "token_count_method": _one(methods),
         "token_count_detail": _one(details),
         "output_tokens_source": _one(out_sources),
+        "itl_per_token_basis": _basis(methods),
+        "itl_per_token_note": _BASIS_NOTES.get(_basis(methods)),
         "client_overhead_us": client_overhead,
         "completed": completed,
         "failed": failed,
@@ -531,6 +541,25 @@ def _build(s: LiveSettings, endpoint: str, m: dict[str, Any], embedded: bool) ->
     return summary, req_df, chunk_df
 
 
+_BASIS_NOTES = {
+    "exact": None,
+    "spread": "per-token ITL: only each request's final usage total is known, spread over the chunks after the "
+              "first; the mean equals TPOT exactly, the percentiles are approximate",
+    "per_chunk": "per-token ITL assumes one token per chunk (no usage from the server and no tokenizer): "
+                 "per-token figures are per-chunk figures; set live.tokenizer to count tokens",
+    "mixed": "per-token ITL: requests were counted by different methods (see token_count_method); percentiles "
+             "may be approximate",
+}
+
+
+def _basis(methods: list[str | None]) -> str | None:
+    """How far the per-token ITL can be trusted: exact, spread (mean exact), per_chunk, or mixed."""
+    kinds = {tok.BASIS.get(m or "", "per_chunk") for m in methods}
+    if not kinds:
+        return None
+    return kinds.pop() if len(kinds) == 1 else "mixed"
+
+
 def write_skipped(outputs: LiveOutputs, why: str) -> dict[str, Any]:
     summary = skipped_stage("live", why, levels=[], errors=[], engine="unknown", skipped=[])
     write_json(outputs.summary, summary)
@@ -551,6 +580,7 @@ def run_live(settings: LiveSettings, outputs: LiveOutputs, *, progress: bool = T
         return write_skipped(outputs, "stages.live is false in the config")
     api_key = read_api_key(settings)
     redactor = Redactor([api_key])
+    configured = tok.HFTokenizer(settings.tokenizer) if settings.tokenizer else None  # a bad path: ConfigError now
     embedded = not settings.endpoint
     endpoint = settings.endpoint
     try:
@@ -565,7 +595,7 @@ def run_live(settings: LiveSettings, outputs: LiveOutputs, *, progress: bool = T
                 endpoint = server.base_url
             log(f"live: measuring {display_url(endpoint)} ({settings.api}, concurrency {settings.concurrency}, "
                 f"{settings.num_requests} requests each, max_tokens {settings.max_tokens})")
-            measured = asyncio.run(_sweep(settings, endpoint, api_key, server, progress, log))
+            measured = asyncio.run(_sweep(settings, endpoint, api_key, server, progress, log, configured))
     except DecodeGapError as exc:
         _write_error(outputs, {"stage": "live", "status": "failed", "reason": str(exc),
                                "endpoint": display_url(endpoint or "embedded"), "levels": [], "errors": []}, redactor)
