@@ -69,6 +69,17 @@ def test_embedded_llama_cpp_server_end_to_end(gguf, tmp_path, api, concurrency, 
     assert (req["output_tokens"] <= max_tokens).all() and (req["output_tokens"] > 1).all()
     assert chunks.groupby("request_id")["t_ns"].apply(lambda s: s.is_monotonic_increasing).all()
     assert json.loads(out.summary.read_text())["levels"][0]["concurrency"] == 1
+    # issue 12: the server's own decode time per token, read from its log and paired with each request
+    ev = summary["server_eval"]
+    assert ev["status"] == "measured" and ev["blocks"] == ev["streamed_requests"] == 1 + 1 + 2 * len(concurrency)
+    assert req["server_eval_ms_per_token"].notna().all() and (req["server_eval_runs"] >= 1).all()
+    # the engine's decode is part of every per-token interval the client sees
+    assert (req["server_eval_ms_per_token"] < req["mean_itl_per_token_ms"] * 1.1).all()
+    fig = summary["server_eval_ms_per_token"]
+    assert fig["status"] == "measured" and fig["unit"] == "ms"
+    assert fig["value"] == pytest.approx(summary["levels"][0]["mean_server_eval_ms_per_token"])
+    for lv in summary["levels"]:
+        assert lv["server_eval_requests"] == 2 and lv["median_server_eval_ms_per_token"] > 0
 
 
 def test_server_stopped_when_the_block_fails(gguf, tmp_path):

@@ -18,6 +18,7 @@ from decode_gap.live.metrics import describe, level_summary, request_timing  # n
 from decode_gap.errors import ConfigError  # noqa: E402
 from decode_gap.live.parse import Chunk, ParsedStream, parse_stream  # noqa: E402
 from decode_gap.live.runner import Redactor  # noqa: E402
+from decode_gap.live.server import read_eval_log  # noqa: E402
 from decode_gap.live.tokens import chunk_tokens_from_cumulative, output_tokens  # noqa: E402
 
 MS = 1_000_000
@@ -265,3 +266,44 @@ def test_redactor_scrubs_nested_values():
     r = Redactor(["sk-123"])
     out = r.obj({"a": "Bearer sk-123", "b": ["x sk-123"], "sk-123": 1})
     assert "sk-123" not in repr(out)
+
+
+def test_server_eval_blocks_are_read_from_the_embedded_server_log(tmp_path):
+    """The lines llama-cpp-python 0.3.36's server prints after each generation (as seen in its log)."""
+    log = tmp_path / "embedded_server.log"
+    log.write_text(
+        'INFO:     127.0.0.1:35316 - "POST /v1/completions HTTP/1.1" 200 OK\n'
+        "Llama.generate: 1 prefix-match hit, remaining 16 prompt tokens to eval\n"
+        "llama_perf_context_print:        load time =       0.19 ms\n"
+        "llama_perf_context_print: prompt eval time =      81.87 ms /    16 tokens (    5.12 ms per token,   195.43 tokens per second)\n"
+        "llama_perf_context_print:        eval time =     190.63 ms /    15 runs   (   12.71 ms per token,    78.68 tokens per second)\n"
+        "llama_perf_context_print:       total time =     341.69 ms /    31 tokens\n"
+        "llama_perf_context_print:    graphs reused =         14\n"
+        "llama_perf_context_print:        load time =       0.19 ms\n"
+        "llama_perf_context_print: prompt eval time =       0.04 ms /    17 tokens (    0.00 ms per token, 472222.22 tokens per second)\n"
+        "llama_perf_context_print:        eval time =      12.92 ms /     1 runs   (   12.92 ms per token,    77.41 tokens per second)\n"
+        "llama_perf_context_print:       total time =     198.45 ms /    18 tokens\n"
+    )
+    blocks = read_eval_log(log)
+    assert [(b["eval_ms"], b["runs"], b["prompt_tokens"]) for b in blocks] == [(190.63, 15, 16), (12.92, 1, 17)]
+    assert blocks[0]["ms_per_token"] == pytest.approx(190.63 / 15) and blocks[0]["total_ms"] == 341.69
+    assert read_eval_log(tmp_path / "missing.log") == []
+
+
+def test_server_eval_blocks_pair_with_requests_in_the_order_their_generations_started():
+    from types import SimpleNamespace
+
+    from decode_gap.live.runner import _match_server_eval
+
+    def item(first_event_ns):
+        events = [(first_event_ns, "", "{}")] if first_event_ns is not None else []
+        return (SimpleNamespace(result=StreamResult(url="u", events=events)), None, [], None, None)
+
+    parsed = [item(50), item(10), item(None), item(30)]  # the third never streamed (e.g. HTTP 500)
+    blocks = [{"eval_ms": 10.0, "runs": 1, "ms_per_token": 10.0}, {"eval_ms": 30.0, "runs": 1, "ms_per_token": 30.0},
+              {"eval_ms": 50.0, "runs": 1, "ms_per_token": 50.0}]
+    out = _match_server_eval(parsed, blocks, embedded=True)
+    assert out["status"] == "measured" and {i: b["eval_ms"] for i, b in out["_by_item"].items()} == {1: 10, 3: 30, 0: 50}
+    short = _match_server_eval(parsed, blocks[:2], embedded=True)
+    assert short["status"] == "unavailable" and "2 eval blocks" in short["why"] and "_by_item" not in short
+    assert _match_server_eval(parsed, blocks, embedded=False)["status"] == "unavailable"

@@ -27,12 +27,13 @@ from typing import Any, Callable
 from urllib.parse import urlsplit
 
 import httpx
+import numpy as np
 import pandas as pd
 
 from ..errors import ConfigError, DecodeGapError
 from ..host import cpu_model
 from ..io import write_json, write_table
-from ..provenance import skipped_stage
+from ..provenance import measured, skipped_stage, unavailable
 from . import tokens as tok
 from .client import StreamResult, display_url, stream_request
 from .identity import detect_engine, probe_identity, safe_headers, server_root
@@ -40,7 +41,7 @@ from .loopback import calibrate
 from .metrics import describe, level_summary, request_timing
 from .parse import parse_stream
 from .prompts import build_prompt
-from .server import EmbeddedServer, llama_cpp_available
+from .server import EmbeddedServer, llama_cpp_available, read_eval_log
 
 REQUEST_COLUMNS = {
     "request_id": "int64",
@@ -61,6 +62,8 @@ REQUEST_COLUMNS = {
     "input_tokens": "Int64",
     "finish_reason": "string",
     "token_count_method": "string",
+    "server_eval_ms_per_token": "float64",
+    "server_eval_runs": "Int64",
 }
 CHUNK_COLUMNS = {
     "request_id": "int64",
@@ -410,8 +413,10 @@ def _build(s: LiveSettings, endpoint: str, m: dict[str, Any], embedded: bool) ->
                                             for c in s.concurrency}
     overhead_ns: list[int] = []
     early = 0
+    server_eval = _match_server_eval(m["parsed"], m.get("server_eval_blocks"), embedded)
+    matched: dict[int, dict[str, Any]] = server_eval.pop("_by_item", {})
 
-    for item, ps, chunk_tokens, method, detail in m["parsed"]:
+    for i_item, (item, ps, chunk_tokens, method, detail) in enumerate(m["parsed"]):
         ok = ps.ok
         if not ok:
             key = (item.phase, ps.reason)
@@ -456,6 +461,10 @@ def _build(s: LiveSettings, endpoint: str, m: dict[str, Any], embedded: bool) ->
                                           if timing["itl_per_token_ms"] else None),
                    output_tokens=n_out, output_tokens_source=source, content_chunks=len(ps.chunks),
                    input_tokens=n_in, token_count_method=method)
+        block = matched.get(i_item)
+        if block is not None:
+            row.update(server_eval_ms_per_token=block["ms_per_token"], server_eval_runs=block["runs"])
+            lvl.setdefault("eval", []).append((block, n_out))
         req_rows.append(row)
         for j, (chunk, k) in enumerate(zip(ps.chunks, chunk_tokens)):
             overhead_ns.append(chunk.overhead_ns)
@@ -471,6 +480,14 @@ def _build(s: LiveSettings, endpoint: str, m: dict[str, Any], embedded: bool) ->
                             per_level[c]["inputs"]) for c in s.concurrency]
     for lv in levels:
         lv["itl_per_token_basis"] = _basis(per_level[lv["concurrency"]]["methods"])
+        lv.update(_eval_stats(per_level[lv["concurrency"]].get("eval", [])))
+    server_eval["levels"] = [{"concurrency": lv["concurrency"], "requests": lv["server_eval_requests"],
+                              "mean_ms_per_token": lv["mean_server_eval_ms_per_token"],
+                              "median_ms_per_token": lv["median_server_eval_ms_per_token"],
+                              "min_ms_per_token": lv["min_server_eval_ms_per_token"],
+                              "max_ms_per_token": lv["max_server_eval_ms_per_token"]} for lv in levels]
+    server_eval["runs_mismatch"] = sum(1 for c in s.concurrency for b, n in per_level[c].get("eval", [])
+                                       if b["runs"] != n - 1)
     completed = sum(lv["completed"] for lv in levels)
     failed = sum(lv["failed"] for lv in levels)
 
@@ -515,6 +532,8 @@ def _build(s: LiveSettings, endpoint: str, m: dict[str, Any], embedded: bool) ->
         "itl_per_token_basis": _basis(methods),
         "itl_per_token_note": _BASIS_NOTES.get(_basis(methods)),
         "client_overhead_us": client_overhead,
+        "server_eval": server_eval,
+        "server_eval_ms_per_token": _eval_figure(server_eval, levels),
         "completed": completed,
         "failed": failed,
         "early_stops": early,
@@ -539,6 +558,59 @@ def _build(s: LiveSettings, endpoint: str, m: dict[str, Any], embedded: bool) ->
     req_df = req_df.astype(REQUEST_COLUMNS)
     chunk_df = chunk_df.astype(CHUNK_COLUMNS)
     return summary, req_df, chunk_df
+
+
+EVAL_SOURCE = ("live/embedded_server.log: llama.cpp llama_perf_context_print 'eval time' per request "
+               "(eval ms / runs; time in llama_decode per generated token, as the server ran it)")
+
+
+def _match_server_eval(parsed: list, blocks: list[dict[str, Any]] | None, embedded: bool) -> dict[str, Any]:
+    """Pair the embedded server's per-generation log blocks with our requests.
+
+    The server runs one generation at a time (a lock; `--interrupt_requests false`), so its blocks come in the
+    order the generations started, which is the order their first events reached us. Every request that
+    received an event ran a generation; when the counts differ the pairing is not trusted and nothing is
+    attached (the summary says why).
+    """
+    if not embedded:
+        return {"status": "unavailable", "why": "the server is not the embedded one (its log is not ours)"}
+    if not blocks:
+        return {"status": "unavailable", "why": "no llama_perf_context_print eval lines in live/embedded_server.log",
+                "source": EVAL_SOURCE}
+    started = sorted(((i, item.result.events[0][0]) for i, (item, *_rest) in enumerate(parsed)
+                      if item.result is not None and item.result.events), key=lambda x: x[1])
+    out: dict[str, Any] = {"status": "measured", "source": EVAL_SOURCE, "blocks": len(blocks),
+                           "streamed_requests": len(started)}
+    if len(started) != len(blocks):
+        out.update(status="unavailable", why=f"{len(blocks)} eval blocks in the server log for {len(started)} "
+                                             "streamed requests: cannot pair them")
+        return out
+    out["_by_item"] = {i: b for (i, _), b in zip(started, blocks) if b.get("ms_per_token") is not None}
+    return out
+
+
+def _eval_stats(pairs: list[tuple[dict[str, Any], int]]) -> dict[str, Any]:
+    """Per level: the server's own decode time per token (mean weighted by tokens, like the per-token ITL)."""
+    per_req = [b["ms_per_token"] for b, _ in pairs]
+    runs = sum(b["runs"] for b, _ in pairs)
+    return {
+        "server_eval_requests": len(pairs),
+        "mean_server_eval_ms_per_token": sum(b["eval_ms"] for b, _ in pairs) / runs if runs else None,
+        "median_server_eval_ms_per_token": float(np.median(per_req)) if per_req else None,
+        "min_server_eval_ms_per_token": min(per_req) if per_req else None,
+        "max_server_eval_ms_per_token": max(per_req) if per_req else None,
+    }
+
+
+def _eval_figure(server_eval: dict[str, Any], levels: list[dict[str, Any]]) -> dict[str, Any]:
+    """The lowest concurrency level's server eval time per token as a labelled figure."""
+    if server_eval.get("status") != "measured":
+        return unavailable(server_eval.get("why", "not measured"), "ms", server_eval.get("source", ""))
+    for lv in sorted(levels, key=lambda lv: lv["concurrency"]):
+        if lv.get("mean_server_eval_ms_per_token") is not None:
+            return measured(lv["mean_server_eval_ms_per_token"], "ms",
+                            f"{EVAL_SOURCE}; concurrency {lv['concurrency']}, {lv['server_eval_requests']} requests")
+    return unavailable("no measured request was paired with a server eval block", "ms", EVAL_SOURCE)
 
 
 _BASIS_NOTES = {
@@ -595,13 +667,15 @@ def run_live(settings: LiveSettings, outputs: LiveOutputs, *, progress: bool = T
                 endpoint = server.base_url
             log(f"live: measuring {display_url(endpoint)} ({settings.api}, concurrency {settings.concurrency}, "
                 f"{settings.num_requests} requests each, max_tokens {settings.max_tokens})")
-            measured = asyncio.run(_sweep(settings, endpoint, api_key, server, progress, log, configured))
+            swept = asyncio.run(_sweep(settings, endpoint, api_key, server, progress, log, configured))
     except DecodeGapError as exc:
         _write_error(outputs, {"stage": "live", "status": "failed", "reason": str(exc),
                                "endpoint": display_url(endpoint or "embedded"), "levels": [], "errors": []}, redactor)
         raise DecodeGapError(redactor.text(str(exc))) from None
 
-    summary, req_df, chunk_df = _build(settings, endpoint, measured, embedded)
+    # the embedded server has stopped: its log is complete
+    swept["server_eval_blocks"] = read_eval_log(outputs.server_log) if embedded else None
+    summary, req_df, chunk_df = _build(settings, endpoint, swept, embedded)
     if calibrate_client:
         try:
             summary["client_overhead_us"]["loopback"] = asyncio.run(calibrate())
