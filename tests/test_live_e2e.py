@@ -82,6 +82,19 @@ def test_embedded_llama_cpp_server_end_to_end(gguf, tmp_path, api, concurrency, 
         assert lv["server_eval_requests"] == 2 and lv["median_server_eval_ms_per_token"] > 0
 
 
+def test_embedded_server_failure_quotes_its_own_log(gguf, tmp_path):
+    """A prompt beyond the context: llama-cpp-python answers 200 and ends the stream with no event; the reason it
+    gave is in its log (ours), and the one-line stage error quotes it."""
+    out = LiveOutputs(tmp_path / "summary.json", tmp_path / "requests.parquet", tmp_path / "chunks.parquet")
+    settings = LiveSettings(concurrency=[1], num_requests=1, warmup_requests=0, max_tokens=4, prompt="w " * 5000,
+                            gguf_path=str(gguf), timeout_s=120)
+    with pytest.raises(DecodeGapError, match="embedded server log: ValueError: Requested tokens .* exceed context"):
+        run_live(settings, out, progress=False, calibrate_client=False, log=lambda line: None)
+    failed = json.loads(out.last_error.read_text())
+    assert any("exceed context window" in e for e in failed["server_log_errors"])
+    assert not _servers()
+
+
 def test_server_stopped_when_the_block_fails(gguf, tmp_path):
     with pytest.raises(RuntimeError):
         with EmbeddedServer(gguf, threads=1, log_path=tmp_path / "server.log") as server:

@@ -307,3 +307,20 @@ def test_server_eval_blocks_pair_with_requests_in_the_order_their_generations_st
     short = _match_server_eval(parsed, blocks[:2], embedded=True)
     assert short["status"] == "unavailable" and "2 eval blocks" in short["why"] and "_by_item" not in short
     assert _match_server_eval(parsed, blocks, embedded=False)["status"] == "unavailable"
+
+
+def test_embedded_server_log_exceptions_are_quoted(tmp_path):
+    from decode_gap.live.server import read_log_errors
+
+    log = tmp_path / "embedded_server.log"
+    log.write_text(
+        "ERROR:    Exception in ASGI application\n"
+        "  | ExceptionGroup: unhandled errors in a TaskGroup (1 sub-exception)\n"
+        "    |     raise ValueError(\n"
+        "    | ValueError: Requested tokens (400010) exceed context window of 2048\n"
+        "ValueError: Requested tokens (400010) exceed context window of 2048\n"
+        "RuntimeError: bad auth token=abcdef123456 " + "x" * 400 + "\n"
+    )
+    errs = read_log_errors(log)
+    assert errs[0] == "ValueError: Requested tokens (400010) exceed context window of 2048"
+    assert len(errs) == 2 and "abcdef123456" not in errs[1] and len(errs[1]) == 300

@@ -41,7 +41,7 @@ from .loopback import calibrate
 from .metrics import describe, level_summary, request_timing
 from .parse import parse_stream
 from .prompts import build_prompt
-from .server import EmbeddedServer, llama_cpp_available, read_eval_log
+from .server import EmbeddedServer, llama_cpp_available, read_eval_log, read_log_errors
 
 REQUEST_COLUMNS = {
     "request_id": "int64",
@@ -676,6 +676,8 @@ def run_live(settings: LiveSettings, outputs: LiveOutputs, *, progress: bool = T
     # the embedded server has stopped: its log is complete
     swept["server_eval_blocks"] = read_eval_log(outputs.server_log) if embedded else None
     summary, req_df, chunk_df = _build(settings, endpoint, swept, embedded)
+    if embedded:  # the server's own words for what it failed (e.g. a prompt beyond its context)
+        summary["server_log_errors"] = read_log_errors(outputs.server_log)
     if calibrate_client:
         try:
             summary["client_overhead_us"]["loopback"] = asyncio.run(calibrate())
@@ -689,6 +691,8 @@ def run_live(settings: LiveSettings, outputs: LiveOutputs, *, progress: bool = T
     if summary["completed"] == 0:
         summary["status"] = "failed"
         top = summary["errors"][0]["reason"] if summary["errors"] else "no content received"
+        if summary.get("server_log_errors"):
+            top += f"; embedded server log: {summary['server_log_errors'][-1]}"
         summary["reason"] = f"no measured request succeeded: {top}"
         _write_error(outputs, summary, redactor)
         raise DecodeGapError(redactor.text(

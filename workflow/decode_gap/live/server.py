@@ -254,6 +254,30 @@ def read_eval_log(path: str | os.PathLike) -> list[dict[str, Any]]:
     return blocks
 
 
+_EXC_LINE = re.compile(r"^[\s|]*((?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception)): (.+)$")
+
+
+def read_log_errors(path: str | os.PathLike, limit: int = 5) -> list[str]:
+    """The distinct exception lines in the embedded server's log (its own words for a request it failed), quoted
+    like any server message: one line each, scrubbed, cut at 300 characters; the last `limit`, in order."""
+    from .client import quote  # noqa: PLC0415 - client is the live package's HTTP side
+
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    seen: list[str] = []
+    for line in text.splitlines():
+        m = _EXC_LINE.match(line)
+        if not m or m.group(1).endswith("ExceptionGroup"):
+            continue
+        msg = quote(f"{m.group(1)}: {m.group(2)}")
+        if msg in seen:
+            seen.remove(msg)
+        seen.append(msg)
+    return seen[-limit:]
+
+
 def _float(text: str) -> float | None:
     try:
         v = float(text)
