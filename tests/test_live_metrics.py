@@ -123,8 +123,10 @@ def _parsed(texts, cum=None, total=None):
     return p
 
 
-class _WordCounter:
-    name = "words (test)"
+class _WordCounterTestDouble:
+    """TEST DOUBLE for a tokenizer: one token per whitespace-separated word."""
+
+    name = "words (test double)"
 
     async def count(self, text):
         return len(text.split())
@@ -133,12 +135,12 @@ class _WordCounter:
 def test_token_count_methods_in_order_and_counts_agree_with_the_total():
     run = asyncio.run
     # 1. usage per chunk wins over a tokenizer
-    counts, method, _ = run(tok.count_chunk_tokens(_parsed(["a", " b c"], cum=[1, 3], total=3), _WordCounter()))
+    counts, method, _ = run(tok.count_chunk_tokens(_parsed(["a", " b c"], cum=[1, 3], total=3), _WordCounterTestDouble()))
     assert (counts, method) == ([1, 2], "usage_per_chunk")
     # 2. a tokenizer; its counts are scaled to the final usage total when they disagree
-    counts, method, detail = run(tok.count_chunk_tokens(_parsed(["a", " b c", " d"], total=4), _WordCounter()))
-    assert (counts, method, detail) == ([1, 2, 1], "tokenizer", "words (test)")
-    counts, method, detail = run(tok.count_chunk_tokens(_parsed(["a", " b c", " d"], total=6), _WordCounter()))
+    counts, method, detail = run(tok.count_chunk_tokens(_parsed(["a", " b c", " d"], total=4), _WordCounterTestDouble()))
+    assert (counts, method, detail) == ([1, 2, 1], "tokenizer", "words (test double)")
+    counts, method, detail = run(tok.count_chunk_tokens(_parsed(["a", " b c", " d"], total=6), _WordCounterTestDouble()))
     assert method == "tokenizer" and sum(counts) == 6 and counts[0] == 1 and "scaled to the final usage total 6" in detail
     # 3. only the final usage total: spread
     p = _parsed(["a", " b c", " d", " e"], total=7)
