@@ -18,10 +18,17 @@ Scenarios (times in ms after the request body is read):
 - `auth`: like `ok` but requires `Authorization: Bearer $SSE_DOUBLE_KEY`; a wrong key gets a 401 whose body
   echoes the header, and every answer carries an `x-echo` header and a model id containing the key (to prove
   the client scrubs a secret that a server echoes).
-- `http500`, `json` (200 application/json), `malformed` (`data: {not json` after one chunk), `drop` (socket
-  closed mid-body after two chunks), `nodone` (body ends cleanly without `[DONE]`), `hang` (one chunk, then
-  silence), `error_event` (`data: {"error": ...}` after one chunk), `flaky` (`ok`, but every 3rd streamed
-  request answers 500).
+- `spec`: multi-token chunks with usage only at the end, no tokenize endpoint (a speculative-decoding or
+  stream-interval server with vLLM's default `include_usage`): SPEC_CHUNKS content chunks every
+  SPEC_INTERVAL_MS, every SPEC_EVERY-th chunk carrying SPEC_K tokens (words `w<n>`, one token each), then a
+  usage-only chunk and `[DONE]`. Its log entry holds `token_times_ns`: the server's own emission time of every
+  token (the write of the chunk that carries it), the truth a per-token ITL is checked against.
+- `http500` (a vLLM/OpenAI-shaped JSON error body whose message echoes a credential), `json` (200
+  application/json), `malformed` (`data: {not json` after one chunk), `drop` (socket closed mid-body after two
+  chunks), `nodone` (body ends cleanly without `[DONE]`), `hang` (one chunk, then silence), `error_event`
+  (OpenAI/vLLM shape `data: {"error": {"message", "type", "code"}}` after one chunk, then `[DONE]`),
+  `error_string` (the `transformers serve` shape: a chat role chunk, `data: {"error": "<text>"}`, then the
+  body ends without `[DONE]`), `flaky` (`ok`, but every 3rd streamed request answers 500).
 """
 
 from __future__ import annotations
@@ -39,7 +46,23 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 CHUNKS = [(100, "Hello", 1), (150, " world", 1), (250, " foo bar", 2), (300, "!", 1)]
 TOKEN_RE = re.compile(r"\w+|[^\w\s]")
 SCENARIOS = {"ok", "chat", "notok", "strict", "auth", "http500", "json", "malformed", "drop", "nodone", "hang",
-             "error_event", "flaky"}
+             "error_event", "error_string", "flaky", "spec"}
+SPEC_CHUNKS, SPEC_INTERVAL_MS, SPEC_EVERY, SPEC_K, SPEC_FIRST_MS = 30, 20.0, 5, 3, 60.0
+ERROR_STRING = ("cannot reshape tensor of 0 elements into shape [1, 0, -1, 128] because the unspecified "
+                "dimension size -1 can be any value and is ambiguous")
+ERROR_OBJECT = {"message": "scripted failure: CUDA out of memory", "type": "InternalServerError", "code": 500}
+HTTP500_MESSAGE = "scripted internal error while handling request (api_key=dbl-leaked-secret-42)"
+
+
+def spec_chunks() -> list[tuple[float, str, int]]:
+    """(ms after the request, text, tokens) of the `spec` scenario; every token is one word `w<n>`."""
+    out, n = [], 0
+    for i in range(1, SPEC_CHUNKS + 1):
+        k = SPEC_K if i % SPEC_EVERY == 0 else 1
+        words = [f"w{(n + j) % 50}" for j in range(k)]
+        n += k
+        out.append((SPEC_FIRST_MS + (i - 1) * SPEC_INTERVAL_MS, ("" if i == 1 else " ") + " ".join(words), k))
+    return out
 TOKENIZER_SCENARIOS = {"chat", "strict"}
 
 LOG: list[dict] = []
@@ -138,7 +161,10 @@ class Handler(BaseHTTPRequestHandler):
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if scenario == "auth" and not entry["auth_ok"]:
             return self._json(401, {"error": f"invalid credentials: {auth}"})
-        if scenario == "http500" or (scenario == "flaky" and nth % 3 == 0):
+        if scenario == "http500":
+            return self._json(500, {"error": {"message": HTTP500_MESSAGE, "type": "InternalServerError",
+                                              "code": 500}})
+        if scenario == "flaky" and nth % 3 == 0:
             return self._json(500, {"error": "internal server error (scripted)"})
         if scenario == "json":
             return self._json(200, {"choices": [{"text": "not a stream"}]})
@@ -174,22 +200,33 @@ class Handler(BaseHTTPRequestHandler):
             return obj
 
         per_chunk_usage = scenario in ("ok", "auth", "flaky")
-        final_usage = scenario in ("ok", "auth", "flaky", "chat", "strict")
+        final_usage = scenario in ("ok", "auth", "flaky", "chat", "strict", "spec")
+        script = spec_chunks() if scenario == "spec" else CHUNKS
         try:
+            if scenario == "error_string":
+                if chat:
+                    at(20)
+                    entry["sends"].append(self._event(chunk_obj(None, None, role=True)))
+                self._event({"error": ERROR_STRING})
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
+                return
             if chat and scenario in ("chat", "strict"):
                 at(20)
                 entry["sends"].append(self._event(chunk_obj(None, 0 if per_chunk_usage else None, role=True)))
             cum = 0
-            for i, (ms, text, k) in enumerate(CHUNKS):
+            for i, (ms, text, k) in enumerate(script):
                 at(ms)
                 cum += k
-                finish = "length" if i == len(CHUNKS) - 1 else None
-                entry["sends"].append(self._event(chunk_obj(text, cum if per_chunk_usage else None, finish=finish)))
+                finish = "length" if i == len(script) - 1 else None
+                sent = self._event(chunk_obj(text, cum if per_chunk_usage else None, finish=finish))
+                entry["sends"].append(sent)
+                entry.setdefault("token_times_ns", []).extend([sent] * k)
                 if scenario == "malformed" and i == 0:
                     self._chunk(b"data: {not json\n\n")
                     break
                 if scenario == "error_event" and i == 0:
-                    self._event({"error": {"message": "scripted failure: out of memory"}})
+                    self._event({"error": ERROR_OBJECT})
                     break
                 if scenario == "hang" and i == 0:
                     time.sleep(30)

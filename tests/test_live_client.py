@@ -134,3 +134,18 @@ def test_missing_done_fails_by_default_and_passes_after_finish_reason_when_allow
 def test_stream_dropped_without_finish_reason_still_fails_when_lenient(double):
     res = asyncio.run(_nodone(double.url("drop"), False))
     assert not res.ok
+
+
+def test_stream_ending_after_an_error_event_fails_with_the_servers_message(double):
+    """transformers serve sends a role chunk, `data: {"error": "..."}` and closes: the reason is its message."""
+    async def go(require_done):
+        body = {"stream": True, "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
+        async with httpx.AsyncClient() as client:
+            return await stream_request(client, double.url("error_string") + "/chat/completions", body, None, 10,
+                                        require_done=require_done)
+
+    for require_done in (True, False):
+        res = asyncio.run(go(require_done))
+        assert not res.ok and "ended without [DONE]" not in res.reason
+        assert res.reason.startswith("error event in stream from ") and "cannot reshape tensor" in res.reason
+        assert "ended without [DONE]" in res.detail  # the missing [DONE] is still said, as a detail

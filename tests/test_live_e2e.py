@@ -69,6 +69,31 @@ def test_embedded_llama_cpp_server_end_to_end(gguf, tmp_path, api, concurrency, 
     assert (req["output_tokens"] <= max_tokens).all() and (req["output_tokens"] > 1).all()
     assert chunks.groupby("request_id")["t_ns"].apply(lambda s: s.is_monotonic_increasing).all()
     assert json.loads(out.summary.read_text())["levels"][0]["concurrency"] == 1
+    # issue 12: the server's own decode time per token, read from its log and paired with each request
+    ev = summary["server_eval"]
+    assert ev["status"] == "measured" and ev["blocks"] == ev["streamed_requests"] == 1 + 1 + 2 * len(concurrency)
+    assert req["server_eval_ms_per_token"].notna().all() and (req["server_eval_runs"] >= 1).all()
+    # the engine's decode is part of every per-token interval the client sees
+    assert (req["server_eval_ms_per_token"] < req["mean_itl_per_token_ms"] * 1.1).all()
+    fig = summary["server_eval_ms_per_token"]
+    assert fig["status"] == "measured" and fig["unit"] == "ms"
+    assert fig["value"] == pytest.approx(summary["levels"][0]["mean_server_eval_ms_per_token"])
+    for lv in summary["levels"]:
+        assert lv["server_eval_requests"] == 2 and lv["median_server_eval_ms_per_token"] > 0
+
+
+def test_embedded_server_failure_quotes_its_own_log(gguf, tmp_path):
+    """A prompt beyond the context: llama-cpp-python answers 200 and ends the stream with no event; the reason it
+    gave is in its log (ours), and the one-line stage error quotes it."""
+    out = LiveOutputs(tmp_path / "summary.json", tmp_path / "requests.parquet", tmp_path / "chunks.parquet")
+    settings = LiveSettings(concurrency=[1], num_requests=1, warmup_requests=0, max_tokens=4, prompt="w " * 3000,
+                            gguf_path=str(gguf), timeout_s=120)
+    with pytest.raises(DecodeGapError) as err:
+        run_live(settings, out, progress=False, calibrate_client=False, log=lambda line: None)
+    assert not _servers()
+    failed = json.loads(out.last_error.read_text())
+    assert any("exceed context window" in e for e in failed.get("server_log_errors", [])), (str(err.value), failed)
+    assert "embedded server log: ValueError: Requested tokens" in str(err.value), str(err.value)
 
 
 def test_server_stopped_when_the_block_fails(gguf, tmp_path):

@@ -6,12 +6,13 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
 sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).resolve().parents[1] / "workflow")]
 
-from sse_double import DoubleProcess  # noqa: E402
+from sse_double import ERROR_OBJECT, ERROR_STRING, HTTP500_MESSAGE, SPEC_CHUNKS, DoubleProcess, spec_chunks  # noqa: E402
 
 from decode_gap.errors import ConfigError, DecodeGapError  # noqa: E402
 from decode_gap.live.runner import CHUNK_COLUMNS, REQUEST_COLUMNS, LiveOutputs, LiveSettings, run_live  # noqa: E402
@@ -99,13 +100,16 @@ def test_chat_with_rejected_option_is_negotiated(double, tmp_path):
 
 FAILURES = {
     "unreachable": "cannot connect to http://127.0.0.1:{port}/v1/completions",
-    "http500": "HTTP 500 from {url}/completions",
+    "http500": "HTTP 500 from {url}/completions: scripted internal error while handling request (api_key=***) "
+               "(type InternalServerError, code 500)",
     "json": "non-SSE response from {url}/completions (content-type 'application/json')",
     "malformed": "malformed data line from {url}/completions",
     "drop": "connection dropped mid-stream by {url}/completions",
     "nodone": "stream from {url}/completions ended without [DONE]",
     "hang": "timeout after 0.6 s (live.timeout_s) waiting for {url}/completions",
-    "error_event": "error event in stream from {url}/completions",
+    "error_event": "error event in stream from {url}/completions: scripted failure: CUDA out of memory "
+                   "(type InternalServerError, code 500)",
+    "error_string": f"error event in stream from {{url}}/completions: {ERROR_STRING}",
 }
 
 
@@ -123,6 +127,7 @@ def test_every_failure_mode_is_counted_and_fails_the_stage_with_an_error_summary
         _run(_settings(url, concurrency=[1], num_requests=2, timeout_s=0.6), out, lines)
     msg = str(err.value)
     assert url in msg and "no request" in msg and "\n" not in msg
+    assert reason in msg  # the one-line stage error quotes the server's own words
     error_summary = json.loads(out.last_error.read_text())
     assert error_summary["status"] == "failed" and error_summary["completed"] == 0
     measure = [e for e in error_summary["errors"] if e["phase"] == "measure"]
@@ -130,6 +135,7 @@ def test_every_failure_mode_is_counted_and_fails_the_stage_with_an_error_summary
                         "example": measure[0]["example"]}]
     assert error_summary["levels"][0]["failed"] == 2
     assert any(reason in line for line in lines)  # a clear error line in the log
+    assert "dbl-leaked-secret-42" not in out.last_error.read_text() and not any("dbl-leaked" in x for x in lines)
     # the earlier good result is untouched
     assert (out.last_good / "summary.json").read_text() == good_before
 
@@ -140,7 +146,7 @@ def test_some_failures_give_a_partial_result(double, tmp_path):
     summary = _run(_settings(double.url("flaky"), concurrency=[1, 2], num_requests=4), out)
     # streamed requests 3, 6, 9 (probe is #1) answer 500
     assert summary["status"] == "partial" and summary["failed"] == 3 and summary["completed"] == 5
-    assert summary["errors"][0]["reason"] == f"HTTP 500 from {double.url('flaky')}/completions"
+    assert summary["errors"][0]["reason"] == f"HTTP 500 from {double.url('flaky')}/completions: internal server error (scripted)"
     assert summary["errors"][0]["count"] == 3
     assert "3 of 8" in summary["reason"]
     req = pd.read_parquet(out.requests)
@@ -199,3 +205,86 @@ def test_settings_from_snakemake_params():
     })
     assert s.endpoint == "http://h:1/v1" and s.api == "chat" and s.concurrency == [1, 8]
     assert s.threads == 3 and s.timeout_s == 5.0 and s.num_requests == 8 and s.gguf_path == "m.gguf"
+
+
+def test_server_error_message_in_chat_streams_without_done(double, tmp_path):
+    """transformers serve: role chunk, `data: {"error": "..."}`, end of body; lenient about [DONE] or not."""
+    url = double.url("error_string")
+    for require_done in (True, False):
+        out = _outputs(tmp_path / str(require_done))
+        with pytest.raises(DecodeGapError, match="cannot reshape tensor of 0 elements"):
+            _run(_settings(url, api="chat", concurrency=[1], require_done=require_done), out)
+        errors = json.loads(out.last_error.read_text())["errors"]
+        reason = f"error event in stream from {url}/chat/completions: {ERROR_STRING}"
+        assert [(e["reason"], e["count"]) for e in errors if e["phase"] == "measure"] == [(reason, 2)]
+        assert "ended without [DONE]" not in json.dumps([e["reason"] for e in errors])
+    assert ERROR_OBJECT["message"] in FAILURES["error_event"]
+    assert HTTP500_MESSAGE.split(" (api_key")[0] in FAILURES["http500"]
+
+
+def _tiny_tokenizer(path: Path) -> Path:
+    """A word-level tokenizer.json that knows the double's `w<n>` words (built here, nothing downloaded)."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+
+    vocab = {"[UNK]": 0, **{f"w{i}": i + 1 for i in range(50)}}
+    tokenizer = Tokenizer(WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = Whitespace()
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(path / "tokenizer.json"))
+    return path
+
+
+@pytest.mark.parametrize("with_tokenizer", [False, True], ids=["final_usage_only", "live_tokenizer"])
+def test_per_token_itl_matches_the_servers_own_token_times(double, tmp_path, with_tokenizer):
+    """Multi-token chunks, usage only in the last chunk, no tokenize endpoint (issue 17): the mean per-token
+    ITL matches the double's own per-token emission times within 0.3 ms, with and without live.tokenizer."""
+    pytest.importorskip("tokenizers")
+    tokenizer = str(_tiny_tokenizer(tmp_path / "tok")) if with_tokenizer else ""
+    double.reset()
+    out = _outputs(tmp_path)
+    summary = _run(_settings(double.url("spec"), concurrency=[1], num_requests=3, max_tokens=64,
+                             tokenizer=tokenizer), out)
+    entries = [e for e in double.log() if e["scenario"] == "spec"][1:]  # the first is the 2-token probe
+    assert len(entries) == 3
+    truth = [np.diff(np.asarray(e["token_times_ns"], dtype=float)) / 1e6 for e in entries]
+    n_tokens = sum(k for _, _, k in spec_chunks())
+    lv = summary["levels"][0]
+    assert lv["completed"] == 3
+    print(f"spec double, tokenizer={with_tokenizer}: mean ITL/token {lv['mean_itl_per_token_ms']:.3f} ms, truth "
+          f"{np.mean(np.concatenate(truth)):.3f} ms, chunk ITL {lv['mean_itl_ms']:.3f} ms, TPOT {lv['mean_tpot_ms']:.3f} ms,"
+          f" median ITL/token {lv['median_itl_per_token_ms']:.3f} ms")
+    assert lv["mean_itl_per_token_ms"] == pytest.approx(float(np.mean(np.concatenate(truth))), abs=0.3)
+    # the summary agrees with itself: tokens per chunk and totals from the same output token count
+    assert lv["total_output_tokens"] == 3 * n_tokens
+    assert lv["mean_tokens_per_chunk"] == pytest.approx(n_tokens / SPEC_CHUNKS)
+    assert lv["mean_itl_per_token_ms"] == pytest.approx(lv["mean_tpot_ms"], abs=1e-6)
+    assert lv["mean_itl_ms"] > lv["mean_itl_per_token_ms"] + 3  # the chunk interval is not the token interval
+    req = pd.read_parquet(out.requests)
+    for (_, row), t in zip(req.sort_values("request_id").iterrows(), truth):
+        assert row["mean_itl_per_token_ms"] == pytest.approx(float(np.mean(t)), abs=0.3)
+        assert row["output_tokens"] == n_tokens
+    chunks = pd.read_parquet(out.chunks)
+    assert (chunks.groupby("request_id")["tokens"].sum() == n_tokens).all()
+    if with_tokenizer:
+        assert summary["token_count_method"] == "tokenizer"
+        assert summary["tokenizer"].startswith("live.tokenizer (") and summary["settings"]["tokenizer"] == tokenizer
+        assert summary["itl_per_token_basis"] == "exact" and summary["itl_per_token_note"] is None
+        # exact counts: the 3-token chunks are where the script put them
+        assert chunks[chunks.request_id == 0]["tokens"].tolist() == [k for _, _, k in spec_chunks()]
+    else:
+        assert summary["token_count_method"] == "usage_total_spread"
+        assert summary["itl_per_token_basis"] == "spread" and lv["itl_per_token_basis"] == "spread"
+        assert "approximate" in summary["itl_per_token_note"]
+
+
+def test_one_token_per_chunk_is_said_next_to_the_per_token_figures(double, tmp_path):
+    summary = _run(_settings(double.url("notok"), concurrency=[1]), _outputs(tmp_path))
+    assert summary["token_count_method"] == "one_per_chunk" and summary["itl_per_token_basis"] == "per_chunk"
+    assert "one token per chunk" in summary["itl_per_token_note"]
+
+
+def test_bad_tokenizer_path_is_one_config_line(double, tmp_path):
+    with pytest.raises(ConfigError, match=r"^config field 'live.tokenizer': .*nowhere.* does not exist"):
+        _run(_settings(double.url("ok"), tokenizer=str(tmp_path / "nowhere")), _outputs(tmp_path))

@@ -19,17 +19,53 @@ SECRET = "sk-e2e-secret-do-not-leak-12345"
 pytestmark = pytest.mark.e2e
 
 
-def _copy_repo(dst: Path) -> Path:
-    ignore = shutil.ignore_patterns(".venv", "results", ".snakemake", ".whl", ".git", "__pycache__", "devrun", ".pytest_cache")
-    shutil.copytree(REPO, dst, ignore=ignore)
+def _copy_repo(dst: Path, src: Path = REPO) -> Path:
+    """A clean copy of the clone `src`, whatever the README's main job left in it (results/, resources/,
+    report/archive/<run>/, .snakemake/): only the assembled GGUF is reused."""
+    patterns = shutil.ignore_patterns(".venv", "results", ".snakemake", ".whl", ".git", "__pycache__", "devrun",
+                                      ".pytest_cache")
+
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        # the clone's own resources/ (models, logs) is left out; only its models come back, below
+        top = {"resources"} if Path(folder) == src else set()
+        return set(patterns(folder, names)) | (top & set(names))
+
+    shutil.copytree(src, dst, ignore=ignore)
     archive = dst / "report" / "archive"
     for child in archive.iterdir():
         if child.is_dir():
             shutil.rmtree(child)
-    models = REPO / "resources" / "models"
+    models = src / "resources" / "models"
     if models.exists():  # reuse the assembled GGUF instead of assembling 250 MB again
         shutil.copytree(models, dst / "resources" / "models")
     return dst
+
+
+def test_copy_repo_after_the_readme_main_job(tmp_path):
+    """The README's order (setup, main job, tests) in one clone: what the main job leaves must not break the
+    copy (it once copied resources/ twice: FileExistsError, issue 17)."""
+    src = tmp_path / "clone"
+    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".venv", ".git", "results", ".snakemake", "resources",
+                                                             "__pycache__", ".pytest_cache", "devrun", ".whl"))
+    for d in src.glob("report/archive/*"):
+        if d.is_dir():
+            shutil.rmtree(d)
+    # what `snakemake --cores all report` leaves in the clone
+    (src / "resources" / "models").mkdir(parents=True)
+    (src / "resources" / "models" / "gemma-3-270m-q4_k_m.gguf").write_bytes(b"GGUF stand-in")
+    (src / "resources" / "logs").mkdir()
+    (src / "resources" / "logs" / "assemble_gguf.log").write_text("assembled\n")
+    (src / "results" / "cpu-host" / "live").mkdir(parents=True)
+    (src / "results" / "cpu-host" / "report.html").write_text("<html></html>")
+    (src / "report" / "archive" / "cpu-host" / "run-1").mkdir(parents=True)
+    (src / ".snakemake" / "metadata").mkdir(parents=True)
+    dst = _copy_repo(tmp_path / "copy", src)
+    assert (dst / "resources" / "models" / "gemma-3-270m-q4_k_m.gguf").read_bytes() == b"GGUF stand-in"
+    assert not (dst / "resources" / "logs").exists() and not (dst / "results").exists()
+    assert not (dst / ".snakemake").exists() and not any(p.is_dir() for p in (dst / "report" / "archive").iterdir())
+    assert (dst / "Snakefile").is_file() and (dst / "workflow" / "decode_gap" / "live" / "runner.py").is_file()
+    # a second copy (another test module, or a rerun) works too
+    assert _copy_repo(tmp_path / "copy2", src).is_dir()
 
 
 def _run(workdir: Path, *args: str, env: dict | None = None, timeout: int = 1500) -> subprocess.CompletedProcess:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +38,92 @@ def one_line(text: str, limit: int = 200) -> str:
     """Server-supplied text squeezed to one short line (it is escaped again where the report renders it)."""
     text = " ".join(str(text).split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+MESSAGE_LIMIT = 300  # a server's own error message is quoted up to this many characters
+# Secrets a server may echo in an error message (the configured API key is also replaced by the runner).
+_SECRETS = (
+    re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{4,}"),
+    re.compile(r"""(?i)((?:api[_-]?key|access[_-]?token|auth[_-]?token|token|secret|password|passwd|authorization)"""
+               r"""["']?\s*[:=]\s*["']?)(?!(?:bearer|basic)\s)([^\s"',;}&)\]]+)"""),
+    re.compile(r"\b(sk|pk|rk|hf|ghp|gho|xox[abp])[-_][A-Za-z0-9_-]{8,}"),
+)
+
+
+def scrub(text: str) -> str:
+    """Credential-looking parts of server text replaced by `***` (key=value pairs, bearer tokens, sk-/hf_ keys)."""
+    text = _SECRETS[0].sub(lambda m: f"{m.group(1)} ***", text)
+    text = _SECRETS[1].sub(lambda m: f"{m.group(1)}***", text)
+    return _SECRETS[2].sub("***", text)
+
+
+def quote(text: Any) -> str:
+    """A server's message as we repeat it: one line, secrets scrubbed, cut at MESSAGE_LIMIT characters."""
+    return one_line(scrub(" ".join(str(text).split())), MESSAGE_LIMIT)
+
+
+def error_message(obj: Any) -> str | None:
+    """The server's own message from an error payload, or None when `obj` is not one.
+
+    Shapes seen in the field: `{"error": "text"}` (transformers serve), `{"error": {"message", "type",
+    "code"}}` (OpenAI, vLLM, llama.cpp), `{"detail": "text" | [{"msg": ...}]}` (FastAPI, 422 validation),
+    `{"message": "text"}`, `{"object": "error", "message": ...}`.
+    """
+    if not isinstance(obj, dict):
+        return None
+    err = obj.get("error")
+    if isinstance(err, dict):
+        msg = err.get("message") or err.get("msg") or err.get("detail")
+        extra = [f"{k} {err[k]}" for k in ("type", "code") if err.get(k) not in (None, "")]
+        text = str(msg) if msg else json.dumps(err)[:MESSAGE_LIMIT]
+        return quote(text + (f" ({', '.join(extra)})" if extra else ""))
+    if isinstance(err, str) and err.strip():
+        return quote(err)
+    if err not in (None, False, "", [], {}):
+        return quote(json.dumps(err))
+    if "choices" in obj:  # a normal chunk: never read `message`/`detail` keys of a chunk as an error
+        return None
+    detail = obj.get("detail")
+    if isinstance(detail, list) and detail:
+        parts = [f"{'.'.join(map(str, d.get('loc', [])))}: {d.get('msg')}" if isinstance(d, dict) else str(d)
+                 for d in detail[:3]]
+        return quote("; ".join(parts))
+    for key in ("detail", "message"):
+        if isinstance(obj.get(key), str) and obj[key].strip():
+            return quote(obj[key])
+    return None
+
+
+def body_message(body: str) -> str:
+    """The message of a non-2xx response body: its JSON error message, else the text itself (quoted)."""
+    try:
+        msg = error_message(json.loads(body))
+    except ValueError:
+        msg = None
+    if msg:
+        return msg
+    text = re.sub(r"<[^>]+>", " ", body)  # an HTML error page: keep its words
+    return quote(text) if text.strip() else ""
+
+
+def stream_error(events: list[tuple[int, str, str]]) -> tuple[str, str] | None:
+    """(message, index note) of the first error event (`event: error`, or a data line whose JSON has `error`)."""
+    for i, (_, event, data) in enumerate(events):
+        if event == "error":
+            try:
+                msg = error_message(json.loads(data))
+            except ValueError:
+                msg = None
+            return (msg or quote(data) or "(empty error event)"), f"event {i + 1} of {len(events)}"
+        if '"error"' not in data:
+            continue
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and obj.get("error") not in (None, False, "", [], {}):
+            return (error_message(obj) or "(empty error)"), f"event {i + 1} of {len(events)}"
+    return None
 
 
 @dataclass
@@ -77,6 +164,13 @@ def _finished(events: list[tuple[int, str, str]]) -> bool:
             if isinstance(choice, dict) and choice.get("finish_reason"):
                 return True
     return False
+
+
+def _fail_with_stream_error(res: StreamResult, shown: str) -> None:
+    """A stream cut short after an error event failed for the server's stated reason."""
+    err = stream_error(res.events)
+    if err:
+        res.fail(f"error event in stream from {shown}: {err[0]}", f"{err[1]}; the stream was then cut")
 
 
 class _StampedStream(httpx.AsyncByteStream):
@@ -122,15 +216,22 @@ async def stream_request(
                 started = True
                 res.status = resp.status_code
                 res.headers = {k.lower(): v for k, v in resp.headers.items()}
-                if resp.status_code >= 400:
-                    body = (await resp.aread())[:4000].decode("utf-8", "replace")
-                    return res.fail(f"HTTP {resp.status_code} from {shown}", body)
+                if resp.status_code >= 300:
+                    body = (await resp.aread())[:8000].decode("utf-8", "replace")
+                    msg = body_message(body)
+                    return res.fail(f"HTTP {resp.status_code} from {shown}" + (f": {msg}" if msg else ""),
+                                    scrub(body))
                 ctype = resp.headers.get("content-type", "")
                 if "text/event-stream" not in ctype:
-                    body = (await resp.aread())[:400].decode("utf-8", "replace")
+                    body = (await resp.aread())[:4000].decode("utf-8", "replace")
+                    try:
+                        msg = error_message(json.loads(body))
+                    except ValueError:
+                        msg = None
                     return res.fail(
-                        f"non-SSE response from {shown} (content-type {ctype.split(';')[0].strip() or 'missing'!r})",
-                        body,
+                        f"non-SSE response from {shown} (content-type {ctype.split(';')[0].strip() or 'missing'!r})"
+                        + (f": {msg}" if msg else ""),
+                        scrub(body),
                     )
                 stamped = _StampedStream(resp.stream)
                 resp.stream = stamped
@@ -147,8 +248,13 @@ async def stream_request(
             res.done = True
             res.done_marker = False
         if not res.done:
-            res.fail(f"stream from {shown} ended without [DONE]", f"{len(res.events)} events received")
+            err = stream_error(res.events)
+            if err:  # the server said why it stopped: that, not the missing [DONE], is the reason
+                res.fail(f"error event in stream from {shown}: {err[0]}", f"{err[1]}; stream ended without [DONE]")
+            else:
+                res.fail(f"stream from {shown} ended without [DONE]", f"{len(res.events)} events received")
     except TimeoutError:
+        _fail_with_stream_error(res, shown)
         res.fail(
             f"timeout after {timeout_s:g} s (live.timeout_s) waiting for {shown}",
             f"{len(res.events)} events received",
@@ -159,6 +265,7 @@ async def stream_request(
         res.fail(f"cannot connect to {shown}", str(exc))
     except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
         if started:
+            _fail_with_stream_error(res, shown)
             res.fail(f"connection dropped mid-stream by {shown}", f"{len(res.events)} events received; {exc}")
         else:
             res.fail(f"connection closed by {shown} before a response", str(exc))

@@ -6,7 +6,8 @@ Per request (times from the request start, content chunks only):
 - TPOT = (E2EL - TTFT) / (output_tokens - 1), only when output_tokens > 1;
 - ITL  = the gaps between consecutive content chunks (one value per gap, whatever the chunk holds);
 - ITL per token: a gap that delivered a chunk of k tokens gives k values of gap / k. Tokens that share the
-  first content chunk have no gap of their own (their time is inside TTFT) and add no value.
+  first content chunk have no gap of their own (their time is inside TTFT) and add no value. When only the
+  request's token total is known the values interpolate the arrival curve (`request_timing(spread=True)`).
 
 Per concurrency level: `mean/median/std/p90/p99/min/max` of each (numpy, `np.std` with ddof=0 and linear
 `np.percentile`, as vLLM), the ITL lists pooled over all requests; `request_throughput = completed /
@@ -39,21 +40,42 @@ def describe(values: Iterable[float], metric: str) -> dict[str, float | None]:
     }
 
 
-def request_timing(t_ns: Sequence[int], chunk_tokens: Sequence[int], output_tokens: int) -> dict[str, Any]:
-    """Timing of one successful request from its content chunks' arrival times (ns after the request start)."""
+def request_timing(t_ns: Sequence[int], chunk_tokens: Sequence[int], output_tokens: int,
+                   spread: bool = False) -> dict[str, Any]:
+    """Timing of one successful request from its content chunks' arrival times (ns after the request start).
+
+    A chunk that holds no token (k = 0) gives no per-token value; its gap is carried to the next chunk that
+    holds tokens. With `spread` (only the request's total is known, `usage_total_spread`) the tokens after the
+    first chunk are placed evenly along the chunk index and their times interpolated on the arrival curve:
+    the values sum to E2EL - TTFT over (tokens after the first chunk), so their mean is TPOT exactly, while
+    their distribution is approximate.
+    """
     if not t_ns:
         raise ValueError("a request needs at least one content chunk")
     if len(t_ns) != len(chunk_tokens):
         raise ValueError("one token count per chunk")
+    ks = [max(0, int(k)) for k in chunk_tokens]
+    ks[0] = max(1, ks[0])
     ttft = t_ns[0] / 1e6
     e2el = t_ns[-1] / 1e6
     itl = [(t_ns[i] - t_ns[i - 1]) / 1e6 for i in range(1, len(t_ns))]
     per_token: list[float] = []
     per_chunk_per_token: list[float | None] = [None]
-    for gap, k in zip(itl, chunk_tokens[1:]):
-        k = max(1, int(k))
+    last = t_ns[0]
+    for i in range(1, len(t_ns)):
+        k = ks[i]
+        if k == 0:
+            per_chunk_per_token.append(None)
+            continue
+        gap = (t_ns[i] - last) / 1e6
+        last = t_ns[i]
         per_token.extend([gap / k] * k)
         per_chunk_per_token.append(gap / k)
+    after = sum(ks[1:])
+    if spread and len(t_ns) > 1 and after > 0:
+        pos = np.arange(after + 1) * (len(t_ns) - 1) / after
+        times = np.interp(pos, np.arange(len(t_ns)), np.asarray(t_ns, dtype=float) / 1e6)
+        per_token = [float(x) for x in np.diff(times)]
     tpot = (e2el - ttft) / (output_tokens - 1) if output_tokens > 1 else None
     return {
         "ttft_ms": ttft,
@@ -63,7 +85,7 @@ def request_timing(t_ns: Sequence[int], chunk_tokens: Sequence[int], output_toke
         "itl_per_token_ms": per_token,
         "chunk_itl_per_token_ms": per_chunk_per_token,
         "output_tokens": int(output_tokens),
-        "chunk_tokens": [max(1, int(k)) for k in chunk_tokens],
+        "chunk_tokens": ks,
     }
 
 

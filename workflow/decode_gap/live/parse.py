@@ -4,7 +4,8 @@ A *content chunk* is an event whose choice carries non-empty text (`choices[0].t
 `choices[0].delta.content`, also `reasoning_content`/`reasoning`). Role-only chat deltas, empty keep-alive
 events and the final usage-only event (`choices: []`) are not content. Usage seen on any event is kept:
 cumulative `completion_tokens` at each content chunk (vLLM/SGLang `continuous_usage_stats`) and the last
-usage of the stream (`include_usage`).
+usage of the stream (`include_usage`). A data line whose JSON carries `error` (a string, or an object with
+message/type/code) fails the request with the server's own message as the reason.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .client import StreamResult, one_line
+from .client import StreamResult, error_message, one_line, quote
 
 
 @dataclass
@@ -69,8 +70,12 @@ def parse_stream(result: StreamResult, api: str) -> ParsedStream:
         return out
     for (t_ns, event, data), ovh in zip(result.events, result.overhead_ns):
         if event == "error":
-            out.reason = f"error event in stream from {result.url}"
-            out.detail = one_line(data)
+            try:
+                msg = error_message(json.loads(data))
+            except ValueError:
+                msg = None
+            out.reason = f"error event in stream from {result.url}: {msg or quote(data) or '(empty error event)'}"
+            out.detail = f"event: error, {len(out.chunks)} content chunks before it"
             return out
         if not data.strip():
             continue
@@ -84,11 +89,10 @@ def parse_stream(result: StreamResult, api: str) -> ParsedStream:
             out.reason = f"malformed data line from {result.url}"
             out.detail = one_line(f"data: {data}", 120)
             return out
-        if "error" in obj and not obj.get("choices"):
-            err = obj["error"]
-            msg = err.get("message", err) if isinstance(err, dict) else err
-            out.reason = f"error event in stream from {result.url}"
-            out.detail = one_line(str(msg))
+        if obj.get("error") not in (None, False, "", [], {}):
+            # the server's own words are the reason (grouped in the summary's `errors`)
+            out.reason = f"error event in stream from {result.url}: {error_message(obj) or '(empty error)'}"
+            out.detail = f"{len(out.chunks)} content chunks before it"
             return out
         usage = obj.get("usage")
         cum = _completion_tokens(usage)

@@ -27,12 +27,13 @@ from typing import Any, Callable
 from urllib.parse import urlsplit
 
 import httpx
+import numpy as np
 import pandas as pd
 
 from ..errors import ConfigError, DecodeGapError
 from ..host import cpu_model
 from ..io import write_json, write_table
-from ..provenance import skipped_stage
+from ..provenance import measured, skipped_stage, unavailable
 from . import tokens as tok
 from .client import StreamResult, display_url, stream_request
 from .identity import detect_engine, probe_identity, safe_headers, server_root
@@ -40,7 +41,7 @@ from .loopback import calibrate
 from .metrics import describe, level_summary, request_timing
 from .parse import parse_stream
 from .prompts import build_prompt
-from .server import EmbeddedServer, llama_cpp_available
+from .server import EmbeddedServer, llama_cpp_available, read_eval_log, read_log_errors
 
 REQUEST_COLUMNS = {
     "request_id": "int64",
@@ -61,6 +62,8 @@ REQUEST_COLUMNS = {
     "input_tokens": "Int64",
     "finish_reason": "string",
     "token_count_method": "string",
+    "server_eval_ms_per_token": "float64",
+    "server_eval_runs": "Int64",
 }
 CHUNK_COLUMNS = {
     "request_id": "int64",
@@ -96,6 +99,7 @@ class LiveSettings:
     ready_timeout_s: float = 180.0
     gguf_path: str = ""
     enabled: bool = True
+    tokenizer: str = ""  # live.tokenizer: a local tokenizer.json or its directory
 
     @classmethod
     def from_params(cls, run: dict[str, Any]) -> "LiveSettings":
@@ -121,6 +125,7 @@ class LiveSettings:
             ready_timeout_s=float(emb.get("ready_timeout_s", d.ready_timeout_s)),
             gguf_path=str(run.get("gguf_path") or ""),
             enabled=bool(run.get("enabled", True)),
+            tokenizer=str(live.get("tokenizer") or "").strip(),
         )
 
     def public(self) -> dict[str, Any]:
@@ -130,6 +135,7 @@ class LiveSettings:
             "max_tokens": self.max_tokens, "input_len": self.input_len,
             "prompt": "fixed" if self.prompt else "random", "ignore_eos": self.ignore_eos,
             "timeout_s": self.timeout_s, "require_done": self.require_done, "temperature": 0.0, "api_key_env": self.api_key_env or None,
+            "tokenizer": self.tokenizer or None,
         }
 
 
@@ -286,7 +292,7 @@ class _Progress:
 
 
 async def _sweep(s: LiveSettings, endpoint: str, api_key: str, server: EmbeddedServer | None,
-                 progress: bool, log: Callable[[str], None]) -> dict[str, Any]:
+                 progress: bool, log: Callable[[str], None], configured: Any = None) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     path = "/chat/completions" if s.api == "chat" else "/completions"
     url = endpoint.rstrip("/") + path
@@ -300,7 +306,8 @@ async def _sweep(s: LiveSettings, endpoint: str, api_key: str, server: EmbeddedS
             identity = {"kind": "endpoint", **identity}
         model = s.model or (identity["models"][0] if identity.get("models") else None)
 
-        counter: Any = await tok.find_server_tokenizer(client, server_root(endpoint), model, headers)
+        # live.tokenizer is the user's explicit choice; else the server's own, else the GGUF's vocabulary
+        counter: Any = configured or await tok.find_server_tokenizer(client, server_root(endpoint), model, headers)
         gguf = s.gguf_path if (server is not None or s.engine == "llama.cpp") else ""
         if counter is None and gguf and Path(gguf).is_file() and llama_cpp_available():
             try:
@@ -402,11 +409,14 @@ def _build(s: LiveSettings, endpoint: str, m: dict[str, Any], embedded: bool) ->
     errors: dict[tuple[str, str], dict[str, Any]] = {}
     methods, details, out_sources = [], [], []
     warm = {"probe": None, "requests": 0, "completed": 0, "failed": 0}
-    per_level: dict[int, dict[str, Any]] = {c: {"timings": [], "failed": 0, "inputs": []} for c in s.concurrency}
+    per_level: dict[int, dict[str, Any]] = {c: {"timings": [], "failed": 0, "inputs": [], "methods": []}
+                                            for c in s.concurrency}
     overhead_ns: list[int] = []
     early = 0
+    server_eval = _match_server_eval(m["parsed"], m.get("server_eval_blocks"), embedded)
+    matched: dict[int, dict[str, Any]] = server_eval.pop("_by_item", {})
 
-    for item, ps, chunk_tokens, method, detail in m["parsed"]:
+    for i_item, (item, ps, chunk_tokens, method, detail) in enumerate(m["parsed"]):
         ok = ps.ok
         if not ok:
             key = (item.phase, ps.reason)
@@ -433,8 +443,9 @@ def _build(s: LiveSettings, endpoint: str, m: dict[str, Any], embedded: bool) ->
             continue
         n_out, source = tok.output_tokens(ps, chunk_tokens)
         t_ns = [c.t_ns for c in ps.chunks]
-        timing = request_timing(t_ns, chunk_tokens, n_out)
+        timing = request_timing(t_ns, chunk_tokens, n_out, spread=method == tok.USAGE_TOTAL_SPREAD)
         lvl["timings"].append(timing)
+        lvl["methods"].append(method)
         usage_in = (ps.usage or {}).get("prompt_tokens")
         n_in = int(usage_in) if isinstance(usage_in, (int, float)) else item.prompt_tokens
         lvl["inputs"].append(n_in)
@@ -450,6 +461,10 @@ def _build(s: LiveSettings, endpoint: str, m: dict[str, Any], embedded: bool) ->
                                           if timing["itl_per_token_ms"] else None),
                    output_tokens=n_out, output_tokens_source=source, content_chunks=len(ps.chunks),
                    input_tokens=n_in, token_count_method=method)
+        block = matched.get(i_item)
+        if block is not None:
+            row.update(server_eval_ms_per_token=block["ms_per_token"], server_eval_runs=block["runs"])
+            lvl.setdefault("eval", []).append((block, n_out))
         req_rows.append(row)
         for j, (chunk, k) in enumerate(zip(ps.chunks, chunk_tokens)):
             overhead_ns.append(chunk.overhead_ns)
@@ -463,6 +478,16 @@ def _build(s: LiveSettings, endpoint: str, m: dict[str, Any], embedded: bool) ->
 
     levels = [level_summary(c, per_level[c]["timings"], per_level[c]["failed"], m["durations"].get(c, 0.0),
                             per_level[c]["inputs"]) for c in s.concurrency]
+    for lv in levels:
+        lv["itl_per_token_basis"] = _basis(per_level[lv["concurrency"]]["methods"])
+        lv.update(_eval_stats(per_level[lv["concurrency"]].get("eval", [])))
+    server_eval["levels"] = [{"concurrency": lv["concurrency"], "requests": lv["server_eval_requests"],
+                              "mean_ms_per_token": lv["mean_server_eval_ms_per_token"],
+                              "median_ms_per_token": lv["median_server_eval_ms_per_token"],
+                              "min_ms_per_token": lv["min_server_eval_ms_per_token"],
+                              "max_ms_per_token": lv["max_server_eval_ms_per_token"]} for lv in levels]
+    server_eval["runs_mismatch"] = sum(1 for c in s.concurrency for b, n in per_level[c].get("eval", [])
+                                       if b["runs"] != n - 1)
     completed = sum(lv["completed"] for lv in levels)
     failed = sum(lv["failed"] for lv in levels)
 
@@ -504,7 +529,11 @@ def _build(s: LiveSettings, endpoint: str, m: dict[str, Any], embedded: bool) ->
         "token_count_method": _one(methods),
         "token_count_detail": _one(details),
         "output_tokens_source": _one(out_sources),
+        "itl_per_token_basis": _basis(methods),
+        "itl_per_token_note": _BASIS_NOTES.get(_basis(methods)),
         "client_overhead_us": client_overhead,
+        "server_eval": server_eval,
+        "server_eval_ms_per_token": _eval_figure(server_eval, levels),
         "completed": completed,
         "failed": failed,
         "early_stops": early,
@@ -531,6 +560,78 @@ def _build(s: LiveSettings, endpoint: str, m: dict[str, Any], embedded: bool) ->
     return summary, req_df, chunk_df
 
 
+EVAL_SOURCE = ("live/embedded_server.log: llama.cpp llama_perf_context_print 'eval time' per request "
+               "(eval ms / runs; time in llama_decode per generated token, as the server ran it)")
+
+
+def _match_server_eval(parsed: list, blocks: list[dict[str, Any]] | None, embedded: bool) -> dict[str, Any]:
+    """Pair the embedded server's per-generation log blocks with our requests.
+
+    The server runs one generation at a time (a lock; `--interrupt_requests false`), so its blocks come in the
+    order the generations started, which is the order their first events reached us. Every request that
+    received an event ran a generation; when the counts differ the pairing is not trusted and nothing is
+    attached (the summary says why).
+    """
+    if not embedded:
+        return {"status": "unavailable", "why": "the server is not the embedded one (its log is not ours)"}
+    if not blocks:
+        return {"status": "unavailable", "why": "no llama_perf_context_print eval lines in live/embedded_server.log",
+                "source": EVAL_SOURCE}
+    started = sorted(((i, item.result.events[0][0]) for i, (item, *_rest) in enumerate(parsed)
+                      if item.result is not None and item.result.events), key=lambda x: x[1])
+    out: dict[str, Any] = {"status": "measured", "source": EVAL_SOURCE, "blocks": len(blocks),
+                           "streamed_requests": len(started)}
+    if len(started) != len(blocks):
+        out.update(status="unavailable", why=f"{len(blocks)} eval blocks in the server log for {len(started)} "
+                                             "streamed requests: cannot pair them")
+        return out
+    out["_by_item"] = {i: b for (i, _), b in zip(started, blocks) if b.get("ms_per_token") is not None}
+    return out
+
+
+def _eval_stats(pairs: list[tuple[dict[str, Any], int]]) -> dict[str, Any]:
+    """Per level: the server's own decode time per token (mean weighted by tokens, like the per-token ITL)."""
+    per_req = [b["ms_per_token"] for b, _ in pairs]
+    runs = sum(b["runs"] for b, _ in pairs)
+    return {
+        "server_eval_requests": len(pairs),
+        "mean_server_eval_ms_per_token": sum(b["eval_ms"] for b, _ in pairs) / runs if runs else None,
+        "median_server_eval_ms_per_token": float(np.median(per_req)) if per_req else None,
+        "min_server_eval_ms_per_token": min(per_req) if per_req else None,
+        "max_server_eval_ms_per_token": max(per_req) if per_req else None,
+    }
+
+
+def _eval_figure(server_eval: dict[str, Any], levels: list[dict[str, Any]]) -> dict[str, Any]:
+    """The lowest concurrency level's server eval time per token as a labelled figure."""
+    if server_eval.get("status") != "measured":
+        return unavailable(server_eval.get("why", "not measured"), "ms", server_eval.get("source", ""))
+    for lv in sorted(levels, key=lambda lv: lv["concurrency"]):
+        if lv.get("mean_server_eval_ms_per_token") is not None:
+            return measured(lv["mean_server_eval_ms_per_token"], "ms",
+                            f"{EVAL_SOURCE}; concurrency {lv['concurrency']}, {lv['server_eval_requests']} requests")
+    return unavailable("no measured request was paired with a server eval block", "ms", EVAL_SOURCE)
+
+
+_BASIS_NOTES = {
+    "exact": None,
+    "spread": "per-token ITL: only each request's final usage total is known, spread over the chunks after the "
+              "first; the mean equals TPOT exactly, the percentiles are approximate",
+    "per_chunk": "per-token ITL assumes one token per chunk (no usage from the server and no tokenizer): "
+                 "per-token figures are per-chunk figures; set live.tokenizer to count tokens",
+    "mixed": "per-token ITL: requests were counted by different methods (see token_count_method); percentiles "
+             "may be approximate",
+}
+
+
+def _basis(methods: list[str | None]) -> str | None:
+    """How far the per-token ITL can be trusted: exact, spread (mean exact), per_chunk, or mixed."""
+    kinds = {tok.BASIS.get(m or "", "per_chunk") for m in methods}
+    if not kinds:
+        return None
+    return kinds.pop() if len(kinds) == 1 else "mixed"
+
+
 def write_skipped(outputs: LiveOutputs, why: str) -> dict[str, Any]:
     summary = skipped_stage("live", why, levels=[], errors=[], engine="unknown", skipped=[])
     write_json(outputs.summary, summary)
@@ -551,6 +652,7 @@ def run_live(settings: LiveSettings, outputs: LiveOutputs, *, progress: bool = T
         return write_skipped(outputs, "stages.live is false in the config")
     api_key = read_api_key(settings)
     redactor = Redactor([api_key])
+    configured = tok.HFTokenizer(settings.tokenizer) if settings.tokenizer else None  # a bad path: ConfigError now
     embedded = not settings.endpoint
     endpoint = settings.endpoint
     try:
@@ -565,13 +667,17 @@ def run_live(settings: LiveSettings, outputs: LiveOutputs, *, progress: bool = T
                 endpoint = server.base_url
             log(f"live: measuring {display_url(endpoint)} ({settings.api}, concurrency {settings.concurrency}, "
                 f"{settings.num_requests} requests each, max_tokens {settings.max_tokens})")
-            measured = asyncio.run(_sweep(settings, endpoint, api_key, server, progress, log))
+            swept = asyncio.run(_sweep(settings, endpoint, api_key, server, progress, log, configured))
     except DecodeGapError as exc:
         _write_error(outputs, {"stage": "live", "status": "failed", "reason": str(exc),
                                "endpoint": display_url(endpoint or "embedded"), "levels": [], "errors": []}, redactor)
         raise DecodeGapError(redactor.text(str(exc))) from None
 
-    summary, req_df, chunk_df = _build(settings, endpoint, measured, embedded)
+    # the embedded server has stopped: its log is complete
+    swept["server_eval_blocks"] = read_eval_log(outputs.server_log) if embedded else None
+    summary, req_df, chunk_df = _build(settings, endpoint, swept, embedded)
+    if embedded:  # the server's own words for what it failed (e.g. a prompt beyond its context)
+        summary["server_log_errors"] = read_log_errors(outputs.server_log)
     if calibrate_client:
         try:
             summary["client_overhead_us"]["loopback"] = asyncio.run(calibrate())
@@ -585,6 +691,8 @@ def run_live(settings: LiveSettings, outputs: LiveOutputs, *, progress: bool = T
     if summary["completed"] == 0:
         summary["status"] = "failed"
         top = summary["errors"][0]["reason"] if summary["errors"] else "no content received"
+        if summary.get("server_log_errors"):
+            top += f"; embedded server log: {summary['server_log_errors'][-1]}"
         summary["reason"] = f"no measured request succeeded: {top}"
         _write_error(outputs, summary, redactor)
         raise DecodeGapError(redactor.text(

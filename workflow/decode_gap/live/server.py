@@ -21,6 +21,7 @@ import ctypes
 import importlib.metadata
 import importlib.util
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -211,6 +212,78 @@ class EmbeddedServer:
             atexit.unregister(self.stop)
         except Exception:  # pragma: no cover
             pass
+
+
+# llama.cpp prints one block per generation (llama-cpp-python 0.3.x, verbose server), e.g.
+#   llama_perf_context_print: prompt eval time =      81.87 ms /    16 tokens (    5.12 ms per token, ...)
+#   llama_perf_context_print:        eval time =     190.63 ms /    15 runs   (   12.71 ms per token, ...)
+#   llama_perf_context_print:       total time =     341.69 ms /    31 tokens
+_NUM = r"([0-9.]+|nan|inf|-?nan)"
+_PROMPT_EVAL = re.compile(rf"llama_perf_context_print:\s+prompt eval time =\s*{_NUM} ms /\s*(\d+) tokens")
+_EVAL = re.compile(rf"llama_perf_context_print:\s+eval time =\s*{_NUM} ms /\s*(\d+) runs")
+_TOTAL = re.compile(rf"llama_perf_context_print:\s+total time =\s*{_NUM} ms")
+
+
+def read_eval_log(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The server's own per-generation timings from its log, in the order it ran them.
+
+    Each entry: `eval_ms` and `runs` (the decode steps after the first token; `ms_per_token` = eval_ms / runs,
+    computed here rather than read, so it carries full precision), `prompt_eval_ms`, `prompt_tokens`,
+    `total_ms`. llama.cpp's `eval time` is the time spent in `llama_decode` for single-token batches: the engine
+    as the server ran it, without sampling, detokenizing, HTTP or the client.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    blocks: list[dict[str, Any]] = []
+    cur: dict[str, Any] = {}
+    for line in text.splitlines():
+        if m := _PROMPT_EVAL.search(line):
+            cur = {"prompt_eval_ms": _float(m.group(1)), "prompt_tokens": int(m.group(2))}
+        elif (m := _EVAL.search(line)) and cur:
+            runs = int(m.group(2))
+            eval_ms = _float(m.group(1))
+            cur.update(eval_ms=eval_ms, runs=runs,
+                       ms_per_token=eval_ms / runs if runs and eval_ms is not None else None)
+        elif (m := _TOTAL.search(line)) and cur:
+            cur["total_ms"] = _float(m.group(1))
+            if "runs" in cur:
+                blocks.append(cur)
+            cur = {}
+    return blocks
+
+
+_EXC_LINE = re.compile(r"^[\s|]*((?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception)): (.+)$")
+
+
+def read_log_errors(path: str | os.PathLike, limit: int = 5) -> list[str]:
+    """The distinct exception lines in the embedded server's log (its own words for a request it failed), quoted
+    like any server message: one line each, scrubbed, cut at 300 characters; the last `limit`, in order."""
+    from .client import quote  # noqa: PLC0415 - client is the live package's HTTP side
+
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    seen: list[str] = []
+    for line in text.splitlines():
+        m = _EXC_LINE.match(line)
+        if not m or m.group(1).endswith("ExceptionGroup"):
+            continue
+        msg = quote(f"{m.group(1)}: {m.group(2)}")
+        if msg in seen:
+            seen.remove(msg)
+        seen.append(msg)
+    return seen[-limit:]
+
+
+def _float(text: str) -> float | None:
+    try:
+        v = float(text)
+    except ValueError:
+        return None
+    return v if v == v and v not in (float("inf"), float("-inf")) else None
 
 
 def assemble_embedded_gguf(target: str | os.PathLike) -> Path:
