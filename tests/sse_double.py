@@ -67,6 +67,16 @@ TOKENIZER_SCENARIOS = {"chat", "strict"}
 
 LOG: list[dict] = []
 LOCK = threading.Lock()
+# GET /metrics, in vLLM's names (the "spec" scenario only): each streamed token's interval, as the engine would
+# observe it, through prometheus_client's own registry and exposition format.
+try:
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    METRICS = CollectorRegistry()
+    VLLM_ITL = Histogram("vllm:inter_token_latency_seconds", "ITL", ["model_name"], registry=METRICS,
+                         buckets=[0.005, 0.01, 0.0125, 0.015, 0.0175, 0.02, 0.025, 0.05, 0.1, 0.5, 1.0])
+except ImportError:  # pragma: no cover - prometheus_client is a dependency
+    METRICS = None
 COUNTER = {"stream": 0}
 
 
@@ -127,6 +137,14 @@ class Handler(BaseHTTPRequestHandler):
                               self._extra_headers(scenario))
         if rest == "/version":
             return self._json(200, {"version": "0.0-double", "name": "sse-double"})
+        if rest == "/metrics" and scenario == "spec" and METRICS is not None:
+            body = generate_latest(METRICS)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return None
         return self._json(404, {"error": "not found"})
 
     def do_POST(self):  # noqa: N802
@@ -221,7 +239,11 @@ class Handler(BaseHTTPRequestHandler):
                 finish = "length" if i == len(script) - 1 else None
                 sent = self._event(chunk_obj(text, cum if per_chunk_usage else None, finish=finish))
                 entry["sends"].append(sent)
-                entry.setdefault("token_times_ns", []).extend([sent] * k)
+                times = entry.setdefault("token_times_ns", [])
+                if scenario == "spec" and METRICS is not None and times and k:
+                    for _ in range(k):  # the chunk's interval spread over its tokens, as per-token ITL
+                        VLLM_ITL.labels("double-model").observe((sent - times[-1]) / k / 1e9)
+                times.extend([sent] * k)
                 if scenario == "malformed" and i == 0:
                     self._chunk(b"data: {not json\n\n")
                     break

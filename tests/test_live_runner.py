@@ -288,3 +288,24 @@ def test_one_token_per_chunk_is_said_next_to_the_per_token_figures(double, tmp_p
 def test_bad_tokenizer_path_is_one_config_line(double, tmp_path):
     with pytest.raises(ConfigError, match=r"^config field 'live.tokenizer': .*nowhere.* does not exist"):
         _run(_settings(double.url("ok"), tokenizer=str(tmp_path / "nowhere")), _outputs(tmp_path))
+
+
+def test_server_side_metrics_beside_the_client(double, tmp_path):
+    """/metrics scraped before and after a level (the double exposes vLLM's ITL histogram): the server's own
+    per-token time sits beside the client's, and their difference is the streaming path."""
+    double.reset()
+    out = _outputs(tmp_path)
+    summary = _run(_settings(double.url("spec"), concurrency=[1], num_requests=3, max_tokens=64), out)
+    lv = summary["levels"][0]
+    side = lv["server_side"]["metrics"]
+    assert side["status"] == "measured", side
+    vs = side["vs_client"]
+    assert "inter_token_latency" in vs["server_metric"]
+    # the histogram's exact mean (sum/count) of the double's own token intervals against the client's median
+    assert vs["server_ms"] == pytest.approx(lv["mean_itl_per_token_ms"], abs=0.5)
+    assert vs["streaming_path_ms"] == pytest.approx(vs["client_ms"] - vs["server_ms"])
+    assert lv["server_side"]["profile"]["status"] == "unavailable"  # not asked for
+    # a server without /metrics: unavailable with the reason, never a number
+    summary = _run(_settings(double.url("ok"), concurrency=[1], num_requests=1), _outputs(tmp_path / "b"))
+    other = summary["levels"][0]["server_side"]["metrics"]
+    assert other["status"] == "unavailable" and other["why"]

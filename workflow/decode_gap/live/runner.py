@@ -37,6 +37,8 @@ from ..provenance import measured, skipped_stage, unavailable
 from . import tokens as tok
 from .client import StreamResult, display_url, stream_request
 from .identity import detect_engine, probe_identity, safe_headers, server_root
+from .prometheus import compare_with_client
+from .server_side import ServerSideWindow
 from .loopback import calibrate
 from .metrics import describe, level_summary, request_timing
 from .parse import parse_stream
@@ -100,6 +102,8 @@ class LiveSettings:
     gguf_path: str = ""
     enabled: bool = True
     tokenizer: str = ""  # live.tokenizer: a local tokenizer.json or its directory
+    server_metrics: bool = True  # live.server_metrics: /metrics deltas around each level
+    server_profile: dict[str, Any] = field(default_factory=dict)  # live.server_profile (vLLM, SGLang)
 
     @classmethod
     def from_params(cls, run: dict[str, Any]) -> "LiveSettings":
@@ -126,6 +130,8 @@ class LiveSettings:
             gguf_path=str(run.get("gguf_path") or ""),
             enabled=bool(run.get("enabled", True)),
             tokenizer=str(live.get("tokenizer") or "").strip(),
+            server_metrics=bool(live.get("server_metrics", d.server_metrics)),
+            server_profile=dict(live.get("server_profile") or {}),
         )
 
     def public(self) -> dict[str, Any]:
@@ -135,7 +141,8 @@ class LiveSettings:
             "max_tokens": self.max_tokens, "input_len": self.input_len,
             "prompt": "fixed" if self.prompt else "random", "ignore_eos": self.ignore_eos,
             "timeout_s": self.timeout_s, "require_done": self.require_done, "temperature": 0.0, "api_key_env": self.api_key_env or None,
-            "tokenizer": self.tokenizer or None,
+            "tokenizer": self.tokenizer or None, "server_metrics": self.server_metrics,
+            "server_profile": bool(self.server_profile.get("enabled")),
         }
 
 
@@ -358,6 +365,7 @@ async def _sweep(s: LiveSettings, endpoint: str, api_key: str, server: EmbeddedS
             # The sweep.
             rid = 0
             durations: dict[int, float] = {}
+            server_side: dict[int, dict[str, Any]] = {}
             k = 1 + s.warmup_requests
             for c in s.concurrency:
                 bar.describe(f"concurrency {c}")
@@ -372,9 +380,19 @@ async def _sweep(s: LiveSettings, endpoint: str, api_key: str, server: EmbeddedS
 
                 batch = prompts[k: k + s.num_requests]
                 k += s.num_requests
+                # The server's own view of this level: /metrics before and after (and, for the first level, a
+                # vLLM/SGLang profile window when live.server_profile asks). Outside the timed span.
+                window = None
+                if s.server_metrics:
+                    engine_now = detect_engine(identity, s.engine, server is not None)[0]
+                    window = ServerSideWindow(endpoint, engine_now, headers,
+                                              profile=s.server_profile if c == s.concurrency[0] else None)
+                    window.start()
                 t0 = time.perf_counter_ns()
                 results = await asyncio.gather(*(one(p) for p, _ in batch))
                 durations[c] = (time.perf_counter_ns() - t0) / 1e9
+                if window is not None:
+                    server_side[c] = window.stop()
                 for (p, n), r in zip(batch, results):
                     sent.append(_Sent(rid, c, "measure", n, r, level_t0_ns=t0))
                     rid += 1
@@ -401,6 +419,7 @@ async def _sweep(s: LiveSettings, endpoint: str, api_key: str, server: EmbeddedS
         "request_options": {"sent": _sent_options(s, dropped), "dropped_after_rejection": sorted(dropped),
                             "rejections": rejected},
         "tokenizer": counter.name if counter is not None else None,
+        "server_side": server_side,
     }
 
 
@@ -480,6 +499,10 @@ def _build(s: LiveSettings, endpoint: str, m: dict[str, Any], embedded: bool) ->
                             per_level[c]["inputs"]) for c in s.concurrency]
     for lv in levels:
         lv["itl_per_token_basis"] = _basis(per_level[lv["concurrency"]]["methods"])
+        side = (m.get("server_side") or {}).get(lv["concurrency"])
+        if side is not None:
+            side["metrics"]["vs_client"] = compare_with_client(side["metrics"], lv.get("median_itl_per_token_ms"))
+            lv["server_side"] = side
         lv.update(_eval_stats(per_level[lv["concurrency"]].get("eval", [])))
     server_eval["levels"] = [{"concurrency": lv["concurrency"], "requests": lv["server_eval_requests"],
                               "mean_ms_per_token": lv["mean_server_eval_ms_per_token"],
