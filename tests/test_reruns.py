@@ -40,6 +40,7 @@ RULE_STAGE = {
     "simulate_kernel": "simulate", "simulate_engine": "simulate", "calibrate_server": "simulate",
     "measure_live": "live",
     "merge_simulation": "", "attribute_gap": "", "assemble_gguf": "", "analyze_trace": "", "trace": "",
+    "record_engine_trace": "",  # opt-in (simulate.engine_trace): not in this DAG
     "render_report": "*", "archive_report": "*", "compare_runs": "",
     # targets
     "all": "", "audit": "", "roofline": "", "microbench": "", "simulate": "", "live": "", "report": "", "compare": "",
