@@ -1,6 +1,8 @@
 # The HTML and PDF gap-analysis report, its archive copy, and the comparison of two archived runs.
 from decode_gap import archive as archive_mod
 from decode_gap.errors import DecodeGapError
+from decode_gap.report.copied import ARCHIVED_FILES
+from decode_gap.report.data import STAGE_FILES
 
 ARCHIVE_DIR = config.get("archive", {}).get("dir", "report/archive")
 
@@ -11,27 +13,15 @@ except DecodeGapError as exc:
     sys.exit(f"decode-gap: error: config fields run_a and run_b: {exc}")
 
 
+def report_inputs(wildcards):
+    """The stage files the report reads, as plain paths: measuring rules produce them in a full run; in render
+    mode (render.smk) no rule does, so Snakemake takes them as they are."""
+    return {name: res(rel) for name, rel in STAGE_FILES.items()}
+
+
 rule render_report:
     input:
-        audit=rules.collect_audit.output.json,
-        roofline=rules.compute_roofline.output.json,
-        roofline_components=rules.compute_roofline.output.components,
-        memory=rules.measure_memory.output.json,
-        allreduce=rules.bench_allreduce.output.csv,
-        allreduce_json=rules.bench_allreduce.output.json,
-        gemm=rules.bench_gemm.output.csv,
-        gemm_json=rules.bench_gemm.output.json,
-        moe=rules.bench_moe.output.csv,
-        moe_json=rules.bench_moe.output.json,
-        attention=rules.bench_attention.output.csv,
-        attention_json=rules.bench_attention.output.json,
-        launch=rules.bench_launch.output.csv,
-        launch_json=rules.bench_launch.output.json,
-        simulate=rules.merge_simulation.output.json,
-        live=rules.measure_live.output.summary,
-        live_requests=rules.measure_live.output.requests,
-        live_chunks=rules.measure_live.output.chunks,
-        gap=rules.attribute_gap.output.json,
+        unpack(report_inputs),
         templates=report_templates,
     output:
         html=res("report.html"),
@@ -53,9 +43,7 @@ rule archive_report:
     input:
         html=rules.render_report.output.html,
         pdf=rules.render_report.output.pdf,
-        stage_files=stage_summaries,
-        live_requests=rules.measure_live.output.requests,
-        live_chunks=rules.measure_live.output.chunks,
+        stage_files=[res(rel) for rel in ARCHIVED_FILES],
         templates=report_templates,
     output:
         receipt=res("archive.json"),

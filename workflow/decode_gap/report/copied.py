@@ -1,0 +1,56 @@
+"""A results/<hw-rev>/ tree to render, possibly copied from the host that measured it (the `render` target).
+
+Reads files only: the hardware revision comes from the config, the fingerprint from gap.json (written on the
+measuring host), and nothing about the rendering host is probed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import DecodeGapError
+from .data import STAGE_FILES
+
+# What the report reads, plus the server calibration the archive keeps beside it.
+ARCHIVED_FILES: tuple[str, ...] = (*STAGE_FILES.values(), "simulate/server.json")
+
+
+@dataclass
+class CopiedResults:
+    hardware_revision: str
+    path: Path
+    fingerprint: dict[str, str] = field(default_factory=dict)
+
+
+def _revisions(results: Path) -> list[str]:
+    return sorted(p.parent.name for p in results.glob("*/gap.json"))
+
+
+def copied_results(results: str | Path, hw_rev: str) -> CopiedResults:
+    """The tree results/<hw_rev>/ with every file the report and archive read; one-line error otherwise."""
+    results = Path(results)
+    if not hw_rev:
+        have = _revisions(results)
+        raise DecodeGapError("config field 'hardware_revision' is required: the results/<hw-rev>/ directory to "
+                             "render (" + (f"results/ holds: {', '.join(have)}" if have else "results/ holds none")
+                             + ")")
+    d = results / hw_rev
+    if not d.is_dir():
+        raise DecodeGapError(f"results/{hw_rev}/ does not exist: copy it from the measuring host")
+    missing = [rel for rel in ARCHIVED_FILES if not (d / rel).is_file()]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise DecodeGapError(f"results/{hw_rev}/{missing[0]} is missing{more}: copy the whole results/{hw_rev}/ "
+                             "directory from the measuring host (render never measures)")
+    try:
+        gap = json.loads((d / "gap.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise DecodeGapError(f"results/{hw_rev}/gap.json cannot be read ({type(exc).__name__})") from None
+    rev = gap.get("hardware_revision") if isinstance(gap, dict) else None
+    if rev and rev != hw_rev:
+        raise DecodeGapError(f"results/{hw_rev}/gap.json was written for hardware revision {rev}: render "
+                             f"results/{rev}/ instead (a revision's files are never mixed with another's)")
+    fingerprint = gap.get("fingerprint") if isinstance(gap, dict) else None
+    return CopiedResults(hw_rev, d, {str(k): str(v) for k, v in (fingerprint or {}).items()})
