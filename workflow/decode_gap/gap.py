@@ -35,7 +35,17 @@ the model is built only from measurements that never look at the live stream:
 The live ITL at concurrency 1 is then a prediction target the model never saw. live - engine is still reported,
 labelled as the observed (circular) server overhead, for comparison only.
 
-Explained fraction = 1 - |residual| / live. Closure ratio = predicted / live. Efficiency = roofline / live.
+A negative step is a finding, not an explanation: when a lower level measures slower than the level above it
+(kernel level above the engine level, levels that predict more than the live ITL), the step keeps its sign so
+the chain still sums, but it is marked `inconsistent` with its size and likely cause, and it explains nothing.
+
+Explained fraction = max(0, 1 - (|residual| + sum of |negative steps|) / live): the remainder and every
+inconsistent millisecond count against it, so a +x step offset by a -x step lowers it by x / live instead of
+cancelling. Closure ratio = predicted / live. Efficiency = roofline / live.
+
+Never mix hosts: every level a step subtracts must come from the same device and hardware revision. A level
+measured elsewhere (a kernel level re-run on the rendering laptop beside an H200 engine level) is refused: its
+step becomes unavailable with both identities named, and the next level from the run's device absorbs it.
 """
 
 from __future__ import annotations
@@ -103,6 +113,91 @@ def live_itl(level: dict) -> tuple[float | None, str]:
 
 
 # ----------------------------------------------------------------------------------------------------------
+# where each level was measured
+
+# Levels whose files name the accelerator they ran on (the HTTP calibration is a CPU measurement by design and
+# the live client cannot see the server's device, so those two are compared by hardware revision only).
+DEVICE_LEVELS = ("memory", "allreduce", "gemm", "launch", "kernel", "engine")
+
+
+def _concrete(device: str) -> bool:
+    return bool(device) and not device.startswith("server at")
+
+
+def identity(doc: dict | None, source: str) -> dict[str, Any] | None:
+    """{source, device, hardware_revision} a stage file records (None when the file is unavailable)."""
+    if not isinstance(doc, dict):
+        return None
+    return {"source": source, "device": str(doc.get("device") or ""),
+            "hardware_revision": str(doc.get("hardware_revision") or "") or None}
+
+
+def identity_text(ident: dict | None) -> str:
+    if not ident:
+        return "not recorded"
+    parts = [ident.get("device") or "device not recorded"]
+    if ident.get("hardware_revision"):
+        parts.append(f"rev {ident['hardware_revision']}")
+    return ", ".join(parts)
+
+
+def run_identity(ids: dict[str, dict | None], expected_rev: str | None) -> dict[str, Any]:
+    """The device and revision the run was measured on: the device most levels name (the engine's on a tie)."""
+    counts: dict[str, int] = {}
+    for key in DEVICE_LEVELS:
+        dev = (ids.get(key) or {}).get("device", "")
+        if _concrete(dev):
+            counts[dev] = counts.get(dev, 0) + 1
+    engine_dev = (ids.get("engine") or {}).get("device", "")
+    device = max(counts, key=lambda d: (counts[d], d == engine_dev)) if counts else ""
+    return {"device": device, "hardware_revision": expected_rev or None}
+
+
+def foreign(ident: dict | None, ref: dict[str, Any], by_device: bool) -> str:
+    """Why a level cannot be set against the run's other levels ('' when it can)."""
+    if not ident:
+        return ""
+    rev, want_rev = ident.get("hardware_revision"), ref.get("hardware_revision")
+    if rev and want_rev and rev != want_rev:
+        return f"{ident['source']} was measured on hardware revision {rev}, this run is {want_rev}"
+    dev, want = ident.get("device", ""), ref.get("device", "")
+    if by_device and _concrete(dev) and want and dev != want:
+        return f"{ident['source']} was measured on {dev}, the run's other levels on {want}"
+    return ""
+
+
+# Likely causes of a negative step, by step (the step name before any " + " of absorbed levels).
+NEGATIVE_CAUSE = {
+    "lost bandwidth: memory ceiling": "measured bandwidth above the datasheet peak: a cache-resident benchmark "
+                                      "buffer or a datasheet that does not match the part",
+    "lost bandwidth: kernels at decode shapes": "the kernel level moves fewer bytes than the roofline counts "
+                                                "(layers scaled, weights cached in L2) or the memory benchmark "
+                                                "under-measures bandwidth",
+    "launch overhead": "the CUDA-graph replay measured slower than eager launches: timing noise or a graph that "
+                       "captured extra work",
+    "framework overhead": "the kernel level measured slower than the engine running the same model: different "
+                          "kernels, dtype or shapes at the kernel level, or levels from different hosts",
+    "server overhead: completion loop": "the completion loop measured faster than the engine's own eval: noise",
+    "server overhead: HTTP/SSE streaming": "the co-run measured faster than the loop alone: noise",
+    "unexplained residual": "the levels predict more than the live server takes: a modelled step over-counts, or "
+                            "the live server runs faster kernels or graphs than the engine level",
+}
+
+
+def _flag_negative(row: dict[str, Any], what: str) -> None:
+    """Mark a negative step as an inconsistency: its size, what measured slower than what, the likely cause."""
+    if row.get("ms") is None or row["ms"] >= 0:
+        return
+    base = row["name"].split(" + ")[-1]
+    row["inconsistent"] = True
+    row["inconsistency"] = {
+        "ms": -row["ms"],
+        "what": what,
+        "likely_cause": NEGATIVE_CAUSE.get(base, "a lower level measured slower than a higher one"),
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------
 # the chain
 
 
@@ -116,9 +211,14 @@ def _unavail(name: str, why: str, source: str) -> dict[str, Any]:
     return _row(name, None, source, "unavailable", why=why)
 
 
-def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None) -> dict[str, Any]:
-    """Build gap.json from the loaded stage files (any of them may be None; `why` says why)."""
+def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None,
+              hardware_revision: str | None = None) -> dict[str, Any]:
+    """Build gap.json from the loaded stage files (any of them may be None; `why` says why).
+
+    `hardware_revision`: the results directory's revision; a level recorded under another one is refused.
+    """
     why = dict(why or {})
+    inputs = dict(inputs)
     roof = inputs.get("roofline") or {}
     mem = inputs.get("memory") or {}
     ar = inputs.get("allreduce") or {}
@@ -132,6 +232,30 @@ def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None)
         why["engine"], eng = eng.get("reason", "engine level not measured"), None
     if srv and srv.get("status") != "ok":
         why["server"], srv = f"HTTP calibration skipped: {srv.get('reason', '')}", None
+    live = inputs.get("live")
+
+    # never mix hosts: refuse every level measured on another device or hardware revision than the run's
+    ids = {
+        "memory": identity(inputs.get("memory"), "microbench/memory.json"),
+        "allreduce": identity(inputs.get("allreduce"), "microbench/allreduce.json"),
+        "gemm": identity(inputs.get("gemm"), "microbench/gemm.json"),
+        "launch": identity(inputs.get("launch"), "microbench/launch.json"),
+        "kernel": identity(kern, "simulate/kernel.json"),
+        "engine": identity(eng, "simulate/engine.json"),
+        "server": identity(srv, "simulate/server.json"),
+        "live": identity(live, "live/summary.json"),
+    }
+    ref = run_identity(ids, hardware_revision)
+    refused = {k: r for k, i in ids.items() if (r := foreign(i, ref, k in DEVICE_LEVELS))}
+    for key, reason in refused.items():
+        why[key] = f"refused: {reason}; levels from different hosts are never subtracted"
+        if key in ("kernel", "engine", "server"):
+            kern, eng, srv = (None if key == "kernel" else kern, None if key == "engine" else eng,
+                              None if key == "server" else srv)
+        else:
+            inputs[key] = None
+    mem = inputs.get("memory") or {}
+    ar = inputs.get("allreduce") or {}
     live = inputs.get("live")
     engine_name = (eng or {}).get("engine") or ((sim.get("engine") or {}).get("engine")) or (live or {}).get("engine") or "unknown"
     tp = int(roof.get("tp") or (kern or {}).get("tp") or 1)
@@ -165,6 +289,8 @@ def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None)
         waterfall.append(_row("lost bandwidth: memory ceiling", t_meas - t_peak, "microbench/memory.json", "modelled",
                               note=f"bytes / measured {bw_name} {read_bw:.0f} GB/s - bytes / datasheet "
                                    f"{_num((roof.get('hardware') or {}).get('memory_bandwidth_gbps')) or 0:.0f} GB/s"))
+        _flag_negative(waterfall[-1], f"the roofline at datasheet bandwidth ({t_peak:.3f} ms) is slower than at the "
+                                      f"measured bandwidth ({t_meas:.3f} ms)")
     elif t_peak is None and t_meas is not None:
         waterfall.append(_row("lost bandwidth: memory ceiling", None, "microbench/memory.json", "unavailable",
                               why="no datasheet peak: the roofline already uses the measured bandwidth"))
@@ -202,6 +328,8 @@ def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None)
     # (4-6) kernel level, launch overhead, framework overhead: checkpoints
     server_graphs = engine_name in GRAPH_ENGINES
     checkpoints: list[tuple[str, float | None, str, str, str]] = []  # (name, value, source, status, why)
+    level_label = {"lost bandwidth: kernels at decode shapes": "the kernel level (CUDA graph)",
+                   "launch overhead": "the kernel level (eager)", "framework overhead": "the engine level"}
     kernel_ok = kern is not None and kern.get("format_match", True)
     k_graph = _num((kern or {}).get("graph_ms"))
     k_eager = _num((kern or {}).get("eager_ms"))
@@ -243,6 +371,7 @@ def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None)
     # without a roofline the chain starts at zero and the first measured level absorbs it
     pending: list[str] = [] if have_chain else ["roofline"]
     last_level = "roofline + all-reduce"
+    last_label = "the roofline at measured bandwidth + all-reduce"
     reached = have_chain
     for name, value, source, status, cwhy in checkpoints:
         if value is None:
@@ -254,10 +383,13 @@ def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None)
         if cwhy:
             extra["note"] = cwhy
         waterfall.append(_row(label, value - chain, source, status, **extra))
+        _flag_negative(waterfall[-1], f"{last_label} ({chain:.3f} ms) is {chain - value:.3f} ms per token slower "
+                                      f"than {level_label[name]} ({value:.3f} ms) above it")
         chain = value
         reached = True
         pending = []
         last_level = name
+        last_label = level_label[name]
     if launch_note:
         waterfall.append(_row("launch overhead", 0.0, src_k, "modelled", note=launch_note))
 
@@ -267,6 +399,7 @@ def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None)
     if loop_ms is not None:
         waterfall.append(_row("server overhead: completion loop", loop_ms, src_e, "measured",
                               note=loop.get("source")))
+        _flag_negative(waterfall[-1], f"the completion loop is {-loop_ms:.3f} ms per token faster than the eval inside it")
         chain += loop_ms
     else:
         waterfall.append(_unavail("server overhead: completion loop",
@@ -287,6 +420,7 @@ def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None)
             note=f"completion loop while a loopback SSE stream ({corun.get('stack') or 'HTTP'}) and a streaming "
                  f"client share the host" + (f": {c_tok:.3f} vs {a_tok:.3f} ms/token alone" if c_tok and a_tok else "")
                  + " (median of alternating pairs)"))
+        _flag_negative(waterfall[-1], f"the loop with a stream beside it is {-http_ms:.3f} ms per token faster than alone")
         chain += http_ms
     elif srv is not None:
         s_cpu = _num(srv.get("server_cpu_per_chunk_ms"))
@@ -317,6 +451,8 @@ def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None)
                               negative=residual < 0 or None,
                               note=("negative: the levels predict more than the live server takes" if residual < 0
                                     else None)))
+        _flag_negative(waterfall[-1], f"the predicted {predicted:.3f} ms per token is {-residual:.3f} ms slower than "
+                                      f"the live ITL {itl:.3f} ms")
     else:
         waterfall.append(_unavail("unexplained residual", lwhy or why.get("live") or "no live ITL or no prediction",
                                   "live/summary.json"))
@@ -336,7 +472,13 @@ def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None)
         total = sum(r["ms"] for r in explained_steps) + residual
         sum_check = {"sum_of_steps_ms": total, "live_itl_ms": itl, "exact": math.isclose(total, itl, rel_tol=0, abs_tol=1e-9)}
 
-    explained = max(0.0, 1.0 - abs(residual) / itl) if (residual is not None and itl) else None
+    for r in waterfall:
+        r["measured_on"] = _measured_on(r["source"], ids, refused)
+    inconsistencies = [{"step": r["name"], **r["inconsistency"]} for r in waterfall if r.get("inconsistent")]
+    inconsistent_ms = sum(i["ms"] for i in inconsistencies if i["step"] != "unexplained residual")
+    # |residual| + every inconsistent millisecond count against it: offsetting steps never raise it
+    explained = (max(0.0, 1.0 - (abs(residual) + inconsistent_ms) / itl)
+                 if (residual is not None and itl) else None)
     closure = predicted / itl if (predicted is not None and itl) else None
     closure_basis = "engine" if (eng is not None and e_serv is not None) else (
         "kernel" if kernel_ok and (k_graph or k_eager) else ("roofline" if have_chain else None))
@@ -350,7 +492,11 @@ def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None)
         absorbed = {n for r in waterfall for n in r.get("absorbs", [])}
         missing = [r["name"] for r in waterfall if r["status"] == "unavailable" and r["kind"] == STEP
                    and r["name"] not in absorbed and not r["name"].startswith("lost bandwidth: memory")]
-        if residual < 0:
+        if inconsistent_ms > 0:
+            unexplained_component = ("inconsistent levels: " + "; ".join(
+                f"{i['what']} (likely: {i['likely_cause']})" for i in inconsistencies
+                if i["step"] != "unexplained residual"))
+        elif residual < 0:
             unexplained_component = ("over-prediction: the measured levels add up to more than the live ITL; "
                                      "the largest modelled step is the suspect")
         elif missing:
@@ -370,6 +516,14 @@ def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None)
         "top_levers": levers[:3],
         "unexplained_component": unexplained_component,
         "negative_residual": bool(residual is not None and residual < 0),
+        "inconsistencies": inconsistencies,
+        "inconsistent_ms": inconsistent_ms,
+        "inconsistency_note": (
+            f"{len(inconsistencies)} inconsistent step{'s' if len(inconsistencies) != 1 else ''} "
+            f"({sum(i['ms'] for i in inconsistencies):.3f} ms per token, a lower level measured slower than a "
+            "higher one): a finding, not counted as explained" if inconsistencies else None),
+        "refused_levels": refused,
+        "measured_on": identity_text(ref) if ref.get("device") else None,
     }
     return {
         "stage": "gap",
@@ -401,6 +555,9 @@ def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None)
             "engine_ms": engine_ms, "live_itl_ms": itl,
         },
         "inputs_unavailable": {k: v for k, v in why.items() if v},
+        "hardware_revision": hardware_revision,
+        "measured_on": {"run": ref, "levels": ids},
+        "refused_levels": refused,
         "notes": notes,
         "provenance": {
             "roofline_ms": "modelled: roofline.json t_memory_ms" if t_peak is not None else
@@ -411,6 +568,17 @@ def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None)
         },
         "skipped": [],
     }
+
+
+def _measured_on(source: str, ids: dict[str, dict | None], refused: dict[str, str]) -> str:
+    """Where a waterfall row's figure was measured, from the stage file its source names."""
+    for prefix, key in (("microbench/memory", "memory"), ("microbench/allreduce", "allreduce"),
+                        ("simulate.json (kernel", "kernel"), ("simulate.json (engine", "engine"),
+                        ("simulate.json (server", "server"), ("live/summary", "live")):
+        if source.startswith(prefix):
+            text = identity_text(ids.get(key))
+            return f"{text} (refused)" if key in refused else text
+    return "no host: modelled from the datasheet and the model" if source.startswith("roofline") else ""
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -488,11 +656,17 @@ def rank_levers(waterfall, kern, eng, inputs, server_graphs: bool, roof: dict, a
     return levers
 
 
-def attribute_files(paths: dict[str, str | Path | None]) -> dict[str, Any]:
-    """Load the stage files named in `paths` (roofline, memory, allreduce, gemm, launch, simulate, live, audit)."""
+def attribute_files(paths: dict[str, str | Path | None], *, hardware_revision: str | None = None,
+                    fingerprint: dict[str, str] | None = None) -> dict[str, Any]:
+    """Load the stage files named in `paths` (roofline, memory, allreduce, gemm, launch, simulate, live, audit).
+
+    `fingerprint`: the measuring host's environment fingerprint, kept so a report rendered elsewhere shows it.
+    """
     inputs, why = {}, {}
     for key, path in paths.items():
         inputs[key], why[key] = load_input(path)
-    result = attribute(inputs, why)
+    result = attribute(inputs, why, hardware_revision=hardware_revision)
     result["inputs"] = {k: str(v) for k, v in paths.items() if v}
+    if fingerprint is not None:
+        result["fingerprint"] = dict(fingerprint)
     return result
