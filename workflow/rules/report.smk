@@ -13,15 +13,11 @@ except DecodeGapError as exc:
     sys.exit(f"decode-gap: error: config fields run_a and run_b: {exc}")
 
 
-def report_inputs(wildcards):
-    """The stage files the report reads, as plain paths: measuring rules produce them in a full run; in render
-    mode (render.smk) no rule does, so Snakemake takes them as they are."""
-    return {name: res(rel) for name, rel in STAGE_FILES.items()}
-
-
+# The stage files as plain paths: measuring rules produce them in a full run; in render mode (render.smk) no rule
+# does, so Snakemake takes them as they are.
 rule render_report:
     input:
-        unpack(report_inputs),
+        **{name: res(rel) for name, rel in STAGE_FILES.items()},
         templates=report_templates,
     output:
         html=res("report.html"),
