@@ -36,7 +36,8 @@ def make_tree(results: Path, hw_rev: str, *, kernel: dict | None = None, memory_
     _edit(d / "roofline.json", hardware=H200_SHEET)
     _edit(d / "microbench" / "memory.json", device=memory_device)
     sim = json.loads((d / "simulate.json").read_text())
-    sim["kernel"].update(device=GPU, hardware_revision=hw_rev, status="ok", format_match=True, **(kernel or {}))
+    sim["kernel"].update({"device": GPU, "hardware_revision": hw_rev, "status": "ok", "format_match": True,
+                          **(kernel or {})})
     sim["engine"].update(device=GPU, hardware_revision=hw_rev, status="ok", serving_ms=sim["engine"]["eager_ms"])
     sim["server"] = {"stage": "calibrate_server", "status": "ok", "device": "cpu: Intel Xeon Platinum 8480+ (fixture)",
                      "hardware_revision": hw_rev, "stack": "starlette", "server_cpu_per_chunk_ms": 0.21,

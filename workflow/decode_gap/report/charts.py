@@ -235,7 +235,9 @@ def waterfall(df: pd.DataFrame) -> alt.Chart:
         + (["measured_on:N"] if "measured_on" in df.columns else []),
     )
     text = base.mark_text(align="left", dx=4).encode(x=alt.X("right:Q"), text="label:N")
-    return (bars + text).properties(width=WIDTH - 220, height=max(80, 30 * len(df)))
+    # padding: room for the labels at both ends when the PDF's font runs wider than the one vl-convert measured with
+    return (bars + text).properties(width=WIDTH - 300, height=max(80, 30 * len(df)),
+                                    padding={"left": 40, "right": 110, "top": 6, "bottom": 6})
 
 
 def levels(df: pd.DataFrame) -> alt.LayerChart:
