@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from copied_results import FINGERPRINT, GPU, make_tree
+from decode_gap.fingerprint import COMPONENTS
 from decode_gap.report.data import files_in_dir, headline, headline_json, load_bundle
 
 REPO = Path(__file__).resolve().parents[1]
@@ -28,8 +30,10 @@ pytestmark = pytest.mark.e2e
 
 
 def _snakemake(work: Path, *args: str):
+    # this host's fingerprint differs from the measuring host's in every component
+    env = {**os.environ, **{f"DECODE_GAP_FP_{c.upper()}": f"render-host-{c}" for c in COMPONENTS}}
     return subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1", *args], cwd=work, capture_output=True,
-                          text=True, timeout=900)
+                          text=True, timeout=900, env=env)
 
 
 def _state(d: Path) -> dict[str, tuple[str, float]]:
@@ -59,6 +63,11 @@ def test_render_runs_no_measuring_rule_and_keeps_every_number(work):
     before = _state(tree)
     gap = json.loads((tree / "gap.json").read_text())
     expected = headline_json(headline(load_bundle(files_in_dir(tree))))
+
+    # even forcing every job, the DAG of `render` holds rendering rules only
+    forced = _snakemake(work, "render", "--config", f"hardware_revision={HWREV}", "--forceall", "--dry-run")
+    assert forced.returncode == 0, forced.stderr[-3000:]
+    assert _rules_run(forced.stdout + forced.stderr) == RENDER_RULES
 
     proc = _snakemake(work, "render", "--config", f"hardware_revision={HWREV}")
     out = proc.stdout + proc.stderr
