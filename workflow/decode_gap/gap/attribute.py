@@ -1,52 +1,4 @@
-"""Gap attribution: the waterfall from the roofline to the live inter-token latency, and the levers.
-
-The waterfall is a chain of checkpoints, each a time one level of the stack takes per token:
-
-    roofline (weights + KV at datasheet peak)            roofline.json
-    + lost bandwidth: memory ceiling                      bytes / measured read bandwidth  (microbench/memory.json)
-    + all-reduce                                          simulate kernel level (real) or allreduce.json (modelled)
-    + lost bandwidth: kernels at decode shapes            kernel level, CUDA-graph time (simulate.json)
-    + launch overhead                                     kernel level, eager - graph
-    + framework overhead                                  engine level (simulate.json) - kernel level
-    + server overhead: completion loop                    engine level, in-process completion loop - eval
-    + server overhead: HTTP/SSE streaming                 loopback calibration server (simulate.json server)
-    = predicted ITL;   live ITL (live/summary.json);   unexplained residual = live - predicted
-
-A checkpoint that is not available (no GPU for graphs, engine not measured, a kernel level that ran stand-in
-dtypes for a format it cannot run) is listed with its reason, and the next available checkpoint's step absorbs
-it under a combined name, so every millisecond up to the last checkpoint is still attributed to something that
-was measured. The steps always sum exactly to the live ITL: the residual is defined as the remainder. A negative
-residual (the levels predict more than the live server takes) is flagged, never hidden.
-
-The server overhead model, and why closure is not circular. The issue defines server overhead as live ITL minus
-the engine level; used as is, predicted = engine + (live - engine) = live, and closure would prove nothing. So
-the model is built only from measurements that never look at the live stream:
-  1. the completion loop: the server library's own per-token loop (for llama-cpp-python: create_completion with
-     the server's request defaults, i.e. sampling over the whole vocabulary, penalties, detokenisation, chunk
-     dicts) run in-process on the same model, minus llama.cpp's own eval time inside it (engine level);
-  2. HTTP/SSE streaming. Where the engine can run in-process beside a stream (llama.cpp), the engine level runs
-     the completion loop a second time while a loopback server on the same stack (Starlette/sse-starlette/
-     uvicorn, no model) streams one chunk per engine step to a streaming client on the same host ("co-run"):
-     the loop's slowdown is what the HTTP stack and the client cost the engine, core sharing included (on a
-     small CPU host a preempted engine thread stalls every other one at the next barrier, which costs more
-     than the CPU time taken). Otherwise the loopback calibration's CPU time per chunk is the model: the
-     server process's share is serialised with the generation loop (GIL, one worker thread) and always
-     counts; the client's share counts only when the engine already occupies every core.
-The live ITL at concurrency 1 is then a prediction target the model never saw. live - engine is still reported,
-labelled as the observed (circular) server overhead, for comparison only.
-
-A negative step is a finding, not an explanation: when a lower level measures slower than the level above it
-(kernel level above the engine level, levels that predict more than the live ITL), the step keeps its sign so
-the chain still sums, but it is marked `inconsistent` with its size and likely cause, and it explains nothing.
-
-Explained fraction = max(0, 1 - (|residual| + sum of |negative steps|) / live): the remainder and every
-inconsistent millisecond count against it, so a +x step offset by a -x step lowers it by x / live instead of
-cancelling. Closure ratio = predicted / live. Efficiency = roofline / live.
-
-Never mix hosts: every level a step subtracts must come from the same device and hardware revision. A level
-measured elsewhere (a kernel level re-run on the rendering laptop beside an H200 engine level) is refused: its
-step becomes unavailable with both identities named, and the next level from the run's device absorbs it.
-"""
+"""The waterfall chain: checkpoints from the roofline to the live ITL (the package docstring explains the model)."""
 
 from __future__ import annotations
 
@@ -54,7 +6,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .io import read_json
+from ..io import read_json
+from .hosts import (DEVICE_LEVELS, _flag_negative, _measured_on, explained_fraction, foreign, identity,
+                    identity_text, run_identity)
 
 STEP, START, TOTAL, RESIDUAL = "step", "start", "total", "residual"
 GRAPH_ENGINES = {"vllm", "sglang", "tgi"}  # serve with captured CUDA graphs by default
@@ -110,91 +64,6 @@ def live_itl(level: dict) -> tuple[float | None, str]:
         if v is not None:
             return v, key
     return None, ""
-
-
-# ----------------------------------------------------------------------------------------------------------
-# where each level was measured
-
-# Levels whose files name the accelerator they ran on (the HTTP calibration is a CPU measurement by design and
-# the live client cannot see the server's device, so those two are compared by hardware revision only).
-DEVICE_LEVELS = ("memory", "allreduce", "gemm", "launch", "kernel", "engine")
-
-
-def _concrete(device: str) -> bool:
-    return bool(device) and not device.startswith("server at")
-
-
-def identity(doc: dict | None, source: str) -> dict[str, Any] | None:
-    """{source, device, hardware_revision} a stage file records (None when the file is unavailable)."""
-    if not isinstance(doc, dict):
-        return None
-    return {"source": source, "device": str(doc.get("device") or ""),
-            "hardware_revision": str(doc.get("hardware_revision") or "") or None}
-
-
-def identity_text(ident: dict | None) -> str:
-    if not ident:
-        return "not recorded"
-    parts = [ident.get("device") or "device not recorded"]
-    if ident.get("hardware_revision"):
-        parts.append(f"rev {ident['hardware_revision']}")
-    return ", ".join(parts)
-
-
-def run_identity(ids: dict[str, dict | None], expected_rev: str | None) -> dict[str, Any]:
-    """The device and revision the run was measured on: the device most levels name (the engine's on a tie)."""
-    counts: dict[str, int] = {}
-    for key in DEVICE_LEVELS:
-        dev = (ids.get(key) or {}).get("device", "")
-        if _concrete(dev):
-            counts[dev] = counts.get(dev, 0) + 1
-    engine_dev = (ids.get("engine") or {}).get("device", "")
-    device = max(counts, key=lambda d: (counts[d], d == engine_dev)) if counts else ""
-    return {"device": device, "hardware_revision": expected_rev or None}
-
-
-def foreign(ident: dict | None, ref: dict[str, Any], by_device: bool) -> str:
-    """Why a level cannot be set against the run's other levels ('' when it can)."""
-    if not ident:
-        return ""
-    rev, want_rev = ident.get("hardware_revision"), ref.get("hardware_revision")
-    if rev and want_rev and rev != want_rev:
-        return f"{ident['source']} was measured on hardware revision {rev}, this run is {want_rev}"
-    dev, want = ident.get("device", ""), ref.get("device", "")
-    if by_device and _concrete(dev) and want and dev != want:
-        return f"{ident['source']} was measured on {dev}, the run's other levels on {want}"
-    return ""
-
-
-# Likely causes of a negative step, by step (the step name before any " + " of absorbed levels).
-NEGATIVE_CAUSE = {
-    "lost bandwidth: memory ceiling": "measured bandwidth above the datasheet peak: a cache-resident benchmark "
-                                      "buffer or a datasheet that does not match the part",
-    "lost bandwidth: kernels at decode shapes": "the kernel level moves fewer bytes than the roofline counts "
-                                                "(layers scaled, weights cached in L2) or the memory benchmark "
-                                                "under-measures bandwidth",
-    "launch overhead": "the CUDA-graph replay measured slower than eager launches: timing noise or a graph that "
-                       "captured extra work",
-    "framework overhead": "the kernel level measured slower than the engine running the same model: different "
-                          "kernels, dtype or shapes at the kernel level, or levels from different hosts",
-    "server overhead: completion loop": "the completion loop measured faster than the engine's own eval: noise",
-    "server overhead: HTTP/SSE streaming": "the co-run measured faster than the loop alone: noise",
-    "unexplained residual": "the levels predict more than the live server takes: a modelled step over-counts, or "
-                            "the live server runs faster kernels or graphs than the engine level",
-}
-
-
-def _flag_negative(row: dict[str, Any], what: str) -> None:
-    """Mark a negative step as an inconsistency: its size, what measured slower than what, the likely cause."""
-    if row.get("ms") is None or row["ms"] >= 0:
-        return
-    base = row["name"].split(" + ")[-1]
-    row["inconsistent"] = True
-    row["inconsistency"] = {
-        "ms": -row["ms"],
-        "what": what,
-        "likely_cause": NEGATIVE_CAUSE.get(base, "a lower level measured slower than a higher one"),
-    }
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -477,14 +346,15 @@ def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None,
     inconsistencies = [{"step": r["name"], **r["inconsistency"]} for r in waterfall if r.get("inconsistent")]
     inconsistent_ms = sum(i["ms"] for i in inconsistencies if i["step"] != "unexplained residual")
     # |residual| + every inconsistent millisecond count against it: offsetting steps never raise it
-    explained = (max(0.0, 1.0 - (abs(residual) + inconsistent_ms) / itl)
-                 if (residual is not None and itl) else None)
+    explained = explained_fraction(residual, itl, inconsistent_ms)
     closure = predicted / itl if (predicted is not None and itl) else None
     closure_basis = "engine" if (eng is not None and e_serv is not None) else (
         "kernel" if kernel_ok and (k_graph or k_eager) else ("roofline" if have_chain else None))
     engine_ms = e_serv if eng is not None else None
     kernel_ms = (k_graph if (server_graphs and k_graph is not None) else k_eager) if kern else None
     observed_server = (itl - engine_ms) if (itl is not None and engine_ms is not None) else None
+
+    from .levers import rank_levers  # here, not at the top: levers.py imports _num from this module
 
     levers = rank_levers(waterfall, kern, eng, inputs, server_graphs, roof, ar_ms)
     unexplained_component = None
@@ -568,92 +438,6 @@ def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None,
         },
         "skipped": [],
     }
-
-
-def _measured_on(source: str, ids: dict[str, dict | None], refused: dict[str, str]) -> str:
-    """Where a waterfall row's figure was measured, from the stage file its source names."""
-    for prefix, key in (("microbench/memory", "memory"), ("microbench/allreduce", "allreduce"),
-                        ("simulate.json (kernel", "kernel"), ("simulate.json (engine", "engine"),
-                        ("simulate.json (server", "server"), ("live/summary", "live")):
-        if source.startswith(prefix):
-            text = identity_text(ids.get(key))
-            return f"{text} (refused)" if key in refused else text
-    return "no host: modelled from the datasheet and the model" if source.startswith("roofline") else ""
-
-
-# ----------------------------------------------------------------------------------------------------------
-# levers
-
-
-def _step(waterfall: list[dict], name: str) -> dict | None:
-    return next((r for r in waterfall if r["name"] == name and r["ms"] is not None), None)
-
-
-def rank_levers(waterfall, kern, eng, inputs, server_graphs: bool, roof: dict, ar_ms: float | None) -> list[dict]:
-    levers: list[dict[str, Any]] = []
-
-    def add(name, saves, evidence, status="measured", source=""):
-        levers.append({"name": name, "saves_ms": saves, "saves_status": status, "evidence": evidence,
-                       "source": source})
-
-    launch = _step(waterfall, "launch overhead")
-    if launch and not server_graphs and (launch["ms"] or 0) > 0 and kern and kern.get("graph_ms") is not None:
-        add("capture CUDA graphs", launch["ms"],
-            f"kernel level: eager {kern['eager_ms']:.3f} ms vs one CUDA graph {kern['graph_ms']:.3f} ms per step "
-            f"({kern.get('layers_simulated')} of {kern.get('layers_total')} layers simulated, scaled)",
-            source="simulate.json (kernel level)")
-    if eng and _num(eng.get("eager_ms")) is not None and _num(eng.get("graph_ms")) is not None:
-        d = eng["eager_ms"] - eng["graph_ms"]
-        if d > 0:
-            add("static KV cache + compile (CUDA graphs)", d,
-                f"engine level ({eng.get('engine')}): eager {eng['eager_ms']:.3f} ms vs static cache + "
-                f"torch.compile {eng['graph_ms']:.3f} ms per token", source="simulate.json (engine level)")
-    kshape = _step(waterfall, "lost bandwidth: kernels at decode shapes")
-    if kshape and kshape["ms"] > 0:
-        gemm = inputs.get("gemm") or {}
-        worst = gemm.get("worst_frac_of_copy_bw") or gemm.get("min_frac_of_copy_bw")
-        ev = (f"kernel level in CUDA graphs takes {kshape['ms']:.3f} ms more than streaming its bytes at the "
-              f"measured bandwidth (decode GEMVs, attention, norms and routing below streaming speed)")
-        if isinstance(worst, (int, float)):
-            ev += f"; worst decode GEMM reaches {worst:.0%} of copy bandwidth (microbench/gemm.json)"
-        add("decode kernels at streaming bandwidth (fused / better-tuned GEMV, attention, MoE kernels)",
-            kshape["ms"], ev, source="simulate.json (kernel level), microbench/gemm.json")
-    fw = _step(waterfall, "framework overhead")
-    if fw and fw["ms"] > 0 and not fw.get("absorbs"):
-        add("leaner framework step (fewer host-side ops per layer, fused kernels)", fw["ms"],
-            f"engine level {eng.get('serving_ms') or eng.get('eager_ms'):.3f} ms vs the same kernels "
-            f"{'in graphs' if server_graphs else 'eagerly'} at the kernel level", source="simulate.json")
-    loop = _step(waterfall, "server overhead: completion loop")
-    if loop and loop["ms"] > 0:
-        add("lighter completion loop (sampling on the device / fewer Python steps per token)", loop["ms"],
-            f"in-process completion loop spends {loop['ms']:.3f} ms per token beyond the engine's eval "
-            f"(sampling over the vocabulary, detokenisation, chunk building)", source="simulate.json (engine level)")
-    http = _step(waterfall, "server overhead: HTTP/SSE streaming")
-    if http and http["ms"] > 0:
-        add("cheaper streaming path (batch chunks, faster JSON/SSE)", http["ms"], http.get("note", ""),
-            source="simulate.json (server calibration)")
-    if ar_ms and ar_ms > 0:
-        floor = _num(roof.get("t_comm_floor_ms"))
-        saves, status = (ar_ms - floor, "modelled") if floor is not None and ar_ms > floor else (None, "unavailable")
-        add("faster all-reduce (one-shot / custom all-reduce, NVLS, or fewer TP ranks)", saves,
-            f"all-reduce costs {ar_ms:.3f} ms per token" + (f" against a {floor:.3f} ms floor" if floor is not None else ""),
-            status=status if saves is not None else "unavailable: no all-reduce floor to compare with",
-            source="microbench/allreduce.json, roofline.json")
-    audit = inputs.get("audit") or {}
-    for f in audit.get("findings") or []:
-        if not isinstance(f, dict) or f.get("severity") not in ("critical", "warning"):
-            continue
-        levers.append({
-            "name": f"{f.get('title', f.get('id', 'audit finding'))}",
-            "saves_ms": None,
-            "saves_status": "unavailable: the audit finds the setting; no measurement here gives its milliseconds",
-            "evidence": f"{f.get('evidence', '')} (fix: {f.get('fix', '')})",
-            "source": f"audit.json ({f.get('id')}, {f.get('severity')})",
-        })
-    levers.sort(key=lambda l: (l["saves_ms"] is None, -(l["saves_ms"] or 0.0)))
-    for i, l in enumerate(levers, 1):
-        l["rank"] = i
-    return levers
 
 
 def attribute_files(paths: dict[str, str | Path | None], *, hardware_revision: str | None = None,
