@@ -107,3 +107,14 @@ def test_render_refuses_a_missing_stage_file_in_one_line(work, tmp_path):
     assert errors == [f"decode-gap: error: render: results/{rev}/live/chunks.parquet is missing: copy the whole "
                       f"results/{rev}/ directory from the measuring host (render never measures)"]
     assert not _rules_run(out)
+
+
+def test_measuring_rules_refuse_a_tree_from_another_host(work):
+    """`report` (the measuring target) on the copied H200 tree: refused in one line, nothing planned or run."""
+    proc = _snakemake(work, "report", "--config", f"hardware_revision={HWREV}", "--dry-run")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    errors = [line for line in out.splitlines() if "decode-gap: error" in line]
+    assert len(errors) == 1 and f"results/{HWREV}/ was measured on {GPU}" in errors[0], out[-2000:]
+    assert f"snakemake --cores 1 render --config hardware_revision={HWREV}" in errors[0]
+    assert not _rules_run(out)

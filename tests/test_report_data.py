@@ -234,3 +234,15 @@ def test_levels_refused_by_the_gap_stage_are_not_shown_as_this_runs(tmp_path):
     for key in ("kernel_eager_ms", "kernel_graph_ms"):
         assert not figs[key].ok and "cpu: AMD EPYC" in figs[key].why
     assert figs["engine_eager_ms"].ok
+
+
+def test_measured_elsewhere_only_for_a_device_this_host_lacks(tmp_path):
+    from decode_gap.report.copied import measured_elsewhere
+
+    d = tmp_path / "h200-rev"
+    d.mkdir()
+    assert measured_elsewhere(d, ["cpu: AMD EPYC"]) == ""  # no gap.json yet: a fresh tree
+    (d / "gap.json").write_text(json.dumps({"measured_on": {"run": {"device": "NVIDIA H200"}}}))
+    assert measured_elsewhere(d, ["NVIDIA H200", "cpu: Intel Xeon"]) == ""
+    why = measured_elsewhere(d, ["cpu: AMD EPYC"])
+    assert "was measured on NVIDIA H200" in why and "hardware_revision=h200-rev" in why

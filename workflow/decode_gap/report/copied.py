@@ -54,3 +54,23 @@ def copied_results(results: str | Path, hw_rev: str) -> CopiedResults:
                              f"results/{rev}/ instead (a revision's files are never mixed with another's)")
     fingerprint = gap.get("fingerprint") if isinstance(gap, dict) else None
     return CopiedResults(hw_rev, d, {str(k): str(v) for k, v in (fingerprint or {}).items()})
+
+
+def measured_elsewhere(results_dir: str | Path, host_devices: list[str]) -> str:
+    """Why the measuring rules must not write into results_dir from this host ('' when they may).
+
+    A tree whose gap.json says its levels ran on a device this host does not have came from another machine:
+    re-measuring any stage into it would mix hosts in one waterfall.
+    """
+    d = Path(results_dir)
+    try:
+        gap = json.loads((d / "gap.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ""
+    run = ((gap.get("measured_on") or {}).get("run") or {}) if isinstance(gap, dict) else {}
+    device = run.get("device") if isinstance(run, dict) else None
+    if not device or device in host_devices:
+        return ""
+    return (f"{d.as_posix()}/ was measured on {device}, which this host ({', '.join(host_devices)}) does not have: "
+            f"render it with `snakemake --cores 1 render --config hardware_revision={d.name}`, or measure this host "
+            "under another hardware_revision")
