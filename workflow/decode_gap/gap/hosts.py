@@ -91,7 +91,7 @@ def _measured_on(source: str, ids: dict[str, dict | None], refused: dict[str, st
     for prefix, key in (("microbench/memory", "memory"), ("microbench/allreduce", "allreduce"),
                         ("simulate.json (kernel", "kernel"), ("simulate.json (engine", "engine"),
                         ("simulate.json (server", "server"), ("live/summary", "live")):
-        if source.startswith(prefix):
+        if prefix in source:
             text = identity_text(ids.get(key))
             return f"{text} (refused)" if key in refused else text
     return "no host: modelled from the datasheet and the model" if source.startswith("roofline") else ""
