@@ -6,7 +6,7 @@ Usage: benchmarks/closure.py RESULTS_DIR [--recompute]
 
 Prints the live ITL at concurrency 1, the engine level, the server-overhead model (completion loop + HTTP/SSE,
 both measured without looking at the live stream), the predicted ITL, closure ratio = predicted / live and the
-explained fraction = 1 - |residual| / live. Targets (issue 5): closure within +-15 %, explained >= 85 %.
+explained fraction = 1 - (|residual| + every inconsistent, negative step) / live. Targets (issue 5): closure within +-15 %, explained >= 85 %.
 It only reports; nothing here is tuned to pass. Exit code 0 when both targets hold, 1 otherwise, 2 on bad input.
 """
 
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (d / "simulate.json").is_file():
             print(f"closure: {d}: neither gap.json nor simulate.json found", file=sys.stderr)
             return 2
-        gap = attribute_files({k: d / v for k, v in STAGE_FILES.items()})
+        gap = attribute_files({k: d / v for k, v in STAGE_FILES.items()}, hardware_revision=d.name)
     else:
         gap = read_json(d / "gap.json")
     h = gap.get("headline") or {}
@@ -62,6 +62,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"closure ratio      {fmt(closure, '', 3)}   (target 0.85 .. 1.15, basis: {h.get('closure_basis')})")
     print(f"explained fraction {fmt(explained, '', 3)}   (target >= 0.85)")
     print(f"efficiency         {fmt(h.get('efficiency'), '', 4)}   (roofline / live)")
+    if (gap.get("measured_on") or {}).get("run"):
+        print(f"measured on        {h.get('measured_on')}")
+    for level, why in (gap.get("refused_levels") or {}).items():
+        print(f"refused            {level}: {why}")
+    if h.get("inconsistency_note"):
+        print(f"inconsistent       {h['inconsistency_note']}")
     if h.get("unexplained_component"):
         print(f"unexplained        {h['unexplained_component']}")
     ok = (closure is not None and abs(closure - 1) <= 0.15 and explained is not None and explained >= 0.85

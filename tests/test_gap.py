@@ -192,3 +192,89 @@ def test_corun_measurement_is_the_http_step_when_present():
     assert w["server overhead: HTTP/SSE streaming"]["source"] == "simulate.json (engine level, co-run)"
     assert math.isclose(g["predicted_ms"], 15.0 + 2.0 + 4.0)
     assert g["sum_check"]["exact"] is True
+
+
+# ---------------------------------------------------------------------------------------------------- issue 15
+def test_kernel_above_engine_is_an_inconsistency_and_explains_nothing():
+    base = attribute(gpu_inputs())
+    inputs = gpu_inputs()
+    inputs["simulate"]["kernel"].update(eager_ms=20.0)  # kernel level slower than the engine level (15 ms)
+    g = attribute(inputs)
+    fw = steps(g)["framework overhead"]
+    assert math.isclose(fw["ms"], -5.0) and fw["inconsistent"] is True
+    inc = fw["inconsistency"]
+    assert math.isclose(inc["ms"], 5.0)
+    assert "kernel level (eager) (20.000 ms) is 5.000 ms per token slower than the engine level" in inc["what"]
+    assert "different hosts" in inc["likely_cause"]
+    assert g["sum_check"]["exact"] is True  # the chain still sums: the sign is kept, the step is flagged
+    # the +14.1 launch step and the -5 framework step offset each other; explained does not rise
+    assert math.isclose(g["residual_ms"], base["residual_ms"])
+    assert math.isclose(g["explained_fraction"], 1 - (0.75 + 5.0) / 16.0)
+    assert g["explained_fraction"] < base["explained_fraction"]
+    h = g["headline"]
+    assert h["explained_fraction"] == g["explained_fraction"] and math.isclose(h["inconsistent_ms"], 5.0)
+    assert h["inconsistencies"][0]["step"] == "framework overhead"
+    assert h["inconsistency_note"].startswith("1 inconsistent step (5.000 ms") and "not counted as explained" in \
+        h["inconsistency_note"]
+    assert h["unexplained_component"].startswith("inconsistent levels:")
+    assert h["closure_pass"] is False
+
+
+def test_offsetting_steps_cannot_inflate_explained():
+    """Any +x/-x pair lowers explained by x/live: it is never higher than without the pair."""
+    prev = attribute(gpu_inputs())["explained_fraction"]
+    for eager in (16.0, 20.0, 40.0, 200.0):
+        inputs = gpu_inputs()
+        inputs["simulate"]["kernel"].update(eager_ms=eager)
+        g = attribute(inputs)
+        assert g["explained_fraction"] < prev or g["explained_fraction"] == prev == 0.0
+        prev = g["explained_fraction"]
+    assert prev == 0.0  # floored
+
+
+def test_negative_residual_is_an_inconsistency_counted_once():
+    inputs = gpu_inputs()
+    inputs["live"]["levels"][1]["median_itl_per_token_ms"] = 12.0
+    g = attribute(inputs)
+    res = steps(g)["unexplained residual"]
+    assert res["inconsistent"] is True and math.isclose(res["inconsistency"]["ms"], 3.25)
+    assert math.isclose(g["explained_fraction"], 1 - 3.25 / 12.0)
+    assert g["headline"]["inconsistent_ms"] == 0  # the residual counts through |residual| only
+
+
+def test_mixed_devices_are_refused_with_the_reason():
+    inputs = gpu_inputs()
+    inputs["memory"].update(device="NVIDIA H200")
+    inputs["simulate"]["engine"].update(device="NVIDIA H200", hardware_revision="h200-a")
+    inputs["simulate"]["kernel"].update(device="cpu: AMD EPYC", hardware_revision="h200-a", eager_ms=548.0,
+                                        graph_ms=None, graph_reason="CUDA graphs need a GPU")
+    g = attribute(inputs, hardware_revision="h200-a")
+    assert "kernel" in g["refused_levels"]
+    reason = g["refused_levels"]["kernel"]
+    assert "cpu: AMD EPYC" in reason and "NVIDIA H200" in reason
+    w = steps(g)
+    for name in ("lost bandwidth: kernels at decode shapes", "launch overhead"):
+        assert w[name]["status"] == "unavailable" and w[name]["why"].startswith("refused:")
+        assert "never subtracted" in w[name]["why"]
+    combined = next(r for r in g["waterfall"] if r.get("absorbs"))
+    assert combined["name"].endswith("framework overhead") and combined["ms"] > 0  # engine - roofline chain
+    assert not any(r.get("inconsistent") for r in g["waterfall"])
+    assert g["kernel_ms"] is None and g["levels"]["kernel_comparable"] is False
+    assert g["measured_on"]["run"] == {"device": "NVIDIA H200", "hardware_revision": "h200-a"}
+    assert combined["measured_on"] == "NVIDIA H200, rev h200-a"
+    assert "simulate/kernel.json" in g["inputs_unavailable"]["kernel"]
+
+
+def test_other_hardware_revision_is_refused():
+    inputs = gpu_inputs()
+    inputs["simulate"]["engine"].update(hardware_revision="laptop-cpu")
+    g = attribute(inputs, hardware_revision="h200-a")
+    assert g["refused_levels"]["engine"].startswith("simulate/engine.json was measured on hardware revision laptop-cpu")
+    assert steps(g)["framework overhead"]["status"] == "unavailable"
+    assert g["engine_ms"] is None
+
+
+def test_attribute_files_keeps_the_measuring_fingerprint(tmp_path):
+    write_json(tmp_path / "live.json", gpu_inputs()["live"])
+    g = attribute_files({"live": tmp_path / "live.json"}, hardware_revision="h200-a", fingerprint={"kernel": "6.8"})
+    assert g["fingerprint"] == {"kernel": "6.8"} and g["hardware_revision"] == "h200-a"

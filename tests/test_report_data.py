@@ -218,3 +218,31 @@ def test_redact_url():
     assert redact_url("http://user:pw@127.0.0.1:8000/v1") == "http://127.0.0.1:8000/v1"
     assert "s3cr3t" not in redact_url("http://127.0.0.1:8000/v1?api_key=s3cr3t&x=1")
     assert redact_url("") == ""
+
+
+def test_levels_refused_by_the_gap_stage_are_not_shown_as_this_runs(tmp_path):
+    """Issue 15: a CPU kernel level beside H200 levels is refused in gap.json; the headline says so, no 548 ms."""
+    import shutil
+
+    d = tmp_path / "run"
+    shutil.copytree(FIX / "h200x2", d)
+    gap = json.loads((d / "gap.json").read_text())
+    gap["refused_levels"] = {"kernel": "simulate/kernel.json was measured on cpu: AMD EPYC, the run's other levels "
+                                       "on NVIDIA H200"}
+    (d / "gap.json").write_text(json.dumps(gap))
+    figs = headline(load_bundle(files_in_dir(d)))
+    for key in ("kernel_eager_ms", "kernel_graph_ms"):
+        assert not figs[key].ok and "cpu: AMD EPYC" in figs[key].why
+    assert figs["engine_eager_ms"].ok
+
+
+def test_measured_elsewhere_only_for_a_device_this_host_lacks(tmp_path):
+    from decode_gap.report.copied import measured_elsewhere
+
+    d = tmp_path / "h200-rev"
+    d.mkdir()
+    assert measured_elsewhere(d, ["cpu: AMD EPYC"]) == ""  # no gap.json yet: a fresh tree
+    (d / "gap.json").write_text(json.dumps({"measured_on": {"run": {"device": "NVIDIA H200"}}}))
+    assert measured_elsewhere(d, ["NVIDIA H200", "cpu: Intel Xeon"]) == ""
+    why = measured_elsewhere(d, ["cpu: AMD EPYC"])
+    assert "was measured on NVIDIA H200" in why and "hardware_revision=h200-rev" in why

@@ -139,7 +139,7 @@ def test_render_run_writes_html_and_pdf_with_sections_and_charts(tmp_path):
     out = tmp_path / "results" / "test-rev"
     render_run(files_in_dir(FIX / "h200x2"), out / "report.html", out / "report.pdf", hw_rev="test-rev",
                fingerprint=FP, config={"model": "config/models/qwen3-30b-a3b.json", "tp": 2, "hardware": "h200"},
-               archive_dir=tmp_path / "archive", repo=Path(__file__).resolve().parents[1])
+               archive_dir=tmp_path / "archive")
     html = (out / "report.html").read_text()
     assert html.startswith("<!DOCTYPE html>") and "vegaEmbed" in html
     reader = pypdf.PdfReader(str(out / "report.pdf"))
@@ -168,3 +168,17 @@ def test_real_cpu_capture_renders(tmp_path):
     assert "no graph time" in subs["Eager against CUDA graph"]["chart"]["why"]  # CPU: CUDA graphs need a GPU
     assert not subs["MoE: routing, per-expert loop against grouped GEMM"]["ok"]  # Gemma has no MoE layers
     assert len(ctx["charts"]) >= 8 and "Appendix: audit details" in html
+
+
+def test_datasheet_comes_from_roofline_json_never_from_this_host(monkeypatch):
+    """A report rendered on another host is the same report: no `hardware: auto` resolution while rendering."""
+    from decode_gap import hardware
+    from decode_gap.report.build import datasheet
+
+    def probe(*a, **k):  # pragma: no cover - failing is the point
+        raise AssertionError("the report probed the host")
+
+    monkeypatch.setattr(hardware, "resolve_hardware", probe)
+    real = datasheet(load_bundle(files_in_dir(FIX / "cpu-real")))
+    assert real == {"name": "CPU (measured)", "memory_bandwidth_gbps": None, "peak_tflops": {}}
+    assert datasheet(load_bundle({})) == {}

@@ -39,7 +39,7 @@ RULE_STAGE = {
     "bench_moe": "microbench", "bench_attention": "microbench", "bench_launch": "microbench",
     "simulate_kernel": "simulate", "simulate_engine": "simulate", "calibrate_server": "simulate",
     "measure_live": "live",
-    "merge_simulation": "", "attribute_gap": "", "assemble_gguf": "", "analyze_trace": "", "trace": "",
+    "merge_simulation": "", "attribute_gap": "*", "assemble_gguf": "", "analyze_trace": "", "trace": "",
     "record_engine_trace": "",  # opt-in (simulate.engine_trace): not in this DAG
     "render_report": "*", "archive_report": "*", "compare_runs": "",
     # targets

@@ -6,11 +6,10 @@
 #               (then drop the CUDA/torch wheels it pulls in: rm .whl/{nvidia_,triton-,cuda_,sympy-,networkx-}*)
 # Device:       run(command="bash benchmarks/device/h200_pipeline.sh", carry=[".whl"], timeout_s=600)
 # Back here:    tar xzf <files_at>/results.tgz results
-#               for c in h200-llama1b h200-dsv3; do .venv/bin/snakemake --cores 2 report \
-#                 --configfile benchmarks/device/$c.yaml --config hardware=h200 --rerun-triggers mtime \
-#                 --allowed-rules render_report archive_report report; done
-#               (the device has no pango for weasyprint, so only the report and its archive copy are made here;
-#               `--rerun-triggers mtime` keeps this host's fingerprint from rerunning the device's stages)
+#               for r in h200-transformers-llama1b h200-deepseek-v3-fp8; do \
+#                 .venv/bin/snakemake --cores 1 render --config hardware_revision=$r; done
+#               (the device has no pango for weasyprint; the `render` target loads only the rendering rules, so it
+#               can never re-measure a stage here, whatever the tar's timestamps; README "Render on another machine")
 #
 # Two runs: (1) `transformers serve` with a random-weight 1B Llama in bf16 as the live server, the same model at
 # the kernel and engine levels (closure); (2) DeepSeek-V3 FP8 shapes for the micro-benchmarks and the kernel level.

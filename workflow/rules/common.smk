@@ -157,3 +157,21 @@ onstart:
             "(the submit host is not the node type measured); "
             "`PYTHONPATH=workflow python -m decode_gap.fleet detect -p <partition>` prints them (docs/slurm.md)"
         )
+
+
+def this_host_devices():
+    """The device names this host's stage files would record (as simulate/microbench write them)."""
+    from decode_gap.host import host_identity
+
+    ident = host_identity()
+    return [*ident.gpu_names, f"cpu: {ident.cpu_model}"]
+
+
+# Results copied from another host are rendered (target `render`), never measured into from this one (issue 15).
+# On a cluster the submit host is not the node measured, so the check is left to the nodes' own runs.
+if not workflow.non_local_exec and Path(RES, "gap.json").is_file():
+    from decode_gap.report.copied import measured_elsewhere
+
+    _elsewhere = measured_elsewhere(RES, this_host_devices())
+    if _elsewhere:
+        sys.exit(f"decode-gap: error: {_elsewhere}")

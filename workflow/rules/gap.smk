@@ -18,5 +18,9 @@ rule attribute_gap:
     localrule: True
     conda:
         "../../envs/decode-gap.yaml"
+    params:
+        # where the levels were measured: kept in gap.json so a report rendered elsewhere shows this host's
+        hardware_revision=HWREV,
+        fingerprint=FINGERPRINT,
     script:
         "../scripts/attribute_gap.py"

@@ -1,6 +1,11 @@
 # The HTML and PDF gap-analysis report, its archive copy, and the comparison of two archived runs.
 from decode_gap import archive as archive_mod
 from decode_gap.errors import DecodeGapError
+from decode_gap.report.copied import ARCHIVED_FILES, present_files
+from decode_gap.report.data import STAGE_FILES
+
+# Render mode takes a copied tree as it is: an optional stage file it lacks is not an input.
+REPORT_FILES = present_files(RES) if RENDER_ONLY else list(ARCHIVED_FILES)
 
 ARCHIVE_DIR = config.get("archive", {}).get("dir", "report/archive")
 
@@ -11,28 +16,11 @@ except DecodeGapError as exc:
     sys.exit(f"decode-gap: error: config fields run_a and run_b: {exc}")
 
 
+# The stage files as plain paths: measuring rules produce them in a full run; in render mode (render.smk) no rule
+# does, so Snakemake takes them as they are.
 rule render_report:
     input:
-        audit=rules.collect_audit.output.json,
-        roofline=rules.compute_roofline.output.json,
-        roofline_components=rules.compute_roofline.output.components,
-        memory=rules.measure_memory.output.json,
-        allreduce=rules.bench_allreduce.output.csv,
-        allreduce_json=rules.bench_allreduce.output.json,
-        gemm=rules.bench_gemm.output.csv,
-        gemm_json=rules.bench_gemm.output.json,
-        moe=rules.bench_moe.output.csv,
-        moe_json=rules.bench_moe.output.json,
-        attention=rules.bench_attention.output.csv,
-        attention_json=rules.bench_attention.output.json,
-        launch=rules.bench_launch.output.csv,
-        launch_json=rules.bench_launch.output.json,
-        simulate=rules.merge_simulation.output.json,
-        live=rules.measure_live.output.summary,
-        live_requests=rules.measure_live.output.requests,
-        live_chunks=rules.measure_live.output.chunks,
-        gap=rules.attribute_gap.output.json,
-        trace=rules.analyze_trace.output.json,
+        **{name: res(rel) for name, rel in STAGE_FILES.items() if rel in REPORT_FILES},
         templates=report_templates,
     output:
         html=res("report.html"),
@@ -54,9 +42,7 @@ rule archive_report:
     input:
         html=rules.render_report.output.html,
         pdf=rules.render_report.output.pdf,
-        stage_files=stage_summaries,
-        live_requests=rules.measure_live.output.requests,
-        live_chunks=rules.measure_live.output.chunks,
+        stage_files=[res(rel) for rel in REPORT_FILES],
         templates=report_templates,
     output:
         receipt=res("archive.json"),

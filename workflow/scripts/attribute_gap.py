@@ -8,11 +8,17 @@ def body():
 
     i = snakemake.input  # noqa: F821
     keys = ("roofline", "memory", "allreduce", "gemm", "launch", "simulate", "live", "audit")
-    result = attribute_files({k: i.get(k) for k in keys})
+    p = snakemake.params  # noqa: F821
+    result = attribute_files({k: i.get(k) for k in keys}, hardware_revision=p.hardware_revision,
+                             fingerprint=dict(p.fingerprint))
     write_json(snakemake.output.json, result)  # noqa: F821
     h = result["headline"]
     print(f"live ITL {result['live_itl_ms']} ms, predicted {result['predicted_ms']} ms, "
           f"closure {h['closure_ratio']}, explained {h['explained_fraction']}")
+    for level, reason in result["refused_levels"].items():
+        print(f"  refused {level}: {reason}")
+    if h["inconsistency_note"]:
+        print(f"  {h['inconsistency_note']}")
 
 
 run_script(snakemake, body)  # noqa: F821

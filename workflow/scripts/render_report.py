@@ -1,6 +1,4 @@
 # Adapter for rule render_report: read every stage file, write results/<hw-rev>/report.html and report.pdf.
-from pathlib import Path
-
 from decode_gap.report.build import render_run
 from decode_gap.smk import run_script
 
@@ -19,7 +17,6 @@ def body():
         config=dict(sm.config),
         archive_dir=sm.params.archive_dir,
         templates=list(sm.input.templates),
-        repo=Path(sm.scriptdir).parents[1],
     )
     prov = ctx["provenance"]["counts"]
     print(f"report: {sm.output.html} and {sm.output.pdf}; {len(ctx['charts'])} charts; "

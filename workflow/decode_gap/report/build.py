@@ -11,7 +11,7 @@ from .. import __version__
 from .. import archive as arc
 from ..errors import DecodeGapError
 from ..io import atomic_write_text, write_json
-from .data import STAGE_FILES, Fig, audit_findings, files_in_dir, headline, headline_json, load_bundle
+from .data import STAGE_FILES, Bundle, Fig, audit_findings, files_in_dir, headline, headline_json, load_bundle
 from .pdf import write_pdf
 from .render import render, template_dir
 from .secrets import redact_url, scrub_text, secret_values
@@ -44,26 +44,26 @@ def run_config(config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def datasheet(config: dict[str, Any], repo: str | os.PathLike) -> dict[str, Any]:
-    """Datasheet ceilings of the configured hardware (for 'measured vs datasheet'); empty when unknown."""
-    try:
-        from ..hardware import resolve_hardware
-
-        hw = resolve_hardware(config.get("hardware", "auto"), Path(repo) / "config" / "hardware")
-    except Exception:
+def datasheet(bundle: Bundle) -> dict[str, Any]:
+    """Datasheet ceilings of the measured hardware, as roofline.json recorded them on the measuring host
+    (never resolved on the rendering host: a report rendered elsewhere is the same report). Empty when unknown."""
+    hw = bundle.doc("roofline").get("hardware")
+    if not isinstance(hw, dict):
         return {}
-    return {"name": hw.name, "memory_bandwidth_gbps": hw.memory_bandwidth_gbps, "peak_tflops": dict(hw.peak_tflops)}
+    peaks = hw.get("peak_tflops") if isinstance(hw.get("peak_tflops"), dict) else {}
+    return {"name": str(hw.get("name") or hw.get("key") or ""), "memory_bandwidth_gbps": hw.get("memory_bandwidth_gbps"),
+            "peak_tflops": dict(peaks)}
 
 
 def render_run(files: dict[str, str], html_path: str | os.PathLike, pdf_path: str | os.PathLike, *, hw_rev: str,
                fingerprint: dict[str, str], config: dict[str, Any], archive_dir: str | os.PathLike,
-               templates: Iterable[str] | None = None, repo: str | os.PathLike = ".") -> dict[str, Any]:
-    """Render results/<hw-rev>/report.{html,pdf} from the stage files; history comes from the archive."""
+               templates: Iterable[str] | None = None) -> dict[str, Any]:
+    """Render results/<hw-rev>/report.{html,pdf} from the stage files alone; history comes from the archive."""
     tdir = template_dir(templates)
     bundle = load_bundle(files)
     listing = arc.list_runs(archive_dir, hw_rev)
     ctx = build_context(bundle, hw_rev=hw_rev, fingerprint=fingerprint, run_config=run_config(config),
-                        datasheet=datasheet(config, repo), history=listing.runs, history_warnings=listing.warnings,
+                        datasheet=datasheet(bundle), history=listing.runs, history_warnings=listing.warnings,
                         archive_note="" if listing.runs else f"archive {archive_dir}/{hw_rev} holds no earlier run")
     secrets = secret_values(names=[config.get("api_key_env", "")])
     html = render("report.html.j2", ctx, "html", tdir, secrets)

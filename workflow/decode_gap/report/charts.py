@@ -19,6 +19,7 @@ MEASURED = "#0f766e"
 MODELLED = "#6366f1"
 UNAVAILABLE = "#94a3b8"
 RESIDUAL = "#dc2626"
+INCONSISTENT = "#f59e0b"  # a negative step: a finding, never an explanation
 TOTAL = "#334155"
 PALETTE = ["#2563eb", "#f59e0b", "#0f766e", "#dc2626", "#7c3aed", "#0891b2", "#db2777", "#65a30d", "#64748b"]
 WIDTH = 620  # fits an A4 page with 18 mm margins at 96 dpi
@@ -222,18 +223,21 @@ def moe_loop_vs_grouped(df: pd.DataFrame) -> alt.Chart:
 def waterfall(df: pd.DataFrame) -> alt.Chart:
     """Horizontal waterfall: base (roofline), increments, residual, total (live ITL)."""
     df = _need(df, "step", "start", "end", "kind", what="waterfall")
-    domain = ["roofline / live", "measured", "modelled", "residual"]
-    rng = [TOTAL, MEASURED, MODELLED, RESIDUAL]
+    domain = ["roofline / live", "measured", "modelled", "residual", "inconsistent"]
+    rng = [TOTAL, MEASURED, MODELLED, RESIDUAL, INCONSISTENT]
     order = df["step"].tolist()
-    base = alt.Chart(df).encode(y=alt.Y("step:N", sort=order, title=None, axis=alt.Axis(labelLimit=300)))
+    base = alt.Chart(df).encode(y=alt.Y("step:N", sort=order, title=None, axis=alt.Axis(labelLimit=230)))
     bars = base.mark_bar(height={"band": 0.68}).encode(
         x=alt.X("start:Q", title="ms per token"), x2="end:Q",
         color=alt.Color("kind:N", title=None, scale=alt.Scale(domain=domain, range=rng),
                         legend=alt.Legend(orient="top")),
-        tooltip=["step:N", alt.Tooltip("ms:Q", format=",.3f"), "source:N", "kind:N"],
+        tooltip=["step:N", alt.Tooltip("ms:Q", format=",.3f"), "source:N", "kind:N"]
+        + (["measured_on:N"] if "measured_on" in df.columns else []),
     )
     text = base.mark_text(align="left", dx=4).encode(x=alt.X("right:Q"), text="label:N")
-    return (bars + text).properties(width=WIDTH - 220, height=max(80, 30 * len(df)))
+    # padding: room for the labels at both ends when the PDF's font runs wider than the one vl-convert measured with
+    return (bars + text).properties(width=WIDTH - 300, height=max(80, 30 * len(df)),
+                                    padding={"left": 40, "right": 110, "top": 6, "bottom": 6})
 
 
 def levels(df: pd.DataFrame) -> alt.LayerChart:

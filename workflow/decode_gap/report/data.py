@@ -42,6 +42,10 @@ STAGE_FILES: dict[str, str] = {
     "trace": "trace.json",
 }
 
+# Stage files a results tree may lack (measured before that stage existed): render mode renders without them and
+# the report says the stage was not produced. A full run always produces them.
+OPTIONAL_STAGE_FILES: frozenset[str] = frozenset({"trace"})
+
 STATUSES = (MEASURED, MODELLED, UNAVAILABLE)
 
 
@@ -501,6 +505,13 @@ def headline(bundle: Bundle) -> dict[str, Fig]:
         if not f.ok and reason:
             f.why = str(reason)
     out["copy_gbps"] = fig_field(bundle.doc("memory"), "copy_gbps", "GB/s", MEASURED)
+    # a level the gap stage refused (measured on another host) never sits beside this run's figures
+    refused = gap.get("refused_levels") if gap.usable else None
+    for level, keys in (("kernel", ("kernel_eager_ms", "kernel_graph_ms")),
+                        ("engine", ("engine_eager_ms", "engine_graph_ms")), ("memory", ("copy_gbps",))):
+        if isinstance(refused, dict) and refused.get(level):
+            for key in keys:
+                out[key] = unavailable_fig(f"refused by gap.json: {refused[level]}", out[key].unit, out[key].source)
     audit = bundle.doc("audit")
     findings = audit.get("findings") if audit.usable else None
     out["findings"] = (Fig(float(len(findings)), "", MEASURED, f"{audit.rel}: findings")

@@ -135,12 +135,22 @@ def headline_section(b: Builder, bundle: Bundle, figs: dict[str, Fig]) -> dict[s
                    f"{eff.text()} efficiency, a {figs['gap_factor'].text()} gap.")
         if figs["explained_fraction"].ok:
             summary += f" {figs['explained_fraction'].text()} of the live ITL is attributed to named components."
+        hl = gap.get("headline", default={}) if gap.usable else {}
+        if isinstance(hl, dict) and hl.get("inconsistency_note"):
+            summary += f" {str(hl['inconsistency_note'])[:1].upper()}{str(hl['inconsistency_note'])[1:]}."
+        refused = gap.get("refused_levels", default={}) if gap.usable else {}
+        if isinstance(refused, dict) and refused:
+            summary += (f" Refused, measured on another host: {', '.join(refused)} level"
+                        f"{'s' if len(refused) > 1 else ''}.")
     elif roof.ok:
         summary = (f"The roofline floor is {roof.text()}/token ({figs['tokens_per_s_ceiling'].text()}); "
                    f"the live decode latency was not measured ({itl.why}).")
     else:
         summary = f"The roofline could not be computed ({roof.why})."
+    hl = gap.get("headline", default={}) if gap.usable else {}
+    measured_on = str(hl.get("measured_on") or "") if isinstance(hl, dict) else ""
     return {"id": "headline", "title": "Headline", "ok": True, "figs": figs, "summary": summary,
+            "measured_on": measured_on,
             "levers": levers[:3], "levers_why": "" if levers else (gap.why or "gap.json lists no levers")}
 
 
@@ -548,6 +558,12 @@ def microbench_section(b: Builder, bundle: Bundle, datasheet: dict[str, Any]) ->
 WATERFALL_TOTAL = ("live", "itl", "total", "server level")
 
 
+def _short_host(measured_on: str) -> str:
+    """The device part of a waterfall row's `measured_on`, short enough for a bar label (the table has it all)."""
+    text = measured_on.split(", rev ")[0].replace(" (device not visible to the client)", "")
+    return _label(text.removeprefix("NVIDIA "), 22)
+
+
 def waterfall_frame(steps: list[dict[str, Any]]) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
     """Steps -> bars with start/end: the base (roofline), increments, the residual, the total (live ITL) last.
 
@@ -564,8 +580,11 @@ def waterfall_frame(steps: list[dict[str, Any]]) -> tuple[pd.DataFrame, list[dic
         status = status.split(":")[0].strip().lower() if status else ""
         kind = str(st.get("kind", "")).lower()
         note = " ".join(str(x) for x in (st.get("why"), st.get("note")) if x)
+        inc = st.get("inconsistency") if st.get("inconsistent") and isinstance(st.get("inconsistency"), dict) else None
         parsed.append({"name": name, "ms": ms, "source": str(st.get("source", "") or ""), "status": status,
-                       "kind": kind, "note": note})
+                       "kind": kind, "note": note, "measured_on": str(st.get("measured_on") or ""),
+                       "inconsistency": (f"inconsistent: {inc.get('what', '')}; likely cause: "
+                                         f"{inc.get('likely_cause', '')}; not counted as explained") if inc else ""})
     if not parsed:
         return pd.DataFrame(), []
 
@@ -596,12 +615,30 @@ def waterfall_frame(steps: list[dict[str, Any]]) -> tuple[pd.DataFrame, list[dic
         else:
             start, end = cur, cur + ms
             cur = end
-            kind = "residual" if is_residual(p) else (MODELLED if p["status"].startswith(MODELLED) else MEASURED)
+            kind = ("inconsistent" if p["inconsistency"] else "residual" if is_residual(p)
+                    else (MODELLED if p["status"].startswith(MODELLED) else MEASURED))
         p["kind_label"] = kind
+        label = f"{'+' if p in incs and ms >= 0 else ''}{fmt_num(ms)} ms"
+        if p["inconsistency"]:
+            label += " inconsistent"
+        if p["measured_on"] and p is not base:
+            label += f" · {_short_host(p['measured_on'])}"
         rows.append({"step": p["name"], "start": min(start, end), "end": max(start, end), "ms": ms,
-                     "right": max(start, end), "label": f"{'+' if p in incs and ms >= 0 else ''}{fmt_num(ms)} ms",
-                     "kind": kind, "source": p["source"]})
+                     "right": max(start, end), "label": label,
+                     "kind": kind, "source": p["source"], "measured_on": p["measured_on"]})
     return pd.DataFrame(rows), ordered
+
+
+def _where(gap: Doc, level: str) -> str:
+    """Where gap.json says a level was measured (device, hardware revision), 'refused' when it was refused."""
+    ident = gap.get("measured_on", "levels", level) if gap.usable else None
+    if not isinstance(ident, dict):
+        return "not recorded"
+    text = ", ".join(str(x) for x in (ident.get("device") or "device not recorded",
+                                      f"rev {ident['hardware_revision']}" if ident.get("hardware_revision") else "")
+                     if x)
+    refused = gap.get("refused_levels", default={}) or {}
+    return text + (" (refused: another host)" if isinstance(refused, dict) and level in refused else "")
 
 
 def simulation_section(b: Builder, bundle: Bundle, figs: dict[str, Fig]) -> dict[str, Any]:
@@ -619,12 +656,15 @@ def simulation_section(b: Builder, bundle: Bundle, figs: dict[str, Fig]) -> dict
     if len(wdf):
         s["waterfall_frame"] = wdf
         s["waterfall_chart"] = b.chart("", ch.waterfall, wdf,
-                                       caption=f"{gap.rel}: waterfall · teal measured, indigo modelled, red residual")
+                                       caption=f"{gap.rel}: waterfall · teal measured, indigo modelled, red residual, "
+                                               "amber inconsistent · the device each step was measured on")
         s["waterfall_rows"] = [{"name": p["name"], "ms": fmt_num(p["ms"]) if p["ms"] is not None else "unavailable",
                                 "share": (f"{p['ms'] / live.value * 100:.1f}%" if p["ms"] is not None and live.ok
                                           and live.value else "—"),
                                 "status": p.get("status") or "", "kind": p.get("kind_label", ""),
-                                "source": p["source"], "note": p.get("note", "")} for p in ordered]
+                                "source": p["source"], "note": p.get("note", ""),
+                                "measured_on": p.get("measured_on", ""),
+                                "inconsistency": p.get("inconsistency", "")} for p in ordered]
     else:
         s["waterfall_why"] = gap.why or f"{gap.rel} has no waterfall"
     s["gap_figs"] = [(HEADLINE_LABELS[k], figs[k]) for k in ("efficiency", "explained_fraction", "closure_ratio")]
@@ -633,6 +673,10 @@ def simulation_section(b: Builder, bundle: Bundle, figs: dict[str, Fig]) -> dict
         s["unexplained"] = str(hl.get("unexplained_component") or gap.get("unexplained_component", default="") or "")
         s["closure_pass"] = hl.get("closure_pass") if isinstance(hl, dict) else None
         s["negative_residual"] = bool(hl.get("negative_residual")) if isinstance(hl, dict) else False
+        s["inconsistency_note"] = str(hl.get("inconsistency_note") or "") if isinstance(hl, dict) else ""
+        refused = gap.get("refused_levels", default={}) or {}
+        s["refused"] = [f"{k}: {v}" for k, v in refused.items()] if isinstance(refused, dict) else []
+        s["measured_on"] = str(hl.get("measured_on") or "") if isinstance(hl, dict) else ""
         notes = gap.get("notes", default=[]) or []
         s["gap_notes"] = [str(n) for n in notes] if isinstance(notes, list) else [str(notes)]
         if gap.state == "partial" and gap.why:
@@ -647,6 +691,7 @@ def simulation_section(b: Builder, bundle: Bundle, figs: dict[str, Fig]) -> dict
         e, g = figs[f"{level}_eager_ms"], figs[f"{level}_graph_ms"]
         name = str(sim.get(level, "engine", default="") or "") if level == "engine" else ""
         row = {"level": label + (f" ({name})" if name else ""), "eager": e, "graph": g,
+               "where": _where(gap, level),
                "diff": fmt_num(e.value - g.value) + " ms" if e.ok and g.ok else "—",
                "why": "" if (e.ok or g.ok) else (e.why or g.why)}
         lv_rows.append(row)
@@ -657,6 +702,7 @@ def simulation_section(b: Builder, bundle: Bundle, figs: dict[str, Fig]) -> dict
         lv_chart.append({"level": "server (live ITL)", "variant": "live", "ms": live.value, "source": live.source})
     s["level_rows"] = lv_rows
     s["live_fig"] = live
+    s["live_where"] = _where(gap, "live")
     if len(lv_chart) >= 2:
         s["levels_chart"] = b.chart("The levels side by side", ch.levels, pd.DataFrame(lv_chart),
                                     caption="roofline (modelled), kernel and engine level (measured, eager and graph), "
@@ -1046,8 +1092,9 @@ def build_context(bundle: Bundle, *, hw_rev: str, fingerprint: dict[str, str], r
     if sim.get("waterfall_frame") is not None:
         head["waterfall_chart"] = b.chart("Where the time of one token goes: roofline → live ITL", ch.waterfall,
                                           sim.pop("waterfall_frame"),
-                                          caption="gap.json waterfall · teal measured, indigo modelled, red residual · "
-                                                  "details in section 5")
+                                          caption="gap.json waterfall · teal measured, indigo modelled, red residual, "
+                                                  "amber inconsistent (a lower level measured slower: not explained) · "
+                                                  "where each step was measured after its value · details in section 5")
     live = live_section(b, bundle)
     trace = trace_section(b, bundle)  # issue 13: report/templates/trace_section.html.j2
     since = since_section(b, hw_rev, fingerprint, figs, audit.get("findings", []), history or [],

@@ -130,7 +130,8 @@ def server_stage(params: dict[str, Any], out: str) -> dict:
     result = {"stage": "calibrate_server", "device": f"cpu: {cpu_model()}", "backend": cal.get("stack_description"),
               "engine": engine, **cal, "skipped": [] if cal.get("status") == "ok" else
               [{"case": "HTTP calibration", "reason": cal.get("reason", "")}],
-              "python": platform.python_version()}
+              "python": platform.python_version(),
+              "hardware_revision": params.get("hardware_revision")}  # the gap stage never mixes hosts
     write_json(out, result)
     return result
 

@@ -1,42 +1,4 @@
-"""Gap attribution: the waterfall from the roofline to the live inter-token latency, and the levers.
-
-The waterfall is a chain of checkpoints, each a time one level of the stack takes per token:
-
-    roofline (weights + KV at datasheet peak)            roofline.json
-    + lost bandwidth: memory ceiling                      bytes / measured read bandwidth  (microbench/memory.json)
-    + all-reduce                                          simulate kernel level (real) or allreduce.json (modelled)
-    + lost bandwidth: kernels at decode shapes            kernel level, CUDA-graph time (simulate.json)
-    + launch overhead                                     kernel level, eager - graph
-    + framework overhead                                  engine level (simulate.json) - kernel level
-    + server overhead: completion loop                    engine level, in-process completion loop - eval
-    + server overhead: HTTP/SSE streaming                 loopback calibration server (simulate.json server)
-    = predicted ITL;   live ITL (live/summary.json);   unexplained residual = live - predicted
-
-A checkpoint that is not available (no GPU for graphs, engine not measured, a kernel level that ran stand-in
-dtypes for a format it cannot run) is listed with its reason, and the next available checkpoint's step absorbs
-it under a combined name, so every millisecond up to the last checkpoint is still attributed to something that
-was measured. The steps always sum exactly to the live ITL: the residual is defined as the remainder. A negative
-residual (the levels predict more than the live server takes) is flagged, never hidden.
-
-The server overhead model, and why closure is not circular. The issue defines server overhead as live ITL minus
-the engine level; used as is, predicted = engine + (live - engine) = live, and closure would prove nothing. So
-the model is built only from measurements that never look at the live stream:
-  1. the completion loop: the server library's own per-token loop (for llama-cpp-python: create_completion with
-     the server's request defaults, i.e. sampling over the whole vocabulary, penalties, detokenisation, chunk
-     dicts) run in-process on the same model, minus llama.cpp's own eval time inside it (engine level);
-  2. HTTP/SSE streaming. Where the engine can run in-process beside a stream (llama.cpp), the engine level runs
-     the completion loop a second time while a loopback server on the same stack (Starlette/sse-starlette/
-     uvicorn, no model) streams one chunk per engine step to a streaming client on the same host ("co-run"):
-     the loop's slowdown is what the HTTP stack and the client cost the engine, core sharing included (on a
-     small CPU host a preempted engine thread stalls every other one at the next barrier, which costs more
-     than the CPU time taken). Otherwise the loopback calibration's CPU time per chunk is the model: the
-     server process's share is serialised with the generation loop (GIL, one worker thread) and always
-     counts; the client's share counts only when the engine already occupies every core.
-The live ITL at concurrency 1 is then a prediction target the model never saw. live - engine is still reported,
-labelled as the observed (circular) server overhead, for comparison only.
-
-Explained fraction = 1 - |residual| / live. Closure ratio = predicted / live. Efficiency = roofline / live.
-"""
+"""The waterfall chain: checkpoints from the roofline to the live ITL (the package docstring explains the model)."""
 
 from __future__ import annotations
 
@@ -44,7 +6,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .io import read_json
+from ..io import read_json
+from .hosts import (DEVICE_LEVELS, _flag_negative, _measured_on, explained_fraction, foreign, identity,
+                    identity_text, run_identity)
 
 STEP, START, TOTAL, RESIDUAL = "step", "start", "total", "residual"
 GRAPH_ENGINES = {"vllm", "sglang", "tgi"}  # serve with captured CUDA graphs by default
@@ -116,9 +80,14 @@ def _unavail(name: str, why: str, source: str) -> dict[str, Any]:
     return _row(name, None, source, "unavailable", why=why)
 
 
-def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None) -> dict[str, Any]:
-    """Build gap.json from the loaded stage files (any of them may be None; `why` says why)."""
+def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None,
+              hardware_revision: str | None = None) -> dict[str, Any]:
+    """Build gap.json from the loaded stage files (any of them may be None; `why` says why).
+
+    `hardware_revision`: the results directory's revision; a level recorded under another one is refused.
+    """
     why = dict(why or {})
+    inputs = dict(inputs)
     roof = inputs.get("roofline") or {}
     mem = inputs.get("memory") or {}
     ar = inputs.get("allreduce") or {}
@@ -132,6 +101,30 @@ def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None)
         why["engine"], eng = eng.get("reason", "engine level not measured"), None
     if srv and srv.get("status") != "ok":
         why["server"], srv = f"HTTP calibration skipped: {srv.get('reason', '')}", None
+    live = inputs.get("live")
+
+    # never mix hosts: refuse every level measured on another device or hardware revision than the run's
+    ids = {
+        "memory": identity(inputs.get("memory"), "microbench/memory.json"),
+        "allreduce": identity(inputs.get("allreduce"), "microbench/allreduce.json"),
+        "gemm": identity(inputs.get("gemm"), "microbench/gemm.json"),
+        "launch": identity(inputs.get("launch"), "microbench/launch.json"),
+        "kernel": identity(kern, "simulate/kernel.json"),
+        "engine": identity(eng, "simulate/engine.json"),
+        "server": identity(srv, "simulate/server.json"),
+        "live": identity(live, "live/summary.json"),
+    }
+    ref = run_identity(ids, hardware_revision)
+    refused = {k: r for k, i in ids.items() if (r := foreign(i, ref, k in DEVICE_LEVELS))}
+    for key, reason in refused.items():
+        why[key] = f"refused: {reason}; levels from different hosts are never subtracted"
+        if key in ("kernel", "engine", "server"):
+            kern, eng, srv = (None if key == "kernel" else kern, None if key == "engine" else eng,
+                              None if key == "server" else srv)
+        else:
+            inputs[key] = None
+    mem = inputs.get("memory") or {}
+    ar = inputs.get("allreduce") or {}
     live = inputs.get("live")
     engine_name = (eng or {}).get("engine") or ((sim.get("engine") or {}).get("engine")) or (live or {}).get("engine") or "unknown"
     tp = int(roof.get("tp") or (kern or {}).get("tp") or 1)
@@ -165,6 +158,8 @@ def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None)
         waterfall.append(_row("lost bandwidth: memory ceiling", t_meas - t_peak, "microbench/memory.json", "modelled",
                               note=f"bytes / measured {bw_name} {read_bw:.0f} GB/s - bytes / datasheet "
                                    f"{_num((roof.get('hardware') or {}).get('memory_bandwidth_gbps')) or 0:.0f} GB/s"))
+        _flag_negative(waterfall[-1], f"the roofline at datasheet bandwidth ({t_peak:.3f} ms) is slower than at the "
+                                      f"measured bandwidth ({t_meas:.3f} ms)")
     elif t_peak is None and t_meas is not None:
         waterfall.append(_row("lost bandwidth: memory ceiling", None, "microbench/memory.json", "unavailable",
                               why="no datasheet peak: the roofline already uses the measured bandwidth"))
@@ -202,6 +197,8 @@ def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None)
     # (4-6) kernel level, launch overhead, framework overhead: checkpoints
     server_graphs = engine_name in GRAPH_ENGINES
     checkpoints: list[tuple[str, float | None, str, str, str]] = []  # (name, value, source, status, why)
+    level_label = {"lost bandwidth: kernels at decode shapes": "the kernel level (CUDA graph)",
+                   "launch overhead": "the kernel level (eager)", "framework overhead": "the engine level"}
     kernel_ok = kern is not None and kern.get("format_match", True)
     k_graph = _num((kern or {}).get("graph_ms"))
     k_eager = _num((kern or {}).get("eager_ms"))
@@ -243,6 +240,7 @@ def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None)
     # without a roofline the chain starts at zero and the first measured level absorbs it
     pending: list[str] = [] if have_chain else ["roofline"]
     last_level = "roofline + all-reduce"
+    last_label = "the roofline at measured bandwidth + all-reduce"
     reached = have_chain
     for name, value, source, status, cwhy in checkpoints:
         if value is None:
@@ -254,10 +252,13 @@ def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None)
         if cwhy:
             extra["note"] = cwhy
         waterfall.append(_row(label, value - chain, source, status, **extra))
+        _flag_negative(waterfall[-1], f"{last_label} ({chain:.3f} ms) is {chain - value:.3f} ms per token slower "
+                                      f"than {level_label[name]} ({value:.3f} ms) above it")
         chain = value
         reached = True
         pending = []
         last_level = name
+        last_label = level_label[name]
     if launch_note:
         waterfall.append(_row("launch overhead", 0.0, src_k, "modelled", note=launch_note))
 
@@ -267,6 +268,7 @@ def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None)
     if loop_ms is not None:
         waterfall.append(_row("server overhead: completion loop", loop_ms, src_e, "measured",
                               note=loop.get("source")))
+        _flag_negative(waterfall[-1], f"the completion loop is {-loop_ms:.3f} ms per token faster than the eval inside it")
         chain += loop_ms
     else:
         waterfall.append(_unavail("server overhead: completion loop",
@@ -287,6 +289,7 @@ def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None)
             note=f"completion loop while a loopback SSE stream ({corun.get('stack') or 'HTTP'}) and a streaming "
                  f"client share the host" + (f": {c_tok:.3f} vs {a_tok:.3f} ms/token alone" if c_tok and a_tok else "")
                  + " (median of alternating pairs)"))
+        _flag_negative(waterfall[-1], f"the loop with a stream beside it is {-http_ms:.3f} ms per token faster than alone")
         chain += http_ms
     elif srv is not None:
         s_cpu = _num(srv.get("server_cpu_per_chunk_ms"))
@@ -317,6 +320,8 @@ def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None)
                               negative=residual < 0 or None,
                               note=("negative: the levels predict more than the live server takes" if residual < 0
                                     else None)))
+        _flag_negative(waterfall[-1], f"the predicted {predicted:.3f} ms per token is {-residual:.3f} ms slower than "
+                                      f"the live ITL {itl:.3f} ms")
     else:
         waterfall.append(_unavail("unexplained residual", lwhy or why.get("live") or "no live ITL or no prediction",
                                   "live/summary.json"))
@@ -336,7 +341,12 @@ def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None)
         total = sum(r["ms"] for r in explained_steps) + residual
         sum_check = {"sum_of_steps_ms": total, "live_itl_ms": itl, "exact": math.isclose(total, itl, rel_tol=0, abs_tol=1e-9)}
 
-    explained = max(0.0, 1.0 - abs(residual) / itl) if (residual is not None and itl) else None
+    for r in waterfall:
+        r["measured_on"] = _measured_on(r["source"], ids, refused)
+    inconsistencies = [{"step": r["name"], **r["inconsistency"]} for r in waterfall if r.get("inconsistent")]
+    inconsistent_ms = sum(i["ms"] for i in inconsistencies if i["step"] != "unexplained residual")
+    # |residual| + every inconsistent millisecond count against it: offsetting steps never raise it
+    explained = explained_fraction(residual, itl, inconsistent_ms)
     closure = predicted / itl if (predicted is not None and itl) else None
     closure_basis = "engine" if (eng is not None and e_serv is not None) else (
         "kernel" if kernel_ok and (k_graph or k_eager) else ("roofline" if have_chain else None))
@@ -344,13 +354,19 @@ def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None)
     kernel_ms = (k_graph if (server_graphs and k_graph is not None) else k_eager) if kern else None
     observed_server = (itl - engine_ms) if (itl is not None and engine_ms is not None) else None
 
+    from .levers import rank_levers  # here, not at the top: levers.py imports _num from this module
+
     levers = rank_levers(waterfall, kern, eng, inputs, server_graphs, roof, ar_ms)
     unexplained_component = None
     if residual is not None and (explained is None or explained < 0.85 or abs(closure - 1) > 0.15):
         absorbed = {n for r in waterfall for n in r.get("absorbs", [])}
         missing = [r["name"] for r in waterfall if r["status"] == "unavailable" and r["kind"] == STEP
                    and r["name"] not in absorbed and not r["name"].startswith("lost bandwidth: memory")]
-        if residual < 0:
+        if inconsistent_ms > 0:
+            unexplained_component = ("inconsistent levels: " + "; ".join(
+                f"{i['what']} (likely: {i['likely_cause']})" for i in inconsistencies
+                if i["step"] != "unexplained residual"))
+        elif residual < 0:
             unexplained_component = ("over-prediction: the measured levels add up to more than the live ITL; "
                                      "the largest modelled step is the suspect")
         elif missing:
@@ -370,6 +386,14 @@ def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None)
         "top_levers": levers[:3],
         "unexplained_component": unexplained_component,
         "negative_residual": bool(residual is not None and residual < 0),
+        "inconsistencies": inconsistencies,
+        "inconsistent_ms": inconsistent_ms,
+        "inconsistency_note": (
+            f"{len(inconsistencies)} inconsistent step{'s' if len(inconsistencies) != 1 else ''} "
+            f"({sum(i['ms'] for i in inconsistencies):.3f} ms per token, a lower level measured slower than a "
+            "higher one): a finding, not counted as explained" if inconsistencies else None),
+        "refused_levels": refused,
+        "measured_on": identity_text(ref) if ref.get("device") else None,
     }
     return {
         "stage": "gap",
@@ -401,6 +425,9 @@ def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None)
             "engine_ms": engine_ms, "live_itl_ms": itl,
         },
         "inputs_unavailable": {k: v for k, v in why.items() if v},
+        "hardware_revision": hardware_revision,
+        "measured_on": {"run": ref, "levels": ids},
+        "refused_levels": refused,
         "notes": notes,
         "provenance": {
             "roofline_ms": "modelled: roofline.json t_memory_ms" if t_peak is not None else
@@ -413,86 +440,17 @@ def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None)
     }
 
 
-# ----------------------------------------------------------------------------------------------------------
-# levers
+def attribute_files(paths: dict[str, str | Path | None], *, hardware_revision: str | None = None,
+                    fingerprint: dict[str, str] | None = None) -> dict[str, Any]:
+    """Load the stage files named in `paths` (roofline, memory, allreduce, gemm, launch, simulate, live, audit).
 
-
-def _step(waterfall: list[dict], name: str) -> dict | None:
-    return next((r for r in waterfall if r["name"] == name and r["ms"] is not None), None)
-
-
-def rank_levers(waterfall, kern, eng, inputs, server_graphs: bool, roof: dict, ar_ms: float | None) -> list[dict]:
-    levers: list[dict[str, Any]] = []
-
-    def add(name, saves, evidence, status="measured", source=""):
-        levers.append({"name": name, "saves_ms": saves, "saves_status": status, "evidence": evidence,
-                       "source": source})
-
-    launch = _step(waterfall, "launch overhead")
-    if launch and not server_graphs and (launch["ms"] or 0) > 0 and kern and kern.get("graph_ms") is not None:
-        add("capture CUDA graphs", launch["ms"],
-            f"kernel level: eager {kern['eager_ms']:.3f} ms vs one CUDA graph {kern['graph_ms']:.3f} ms per step "
-            f"({kern.get('layers_simulated')} of {kern.get('layers_total')} layers simulated, scaled)",
-            source="simulate.json (kernel level)")
-    if eng and _num(eng.get("eager_ms")) is not None and _num(eng.get("graph_ms")) is not None:
-        d = eng["eager_ms"] - eng["graph_ms"]
-        if d > 0:
-            add("static KV cache + compile (CUDA graphs)", d,
-                f"engine level ({eng.get('engine')}): eager {eng['eager_ms']:.3f} ms vs static cache + "
-                f"torch.compile {eng['graph_ms']:.3f} ms per token", source="simulate.json (engine level)")
-    kshape = _step(waterfall, "lost bandwidth: kernels at decode shapes")
-    if kshape and kshape["ms"] > 0:
-        gemm = inputs.get("gemm") or {}
-        worst = gemm.get("worst_frac_of_copy_bw") or gemm.get("min_frac_of_copy_bw")
-        ev = (f"kernel level in CUDA graphs takes {kshape['ms']:.3f} ms more than streaming its bytes at the "
-              f"measured bandwidth (decode GEMVs, attention, norms and routing below streaming speed)")
-        if isinstance(worst, (int, float)):
-            ev += f"; worst decode GEMM reaches {worst:.0%} of copy bandwidth (microbench/gemm.json)"
-        add("decode kernels at streaming bandwidth (fused / better-tuned GEMV, attention, MoE kernels)",
-            kshape["ms"], ev, source="simulate.json (kernel level), microbench/gemm.json")
-    fw = _step(waterfall, "framework overhead")
-    if fw and fw["ms"] > 0 and not fw.get("absorbs"):
-        add("leaner framework step (fewer host-side ops per layer, fused kernels)", fw["ms"],
-            f"engine level {eng.get('serving_ms') or eng.get('eager_ms'):.3f} ms vs the same kernels "
-            f"{'in graphs' if server_graphs else 'eagerly'} at the kernel level", source="simulate.json")
-    loop = _step(waterfall, "server overhead: completion loop")
-    if loop and loop["ms"] > 0:
-        add("lighter completion loop (sampling on the device / fewer Python steps per token)", loop["ms"],
-            f"in-process completion loop spends {loop['ms']:.3f} ms per token beyond the engine's eval "
-            f"(sampling over the vocabulary, detokenisation, chunk building)", source="simulate.json (engine level)")
-    http = _step(waterfall, "server overhead: HTTP/SSE streaming")
-    if http and http["ms"] > 0:
-        add("cheaper streaming path (batch chunks, faster JSON/SSE)", http["ms"], http.get("note", ""),
-            source="simulate.json (server calibration)")
-    if ar_ms and ar_ms > 0:
-        floor = _num(roof.get("t_comm_floor_ms"))
-        saves, status = (ar_ms - floor, "modelled") if floor is not None and ar_ms > floor else (None, "unavailable")
-        add("faster all-reduce (one-shot / custom all-reduce, NVLS, or fewer TP ranks)", saves,
-            f"all-reduce costs {ar_ms:.3f} ms per token" + (f" against a {floor:.3f} ms floor" if floor is not None else ""),
-            status=status if saves is not None else "unavailable: no all-reduce floor to compare with",
-            source="microbench/allreduce.json, roofline.json")
-    audit = inputs.get("audit") or {}
-    for f in audit.get("findings") or []:
-        if not isinstance(f, dict) or f.get("severity") not in ("critical", "warning"):
-            continue
-        levers.append({
-            "name": f"{f.get('title', f.get('id', 'audit finding'))}",
-            "saves_ms": None,
-            "saves_status": "unavailable: the audit finds the setting; no measurement here gives its milliseconds",
-            "evidence": f"{f.get('evidence', '')} (fix: {f.get('fix', '')})",
-            "source": f"audit.json ({f.get('id')}, {f.get('severity')})",
-        })
-    levers.sort(key=lambda l: (l["saves_ms"] is None, -(l["saves_ms"] or 0.0)))
-    for i, l in enumerate(levers, 1):
-        l["rank"] = i
-    return levers
-
-
-def attribute_files(paths: dict[str, str | Path | None]) -> dict[str, Any]:
-    """Load the stage files named in `paths` (roofline, memory, allreduce, gemm, launch, simulate, live, audit)."""
+    `fingerprint`: the measuring host's environment fingerprint, kept so a report rendered elsewhere shows it.
+    """
     inputs, why = {}, {}
     for key, path in paths.items():
         inputs[key], why[key] = load_input(path)
-    result = attribute(inputs, why)
+    result = attribute(inputs, why, hardware_revision=hardware_revision)
     result["inputs"] = {k: str(v) for k, v in paths.items() if v}
+    if fingerprint is not None:
+        result["fingerprint"] = dict(fingerprint)
     return result
