@@ -189,7 +189,7 @@ def test_server_error_message_shapes(obj, message):
 
 def test_server_messages_are_scrubbed_and_cut():
     assert scrub("bad key: api_key=sk-abcdef123456 and Authorization: Bearer abc.def-123") == (
-        "bad key: api_key=*** and Authorization: Bearer ***")
+        "bad key: api_key=[redacted] and Authorization: Bearer [redacted]")
     assert "hf_" not in scrub("token hf_AbCdEfGhIjKlMnOp was refused")
     assert "s3cr3t" not in scrub('{"password": "s3cr3t"}')
     long = quote("x" * 1000)

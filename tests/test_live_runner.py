@@ -100,7 +100,7 @@ def test_chat_with_rejected_option_is_negotiated(double, tmp_path):
 
 FAILURES = {
     "unreachable": "cannot connect to http://127.0.0.1:{port}/v1/completions",
-    "http500": "HTTP 500 from {url}/completions: scripted internal error while handling request (api_key=***) "
+    "http500": "HTTP 500 from {url}/completions: scripted internal error while handling request (api_key=[redacted]) "
                "(type InternalServerError, code 500)",
     "json": "non-SSE response from {url}/completions (content-type 'application/json')",
     "malformed": "malformed data line from {url}/completions",
@@ -161,7 +161,7 @@ def test_api_key_is_sent_but_never_written(double, tmp_path, monkeypatch):
     assert summary["status"] == "ok"
     assert all(e["auth_ok"] for e in double.log() if e["scenario"] == "auth")
     # the double echoes the key in the model id and a header: both must come out scrubbed
-    assert summary["model"] == "double-model-***"
+    assert summary["model"] == "double-model-[redacted]"
     for path in [*out.dir.rglob("*")]:
         if path.is_file():
             assert DOUBLE_KEY.encode() not in path.read_bytes(), path
@@ -177,7 +177,7 @@ def test_wrong_api_key_echoed_by_the_server_stays_secret(double, tmp_path, monke
         _run(_settings(double.url("auth"), api_key_env="LIVE_TEST_KEY", concurrency=[1]), out, lines)
     assert wrong not in str(err.value)
     text = out.last_error.read_text()
-    assert "HTTP 401" in text and wrong not in text and "***" in text
+    assert "HTTP 401" in text and wrong not in text and "[redacted]" in text
     assert not any(wrong in line for line in lines)
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from decode_gap.report.data import (Fig, fmt_num, fmt_size, headline, load_bundle, load_doc, load_table, files_in_dir,
                                     num, parse_provenance)
-from decode_gap.report.secrets import redact_url, scrub_text, secret_values
+from decode_gap.secrets import redact_url, scrub_text, secret_values
 from decode_gap.report.sections import (chunk_itls, delta_row, findings_delta, itl_hist_frame, levers_list,
                                         timeline_frame, waterfall_frame)
 

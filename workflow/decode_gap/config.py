@@ -107,3 +107,22 @@ def one_line_validation_error(
     where = ", ".join(configfiles) or "config"
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return f"decode-gap: error: {where}: {first}"
+
+
+# The run's configuration as a report shows it and the archive keeps it: no secret (the key's variable name only).
+PUBLIC_CONFIG_KEYS = ("model", "weight_format", "hardware", "hardware_revision", "tp", "ep", "batch_size",
+                      "context_len", "kv_cache_dtype", "endpoint", "api_key_env")
+
+
+def public_run_config(config: dict[str, Any]) -> dict[str, Any]:
+    """Written into gap.json on the measuring host, so a report rendered elsewhere shows that run's settings."""
+    from .secrets import redact_url
+
+    out = {k: config.get(k) for k in PUBLIC_CONFIG_KEYS if config.get(k) not in (None, "")}
+    if out.get("endpoint"):
+        out["endpoint"] = redact_url(str(out["endpoint"]))
+    stages = config.get("stages") or {}
+    off = [k for k, v in stages.items() if v is False]
+    if off:
+        out["stages disabled"] = ", ".join(off)
+    return out

@@ -3,6 +3,7 @@ from decode_gap.smk import run_script
 
 
 def body():
+    from decode_gap.config import public_run_config
     from decode_gap.gap import attribute_files
     from decode_gap.io import write_json
 
@@ -10,7 +11,7 @@ def body():
     keys = ("roofline", "memory", "allreduce", "gemm", "launch", "simulate", "live", "audit")
     p = snakemake.params  # noqa: F821
     result = attribute_files({k: i.get(k) for k in keys}, hardware_revision=p.hardware_revision,
-                             fingerprint=dict(p.fingerprint))
+                             fingerprint=dict(p.fingerprint), run_config=public_run_config(dict(snakemake.config)))  # noqa: F821
     write_json(snakemake.output.json, result)  # noqa: F821
     h = result["headline"]
     print(f"live ITL {result['live_itl_ms']} ms, predicted {result['predicted_ms']} ms, "

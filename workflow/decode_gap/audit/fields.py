@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Mapping
 
-REDACTED = "<redacted>"
+from ..secrets import REDACTED  # the one marker for every stage and the report
 
-# An environment variable whose name contains one of these is never written, only "<redacted>".
+# An environment variable whose name contains one of these is never written, only the REDACTED marker.
 SECRET_NAME_RE = re.compile(
     r"TOKEN|KEY|SECRET|PASS|CREDENTIAL|AUTH|PRIVATE|COOKIE|SESSION|SIGNATURE|CERT",
     re.I,
@@ -83,7 +83,7 @@ def looks_secret_name(name: str) -> bool:
 
 
 def env_snapshot(env: Mapping[str, str], prefixes: tuple[str, ...] = ENV_PREFIXES) -> dict[str, str]:
-    """The NCCL_/CUDA_/TORCH_/PYTORCH_ variables; a secret-looking name or value becomes "<redacted>"."""
+    """The NCCL_/CUDA_/TORCH_/PYTORCH_ variables; a secret-looking name or value becomes the REDACTED marker."""
     out = {}
     for name in sorted(env):
         if not name.startswith(prefixes):

@@ -441,10 +441,12 @@ def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None,
 
 
 def attribute_files(paths: dict[str, str | Path | None], *, hardware_revision: str | None = None,
-                    fingerprint: dict[str, str] | None = None) -> dict[str, Any]:
+                    fingerprint: dict[str, str] | None = None,
+                    run_config: dict[str, Any] | None = None) -> dict[str, Any]:
     """Load the stage files named in `paths` (roofline, memory, allreduce, gemm, launch, simulate, live, audit).
 
-    `fingerprint`: the measuring host's environment fingerprint, kept so a report rendered elsewhere shows it.
+    `fingerprint` and `run_config` (decode_gap.config.public_run_config): the measuring host's environment and
+    settings, kept so a report rendered elsewhere shows them and not the rendering host's.
     """
     inputs, why = {}, {}
     for key, path in paths.items():
@@ -453,4 +455,6 @@ def attribute_files(paths: dict[str, str | Path | None], *, hardware_revision: s
     result["inputs"] = {k: str(v) for k, v in paths.items() if v}
     if fingerprint is not None:
         result["fingerprint"] = dict(fingerprint)
+    if run_config is not None:
+        result["run_config"] = dict(run_config)
     return result

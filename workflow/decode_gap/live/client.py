@@ -21,6 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 from httpx_sse import SSEError, aconnect_sse
+from ..secrets import scrub_credentials
 
 
 def display_url(url: str) -> str:
@@ -41,20 +42,9 @@ def one_line(text: str, limit: int = 200) -> str:
 
 
 MESSAGE_LIMIT = 300  # a server's own error message is quoted up to this many characters
-# Secrets a server may echo in an error message (the configured API key is also replaced by the runner).
-_SECRETS = (
-    re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{4,}"),
-    re.compile(r"""(?i)((?:api[_-]?key|access[_-]?token|auth[_-]?token|token|secret|password|passwd|authorization)"""
-               r"""["']?\s*[:=]\s*["']?)(?!(?:bearer|basic)\s)([^\s"',;}&)\]]+)"""),
-    re.compile(r"\b(sk|pk|rk|hf|ghp|gho|xox[abp])[-_][A-Za-z0-9_-]{8,}"),
-)
-
-
 def scrub(text: str) -> str:
-    """Credential-looking parts of server text replaced by `***` (key=value pairs, bearer tokens, sk-/hf_ keys)."""
-    text = _SECRETS[0].sub(lambda m: f"{m.group(1)} ***", text)
-    text = _SECRETS[1].sub(lambda m: f"{m.group(1)}***", text)
-    return _SECRETS[2].sub("***", text)
+    """Credential-looking parts of server text replaced by the core marker (the configured key: by the runner)."""
+    return scrub_credentials(text)
 
 
 def quote(text: Any) -> str:

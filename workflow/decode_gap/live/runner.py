@@ -44,6 +44,7 @@ from .metrics import describe, level_summary, request_timing
 from .parse import parse_stream
 from .prompts import build_prompt
 from .server import EmbeddedServer, llama_cpp_available, read_eval_log, read_log_errors
+from ..secrets import REDACTED
 
 REQUEST_COLUMNS = {
     "request_id": "int64",
@@ -174,14 +175,14 @@ class LiveOutputs:
 
 # -- secrets ---------------------------------------------------------------------------------------
 class Redactor:
-    """Replaces every secret value in strings, nested JSON and table columns with `***`."""
+    """Replaces every secret value in strings, nested JSON and table columns with the core marker, REDACTED."""
 
     def __init__(self, secrets: list[str]):
         self.secrets = [s for s in secrets if s]
 
     def text(self, value: str) -> str:
         for s in self.secrets:
-            value = value.replace(s, "***")
+            value = value.replace(s, REDACTED)
         return value
 
     def obj(self, value: Any) -> Any:

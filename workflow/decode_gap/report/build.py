@@ -9,12 +9,13 @@ from typing import Any, Iterable
 
 from .. import __version__
 from .. import archive as arc
+from ..config import public_run_config
 from ..errors import DecodeGapError
 from ..io import atomic_write_text, write_json
 from .data import STAGE_FILES, Bundle, Fig, audit_findings, files_in_dir, headline, headline_json, load_bundle
 from .pdf import write_pdf
 from .render import render, template_dir
-from .secrets import redact_url, scrub_text, secret_values
+from ..secrets import scrub_text, secret_values
 from .sections import build_context, compare_context
 
 def _readable(*paths: str | os.PathLike) -> None:
@@ -28,20 +29,10 @@ def _readable(*paths: str | os.PathLike) -> None:
             pass
 
 
-CONFIG_KEYS = ("model", "weight_format", "hardware", "hardware_revision", "tp", "ep", "batch_size", "context_len",
-               "kv_cache_dtype", "endpoint", "api_key_env")
-
-
-def run_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The configuration shown in the report and kept in run.json (no secret: the key's variable name only)."""
-    out = {k: config.get(k) for k in CONFIG_KEYS if config.get(k) not in (None, "")}
-    if out.get("endpoint"):
-        out["endpoint"] = redact_url(str(out["endpoint"]))
-    stages = config.get("stages") or {}
-    off = [k for k, v in stages.items() if v is False]
-    if off:
-        out["stages disabled"] = ", ".join(off)
-    return out
+def run_config(config: dict[str, Any], bundle: Bundle | None = None) -> dict[str, Any]:
+    """The measuring run's configuration (gap.json keeps it); this host's config only for a tree without it."""
+    kept = bundle.doc("gap").get("run_config") if bundle is not None else None
+    return dict(kept) if isinstance(kept, dict) and kept else public_run_config(config)
 
 
 def datasheet(bundle: Bundle) -> dict[str, Any]:
@@ -62,7 +53,7 @@ def render_run(files: dict[str, str], html_path: str | os.PathLike, pdf_path: st
     tdir = template_dir(templates)
     bundle = load_bundle(files)
     listing = arc.list_runs(archive_dir, hw_rev)
-    ctx = build_context(bundle, hw_rev=hw_rev, fingerprint=fingerprint, run_config=run_config(config),
+    ctx = build_context(bundle, hw_rev=hw_rev, fingerprint=fingerprint, run_config=run_config(config, bundle),
                         datasheet=datasheet(bundle), history=listing.runs, history_warnings=listing.warnings,
                         archive_note="" if listing.runs else f"archive {archive_dir}/{hw_rev} holds no earlier run")
     secrets = secret_values(names=[config.get("api_key_env", "")])
@@ -97,7 +88,7 @@ def archive_report(*, html: str, pdf: str, stage_files: Iterable[str], receipt: 
                 for f in audit_findings(bundle.doc("audit"))]
     secrets = secret_values(names=[config.get("api_key_env", "")])
     meta = {"decode_gap_version": __version__, "headline": headline_json(figs), "findings": findings,
-            "config": run_config(config), "report": "report.html"}
+            "config": run_config(config, bundle), "report": "report.html"}
     run = arc.archive_run(archive_dir, hw_rev, files, fingerprint, meta, scrub=lambda t: scrub_text(t, secrets))
     index = write_indexes(archive_dir, hw_rev, templates)
     write_json(receipt, {

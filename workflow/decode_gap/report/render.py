@@ -21,7 +21,7 @@ from markupsafe import Markup
 
 from ..io import atomic_write_text
 from .data import Fig, fmt_bytes, fmt_num
-from .secrets import scrub_text, secret_values
+from ..secrets import scrub_text, secret_values
 
 DEFAULT_TEMPLATES = Path(__file__).resolve().parents[3] / "report" / "templates"
 

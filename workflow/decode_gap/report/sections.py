@@ -22,7 +22,7 @@ from . import charts as ch
 from .data import (HEADLINE, HEADLINE_BETTER, HEADLINE_LABELS, SEVERITY_RANK, Bundle, Doc, Fig, Table,
                    audit_findings, dig, fig_field, find_col, first_key, fmt_bytes, fmt_num, fmt_size, headline, live_levels,
                    num, parse_provenance, unavailable_fig)
-from .secrets import REDACTED, SECRET_NAME, redact_url
+from ..secrets import REDACTED, SECRET_NAME, redact_url
 from .trace_section import trace_section
 
 META_KEYS = {"stage", "status", "reason", "findings", "provenance", "skipped", "fixture", "device", "backend",

@@ -49,3 +49,19 @@ def redact_url(url: str) -> str:
         for q in parts.query.split("&") if q
     )
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+# Credentials a server may echo in free text (its error messages): key=value pairs, bearer tokens, sk-/hf_ keys.
+_CREDENTIALS = (
+    re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{4,}"),
+    re.compile(r"""(?i)((?:api[_-]?key|access[_-]?token|auth[_-]?token|token|secret|password|passwd|authorization)"""
+               r"""["']?\s*[:=]\s*["']?)(?!(?:bearer|basic)\s)([^\s"',;}&)\]]+)"""),
+    re.compile(r"\b(sk|pk|rk|hf|ghp|gho|xox[abp])[-_][A-Za-z0-9_-]{8,}"),
+)
+
+
+def scrub_credentials(text: str) -> str:
+    """Credential-looking parts of free text replaced by the one marker, REDACTED."""
+    text = _CREDENTIALS[0].sub(lambda m: f"{m.group(1)} {REDACTED}", text)
+    text = _CREDENTIALS[1].sub(lambda m: f"{m.group(1)}{REDACTED}", text)
+    return _CREDENTIALS[2].sub(REDACTED, text)
