@@ -49,7 +49,8 @@ from decode_gap.microbench import nvfp4 as nv, lowprec as lp
 torch.manual_seed(0)
 cases = [(1, 48, 256, lp.GemvConfig(16, 128), False, None), (1, 40, 96, lp.GemvConfig(16, 64), False, 1),
          (1, 64, 512, lp.GemvConfig(16, 128), False, 4), (3, 40, 128, lp.GemvConfig(16, 64), True, None),
-         (16, 33, 160, lp.GemvConfig(16, 128), True, 1)]
+         (16, 33, 160, lp.GemvConfig(16, 128), True, 1), (1, 48, 256, lp.GemvConfig(16, 64, grouped=True), False, None),
+         (1, 40, 96, lp.GemvConfig(16, 64, grouped=True), False, 1), (1, 64, 512, lp.GemvConfig(32, 128, grouped=True), False, 3)]
 for m, n, k, cfg, dot, split in cases:
     q = nv.quantize_nvfp4(torch.randn(n, k) * 3)
     x = torch.randn(m, k).to(torch.bfloat16)
@@ -62,8 +63,9 @@ codes = torch.arange(256, dtype=torch.int32)
 q = nv.NVFP4Tensor(torch.stack([codes.to(torch.uint8)] * 8, 1).reshape(256, 8), torch.ones(256, 1).to(torch.float8_e4m3fn),
                    torch.tensor(1.0), (256, 16))
 x = torch.ones(1, 16).to(torch.bfloat16)
-got = lp.Nvfp4Gemv(q, 1, "cpu", cfg=lp.GemvConfig(16, 16), out_dtype=torch.float32)(x)
-assert torch.equal(got, nv.reference_mm(x, q)), (got, nv.reference_mm(x, q))
+for cfg in (lp.GemvConfig(16, 16), lp.GemvConfig(16, 16, grouped=True)):
+    got = lp.Nvfp4Gemv(q, 1, "cpu", cfg=cfg, out_dtype=torch.float32)(x)
+    assert torch.equal(got, nv.reference_mm(x, q)), (got, nv.reference_mm(x, q))
 # the weight-only class routes M <= 16 to the new GEMV
 w = nv.WeightOnlyGemm(nv.quantize_nvfp4(torch.randn(32, 64)), 2, "cpu", out_dtype=torch.float32)
 xx = torch.randn(2, 64).to(torch.bfloat16)
@@ -79,8 +81,8 @@ def test_dense_and_grouped_gemvs_match_the_reference_in_the_interpreter():
 import torch
 from decode_gap.microbench import nvfp4 as nv, lowprec as lp
 torch.manual_seed(0)
-for m, n, k, kind, cfg in [(1, 40, 256, "bf16", lp.GemvConfig(16, 64)), (3, 40, 200, "fp8", lp.GemvConfig(16, 64)),
-                           (1, 300, 384, "fp8b", lp.GemvConfig(16, 128)), (5, 130, 260, "fp8b", lp.GemvConfig(32, 128, split=2))]:
+for m, n, k, kind, cfg in [(1, 40, 256, "bf16", lp.GemvConfig(16, 64)), (3, 40, 200, "fp8", lp.GemvConfig(16, 64)), (1, 40, 200, "fp8", lp.GemvConfig(8, 64, split=2)),
+                           (1, 300, 384, "fp8b", lp.GemvConfig(16, 256)), (1, 130, 260, "fp8b", lp.GemvConfig(8, 128, split=2)), (5, 130, 260, "fp8b", lp.GemvConfig(32, 128, split=2))]:
     w = torch.randn(n, k)
     x = torch.randn(m, k).to(torch.bfloat16)
     if kind == "bf16":
@@ -95,8 +97,11 @@ E, H, I = 5, 128, 64
 ids = torch.tensor([3, 0, 4]); rw = torch.rand(3)
 x = torch.randn(1, H).to(torch.bfloat16)
 w13 = (torch.randn(E, 2 * I, H) * 0.1).to(torch.bfloat16); w2 = (torch.randn(E, H, I) * 0.1).to(torch.bfloat16)
-for fmt in ("bf16", "fp8", "fp8-block", "nvfp4"):
-    g = lp.grouped_from_bf16(fmt, w13, w2, ids, rw, "cpu", lp.GemvConfig(16, 64), lp.GemvConfig(16, 64))
+for fmt, c13, c2 in (("bf16", lp.GemvConfig(16, 64), lp.GemvConfig(16, 64)), ("fp8", lp.GemvConfig(16, 64), lp.GemvConfig(16, 64)),
+                     ("fp8-block", lp.GemvConfig(16, 128), lp.GemvConfig(16, 128)),
+                     ("nvfp4", lp.GemvConfig(16, 64), lp.GemvConfig(16, 64)),
+                     ("nvfp4", lp.GemvConfig(16, 64, grouped=True), lp.GemvConfig(32, 32, grouped=True))):
+    g = lp.grouped_from_bf16(fmt, w13, w2, ids, rw, "cpu", c13, c2)
     d13, d2 = lp.dequantized_experts(g)
     err = nv.relative_error(g(x).float(), lp.reference_experts(x, d13, d2, ids, rw))
     assert err < 1e-2, (fmt, err)  # bf16 activation and output

@@ -104,7 +104,7 @@ def lowprec_variants(env: BenchEnv, be: Backend, m: int) -> list[str]:
     """Triton GEMV candidates for this backend and M (label + config), none where they do not apply."""
     if not (env.is_gpu and lp.HAVE_TRITON) or m > 16:
         return []
-    if be.dtype == FP8:
+    if be.dtype == FP8 and m == 1:  # CUDA-core FMA: M FMAs per weight byte, so only the GEMV
         return ([f"{FP8_GEMV} {c.name}" for c in lp.DENSE_CONFIGS]
                 + [f"{FP8_BLOCK_GEMV} {c.name}" for c in lp.DENSE_BLOCK_CONFIGS])
     if be.dtype == NVFP4 and be.label == nv.WeightOnlyGemm.label:

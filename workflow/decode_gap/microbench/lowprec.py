@@ -113,14 +113,59 @@ if HAVE_TRITON:
         return tl.sum(acc, axis=1)
 
     @triton.jit
+    def _fp4_word_dot(q, xb, kmask, EVEN_K: tl.constexpr):
+        """[BLOCK_N, BLOCK_G] partial dot of one int32 word per (row, group) with x[xb + t], t = 0..7."""
+        part = tl.zeros(q.shape, dtype=tl.float32)
+        for j in tl.static_range(4):
+            lo, hi = _fp4_pair(q, j)
+            if EVEN_K:
+                xl = tl.load(xb + (3 - j)).to(tl.float32)
+                xh = tl.load(xb + (7 - j)).to(tl.float32)
+            else:
+                xl = tl.load(xb + (3 - j), mask=kmask, other=0.0).to(tl.float32)
+                xh = tl.load(xb + (7 - j), mask=kmask, other=0.0).to(tl.float32)
+            part += lo.to(tl.float32) * xl[None, :]
+            part += hi.to(tl.float32) * xh[None, :]
+        return part
+
+    @triton.jit
+    def _fp4_rows_g(x_base, w_base, s_base, rows, nmask, g_start, g_end, stride_wn, stride_sn,
+                    BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
+        """Like _fp4_rows, but over int64 groups (16 values, exactly one E4M3 scale): the scales load contiguously
+        and multiply once per 16 values. `w_base` points at int64 words, strides in int64 / scale units."""
+        acc = tl.zeros((BLOCK_N, BLOCK_G), dtype=tl.float32)
+        for g0 in range(g_start, g_end, BLOCK_G):
+            offs = g0 + tl.arange(0, BLOCK_G)
+            wp = w_base + rows[:, None] * stride_wn + offs[None, :]
+            sp = s_base + rows[:, None] * stride_sn + offs[None, :]
+            kmask = offs < g_end
+            if EVEN_K:
+                if EVEN_N:
+                    q = tl.load(wp)
+                    s = tl.load(sp)
+                else:
+                    q = tl.load(wp, mask=nmask[:, None], other=0)
+                    s = tl.load(sp, mask=nmask[:, None], other=0.0)
+            else:
+                m2 = nmask[:, None] & kmask[None, :]
+                q = tl.load(wp, mask=m2, other=0)
+                s = tl.load(sp, mask=m2, other=0.0)
+            xb = x_base + offs * 16
+            part = _fp4_word_dot(q.to(tl.int32), xb, kmask, EVEN_K)
+            part += _fp4_word_dot((q >> 32).to(tl.int32), xb + 8, kmask, EVEN_K)
+            acc += part * s.to(tl.float32)
+        return tl.sum(acc, axis=1)
+
+    @triton.jit
     def _fp4_gemv_kernel(
         x_ptr, w_ptr, s_ptr, ts_ptr, ids_ptr, rw_ptr, out_ptr,
         N, KW, w_per_split, pair_off,
         stride_xs, stride_we, stride_wn, stride_se, stride_sn, stride_os,
         BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
         HAS_IDS: tl.constexpr, PAIRED: tl.constexpr, ATOMIC: tl.constexpr, ROW_WEIGHT: tl.constexpr,
+        GROUPED: tl.constexpr = False,
     ):
-        """M=1 NVFP4 GEMV. Program (n tile, k split, slot); slot picks an expert through ids when HAS_IDS."""
+        """M=1 NVFP4 GEMV (GROUPED: w_ptr is int64, KW / w_per_split / BLOCK_W count 16-value groups). Program (n tile, k split, slot); slot picks an expert through ids when HAS_IDS."""
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         slot = tl.program_id(2)
@@ -136,11 +181,19 @@ if HAVE_TRITON:
         w_base = w_ptr + e * stride_we
         s_base = s_ptr + e * stride_se
         scale = tl.load(ts_ptr + e) * 16384.0
-        y = _fp4_rows(x_base, w_base, s_base, rows, nmask, w_start, w_end, stride_wn, stride_sn,
-                      BLOCK_N, BLOCK_W, EVEN_K, EVEN_N) * scale
-        if PAIRED:  # gate rows r and up rows r + pair_off of the same expert: write silu(gate) * up
-            u = _fp4_rows(x_base, w_base, s_base, rows + pair_off, nmask, w_start, w_end, stride_wn, stride_sn,
+        if GROUPED:
+            y = _fp4_rows_g(x_base, w_base, s_base, rows, nmask, w_start, w_end, stride_wn, stride_sn,
+                            BLOCK_N, BLOCK_W, EVEN_K, EVEN_N) * scale
+        else:
+            y = _fp4_rows(x_base, w_base, s_base, rows, nmask, w_start, w_end, stride_wn, stride_sn,
                           BLOCK_N, BLOCK_W, EVEN_K, EVEN_N) * scale
+        if PAIRED:  # gate rows r and up rows r + pair_off of the same expert: write silu(gate) * up
+            if GROUPED:
+                u = _fp4_rows_g(x_base, w_base, s_base, rows + pair_off, nmask, w_start, w_end, stride_wn,
+                                stride_sn, BLOCK_N, BLOCK_W, EVEN_K, EVEN_N) * scale
+            else:
+                u = _fp4_rows(x_base, w_base, s_base, rows + pair_off, nmask, w_start, w_end, stride_wn, stride_sn,
+                              BLOCK_N, BLOCK_W, EVEN_K, EVEN_N) * scale
             y = y / (1.0 + tl.exp(-y)) * u
         if ROW_WEIGHT:
             y = y * tl.load(rw_ptr + slot)
@@ -200,10 +253,53 @@ if HAVE_TRITON:
             tl.store(op, acc.to(out_ptr.dtype.element_ty), mask=om)
 
     @triton.jit
+    def _dense_rows_m1(x_base, w_base, s_base, rows, nmask, k_start, k_end, stride_wn, stride_sn,
+                       SCALE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                       EVEN_N: tl.constexpr):
+        """M=1: a 2-D tile, reduced every iteration (what gemv.py does for bf16); block scales per 128 columns
+        through a [BLOCK_N, BLOCK_K / 128, 128] view of the same tile."""
+        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        NB: tl.constexpr = BLOCK_K // 128 if SCALE == 2 else 1
+        for k0 in range(k_start, k_end, BLOCK_K):
+            if SCALE == 2:  # BLOCK_K is a multiple of 128 and k0 is 128-aligned
+                kk = k0 + tl.arange(0, NB)[:, None] * 128 + tl.arange(0, 128)[None, :]  # [NB, 128]
+                wp = w_base + rows[:, None, None] * stride_wn + kk[None, :, :]
+                if EVEN_K:
+                    if EVEN_N:
+                        w = tl.load(wp)
+                    else:
+                        w = tl.load(wp, mask=nmask[:, None, None], other=0.0)
+                    x = tl.load(x_base + kk)
+                else:
+                    w = tl.load(wp, mask=nmask[:, None, None] & (kk < k_end)[None, :, :], other=0.0)
+                    x = tl.load(x_base + kk, mask=kk < k_end, other=0.0)
+                p = tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :, :], axis=2)  # [BN, NB]
+                kb = k0 // 128 + tl.arange(0, NB)
+                sb = tl.load(s_base + (rows // 128)[:, None] * stride_sn + kb[None, :], mask=nmask[:, None], other=0.0)
+                acc += tl.sum(p * sb, axis=1)
+            else:
+                offs = k0 + tl.arange(0, BLOCK_K)
+                wp = w_base + rows[:, None] * stride_wn + offs[None, :]
+                if EVEN_K:
+                    if EVEN_N:
+                        w = tl.load(wp)
+                    else:
+                        w = tl.load(wp, mask=nmask[:, None], other=0.0)
+                    x = tl.load(x_base + offs)
+                else:
+                    w = tl.load(wp, mask=nmask[:, None] & (offs < k_end)[None, :], other=0.0)
+                    x = tl.load(x_base + offs, mask=offs < k_end, other=0.0)
+                acc += tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
+        return acc
+
+    @triton.jit
     def _dense_rows(x_base, w_base, s_base, rows, nmask, ms, mmask, k_start, k_end, stride_xm, stride_wn, stride_sn,
                     SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
         """[BLOCK_M, BLOCK_N] partial of x @ W^T over [k_start, k_end); SCALE 2 applies 128x128 block scales."""
+        if BLOCK_M == 1:
+            return _dense_rows_m1(x_base, w_base, s_base, rows, nmask, k_start, k_end, stride_wn, stride_sn,
+                                  SCALE, BLOCK_N, BLOCK_K, EVEN_K, EVEN_N)[None, :]
         acc3 = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(k_start, k_end, BLOCK_K):
@@ -332,20 +428,30 @@ class GemvConfig:
     block_k: int  # values along K per iteration (NVFP4: 8 per int32 word)
     warps: int = 4
     split: int | None = None  # K splits; None: enough to give every SM work (split_for)
+    grouped: bool = False  # NVFP4 only: int64 words (16 values, one scale) instead of int32 words
 
     @property
     def name(self) -> str:
-        return f"BN={self.block_n},BK={self.block_k},w={self.warps}" + (f",s={self.split}" if self.split else "")
+        return (f"{'g,' if self.grouped else ''}BN={self.block_n},BK={self.block_k},w={self.warps}"
+                + (f",s={self.split}" if self.split else ""))
+
+    @property
+    def unit(self) -> int:
+        """Values per loaded weight element of the NVFP4 kernels."""
+        return 16 if self.grouped else 8
 
 
 # candidates timed on the device; the fastest correct one is kept per shape
-FP4_M1_CONFIGS = (GemvConfig(16, 1024, 4), GemvConfig(8, 1024, 4), GemvConfig(32, 512, 4), GemvConfig(16, 2048, 8),
-                  GemvConfig(8, 512, 4), GemvConfig(32, 1024, 8), GemvConfig(8, 2048, 4, split=1),
-                  GemvConfig(4, 1024, 2, split=1))
+FP4_M1_CONFIGS = (GemvConfig(32, 256, 4, grouped=True), GemvConfig(64, 256, 4, grouped=True),
+                  GemvConfig(32, 512, 4, grouped=True), GemvConfig(16, 512, 4, grouped=True),
+                  GemvConfig(64, 512, 8, grouped=True), GemvConfig(128, 256, 8, grouped=True),
+                  GemvConfig(32, 256, 4, split=1, grouped=True), GemvConfig(16, 1024, 4, split=1, grouped=True),
+                  GemvConfig(8, 2048, 4, split=1), GemvConfig(8, 1024, 4), GemvConfig(4, 1024, 2, split=1))
 FP4_DOT_CONFIGS = (GemvConfig(64, 512, 4), GemvConfig(32, 512, 4), GemvConfig(128, 256, 8), GemvConfig(64, 1024, 8))
-DENSE_CONFIGS = (GemvConfig(16, 512, 4), GemvConfig(8, 1024, 4), GemvConfig(32, 256, 4), GemvConfig(16, 1024, 8),
-                 GemvConfig(8, 512, 4, split=1))
-DENSE_BLOCK_CONFIGS = (GemvConfig(16, 128, 4), GemvConfig(32, 128, 4), GemvConfig(64, 128, 8), GemvConfig(8, 128, 2))
+DENSE_CONFIGS = (GemvConfig(8, 2048, 4), GemvConfig(16, 1024, 4), GemvConfig(8, 1024, 4), GemvConfig(4, 2048, 4),
+                 GemvConfig(16, 2048, 8), GemvConfig(8, 1024, 4, split=1))
+DENSE_BLOCK_CONFIGS = (GemvConfig(8, 1024, 4), GemvConfig(16, 512, 4), GemvConfig(8, 512, 4), GemvConfig(4, 1024, 4),
+                       GemvConfig(16, 1024, 8), GemvConfig(8, 512, 4, split=1))
 
 
 def split_for(n_tiles: int, slots: int, k_blocks: int, sms: int) -> int:
@@ -386,9 +492,13 @@ class Nvfp4Gemv:
         if m > 1 and not self.use_dot:
             raise DecodeGapError("nvfp4 gemv: the CUDA-core form handles M=1 only")
         self.cfg = cfg or (FP4_DOT_CONFIGS[0] if self.use_dot else FP4_M1_CONFIGS[0])
-        kw = k // 8
-        self.words = q.packed.view(torch.int32)  # [N, K/8], 8 values a word
-        bw = max(1, self.cfg.block_k // 8)
+        grouped = self.cfg.grouped and not self.use_dot
+        unit = 16 if grouped else 8
+        self.grouped = grouped
+        kw = k // unit
+        # [N, K/8] int32 (8 values a word) or [N, K/16] int64 (16 values, one scale)
+        self.words = q.packed.view(torch.int64 if grouped else torch.int32)
+        bw = max(1, self.cfg.block_k // unit)
         self.bw = bw
         n_tiles = math.ceil(n / self.cfg.block_n)
         split = split or self.cfg.split
@@ -413,7 +523,7 @@ class Nvfp4Gemv:
         if self.acc is not None:
             self.acc.zero_()
         q = self.q
-        kw = self.k // 8
+        kw = self.k // (16 if self.grouped else 8)
         if self.use_dot:
             _fp4_gemm_dot_kernel[self.grid[:2]](
                 x, self.words, q.block_scales, q.tensor_scale, target,
@@ -422,13 +532,13 @@ class Nvfp4Gemv:
                 BLOCK_M=16, BLOCK_N=self.cfg.block_n, BLOCK_W=self.bw, EVEN_K=self.even_k,
                 ATOMIC=self.acc is not None, DOT_F16=not interpreted(), num_warps=self.cfg.warps)
         else:
-            _fp4_gemv_kernel[self.grid](
+            self.compiled = _fp4_gemv_kernel[self.grid](
                 x, self.words, q.block_scales, q.tensor_scale, self.dummy, self.rw, target,
                 self.n, kw, self.w_per_split, 0,
                 0, 0, self.words.stride(0), 0, q.block_scales.stride(0), 0,
                 BLOCK_N=self.cfg.block_n, BLOCK_W=self.bw, EVEN_K=self.even_k,
                 EVEN_N=self.n % self.cfg.block_n == 0, HAS_IDS=False, PAIRED=False,
-                ATOMIC=self.acc is not None, ROW_WEIGHT=False, num_warps=self.cfg.warps)
+                ATOMIC=self.acc is not None, ROW_WEIGHT=False, GROUPED=self.grouped, num_warps=self.cfg.warps)
         if self.acc is not None:
             self.out.copy_(self.acc)
         return self.out
@@ -451,8 +561,10 @@ class DenseGemv:
         self.m, self.n, self.k = m, n, k
         configs = DENSE_BLOCK_CONFIGS if self.scale_kind == 2 else DENSE_CONFIGS
         self.cfg = cfg or configs[0]
-        if self.scale_kind == 2 and self.cfg.block_k != FP8_BLOCK:
-            raise DecodeGapError("dense gemv: 128x128 block scales need BLOCK_K = 128")
+        bk = self.cfg.block_k
+        if self.scale_kind == 2 and (bk % FP8_BLOCK if m == 1 else FP8_BLOCK % bk):
+            raise DecodeGapError(f"dense gemv: 128x128 block scales need BLOCK_K a multiple of 128 at M=1 and a "
+                                 f"divisor of 128 above (BLOCK_K={bk}, M={m})")
         n_tiles = math.ceil(n / self.cfg.block_n)
         split = split or self.cfg.split
         if split is None:
@@ -536,15 +648,18 @@ class GroupedExperts:
         grid = (math.ceil(n / cfg.block_n), 1, self.slots)
         if self.fmt == "nvfp4":
             words, scales, ts = w
-            bw = max(1, cfg.block_k // 8)
-            kw = k // 8
+            if cfg.grouped:
+                words = words.view(torch.int64)
+            bw = max(1, cfg.block_k // cfg.unit)
+            kw = k // cfg.unit
             _fp4_gemv_kernel[grid](
                 x, words, scales, ts, self.ids, self.rw, out,
                 n, kw, kw, n if paired else 0,
                 stride_xs, words.stride(0), words.stride(1), scales.stride(0), scales.stride(1),
                 0 if final else out.stride(0),
                 BLOCK_N=cfg.block_n, BLOCK_W=bw, EVEN_K=kw % bw == 0, EVEN_N=n % cfg.block_n == 0,
-                HAS_IDS=True, PAIRED=paired, ATOMIC=final, ROW_WEIGHT=final, num_warps=cfg.warps)
+                HAS_IDS=True, PAIRED=paired, ATOMIC=final, ROW_WEIGHT=final, GROUPED=cfg.grouped,
+                num_warps=cfg.warps)
             return
         if isinstance(w, Fp8Weight):
             data, scales, kind = w.data, w.scales, 2 if w.block else 1
