@@ -70,6 +70,13 @@ for cfg in (lp.GemvConfig(16, 16), lp.GemvConfig(16, 16, grouped=True)):
 w = nv.WeightOnlyGemm(nv.quantize_nvfp4(torch.randn(32, 64)), 2, "cpu", out_dtype=torch.float32)
 xx = torch.randn(2, 64).to(torch.bfloat16)
 assert nv.relative_error(w(xx), nv.reference_mm(xx, w.q)) < 1e-5 and w.variant == "gemv"
+# the x packing for the f16x2 asm form (the asm itself needs a GPU): plane j holds (x[8w+3-j], x[8w+7-j]) as fp16
+x = torch.randn(1, 64).to(torch.bfloat16)
+xp = torch.empty((4, 8), dtype=torch.int32)
+lp._fp4_xpack_kernel[(1, 1)](x, xp, 8, 0, 0, BLOCK=512)
+halves = xp.view(torch.int16).view(torch.float16).reshape(4, 8, 2).float()
+for j in range(4):
+    assert torch.equal(halves[j, :, 0], x[0, 3 - j::8].half().float()) and torch.equal(halves[j, :, 1], x[0, 7 - j::8].half().float())
 print("ok")
 ''')
     assert out.startswith("ok")

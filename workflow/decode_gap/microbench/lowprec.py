@@ -156,6 +156,100 @@ if HAVE_TRITON:
             acc += part * s.to(tl.float32)
         return tl.sum(acc, axis=1)
 
+    # One int32 word (8 E2M1 values) against four packed fp16 pairs of x, in f16x2 arithmetic: the decode puts two
+    # values in one register (Marlin's trick: shift the word by 4 per step, mask sign and magnitude), one HMUL2 by
+    # 2^14 makes them exact E2M1 values, one HFMA2 multiplies-adds two at a time; the 8-term sum leaves in fp32.
+    # Why asm: Triton has no packed f16x2 type; in fp32 the same work costs ~2x the instructions per value.
+    _FP4_WORD_ASM = tl.constexpr("""
+    {
+    .reg .b32 q, t, h, a, c;
+    .reg .b16 l, u;
+    .reg .f32 fl, fu;
+    mov.b32 c, 0x74007400;
+    mov.b32 a, 0;
+    and.b32 t, $1, 0x70007000;
+    shr.b32 t, t, 3;
+    and.b32 h, $1, 0x80008000;
+    or.b32 h, h, t;
+    mul.rn.f16x2 h, h, c;
+    fma.rn.f16x2 a, h, $2, a;
+    shl.b32 q, $1, 4;
+    and.b32 t, q, 0x70007000;
+    shr.b32 t, t, 3;
+    and.b32 h, q, 0x80008000;
+    or.b32 h, h, t;
+    mul.rn.f16x2 h, h, c;
+    fma.rn.f16x2 a, h, $3, a;
+    shl.b32 q, $1, 8;
+    and.b32 t, q, 0x70007000;
+    shr.b32 t, t, 3;
+    and.b32 h, q, 0x80008000;
+    or.b32 h, h, t;
+    mul.rn.f16x2 h, h, c;
+    fma.rn.f16x2 a, h, $4, a;
+    shl.b32 q, $1, 12;
+    and.b32 t, q, 0x70007000;
+    shr.b32 t, t, 3;
+    and.b32 h, q, 0x80008000;
+    or.b32 h, h, t;
+    mul.rn.f16x2 h, h, c;
+    fma.rn.f16x2 a, h, $5, a;
+    mov.b32 {l, u}, a;
+    cvt.f32.f16 fl, l;
+    cvt.f32.f16 fu, u;
+    add.f32 $0, fl, fu;
+    }
+    """)
+
+    @triton.jit
+    def _fp4_xpack_kernel(x_ptr, xp_ptr, KW, stride_xs, stride_ps, BLOCK: tl.constexpr):
+        """x [.., K] -> xp [.., 4, K/8] int32: plane j holds fp16 pairs (x[8w + 3 - j], x[8w + 7 - j]) for the asm."""
+        pid = tl.program_id(0)
+        slot = tl.program_id(1).to(tl.int64)
+        w = pid * BLOCK + tl.arange(0, BLOCK)
+        m = w < KW
+        xb = x_ptr + slot * stride_xs + w * 8
+        for j in tl.static_range(4):
+            lo = tl.load(xb + (3 - j), mask=m, other=0.0).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
+            hi = tl.load(xb + (7 - j), mask=m, other=0.0).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
+            tl.store(xp_ptr + slot * stride_ps + j * KW + w, (lo & 0xFFFF) | (hi << 16), mask=m)
+
+    @triton.jit
+    def _fp4_rows_asm(xp_base, w_base, s_base, rows, nmask, w_start, w_end, KW, stride_wn, stride_sn,
+                      BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
+        acc = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.float32)
+        for w0 in range(w_start, w_end, BLOCK_W):
+            offs = w0 + tl.arange(0, BLOCK_W)
+            wp = w_base + rows[:, None] * stride_wn + offs[None, :]
+            sp = s_base + rows[:, None] * stride_sn + (offs // 2)[None, :]
+            kmask = offs < w_end
+            if EVEN_K:
+                if EVEN_N:
+                    q = tl.load(wp)
+                    s = tl.load(sp)
+                else:
+                    q = tl.load(wp, mask=nmask[:, None], other=0)
+                    s = tl.load(sp, mask=nmask[:, None], other=0.0)
+                x0 = tl.load(xp_base + offs)
+                x1 = tl.load(xp_base + KW + offs)
+                x2 = tl.load(xp_base + 2 * KW + offs)
+                x3 = tl.load(xp_base + 3 * KW + offs)
+            else:
+                m2 = nmask[:, None] & kmask[None, :]
+                q = tl.load(wp, mask=m2, other=0)
+                s = tl.load(sp, mask=m2, other=0.0)
+                x0 = tl.load(xp_base + offs, mask=kmask, other=0)
+                x1 = tl.load(xp_base + KW + offs, mask=kmask, other=0)
+                x2 = tl.load(xp_base + 2 * KW + offs, mask=kmask, other=0)
+                x3 = tl.load(xp_base + 3 * KW + offs, mask=kmask, other=0)
+            part = tl.inline_asm_elementwise(
+                _FP4_WORD_ASM, "=r,r,r,r,r,r",
+                [q, tl.broadcast_to(x0[None, :], (BLOCK_N, BLOCK_W)), tl.broadcast_to(x1[None, :], (BLOCK_N, BLOCK_W)),
+                 tl.broadcast_to(x2[None, :], (BLOCK_N, BLOCK_W)), tl.broadcast_to(x3[None, :], (BLOCK_N, BLOCK_W))],
+                dtype=tl.float32, is_pure=True, pack=1)
+            acc += part * s.to(tl.float32)
+        return tl.sum(acc, axis=1)
+
     @triton.jit
     def _fp4_gemv_kernel(
         x_ptr, w_ptr, s_ptr, ts_ptr, ids_ptr, rw_ptr, out_ptr,
@@ -163,7 +257,7 @@ if HAVE_TRITON:
         stride_xs, stride_we, stride_wn, stride_se, stride_sn, stride_os,
         BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
         HAS_IDS: tl.constexpr, PAIRED: tl.constexpr, ATOMIC: tl.constexpr, ROW_WEIGHT: tl.constexpr,
-        GROUPED: tl.constexpr = False,
+        GROUPED: tl.constexpr = False, ASM: tl.constexpr = False,
     ):
         """M=1 NVFP4 GEMV (GROUPED: w_ptr is int64, KW / w_per_split / BLOCK_W count 16-value groups). Program (n tile, k split, slot); slot picks an expert through ids when HAS_IDS."""
         pid_n = tl.program_id(0)
@@ -180,15 +274,24 @@ if HAVE_TRITON:
         x_base = x_ptr + slot.to(tl.int64) * stride_xs
         w_base = w_ptr + e * stride_we
         s_base = s_ptr + e * stride_se
-        scale = tl.load(ts_ptr + e) * 16384.0
-        if GROUPED:
+        if ASM:  # x_ptr is the packed x (_fp4_xpack_kernel), and the asm returns exact E2M1 sums
+            scale = tl.load(ts_ptr + e)
+        else:
+            scale = tl.load(ts_ptr + e) * 16384.0
+        if ASM:
+            y = _fp4_rows_asm(x_base, w_base, s_base, rows, nmask, w_start, w_end, KW, stride_wn, stride_sn,
+                              BLOCK_N, BLOCK_W, EVEN_K, EVEN_N) * scale
+        elif GROUPED:
             y = _fp4_rows_g(x_base, w_base, s_base, rows, nmask, w_start, w_end, stride_wn, stride_sn,
                             BLOCK_N, BLOCK_W, EVEN_K, EVEN_N) * scale
         else:
             y = _fp4_rows(x_base, w_base, s_base, rows, nmask, w_start, w_end, stride_wn, stride_sn,
                           BLOCK_N, BLOCK_W, EVEN_K, EVEN_N) * scale
         if PAIRED:  # gate rows r and up rows r + pair_off of the same expert: write silu(gate) * up
-            if GROUPED:
+            if ASM:
+                u = _fp4_rows_asm(x_base, w_base, s_base, rows + pair_off, nmask, w_start, w_end, KW, stride_wn,
+                                  stride_sn, BLOCK_N, BLOCK_W, EVEN_K, EVEN_N) * scale
+            elif GROUPED:
                 u = _fp4_rows_g(x_base, w_base, s_base, rows + pair_off, nmask, w_start, w_end, stride_wn,
                                 stride_sn, BLOCK_N, BLOCK_W, EVEN_K, EVEN_N) * scale
             else:
@@ -429,10 +532,11 @@ class GemvConfig:
     warps: int = 4
     split: int | None = None  # K splits; None: enough to give every SM work (split_for)
     grouped: bool = False  # NVFP4 only: int64 words (16 values, one scale) instead of int32 words
+    asm: bool = False  # NVFP4 only: f16x2 inline-asm decode and dot (GPU only: the interpreter cannot run asm)
 
     @property
     def name(self) -> str:
-        return (f"{'g,' if self.grouped else ''}BN={self.block_n},BK={self.block_k},w={self.warps}"
+        return (f"{'a,' if self.asm else ''}{'g,' if self.grouped else ''}BN={self.block_n},BK={self.block_k},w={self.warps}"
                 + (f",s={self.split}" if self.split else ""))
 
     @property
@@ -442,16 +546,18 @@ class GemvConfig:
 
 
 # candidates timed on the device; the fastest correct one is kept per shape
-FP4_M1_CONFIGS = (GemvConfig(32, 256, 4, grouped=True), GemvConfig(64, 256, 4, grouped=True),
-                  GemvConfig(32, 512, 4, grouped=True), GemvConfig(16, 512, 4, grouped=True),
-                  GemvConfig(64, 512, 8, grouped=True), GemvConfig(128, 256, 8, grouped=True),
-                  GemvConfig(32, 256, 4, split=1, grouped=True), GemvConfig(16, 1024, 4, split=1, grouped=True),
+FP4_M1_CONFIGS = (GemvConfig(16, 512, 4, asm=True), GemvConfig(32, 256, 4, asm=True), GemvConfig(8, 1024, 4, asm=True),
+                  GemvConfig(64, 256, 8, asm=True), GemvConfig(16, 1024, 8, asm=True), GemvConfig(8, 512, 4, asm=True),
+                  GemvConfig(16, 512, 4, split=1, asm=True), GemvConfig(64, 256, 4, grouped=True),
+                  GemvConfig(128, 256, 8, grouped=True), GemvConfig(32, 256, 4, grouped=True),
                   GemvConfig(8, 2048, 4, split=1), GemvConfig(8, 1024, 4), GemvConfig(4, 1024, 2, split=1))
+# the config used when none is given (simulate, checks): the fastest on most large shapes of the H200 sweep
+FP4_DEFAULT = GemvConfig(8, 2048, 4, split=1)
 FP4_DOT_CONFIGS = (GemvConfig(64, 512, 4), GemvConfig(32, 512, 4), GemvConfig(128, 256, 8), GemvConfig(64, 1024, 8))
 DENSE_CONFIGS = (GemvConfig(8, 2048, 4), GemvConfig(16, 1024, 4), GemvConfig(8, 1024, 4), GemvConfig(4, 2048, 4),
-                 GemvConfig(16, 2048, 8), GemvConfig(8, 1024, 4, split=1))
+                 GemvConfig(8, 1024, 4, split=1))
 DENSE_BLOCK_CONFIGS = (GemvConfig(8, 1024, 4), GemvConfig(16, 512, 4), GemvConfig(8, 512, 4), GemvConfig(4, 1024, 4),
-                       GemvConfig(16, 1024, 8), GemvConfig(8, 512, 4, split=1))
+                       GemvConfig(8, 512, 4, split=1))
 
 
 def split_for(n_tiles: int, slots: int, k_blocks: int, sms: int) -> int:
@@ -491,8 +597,9 @@ class Nvfp4Gemv:
         self.use_dot = (m > 1) if use_dot is None else use_dot
         if m > 1 and not self.use_dot:
             raise DecodeGapError("nvfp4 gemv: the CUDA-core form handles M=1 only")
-        self.cfg = cfg or (FP4_DOT_CONFIGS[0] if self.use_dot else FP4_M1_CONFIGS[0])
+        self.cfg = cfg or (FP4_DOT_CONFIGS[0] if self.use_dot else FP4_DEFAULT)
         grouped = self.cfg.grouped and not self.use_dot
+        self.asm = self.cfg.asm and not self.use_dot and not grouped
         unit = 16 if grouped else 8
         self.grouped = grouped
         kw = k // unit
@@ -510,10 +617,11 @@ class Nvfp4Gemv:
         self.acc = torch.zeros((m, n), dtype=torch.float32, device=device) if self.split > 1 else None
         self.dummy = torch.zeros(1, dtype=torch.int32, device=device)
         self.rw = torch.ones(1, dtype=torch.float32, device=device)
+        self.xp = torch.empty((4, kw), dtype=torch.int32, device=device) if self.asm else None
 
     @property
     def label(self) -> str:
-        kind = "dot" if self.use_dot else "fma"
+        kind = "dot" if self.use_dot else "asm f16x2" if self.asm else "fma"
         return f"triton nvfp4 gemv ({kind}, {self.cfg.name}, split={self.split})"
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -532,13 +640,16 @@ class Nvfp4Gemv:
                 BLOCK_M=16, BLOCK_N=self.cfg.block_n, BLOCK_W=self.bw, EVEN_K=self.even_k,
                 ATOMIC=self.acc is not None, DOT_F16=not interpreted(), num_warps=self.cfg.warps)
         else:
+            if self.asm:
+                _fp4_xpack_kernel[(triton.cdiv(kw, 512), 1)](x, self.xp, kw, 0, 0, BLOCK=512)
             self.compiled = _fp4_gemv_kernel[self.grid](
-                x, self.words, q.block_scales, q.tensor_scale, self.dummy, self.rw, target,
+                self.xp if self.asm else x, self.words, q.block_scales, q.tensor_scale, self.dummy, self.rw, target,
                 self.n, kw, self.w_per_split, 0,
                 0, 0, self.words.stride(0), 0, q.block_scales.stride(0), 0,
                 BLOCK_N=self.cfg.block_n, BLOCK_W=self.bw, EVEN_K=self.even_k,
                 EVEN_N=self.n % self.cfg.block_n == 0, HAS_IDS=False, PAIRED=False,
-                ATOMIC=self.acc is not None, ROW_WEIGHT=False, GROUPED=self.grouped, num_warps=self.cfg.warps)
+                ATOMIC=self.acc is not None, ROW_WEIGHT=False, GROUPED=self.grouped, ASM=self.asm,
+                num_warps=self.cfg.warps)
         if self.acc is not None:
             self.out.copy_(self.acc)
         return self.out
@@ -624,7 +735,7 @@ class GroupedExperts:
             self.w2 = _stack_fp4(w2)
             two_i, h = w13[0].shape
             hh, i = w2[0].shape
-            configs = FP4_M1_CONFIGS
+            configs = (FP4_DEFAULT,)
         else:
             self.w13, self.w2 = w13, w2
             data13 = w13.data if isinstance(w13, Fp8Weight) else w13
@@ -637,6 +748,8 @@ class GroupedExperts:
         self.h, self.i = h, i
         self.cfg13, self.cfg2 = cfg13 or configs[0], cfg2 or configs[0]
         self.act = torch.empty((self.slots, i), dtype=torch.bfloat16, device=device)
+        self.xp13 = torch.empty((1, 4, h // 8), dtype=torch.int32, device=device)  # packed x for the asm form
+        self.xp2 = torch.empty((self.slots, 4, i // 8), dtype=torch.int32, device=device)
         self.acc = torch.zeros((h,), dtype=torch.float32, device=device)
         self.out = torch.empty((1, h), dtype=torch.bfloat16, device=device)
 
@@ -648,6 +761,12 @@ class GroupedExperts:
         grid = (math.ceil(n / cfg.block_n), 1, self.slots)
         if self.fmt == "nvfp4":
             words, scales, ts = w
+            asm = cfg.asm and not cfg.grouped
+            if asm:
+                xp = self.xp13 if paired else self.xp2
+                _fp4_xpack_kernel[(triton.cdiv(k // 8, 512), xp.shape[0])](x, xp, k // 8, stride_xs, xp.stride(0),
+                                                                            BLOCK=512)
+                x, stride_xs = xp, xp.stride(0) if xp.shape[0] > 1 else 0
             if cfg.grouped:
                 words = words.view(torch.int64)
             bw = max(1, cfg.block_k // cfg.unit)
@@ -658,7 +777,7 @@ class GroupedExperts:
                 stride_xs, words.stride(0), words.stride(1), scales.stride(0), scales.stride(1),
                 0 if final else out.stride(0),
                 BLOCK_N=cfg.block_n, BLOCK_W=bw, EVEN_K=kw % bw == 0, EVEN_N=n % cfg.block_n == 0,
-                HAS_IDS=True, PAIRED=paired, ATOMIC=final, ROW_WEIGHT=final, GROUPED=cfg.grouped,
+                HAS_IDS=True, PAIRED=paired, ATOMIC=final, ROW_WEIGHT=final, GROUPED=cfg.grouped, ASM=asm,
                 num_warps=cfg.warps)
             return
         if isinstance(w, Fp8Weight):
