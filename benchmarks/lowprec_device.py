@@ -323,7 +323,7 @@ def main() -> int:
     ap.add_argument("--out", default="out-lowprec")
     ap.add_argument("--budget-s", type=float, default=240.0)
     ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--sections", default="memory,stats,checks,llama,moe,dsv3,glm5")
+    ap.add_argument("--sections", default="memory,checks,llama,moe,dsv3,glm5,stage")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -378,6 +378,24 @@ def main() -> int:
         spec = load_model_card(REPO / "config" / "models" / f"{model}.json")
         for (n, k) in sorted(shapes.unique_shapes(shapes.gemm_shapes(spec)), key=lambda nk: -nk[0] * nk[1]):
             run(f"{model} {n}x{k}", lambda n=n, k=k, model=model: dense_case(env, model, n, k, 1, old=False, fp8_all=False))
+    if "stage" in sections:
+        def do_stage():  # the pipeline's own code paths (gemm and moe stages) on this GPU, small
+            from decode_gap.microbench import gemm
+
+            df, js = gemm.run_gemm_bench(env, [shapes.GemmShape("attn.o_proj", "attention", 4096, 4096),
+                                               shapes.GemmShape("mlp.gate_up_proj", "mlp", 28672, 4096)], [1],
+                                         log=lambda s: None)
+            RESULTS["stage_gemm"] = {"rows": df[["name", "dtype", "backend", "gpu_us", "frac_of_copy_bw",
+                                                 "latency_floor_us"]].to_dict("records"),
+                                     "checks": js["checks"], "skipped": js["skipped"]}
+            spec = load_model_card(REPO / "config" / "models" / "deepseek-v3.json")
+            mdf, mjs = moe.run_moe_bench(env, shapes.moe_shape(spec), [1], log=lambda s: None)
+            RESULTS["stage_moe"] = {"rows": mdf[["name", "impl", "dtype", "backend", "gpu_us", "frac_of_copy_bw"]]
+                                    .to_dict("records"), "by_m": mjs["by_m"], "skipped": mjs["skipped"]}
+            for r in RESULTS["stage_gemm"]["rows"] + RESULTS["stage_moe"]["rows"]:
+                log(f"stage {r}")
+
+        run("stage", do_stage)
     (out / "lowprec.json").write_text(json.dumps(RESULTS, indent=1, default=str))
     bad = [c for c in RESULTS["checks"] if not c["ok"]]
     log(f"done: {len(RESULTS['gemm'])} shapes, {len(RESULTS['moe'])} moe rows, {len(bad)} failed checks, "
