@@ -105,11 +105,12 @@ def lowprec_variants(env: BenchEnv, be: Backend, m: int) -> list[str]:
     if not (env.is_gpu and lp.HAVE_TRITON) or m > 16:
         return []
     if be.dtype == FP8 and m == 1:  # CUDA-core FMA: M FMAs per weight byte, so only the GEMV
-        return ([f"{FP8_GEMV} {c.name}" for c in lp.DENSE_CONFIGS]
-                + [f"{FP8_BLOCK_GEMV} {c.name}" for c in lp.DENSE_BLOCK_CONFIGS])
+        return ([f"{FP8_GEMV} {c.name}" for c in lp.DENSE_CONFIGS[:3]]
+                + [f"{FP8_BLOCK_GEMV} {c.name}" for c in lp.DENSE_BLOCK_CONFIGS[:3]])
     if be.dtype == NVFP4 and be.label == nv.WeightOnlyGemm.label:
-        dot = [f"{FP4_DOT} {c.name}" for c in lp.FP4_DOT_CONFIGS]
-        return [f"{FP4_FMA} {c.name}" for c in lp.FP4_M1_CONFIGS] + dot[:2] if m == 1 else dot
+        if m == 1:
+            return [f"{FP4_FMA} {c.name}" for c in lp.FP4_STAGE_CONFIGS]
+        return [f"{FP4_DOT} {c.name}" for c in lp.FP4_DOT_CONFIGS]
     return []
 
 
@@ -164,7 +165,7 @@ def build_case(env: BenchEnv, be: Backend, m: int, n: int, k: int, seed: int = 0
         del w
         if variant is not None and variant.startswith((FP4_FMA, FP4_DOT)):
             dot = variant.startswith(FP4_DOT)
-            cfg = _variant_cfg(variant, FP4_DOT if dot else FP4_FMA, lp.FP4_DOT_CONFIGS if dot else lp.FP4_M1_CONFIGS)
+            cfg = _variant_cfg(variant, FP4_DOT if dot else FP4_FMA, lp.FP4_DOT_CONFIGS if dot else lp.FP4_STAGE_CONFIGS)
             gs = [lp.Nvfp4Gemv(q if i == 0 else _clone_q(q), m, dev, cfg, use_dot=dot) for i in range(copies)]
             return [(lambda g=g: g(x)) for g in gs], copies, gs[0].label
         if be.label == nv.WeightOnlyGemm.label:
@@ -239,7 +240,7 @@ def check_variant(env: BenchEnv, be: Backend, variant: str, m: int, n: int, k: i
         x = torch.randn((m, k), generator=gen, device=dev).to(torch.bfloat16)
         if variant.startswith((FP4_FMA, FP4_DOT)):
             dot = variant.startswith(FP4_DOT)
-            cfg = _variant_cfg(variant, FP4_DOT if dot else FP4_FMA, lp.FP4_DOT_CONFIGS if dot else lp.FP4_M1_CONFIGS)
+            cfg = _variant_cfg(variant, FP4_DOT if dot else FP4_FMA, lp.FP4_DOT_CONFIGS if dot else lp.FP4_STAGE_CONFIGS)
             q = nv.quantize_nvfp4(w)
             out = lp.Nvfp4Gemv(q, m, dev, cfg, use_dot=dot)(x)
             ref = nv.reference_mm(x, q)

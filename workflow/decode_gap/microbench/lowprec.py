@@ -551,12 +551,28 @@ FP4_M1_CONFIGS = (GemvConfig(16, 512, 4, asm=True), GemvConfig(32, 256, 4, asm=T
                   GemvConfig(16, 512, 4, split=1, asm=True), GemvConfig(64, 256, 4, grouped=True),
                   GemvConfig(128, 256, 8, grouped=True), GemvConfig(32, 256, 4, grouped=True),
                   GemvConfig(8, 2048, 4, split=1), GemvConfig(8, 1024, 4), GemvConfig(4, 1024, 2, split=1))
-# the config used when none is given (simulate, checks): the fastest on most large shapes of the H200 sweep
+# defaults (simulate, checks, the MoE stage): the fastest on most large shapes of the H200 sweep (lowprec_device.py);
+# the asm form needs a GPU, so the CPU interpreter gets the fastest plain-Triton config
+FP4_DEFAULT_ASM = GemvConfig(8, 512, 4, asm=True)
 FP4_DEFAULT = GemvConfig(8, 2048, 4, split=1)
+FP4_GROUPED_ASM = GemvConfig(16, 512, 4, asm=True)
+# the candidates the gemm stage times per shape at M=1 (each won at least one shape on the H200)
+FP4_STAGE_CONFIGS = (FP4_DEFAULT_ASM, GemvConfig(8, 1024, 4, asm=True), GemvConfig(32, 256, 4, asm=True),
+                     GemvConfig(16, 512, 4, split=1, asm=True), FP4_DEFAULT, GemvConfig(4, 1024, 2, split=1),
+                     GemvConfig(8, 1024, 4))
+
+
+def fp4_default(grouped: bool = False) -> GemvConfig:
+    if interpreted():
+        return FP4_DEFAULT
+    return FP4_GROUPED_ASM if grouped else FP4_DEFAULT_ASM
+
+
 FP4_DOT_CONFIGS = (GemvConfig(64, 512, 4), GemvConfig(32, 512, 4), GemvConfig(128, 256, 8), GemvConfig(64, 1024, 8))
-DENSE_CONFIGS = (GemvConfig(8, 2048, 4), GemvConfig(16, 1024, 4), GemvConfig(8, 1024, 4), GemvConfig(4, 2048, 4),
+# first three: the ones that won on the H200 sweep (what the gemm stage times); the rest only in the benchmark
+DENSE_CONFIGS = (GemvConfig(8, 2048, 4), GemvConfig(16, 1024, 4), GemvConfig(4, 2048, 4), GemvConfig(8, 1024, 4),
                  GemvConfig(8, 1024, 4, split=1))
-DENSE_BLOCK_CONFIGS = (GemvConfig(8, 1024, 4), GemvConfig(16, 512, 4), GemvConfig(8, 512, 4), GemvConfig(4, 1024, 4),
+DENSE_BLOCK_CONFIGS = (GemvConfig(8, 1024, 4), GemvConfig(16, 512, 4), GemvConfig(4, 1024, 4), GemvConfig(8, 512, 4),
                        GemvConfig(8, 512, 4, split=1))
 
 
@@ -597,7 +613,7 @@ class Nvfp4Gemv:
         self.use_dot = (m > 1) if use_dot is None else use_dot
         if m > 1 and not self.use_dot:
             raise DecodeGapError("nvfp4 gemv: the CUDA-core form handles M=1 only")
-        self.cfg = cfg or (FP4_DOT_CONFIGS[0] if self.use_dot else FP4_DEFAULT)
+        self.cfg = cfg or (FP4_DOT_CONFIGS[0] if self.use_dot else fp4_default())
         grouped = self.cfg.grouped and not self.use_dot
         self.asm = self.cfg.asm and not self.use_dot and not grouped
         unit = 16 if grouped else 8
@@ -735,7 +751,7 @@ class GroupedExperts:
             self.w2 = _stack_fp4(w2)
             two_i, h = w13[0].shape
             hh, i = w2[0].shape
-            configs = (FP4_DEFAULT,)
+            configs = (fp4_default(grouped=True),)
         else:
             self.w13, self.w2 = w13, w2
             data13 = w13.data if isinstance(w13, Fp8Weight) else w13
