@@ -312,7 +312,7 @@ def run_gemm_bench(env: BenchEnv, shapes: list[GemmShape], m_values: list[int], 
                         del fns
                         fns = []
                         try:
-                            fns, copies, vnote = build_case(env, be, m, n, k, variant=variant)
+                            fns, copies, _ = build_case(env, be, m, n, k, variant=variant)
                             tried[variant] = measure(fns, env.device, env.warmup, env.iters, flush=flush,
                                                      graphs=env.graphs)
                         except Exception as exc:  # a candidate that fails to build or run is left out, not fatal
