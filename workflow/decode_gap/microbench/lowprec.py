@@ -215,39 +215,75 @@ if HAVE_TRITON:
             tl.store(xp_ptr + slot * stride_ps + j * KW + w, (lo & 0xFFFF) | (hi << 16), mask=m)
 
     @triton.jit
-    def _fp4_rows_asm(xp_base, w_base, s_base, rows, nmask, w_start, w_end, KW, stride_wn, stride_sn,
-                      BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
-        acc = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.float32)
-        for w0 in range(w_start, w_end, BLOCK_W):
-            offs = w0 + tl.arange(0, BLOCK_W)
-            wp = w_base + rows[:, None] * stride_wn + offs[None, :]
-            sp = s_base + rows[:, None] * stride_sn + (offs // 2)[None, :]
-            kmask = offs < w_end
-            if EVEN_K:
-                if EVEN_N:
-                    q = tl.load(wp)
-                    s = tl.load(sp)
-                else:
-                    q = tl.load(wp, mask=nmask[:, None], other=0)
-                    s = tl.load(sp, mask=nmask[:, None], other=0.0)
-                x0 = tl.load(xp_base + offs)
-                x1 = tl.load(xp_base + KW + offs)
-                x2 = tl.load(xp_base + 2 * KW + offs)
-                x3 = tl.load(xp_base + 3 * KW + offs)
+    def _fp4_pair_emul(q, xb, J: tl.constexpr):
+        lo, hi = _fp4_pair(q, J)
+        xl = xb.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        xh = (xb >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        return lo.to(tl.float32) * 16384.0 * xl + hi.to(tl.float32) * 16384.0 * xh
+
+    @triton.jit
+    def _fp4_word_part(q, x0, x1, x2, x3, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, USE_ASM: tl.constexpr):
+        """Exact-E2M1 partial dot of each int32 word with its packed fp16 x pairs: the f16x2 asm on a GPU; the same
+        decode in plain Triton (fp32 sums) under the CPU interpreter, which cannot run asm."""
+        b0 = tl.broadcast_to(x0[None, :], (BLOCK_N, BLOCK_W))
+        b1 = tl.broadcast_to(x1[None, :], (BLOCK_N, BLOCK_W))
+        b2 = tl.broadcast_to(x2[None, :], (BLOCK_N, BLOCK_W))
+        b3 = tl.broadcast_to(x3[None, :], (BLOCK_N, BLOCK_W))
+        if USE_ASM:
+            part = tl.inline_asm_elementwise(_FP4_WORD_ASM, "=r,r,r,r,r,r", [q, b0, b1, b2, b3],
+                                             dtype=tl.float32, is_pure=True, pack=1)
+        else:
+            part = _fp4_pair_emul(q, b0, 0) + _fp4_pair_emul(q, b1, 1) + _fp4_pair_emul(q, b2, 2) + _fp4_pair_emul(q, b3, 3)
+        return part
+
+    @triton.jit
+    def _fp4_tile(xp_base, w_base, s_base, rows, nmask, offs, w_end, KW, stride_wn, stride_sn,
+                  EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
+        wp = w_base + rows[:, None] * stride_wn + offs[None, :]
+        sp = s_base + rows[:, None] * stride_sn + (offs // 2)[None, :]
+        kmask = offs < w_end
+        if EVEN_K:
+            if EVEN_N:
+                q = tl.load(wp)
+                s = tl.load(sp)
             else:
-                m2 = nmask[:, None] & kmask[None, :]
-                q = tl.load(wp, mask=m2, other=0)
-                s = tl.load(sp, mask=m2, other=0.0)
-                x0 = tl.load(xp_base + offs, mask=kmask, other=0)
-                x1 = tl.load(xp_base + KW + offs, mask=kmask, other=0)
-                x2 = tl.load(xp_base + 2 * KW + offs, mask=kmask, other=0)
-                x3 = tl.load(xp_base + 3 * KW + offs, mask=kmask, other=0)
-            part = tl.inline_asm_elementwise(
-                _FP4_WORD_ASM, "=r,r,r,r,r,r",
-                [q, tl.broadcast_to(x0[None, :], (BLOCK_N, BLOCK_W)), tl.broadcast_to(x1[None, :], (BLOCK_N, BLOCK_W)),
-                 tl.broadcast_to(x2[None, :], (BLOCK_N, BLOCK_W)), tl.broadcast_to(x3[None, :], (BLOCK_N, BLOCK_W))],
-                dtype=tl.float32, is_pure=True, pack=1)
-            acc += part * s.to(tl.float32)
+                q = tl.load(wp, mask=nmask[:, None], other=0)
+                s = tl.load(sp, mask=nmask[:, None], other=0.0)
+            x0 = tl.load(xp_base + offs)
+            x1 = tl.load(xp_base + KW + offs)
+            x2 = tl.load(xp_base + 2 * KW + offs)
+            x3 = tl.load(xp_base + 3 * KW + offs)
+        else:
+            m2 = nmask[:, None] & kmask[None, :]
+            q = tl.load(wp, mask=m2, other=0)
+            s = tl.load(sp, mask=m2, other=0.0)
+            x0 = tl.load(xp_base + offs, mask=kmask, other=0)
+            x1 = tl.load(xp_base + KW + offs, mask=kmask, other=0)
+            x2 = tl.load(xp_base + 2 * KW + offs, mask=kmask, other=0)
+            x3 = tl.load(xp_base + 3 * KW + offs, mask=kmask, other=0)
+        return q, s, x0, x1, x2, x3
+
+    @triton.jit
+    def _fp4_rows_asm(xp_base, w_base, s_base, rows, nmask, w_start, w_end, KW, stride_wn, stride_sn,
+                      BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
+                      USE_ASM: tl.constexpr, PREFETCH: tl.constexpr):
+        acc = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.float32)
+        if PREFETCH and EVEN_K:
+            # issue the next tile's loads before decoding this one (more bytes in flight per CTA); the last
+            # iteration reloads the final tile rather than masking along K
+            q, s, x0, x1, x2, x3 = _fp4_tile(xp_base, w_base, s_base, rows, nmask, w_start + tl.arange(0, BLOCK_W),
+                                             w_end, KW, stride_wn, stride_sn, EVEN_K, EVEN_N)
+            for w0 in range(w_start, w_end, BLOCK_W):
+                nxt = tl.minimum(w0 + BLOCK_W, w_end - BLOCK_W) + tl.arange(0, BLOCK_W)
+                qn, sn, x0n, x1n, x2n, x3n = _fp4_tile(xp_base, w_base, s_base, rows, nmask, nxt, w_end, KW,
+                                                       stride_wn, stride_sn, EVEN_K, EVEN_N)
+                acc += _fp4_word_part(q, x0, x1, x2, x3, BLOCK_N, BLOCK_W, USE_ASM) * s.to(tl.float32)
+                q, s, x0, x1, x2, x3 = qn, sn, x0n, x1n, x2n, x3n
+        else:
+            for w0 in range(w_start, w_end, BLOCK_W):
+                q, s, x0, x1, x2, x3 = _fp4_tile(xp_base, w_base, s_base, rows, nmask, w0 + tl.arange(0, BLOCK_W),
+                                                 w_end, KW, stride_wn, stride_sn, EVEN_K, EVEN_N)
+                acc += _fp4_word_part(q, x0, x1, x2, x3, BLOCK_N, BLOCK_W, USE_ASM) * s.to(tl.float32)
         return tl.sum(acc, axis=1)
 
     @triton.jit
@@ -257,7 +293,8 @@ if HAVE_TRITON:
         stride_xs, stride_we, stride_wn, stride_se, stride_sn, stride_os,
         BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
         HAS_IDS: tl.constexpr, PAIRED: tl.constexpr, ATOMIC: tl.constexpr, ROW_WEIGHT: tl.constexpr,
-        GROUPED: tl.constexpr = False, ASM: tl.constexpr = False,
+        GROUPED: tl.constexpr = False, ASM: tl.constexpr = False, USE_ASM: tl.constexpr = True,
+        PREFETCH: tl.constexpr = False,
     ):
         """M=1 NVFP4 GEMV (GROUPED: w_ptr is int64, KW / w_per_split / BLOCK_W count 16-value groups). Program (n tile, k split, slot); slot picks an expert through ids when HAS_IDS."""
         pid_n = tl.program_id(0)
@@ -280,7 +317,7 @@ if HAVE_TRITON:
             scale = tl.load(ts_ptr + e) * 16384.0
         if ASM:
             y = _fp4_rows_asm(x_base, w_base, s_base, rows, nmask, w_start, w_end, KW, stride_wn, stride_sn,
-                              BLOCK_N, BLOCK_W, EVEN_K, EVEN_N) * scale
+                              BLOCK_N, BLOCK_W, EVEN_K, EVEN_N, USE_ASM, PREFETCH) * scale
         elif GROUPED:
             y = _fp4_rows_g(x_base, w_base, s_base, rows, nmask, w_start, w_end, stride_wn, stride_sn,
                             BLOCK_N, BLOCK_W, EVEN_K, EVEN_N) * scale
@@ -290,7 +327,7 @@ if HAVE_TRITON:
         if PAIRED:  # gate rows r and up rows r + pair_off of the same expert: write silu(gate) * up
             if ASM:
                 u = _fp4_rows_asm(x_base, w_base, s_base, rows + pair_off, nmask, w_start, w_end, KW, stride_wn,
-                                  stride_sn, BLOCK_N, BLOCK_W, EVEN_K, EVEN_N) * scale
+                                  stride_sn, BLOCK_N, BLOCK_W, EVEN_K, EVEN_N, USE_ASM, PREFETCH) * scale
             elif GROUPED:
                 u = _fp4_rows_g(x_base, w_base, s_base, rows + pair_off, nmask, w_start, w_end, stride_wn,
                                 stride_sn, BLOCK_N, BLOCK_W, EVEN_K, EVEN_N) * scale
@@ -532,11 +569,12 @@ class GemvConfig:
     warps: int = 4
     split: int | None = None  # K splits; None: enough to give every SM work (split_for)
     grouped: bool = False  # NVFP4 only: int64 words (16 values, one scale) instead of int32 words
-    asm: bool = False  # NVFP4 only: f16x2 inline-asm decode and dot (GPU only: the interpreter cannot run asm)
+    asm: bool = False  # NVFP4 only: f16x2 inline-asm decode and dot (emulated in plain Triton by the interpreter)
+    prefetch: bool = False  # NVFP4 asm form: load the next tile before decoding this one
 
     @property
     def name(self) -> str:
-        return (f"{'a,' if self.asm else ''}{'g,' if self.grouped else ''}BN={self.block_n},BK={self.block_k},w={self.warps}"
+        return (f"{'p,' if self.prefetch else ''}{'a,' if self.asm else ''}{'g,' if self.grouped else ''}BN={self.block_n},BK={self.block_k},w={self.warps}"
                 + (f",s={self.split}" if self.split else ""))
 
     @property
@@ -550,9 +588,12 @@ FP4_M1_CONFIGS = (GemvConfig(16, 512, 4, asm=True), GemvConfig(32, 256, 4, asm=T
                   GemvConfig(64, 256, 8, asm=True), GemvConfig(16, 1024, 8, asm=True), GemvConfig(8, 512, 4, asm=True),
                   GemvConfig(16, 512, 4, split=1, asm=True), GemvConfig(64, 256, 4, grouped=True),
                   GemvConfig(128, 256, 8, grouped=True), GemvConfig(32, 256, 4, grouped=True),
-                  GemvConfig(8, 2048, 4, split=1), GemvConfig(8, 1024, 4), GemvConfig(4, 1024, 2, split=1))
-# defaults (simulate, checks, the MoE stage): the fastest on most large shapes of the H200 sweep (lowprec_device.py);
-# the asm form needs a GPU, so the CPU interpreter gets the fastest plain-Triton config
+                  GemvConfig(8, 2048, 4, split=1), GemvConfig(8, 1024, 4), GemvConfig(4, 1024, 2, split=1),
+                  # not yet measured on a GPU (written after the last H200 run): the benchmark times them,
+                  # the gemm stage does not offer them until they win there
+                  GemvConfig(8, 512, 4, asm=True, prefetch=True), GemvConfig(16, 512, 4, asm=True, prefetch=True),
+                  GemvConfig(8, 256, 4, asm=True, prefetch=True), GemvConfig(16, 256, 4, asm=True, prefetch=True))
+# defaults (simulate, checks, the MoE stage): the fastest on most large shapes of the H200 sweep (lowprec_device.py)
 FP4_DEFAULT_ASM = GemvConfig(8, 512, 4, asm=True)
 FP4_DEFAULT = GemvConfig(8, 2048, 4, split=1)
 FP4_GROUPED_ASM = GemvConfig(16, 512, 4, asm=True)
@@ -563,8 +604,6 @@ FP4_STAGE_CONFIGS = (FP4_DEFAULT_ASM, GemvConfig(8, 1024, 4, asm=True), GemvConf
 
 
 def fp4_default(grouped: bool = False) -> GemvConfig:
-    if interpreted():
-        return FP4_DEFAULT
     return FP4_GROUPED_ASM if grouped else FP4_DEFAULT_ASM
 
 
@@ -665,7 +704,7 @@ class Nvfp4Gemv:
                 BLOCK_N=self.cfg.block_n, BLOCK_W=self.bw, EVEN_K=self.even_k,
                 EVEN_N=self.n % self.cfg.block_n == 0, HAS_IDS=False, PAIRED=False,
                 ATOMIC=self.acc is not None, ROW_WEIGHT=False, GROUPED=self.grouped, ASM=self.asm,
-                num_warps=self.cfg.warps)
+                USE_ASM=not interpreted(), PREFETCH=self.cfg.prefetch, num_warps=self.cfg.warps)
         if self.acc is not None:
             self.out.copy_(self.acc)
         return self.out
@@ -794,7 +833,7 @@ class GroupedExperts:
                 0 if final else out.stride(0),
                 BLOCK_N=cfg.block_n, BLOCK_W=bw, EVEN_K=kw % bw == 0, EVEN_N=n % cfg.block_n == 0,
                 HAS_IDS=True, PAIRED=paired, ATOMIC=final, ROW_WEIGHT=final, GROUPED=cfg.grouped, ASM=asm,
-                num_warps=cfg.warps)
+                USE_ASM=not interpreted(), PREFETCH=cfg.prefetch, num_warps=cfg.warps)
             return
         if isinstance(w, Fp8Weight):
             data, scales, kind = w.data, w.scales, 2 if w.block else 1
