@@ -17,8 +17,14 @@ The design (read from vLLM's Marlin FP4 and CUTLASS' mixed-input GEMM, written a
   partial sum (two words share one scale), not every value;
 - split-K (fp32 atomics) only when N is too narrow to give every SM work.
 
-M=1 runs on CUDA cores (fp32 FMA); 2 <= M <= 16 runs the same decode into `tl.dot` (fp16 operands, x padded to
-16 rows). The grouped form takes the selected experts' ids and a shared or per-expert activation, and can pair
+- the fastest form on an H200 (`asm=True`) does the decode and the multiply-add in f16x2 inline PTX, two values
+  per instruction, against x packed once per call into fp16 pairs per plane (`_fp4_xpack_kernel`); under the CPU
+  interpreter the same path runs with the decode in plain Triton.
+
+M=1 runs on CUDA cores; 2 <= M <= 16 runs the same decode into `tl.dot` (fp16 operands, x padded to 16 rows).
+Measured on an H200 (benchmarks/lowprec_device.py): the M=1 NVFP4 GEMV reaches 40-53% of read bandwidth on the
+large shapes (4-5x the earlier kernel, still short of the 85% target: it is issue-bound on the decode), the
+tensor-core form 8-9% (so the weight-only class uses the new GEMV at M=1 only); FP8 and bf16 GEMVs 90-104%. The grouped form takes the selected experts' ids and a shared or per-expert activation, and can pair
 the gate and up rows of an expert in one program to write silu(gate) * up directly.
 """
 
