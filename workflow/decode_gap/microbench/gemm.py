@@ -17,6 +17,7 @@ import torch
 
 from ..errors import DecodeGapError
 from . import gemv as gemv_kernel
+from . import lowprec as lp
 from . import nvfp4 as nv
 from .common import BenchEnv, short_error, skip, summary
 from .shapes import GemmShape, unique_shapes
@@ -25,7 +26,7 @@ from .timing import L2Flusher, fraction, gbps, measure, rotating_copies, tflops
 COLUMNS = [
     "name", "dtype", "backend", "M", "N", "K", "gpu_us", "eager_us", "gbps", "tflops", "frac_of_copy_bw",
     "gpu_min_us", "gpu_p99_us", "eager_min_us", "eager_p99_us", "eager_loop_us", "timing", "iters",
-    "bytes", "flops", "group", "layers", "per_layer", "quantizable", "copies", "note",
+    "bytes", "flops", "group", "layers", "per_layer", "quantizable", "copies", "note", "latency_floor_us",
 ]
 
 BF16 = "bf16"
@@ -92,6 +93,29 @@ def _copies_of(t: torch.Tensor, copies: int) -> list[torch.Tensor]:
 
 
 GEMV_WX = "torch.mm(W, x^T)"  # M=1 only: y^T = W @ x^T is the same memory as y, and cuBLAS may pick another kernel
+# our Triton GEMVs (lowprec.py), offered beside the library kernel for M <= 16 and kept only when faster
+FP8_GEMV = "triton fp8 gemv (per-tensor scale)"
+FP8_BLOCK_GEMV = "triton fp8 gemv (128x128 block scales)"
+FP4_FMA = "triton nvfp4 gemv (fma)"
+FP4_DOT = "triton nvfp4 gemv (dot)"
+
+
+def lowprec_variants(env: BenchEnv, be: Backend, m: int) -> list[str]:
+    """Triton GEMV candidates for this backend and M (label + config), none where they do not apply."""
+    if not (env.is_gpu and lp.HAVE_TRITON) or m > 16:
+        return []
+    if be.dtype == FP8 and m == 1:  # CUDA-core FMA: M FMAs per weight byte, so only the GEMV
+        return ([f"{FP8_GEMV} {c.name}" for c in lp.DENSE_CONFIGS[:3]]
+                + [f"{FP8_BLOCK_GEMV} {c.name}" for c in lp.DENSE_BLOCK_CONFIGS[:3]])
+    if be.dtype == NVFP4 and be.label == nv.WeightOnlyGemm.label:
+        if m == 1:
+            return [f"{FP4_FMA} {c.name}" for c in lp.FP4_STAGE_CONFIGS]
+        return [f"{FP4_DOT} {c.name}" for c in lp.FP4_DOT_CONFIGS]
+    return []
+
+
+def _variant_cfg(variant: str, prefix: str, configs) -> lp.GemvConfig:
+    return next(c for c in configs if variant == f"{prefix} {c.name}")
 
 
 def build_case(env: BenchEnv, be: Backend, m: int, n: int, k: int, seed: int = 0,
@@ -123,6 +147,14 @@ def build_case(env: BenchEnv, be: Backend, m: int, n: int, k: int, seed: int = 0
         w8 = (w.float() / sw).to(torch.float8_e4m3fn)
         x8 = (x.float() / sx).to(torch.float8_e4m3fn)
         del w
+        if variant is not None and variant.startswith((FP8_GEMV, FP8_BLOCK_GEMV)):
+            block = variant.startswith(FP8_BLOCK_GEMV)
+            cfg = _variant_cfg(variant, FP8_BLOCK_GEMV if block else FP8_GEMV,
+                               lp.DENSE_BLOCK_CONFIGS if block else lp.DENSE_CONFIGS)
+            fw = lp.quantize_fp8(w8.float() * sw, block=block)
+            gs = [lp.DenseGemv(fw if i == 0 else lp.Fp8Weight(fw.data.clone(), fw.scales.clone(), block), m, dev, cfg)
+                  for i in range(copies)]
+            return [(lambda g=g: g(x)) for g in gs], copies, f"{gs[0].label}; bf16 activation (weight-only)"
         ws = _copies_of(w8, copies)
         return [(lambda a=a: torch._scaled_mm(x8, a.t(), sx, sw, out_dtype=torch.bfloat16)) for a in ws], copies, \
             "activation quantised outside the timed call"
@@ -131,8 +163,14 @@ def build_case(env: BenchEnv, be: Backend, m: int, n: int, k: int, seed: int = 0
             raise _Skip(f"NVFP4 needs K divisible by 16 (K={k})")
         q = nv.quantize_nvfp4(w)
         del w
+        if variant is not None and variant.startswith((FP4_FMA, FP4_DOT)):
+            dot = variant.startswith(FP4_DOT)
+            cfg = _variant_cfg(variant, FP4_DOT if dot else FP4_FMA, lp.FP4_DOT_CONFIGS if dot else lp.FP4_STAGE_CONFIGS)
+            gs = [lp.Nvfp4Gemv(q if i == 0 else _clone_q(q), m, dev, cfg, use_dot=dot) for i in range(copies)]
+            return [(lambda g=g: g(x)) for g in gs], copies, gs[0].label
         if be.label == nv.WeightOnlyGemm.label:
-            gemms = [nv.WeightOnlyGemm(q if i == 0 else _clone_q(q), m, dev) for i in range(copies)]
+            # the earlier kernel (v1) as the baseline the Triton GEMVs are held against
+            gemms = [nv.WeightOnlyGemm(q if i == 0 else _clone_q(q), m, dev, variant="v1") for i in range(copies)]
             return [(lambda g=g: g(x)) for g in gemms], copies, f"plan {gemms[0].plan}"
         if be.label == nv.ScaledMmNvfp4.label:
             mms = [nv.ScaledMmNvfp4(q if i == 0 else _clone_q(q), x) for i in range(copies)]
@@ -192,6 +230,34 @@ def check_case(env: BenchEnv, be: Backend, m: int, n: int, k: int, seed: int = 1
             "pass": bool(math.isfinite(err) and err <= tol)}
 
 
+def check_variant(env: BenchEnv, be: Backend, variant: str, m: int, n: int, k: int, seed: int = 1) -> dict[str, Any]:
+    """One of our Triton GEMVs against dequantise-then-matmul (fp32) on fresh random inputs."""
+    row: dict[str, Any] = {"dtype": be.dtype, "backend": variant, "M": m, "N": n, "K": k}
+    try:
+        dev = env.device
+        gen = torch.Generator(device=dev).manual_seed(seed)
+        w = torch.randn((n, k), generator=gen, device=dev)
+        x = torch.randn((m, k), generator=gen, device=dev).to(torch.bfloat16)
+        if variant.startswith((FP4_FMA, FP4_DOT)):
+            dot = variant.startswith(FP4_DOT)
+            cfg = _variant_cfg(variant, FP4_DOT if dot else FP4_FMA, lp.FP4_DOT_CONFIGS if dot else lp.FP4_STAGE_CONFIGS)
+            q = nv.quantize_nvfp4(w)
+            out = lp.Nvfp4Gemv(q, m, dev, cfg, use_dot=dot)(x)
+            ref = nv.reference_mm(x, q)
+        else:
+            block = variant.startswith(FP8_BLOCK_GEMV)
+            cfg = _variant_cfg(variant, FP8_BLOCK_GEMV if block else FP8_GEMV,
+                               lp.DENSE_BLOCK_CONFIGS if block else lp.DENSE_CONFIGS)
+            fw = lp.quantize_fp8(w, block=block)
+            out = lp.DenseGemv(fw, m, dev, cfg)(x)
+            ref = x.float() @ lp.dequantize_fp8(fw).t()
+        err = nv.relative_error(out, ref)
+        row.update(rel_err=err, tolerance=1e-2, **{"pass": bool(math.isfinite(err) and err <= 1e-2)})
+    except Exception as exc:
+        row.update(error=short_error(exc), **{"pass": False})
+    return row
+
+
 # --------------------------------------------------------------------------- the stage
 
 
@@ -205,6 +271,10 @@ def run_gemm_bench(env: BenchEnv, shapes: list[GemmShape], m_values: list[int], 
     check_rows: list[dict[str, Any]] = []
     not_quantised: set[str] = set()
     groups = unique_shapes(shapes)
+    from .launch import latency_floor  # same stage
+
+    floor = latency_floor(env)
+    floor_us = (floor.get("one_row_gemv_us") or {}).get("value")
     for be in chosen:
         failed_check = False
         for (n, k), names in groups.items():
@@ -231,23 +301,33 @@ def run_gemm_bench(env: BenchEnv, shapes: list[GemmShape], m_values: list[int], 
                     fns, copies, note = build_case(env, be, m, n, k)
                     t = measure(fns, env.device, env.warmup, env.iters, flush=flush, cpu_budget_s=env.cpu_budget_s,
                                 graphs=env.graphs)
+                    tried = {be.label: t}
+                    names_tried = []
                     if env.is_gpu and be.dtype == BF16 and m == 1:
-                        # a GEMV: time both operand orders and keep the faster, naming it (chosen at run time)
+                        # a GEMV: time both operand orders and our Triton GEMV tiles too (chosen at run time)
+                        names_tried = [GEMV_WX] + ([gemv_kernel.label(c) for c in gemv_kernel.CONFIGS]
+                                                   if gemv_kernel.available(env.device) else [])
+                    names_tried += lowprec_variants(env, be, m)
+                    for variant in names_tried:
                         del fns
-                        fns, copies, note = build_case(env, be, m, n, k, variant=GEMV_WX)
-                        t2 = measure(fns, env.device, env.warmup, env.iters, flush=flush, graphs=env.graphs)
-                        tried = {be.label: t, GEMV_WX: t2}
-                        if gemv_kernel.available(env.device):
-                            # our Triton GEMV tiles as further candidates; the fastest measured one is kept
-                            for cfg in gemv_kernel.CONFIGS:
-                                del fns
-                                fns, copies, _ = build_case(env, be, m, n, k, variant=gemv_kernel.label(cfg))
-                                tried[gemv_kernel.label(cfg)] = measure(fns, env.device, env.warmup, env.iters,
-                                                                        flush=flush, graphs=env.graphs)
+                        fns = []
+                        try:
+                            fns, copies, _ = build_case(env, be, m, n, k, variant=variant)
+                            tried[variant] = measure(fns, env.device, env.warmup, env.iters, flush=flush,
+                                                     graphs=env.graphs)
+                        except Exception as exc:  # a candidate that fails to build or run is left out, not fatal
+                            skipped.append(skip(f"{case} {variant}", short_error(exc)))
+                            if env.is_gpu:
+                                torch.cuda.synchronize()
+                    if len(tried) > 1:
                         label = min(tried, key=lambda name: tried[name].device_us)
                         t = tried[label]
                         others = ", ".join(f"{name} {r.device_us:.2f} us" for name, r in tried.items() if name != label)
                         note = f"fastest of: {others}"
+                        if checks and label in lowprec_variants(env, be, m):  # the winner, checked at this M
+                            c = check_variant(env, be, label, m, n, k)
+                            check_rows.append(c)
+                            failed_check |= not c["pass"]
                 except _Skip as exc:
                     skipped.append(skip(case, str(exc)))
                     continue
@@ -271,7 +351,7 @@ def run_gemm_bench(env: BenchEnv, shapes: list[GemmShape], m_values: list[int], 
                         **t.columns(), "gbps": bw, "tflops": tflops(fl, t.device_us),
                         "frac_of_copy_bw": fraction(bw, env.copy_gbps), "bytes": nb, "flops": fl, "group": s.group,
                         "layers": s.layers, "per_layer": s.per_layer, "quantizable": s.quantizable, "copies": copies,
-                        "note": "; ".join(x for x in (note, t.note) if x),
+                        "note": "; ".join(x for x in (note, t.note) if x), "latency_floor_us": floor_us,
                     })
                 log(f"gemm {case}: {t.device_us:.2f} us ({t.method}), eager {t.eager.median_us:.2f} us, "
                     f"{bw or 0:.0f} GB/s")
@@ -283,6 +363,7 @@ def run_gemm_bench(env: BenchEnv, shapes: list[GemmShape], m_values: list[int], 
     df = pd.DataFrame(rows, columns=COLUMNS)
     out = gemm_summary(env, df, chosen, skipped, check_rows)
     out["not_quantised"] = sorted(not_quantised)
+    out["latency_floor"] = floor
     return df, out
 
 

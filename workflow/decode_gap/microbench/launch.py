@@ -109,6 +109,39 @@ def run_launch_bench(env: BenchEnv, gemm_nk: tuple[int, int] = (256, 6144), n_ke
                        n_kernels=n_kernels)
 
 
+def latency_floor(env: BenchEnv, k: int = 4096, n_kernels: int = 100) -> dict[str, Any]:
+    """The per-kernel latency floor a small GEMM cannot beat: GPU time per node of a replayed graph of an empty
+    Triton kernel, and of a one-row GEMV (y[1] = w[1, K] . x, our Triton GEMV; torch.mm without Triton)."""
+    if not env.is_gpu:
+        why = "CUDA graphs need a GPU"
+        return {"empty_kernel_us": unavailable(why, "us"), "one_row_gemv_us": unavailable(why, "us")}
+    from . import lowprec
+
+    out: dict[str, Any] = {}
+    dev = env.device
+    one = torch.zeros(1, device=dev)
+    cases: list[tuple[str, str, Callable[[], Any] | None]] = [
+        ("empty_kernel_us", "triton empty kernel", (lambda: _empty_kernel[(1,)](one)) if HAVE_TRITON else None)]
+    w = torch.randn((1, k), device=dev, dtype=torch.bfloat16)
+    x = torch.randn((1, k), device=dev, dtype=torch.bfloat16)
+    if lowprec.HAVE_TRITON:
+        g = lowprec.DenseGemv(w, 1, dev, lowprec.GemvConfig(1, 1024, 4), split=1)
+        cases.append(("one_row_gemv_us", f"one-row GEMV 1x{k} ({g.label})", lambda: g(x)))
+    else:
+        y = torch.empty((1, 1), device=dev, dtype=torch.bfloat16)
+        cases.append(("one_row_gemv_us", f"one-row GEMV 1x{k} (torch.mm)", lambda: torch.mm(x, w.t(), out=y)))
+    for key, what, fn in cases:
+        if fn is None:
+            out[key] = unavailable("Triton is not installed", "us")
+            continue
+        try:
+            node, _ = _graph_per_kernel(fn, n_kernels, env)
+            out[key] = measured(node.median_us, "us", f"{what}: graph of {n_kernels} nodes, GPU time / node")
+        except Exception as exc:
+            out[key] = unavailable(short_error(exc), "us")
+    return out
+
+
 def _row(kernel, mode, n, st, total, backend, note=""):
     return {"kernel": kernel, "mode": mode, "n_kernels": n, "per_kernel_us": st.median_us, "per_kernel_min_us": st.min_us,
             "per_kernel_p99_us": st.p99_us, "total_us": total, "iters": st.n, "backend": backend, "note": note}

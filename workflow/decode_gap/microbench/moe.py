@@ -8,7 +8,11 @@ expert and gather rows) and unpermute (weight and scatter-add rows back to token
 Expert GEMMs for the permuted rows: gate_up [2I, H], SiLU-and-mul, down [H, I] for every expert hit.
 - `loop`: one torch.mm per expert per projection (what a naive implementation launches);
 - `grouped_mm`: `torch._grouped_mm` (bf16, one launch per projection);
-- `scaled_grouped_mm`: `torch._scaled_grouped_mm` (fp8 e4m3 with row-wise scales, sm90+).
+- `scaled_grouped_mm`: `torch._scaled_grouped_mm` (fp8 e4m3 with row-wise scales, sm90+);
+- `grouped_gemv` (M=1, GPU with Triton): our grouped GEMV over only the selected experts (lowprec.py) in bf16,
+  fp8 (128x128 block scales) and nvfp4: gate+up with the SiLU fused, then down with the routing weights and the
+  sum fused. Its bytes are the selected experts' weights in their stored format.
+Routing is also timed as one row, `moe.routing` (router GEMM, scoring, top-k, permute and unpermute together).
 Only the experts the routing hits are allocated (a compact id per hit expert), which changes no kernel's
 work: an expert with no rows costs nothing in either form.
 """
@@ -21,6 +25,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from . import lowprec as lp
 from .common import BenchEnv, short_error, skip, summary
 from .shapes import MoeShape
 from .timing import L2Flusher, fraction, gbps, measure, tflops
@@ -170,6 +175,17 @@ def scaled_grouped_fn(es: ExpertSet) -> Callable[[], torch.Tensor]:
     return run
 
 
+GEMV_FORMATS = ("bf16", "fp8-block", "nvfp4")
+
+
+def grouped_gemv(es: ExpertSet, fmt: str) -> "lp.GroupedExperts":
+    """Our grouped GEMV over the experts this token selected (M=1: one row per expert, in expert order)."""
+    if es.m != 1:
+        raise ValueError("the grouped GEMV is the M=1 path")
+    ids = torch.arange(es.experts_hit, dtype=torch.int32, device=es.x.device)
+    return lp.grouped_from_bf16(fmt, es.w13, es.w2, ids, es.row_weights, es.x.device)
+
+
 def _expert_bytes(es: ExpertSet, weight_bytes_per_elem: float, act_bytes: int) -> int:
     rows, h = es.rows.shape
     i = es.w2.shape[2]
@@ -218,8 +234,26 @@ def run_moe_bench(env: BenchEnv, shape: MoeShape | None, m_values: list[int], lo
             ("moe.permute", lambda: permute(es.x, ids, weights, shape.experts_total), rows_all.numel() * 2 * 2, 0, 0),
             ("moe.unpermute", lambda: unpermute(rows_all, token, roww, m), rows_all.numel() * 2 + m * shape.hidden * 2, 0, 0),
         ]
+        pieces.append(("moe.routing", lambda: unpermute(permute(es.x, route(es.x, w_router, shape)[1], weights,
+                                                                shape.experts_total)[0], token, roww, m),
+                       w_router.numel() * 2 + rows_all.numel() * 2 * 3, 2 * m * shape.hidden * shape.experts_total, 0))
         for name, fn, nb, fl, _ in pieces:
             rows.append(_time_row(env, flush, name, "routing", "bf16", "torch", fn, nb, fl, base, skipped, log))
+        if m == 1 and env.is_gpu and lp.HAVE_TRITON:
+            for fmt in GEMV_FORMATS:
+                try:
+                    g = grouped_gemv(es, fmt)
+                    g(es.x)  # fail here (compile error) rather than inside the timing
+                except Exception as exc:
+                    skipped.append(skip(f"grouped_gemv {fmt} M={m}", short_error(exc)))
+                    continue
+                nb = g.weight_bytes() + 2 * shape.hidden * 2 + g.slots * shape.inter * 4
+                row = _time_row(env, flush, "moe.experts", "grouped_gemv", fmt, g.label, lambda g=g: g(es.x), nb,
+                                _expert_flops(es), base, skipped, log)
+                if row:
+                    row["kernels"] = 4
+                    rows.append(row)
+                g = None
         for impl in impls:
             try:
                 if impl == "loop":
@@ -266,6 +300,8 @@ def moe_summary(env: BenchEnv, df: pd.DataFrame, shape: MoeShape, skipped: list[
         entry: dict[str, Any] = {}
         for _, r in g.iterrows():
             key = r["name"].replace("moe.", "") if r["name"] != "moe.experts" else f"experts_{r['impl']}"
+            if r["impl"] == "grouped_gemv":
+                key = f"{key}_{str(r['dtype']).replace('-', '_')}"
             entry[f"{key}_us"] = r[col]
             if r["name"] == "moe.experts":
                 entry[f"{key}_eager_us"] = r["eager_us"]

@@ -325,8 +325,9 @@ class WeightOnlyGemm:
 
     label = "nvfp4-weight-only"
 
-    # v1 first: measured on an H200, v1 ran 1.7-1.9x faster than v2 (18432x7168, M=1: 240 us vs 435 us)
-    VARIANTS = ("v1", "v2")
+    # "gemv" (lowprec.Nvfp4Gemv, M=1) first: word-wise bit decode, 4-5x faster than v1 on an H200; then v1: measured on an H200, v1 ran
+    # 1.7-1.9x faster than v2 (18432x7168, M=1: 240 us vs 435 us)
+    VARIANTS = ("gemv", "v1", "v2")
     _broken: set[str] = set()  # variants that failed to compile on this host (the next one runs instead)
 
     def __init__(self, q: NVFP4Tensor, m: int, device, out_dtype=torch.bfloat16, plan: LaunchPlan | None = None,
@@ -344,13 +345,16 @@ class WeightOnlyGemm:
         )
         self.scales = q.block_scales
         self.grid = self.plan.grid(m, n)
+        self.device = device
+        self._gemv = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape != (self.m, self.k):
             raise DecodeGapError(f"nvfp4-weight-only: x has shape {tuple(x.shape)}, expected {(self.m, self.k)}")
         if self.variant == "auto":
             for v in self.VARIANTS:
-                if v in self._broken:
+                # the new GEMV only at M=1: its tensor-core form (M 2..16) measured 8-9% of read bandwidth
+                if v in self._broken or (v == "gemv" and self.m != 1):
                     continue
                 try:
                     self._launch(v, x)
@@ -363,11 +367,20 @@ class WeightOnlyGemm:
                 break
         else:
             self._launch(self.variant, x)
+        if self.variant == "gemv":
+            return self._gemv.out
         if self.partial is not None:
             self.out.copy_(self.partial.sum(dim=0))
         return self.out
 
     def _launch(self, variant: str, x: torch.Tensor) -> None:
+        if variant == "gemv":
+            if self._gemv is None:
+                from .lowprec import Nvfp4Gemv  # the word-decode GEMV (lazy: it imports this module)
+
+                self._gemv = Nvfp4Gemv(self.q, self.m, self.device, out_dtype=self.out.dtype)
+            self._gemv(x)
+            return
         p = self.plan
         kernel = _nvfp4_weight_only_kernel_v2 if variant == "v2" else _nvfp4_weight_only_kernel
         target = self.partial if self.partial is not None else self.out

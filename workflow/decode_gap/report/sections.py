@@ -350,6 +350,25 @@ def memory_sub(b: Builder, bundle: Bundle, datasheet: dict[str, Any]) -> dict[st
     return s
 
 
+SLOW_BELOW = 0.5  # below half the measured bandwidth a figure is our kernel's, not the hardware's ceiling (issue 14)
+
+
+def kernel_reading(frac: Any, gpu_us: Any = None, floor_us: Any = None, nbytes: Any = None,
+                   copy_gbps: float | None = None) -> str:
+    """How to read one kernel's bandwidth figure: a ceiling, a small latency-bound kernel (moving its bytes at
+    full bandwidth takes less than the measured per-kernel floor), or our slow kernel."""
+    f = num(frac)
+    if f is None:
+        return "—"
+    pct = f"{f * 100:.0f}% of bandwidth"
+    if f >= SLOW_BELOW:
+        return f"ceiling ({pct})"
+    floor, nb = num(floor_us), num(nbytes)
+    if floor is not None and nb is not None and copy_gbps and nb / copy_gbps / 1e3 < floor:
+        return f"small kernel, latency bound (floor {fmt_num(floor)} µs; {pct})"
+    return f"our kernel is slow here ({pct})"
+
+
 def gemm_frame(bundle: Bundle) -> pd.DataFrame | None:
     t = bundle.table("gemm")
     if not t.usable:
@@ -382,9 +401,11 @@ def gemm_sub(b: Builder, bundle: Bundle, copy_gbps: float | None) -> dict[str, A
         if df["M"].nunique() > 1:
             s["chart_sweep"] = b.chart("Achieved bandwidth against M", ch.gemm_m_sweep, df.dropna(subset=["gbps"]),
                                        copy_gbps, caption=f"measured · {t.rel}")
+        m1 = m1.assign(reading=[kernel_reading(r.get("frac_of_copy_bw"), r.get("gpu_us"), r.get("latency_floor_us"),
+                                               r.get("bytes"), copy_gbps) for _, r in m1.iterrows()])
         cols = [("name", "shape"), ("dtype", "dtype"), ("backend", "backend"), ("N", "N"), ("K", "K"),
-                ("gpu_us", "GPU µs"), ("eager_us", "eager µs"), ("gbps", "GB/s"), ("tflops", "TFLOP/s"),
-                ("frac_of_copy_bw", "of copy BW")]
+                ("gpu_us", "GPU µs"), ("latency_floor_us", "latency floor µs"), ("eager_us", "eager µs"),
+                ("gbps", "GB/s"), ("tflops", "TFLOP/s"), ("frac_of_copy_bw", "of copy BW"), ("reading", "reading")]
         pct = {"frac_of_copy_bw": lambda v: f"{num(v) * 100:.0f}%" if num(v) is not None else "—",
                "N": lambda v: f"{int(num(v)):,}" if num(v) is not None else "—",
                "K": lambda v: f"{int(num(v)):,}" if num(v) is not None else "—"}
@@ -524,8 +545,12 @@ def moe_sub(b: Builder, bundle: Bundle) -> dict[str, Any]:
                              plot.dropna(subset=["M", "time_us"]), caption=f"measured · {t.rel} (GPU time)")
     else:
         s["chart"] = {"why": f"{t.rel} lacks impl/M/gpu_us columns", "title": "MoE"}
+    if "frac_of_copy_bw" in df.columns:  # routing rows are not bandwidth kernels: no reading for them
+        df = df.assign(reading=[kernel_reading(r.get("frac_of_copy_bw")) if str(r.get("impl")) != "routing" else ""
+                                for _, r in df.iterrows()])
     s["table"] = df_table(df, _cols(df, ("case", "name", "impl", "dtype", "backend", "M", "top_k", "experts_active",
-                                         "experts_hit", "gpu_us", "eager_us", "gbps", "frac_of_copy_bw", "note")))
+                                         "experts_hit", "gpu_us", "eager_us", "gbps", "frac_of_copy_bw", "reading",
+                                         "note")))
     return s
 
 

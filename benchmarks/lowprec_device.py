@@ -1,0 +1,407 @@
+"""Low-precision decode kernels on the GPU (issue 14): every fraction of the measured bandwidth, printed.
+
+Run on a GPU host from the repository root:
+    PYTHONPATH=workflow python3 benchmarks/lowprec_device.py --out $OUT [--budget-s 240]
+1. copy and read bandwidth (microbench.memory) and the latency floor (graph replay of an empty kernel and of a
+   one-row GEMV);
+2. correctness of every kernel (NVFP4 fma/dot, FP8 per-tensor/128x128, bf16, grouped experts) against
+   dequantise-then-matmul at awkward shapes;
+3. per shape (Llama-3.1-8B, DeepSeek-V3, GLM-5) at M=1 and M=16: bf16, FP8 (`_scaled_mm` against our GEMVs) and
+   NVFP4 (the earlier kernel against the new one), every Triton config timed and the fastest kept (the sweep);
+4. MoE at M=1, 8 of 256 experts: routing as its own row, then the experts as a per-expert loop,
+   `_grouped_mm`, `_scaled_grouped_mm` and our grouped GEMV in bf16 / fp8 / nvfp4.
+GPU time is CUDA-graph replay over rotating weight copies larger than twice the L2 (decode_gap.microbench.timing).
+Fractions: of read bandwidth (src.sum()) and of copy bandwidth (dst.copy_(src)); NVFP4 bytes are the packed
+values plus the E4M3 and fp32 scales. Speed targets are printed as ratios, never asserted.
+On a CPU host, run with TRITON_INTERPRET=1 at tiny settings: a smoke test of the script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+import traceback
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "workflow"))
+
+import torch  # noqa: E402
+
+from decode_gap.microbench import gemv as gemv_kernel  # noqa: E402
+from decode_gap.microbench import launch, memory, moe, shapes  # noqa: E402
+from decode_gap.microbench import lowprec as lp  # noqa: E402
+from decode_gap.microbench import nvfp4 as nv  # noqa: E402
+from decode_gap.microbench.common import BenchEnv, pick_device  # noqa: E402
+from decode_gap.microbench.timing import rotating_copies, time_graph  # noqa: E402
+from decode_gap.model import load_model_card  # noqa: E402
+
+T0 = time.time()
+RESULTS: dict = {"checks": [], "gemm": [], "moe": [], "errors": {}}
+
+
+def log(msg: str) -> None:
+    print(f"[{time.time() - T0:6.1f}s] {msg}", flush=True)
+
+
+def gpu_us(fns, env: BenchEnv) -> float:
+    if env.is_gpu:
+        return time_graph(fns, env.warmup, env.iters, env.device).median_us
+    t = time.perf_counter()
+    fns[0]()
+    return (time.perf_counter() - t) * 1e6
+
+
+def frac(nbytes: float, us: float | None, gbps: float | None) -> float | None:
+    if not us or not gbps:
+        return None
+    return nbytes / us / 1e3 / gbps
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def checks(env: BenchEnv) -> None:
+    dev = env.device
+    gen = torch.Generator(device=dev).manual_seed(0)
+    cases = [(1, 576, 7168), (1, 100, 528), (1, 4096, 2048), (3, 256, 6144), (16, 129, 1040), (16, 4096, 4096)]
+    if not env.is_gpu:
+        cases = [(1, 40, 256), (3, 40, 128)]
+    for m, n, k in cases:
+        w = torch.randn((n, k), generator=gen, device=dev)
+        x = torch.randn((m, k), generator=gen, device=dev).to(torch.bfloat16)
+        q = nv.quantize_nvfp4(w)
+        ref4 = nv.reference_mm(x, q)
+        for dot, cfgs in ((False, lp.FP4_M1_CONFIGS), (True, lp.FP4_DOT_CONFIGS)):
+            if m > 1 and not dot:
+                continue
+            for cfg in (cfgs if env.is_gpu and n * k < 5_000_000 else [c for c in cfgs if c.asm][:2] if env.is_gpu
+                        else [c for c in cfgs if not c.asm][:2]):
+                _check(f"nvfp4 {'dot' if dot else 'fma'} {cfg.name}", m, n, k,
+                       lambda: lp.Nvfp4Gemv(q, m, dev, cfg, out_dtype=torch.float32, use_dot=dot)(x), ref4,
+                       2e-3 if dot or cfg.asm else 1e-4)
+        for block in (False, True):
+            fw = lp.quantize_fp8(w, block)
+            ref8 = x.float() @ lp.dequantize_fp8(fw).t()
+            for cfg in (lp.DENSE_BLOCK_CONFIGS if block else lp.DENSE_CONFIGS)[:2 if m == 1 else 0]:
+                _check(f"fp8 {'block' if block else 'tensor'} {cfg.name}", m, n, k,
+                       lambda: lp.DenseGemv(fw, m, dev, cfg, out_dtype=torch.float32)(x), ref8, 1e-4)
+        wb = w.to(torch.bfloat16)
+        if m == 1:
+            _check("bf16", m, n, k, lambda: lp.DenseGemv(wb, m, dev, out_dtype=torch.float32)(x),
+                   x.float() @ wb.float().t(), 1e-4)
+    e, h, i, s = (16, 7168, 256, 8) if env.is_gpu else (4, 64, 32, 2)
+    w13 = torch.randn((e, 2 * i, h), generator=gen, device=dev).to(torch.bfloat16) * 0.05
+    w2 = torch.randn((e, h, i), generator=gen, device=dev).to(torch.bfloat16) * 0.05
+    ids = torch.randperm(e, generator=torch.Generator().manual_seed(1))[:s].to(dev)
+    rw = torch.rand(s, generator=gen, device=dev)
+    x = torch.randn((1, h), generator=gen, device=dev).to(torch.bfloat16)
+    for fmt in ("bf16", "fp8", "fp8-block", "nvfp4") + (("nvfp4-asm",) if env.is_gpu else ()):
+        cfg = lp.GemvConfig(16, 512, 4, asm=True) if fmt == "nvfp4-asm" else None
+        g = lp.grouped_from_bf16(fmt.replace("-asm", ""), w13, w2, ids, rw, dev, cfg, cfg)
+        d13, d2 = lp.dequantized_experts(g)
+        _check(f"grouped {fmt}", 1, e, h, lambda: g(x), lp.reference_experts(x, d13, d2, ids, rw), 1e-2)
+
+
+def kernel_stats(env: BenchEnv, out: Path) -> None:
+    """Registers, spills and the PTX of the NVFP4 M=1 kernels, for reading offline."""
+    if not env.is_gpu:
+        return
+    q = nv.quantize_nvfp4(torch.randn((28672, 4096), device=env.device))
+    x = torch.randn((1, 4096), device=env.device).to(torch.bfloat16)
+    stats = {}
+    for cfg in lp.FP4_M1_CONFIGS:
+        g = lp.Nvfp4Gemv(q, 1, env.device, cfg)
+        g(x)
+        ck = getattr(g, "compiled", None)
+        if ck is None:
+            continue
+        stats[cfg.name] = {"n_regs": getattr(ck, "n_regs", None), "n_spills": getattr(ck, "n_spills", None)}
+    RESULTS["kernel_stats"] = stats
+    log(f"kernel stats {stats}")
+
+
+def _check(name, m, n, k, fn, ref, tol) -> None:
+    row = {"kernel": name, "M": m, "N": n, "K": k}
+    try:
+        err = nv.relative_error(fn(), ref)
+        row.update(rel_err=err, tol=tol, ok=bool(math.isfinite(err) and err <= tol))
+    except Exception as exc:
+        row.update(error=f"{type(exc).__name__}: {str(exc)[:300]}", ok=False)
+    RESULTS["checks"].append(row)
+    if not row["ok"]:
+        FAILED.add(name.replace("nvfp4 ", "").replace("fp8 tensor", "tensor").replace("fp8 block", "block"))
+        log(f"CHECK FAILED {row}")
+
+
+# --------------------------------------------------------------------------- dense shapes
+
+
+FAILED: set = set()  # kernel names whose correctness check failed: never chosen
+
+
+def best_of(env, builders: dict, nbytes: int) -> tuple[str | None, float | None, dict]:
+    times = {}
+    for name, build in builders.items():
+        if name in FAILED:
+            times[name] = "check failed"
+            continue
+        try:
+            fns = build()
+            times[name] = gpu_us(fns, env)
+        except Exception as exc:
+            times[name] = None
+            RESULTS["errors"][name] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        fns = None
+    ok = {k: v for k, v in times.items() if isinstance(v, float)}
+    if not ok:
+        return None, None, times
+    best = min(ok, key=ok.get)
+    return best, ok[best], times
+
+
+def dense_case(env: BenchEnv, model: str, n: int, k: int, m: int, old: bool, fp8_all: bool) -> None:
+    dev = env.device
+    w = torch.randn((n, k), device=dev, dtype=torch.bfloat16)
+    x = torch.randn((m, k), device=dev, dtype=torch.bfloat16)
+    row = {"model": model, "N": n, "K": k, "M": m}
+    read, copy = env.extra.get("read_gbps"), env.copy_gbps
+
+    def put(key, name, us, nbytes, times=None):
+        row[f"{key}_us"] = us
+        row[f"{key}_kernel"] = name
+        row[f"{key}_of_read"] = frac(nbytes, us, read)
+        row[f"{key}_of_copy"] = frac(nbytes, us, copy)
+        if times:
+            row[f"{key}_tried"] = times
+
+    # bf16
+    nb16 = 2 * (n * k + m * k + m * n)
+    c16 = rotating_copies(2 * n * k, dev)
+    ws = [w] + [w.clone() for _ in range(c16 - 1)]
+    b = {"torch.mm": lambda: [(lambda a=a: torch.mm(x, a.t())) for a in ws]}
+    if m == 1 and env.is_gpu:
+        for cfg in gemv_kernel.CONFIGS[:2]:
+            b[gemv_kernel.label(cfg)] = lambda cfg=cfg: gemv_kernel.make_calls(ws, x, cfg)
+    put("bf16", *best_of(env, b, nb16)[:2], nb16)
+    ws = b = None
+    # fp8
+    if env.is_gpu and n % 16 == 0 and k % 16 == 0:
+        nb8 = n * k + 8 + m * k + 2 * m * n
+        sw = (w.float().abs().amax() / 448).clamp(min=1e-12)
+        w8 = (w.float() / sw).to(torch.float8_e4m3fn)
+        sx = (x.float().abs().amax() / 448).clamp(min=1e-12)
+        x8 = (x.float() / sx).to(torch.float8_e4m3fn)
+        c8 = rotating_copies(n * k, dev)
+        w8s = [w8] + [w8.clone() for _ in range(c8 - 1)]
+        name, us, _ = best_of(env, {"_scaled_mm": lambda: [(lambda a=a: torch._scaled_mm(x8, a.t(), sx, sw, out_dtype=torch.bfloat16))
+                                                            for a in w8s]}, nb8)
+        put("fp8_scaled_mm", name, us, nb8)
+        for block in (False, True):
+            fw = lp.quantize_fp8(w, block)
+            fws = [fw] + [lp.Fp8Weight(fw.data.clone(), fw.scales.clone(), block) for _ in range(c8 - 1)]
+            cfgs = lp.DENSE_BLOCK_CONFIGS if block else lp.DENSE_CONFIGS
+            bld = {f"{'block' if block else 'tensor'} {c.name}": (lambda c=c: [(lambda g=g: g(x)) for g in
+                                                                             [lp.DenseGemv(f, m, dev, c) for f in fws]])
+                   for c in (cfgs if fp8_all else cfgs[:2])}
+            name, us, times = best_of(env, bld, nb8)
+            put("fp8_block_gemv" if block else "fp8_gemv", name, us, nb8, times)
+            fws = fw = None
+        w8s = w8 = None
+    # nvfp4
+    q = nv.quantize_nvfp4(w)
+    w = None
+    nb4 = nv.nvfp4_bytes(n, k) + 2 * m * k + 2 * m * n
+    c4 = rotating_copies(nv.nvfp4_bytes(n, k), dev)
+    qs = [q] + [nv.NVFP4Tensor(q.packed.clone(), q.block_scales.clone(), q.tensor_scale.clone(), q.shape)
+                for _ in range(c4 - 1)]
+    if old and env.is_gpu:
+        name, us, _ = best_of(env, {"nvfp4-weight-only v1 (earlier)": lambda: [
+            (lambda g=g: g(x)) for g in [nv.WeightOnlyGemm(qq, m, dev, variant="v1") for qq in qs]]}, nb4)
+        put("nvfp4_old", name, us, nb4)
+    bld = {}
+    for dot, cfgs in ((False, lp.FP4_M1_CONFIGS), (True, lp.FP4_DOT_CONFIGS)):
+        if (m > 1) != dot:  # the dot form never won at M=1 on the H200 (8-9% of read bandwidth)
+            continue
+        for c in cfgs:
+            bld[f"{'dot' if dot else 'fma'} {c.name}"] = (lambda c=c, dot=dot: [
+                (lambda g=g: g(x)) for g in [lp.Nvfp4Gemv(qq, m, dev, c, use_dot=dot) for qq in qs]])
+    name, us, times = best_of(env, bld, nb4)
+    put("nvfp4_new", name, us, nb4, times)
+    RESULTS["gemm"].append(row)
+    qs = q = None
+    if env.is_gpu:
+        torch.cuda.empty_cache()
+    pr = lambda key: (f"{row.get(key + '_us') or float('nan'):8.1f}us {100 * (row.get(key + '_of_read') or 0):4.0f}%r"
+                      if row.get(key + "_us") else "       n/a      ")
+    log(f"{model:12s} {n:>6}x{k:<6} M={m:<2} bf16 {pr('bf16')} | fp8 mm {pr('fp8_scaled_mm')} gemv {pr('fp8_gemv')} "
+        f"blk {pr('fp8_block_gemv')} | nvfp4 old {pr('nvfp4_old')} new {pr('nvfp4_new')} [{row.get('nvfp4_new_kernel')}]")
+
+
+# --------------------------------------------------------------------------- MoE
+
+
+def moe_case(env: BenchEnv, model: str) -> None:
+    spec = load_model_card(REPO / "config" / "models" / f"{model}.json")
+    shp = shapes.moe_shape(spec)
+    if not env.is_gpu:
+        shp = shapes.MoeShape(hidden=64, experts_total=16, experts_local=16, top_k=2, inter=32, scoring=shp.scoring)
+    es = moe.ExpertSet(env, shp, 1)
+    read, copy = env.extra.get("read_gbps"), env.copy_gbps
+    rows = []
+    w_router = torch.randn((shp.experts_total, shp.hidden), device=env.device, dtype=torch.bfloat16) * 0.02
+    weights, ids = moe.route(es.x, w_router, shp)
+    rows_all, token, roww, _ = moe.permute(es.x, ids, weights, shp.experts_total)
+
+    def routing():
+        wts, i2 = moe.route(es.x, w_router, shp)
+        r, t, rw, _ = moe.permute(es.x, i2, wts, shp.experts_total)
+        return moe.unpermute(r, t, rw, 1)
+
+    rows.append({"model": model, "what": "routing (router gemm, top-k, permute, unpermute)", "us": gpu_us([routing], env)})
+    sel16 = es.weight_elements * 2
+    impls = {"per-expert loop bf16": (moe.loop_fn(es), sel16), "torch._grouped_mm bf16": (moe.grouped_fn(es), sel16)}
+    if env.is_gpu and hasattr(torch, "_scaled_grouped_mm"):
+        impls["torch._scaled_grouped_mm fp8 row-wise"] = (moe.scaled_grouped_fn(es), es.weight_elements)
+    for name, (fn, nb) in impls.items():
+        try:
+            fn()
+            us = gpu_us([fn], env)
+        except Exception as exc:
+            us = None
+            RESULTS["errors"][f"{model} {name}"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        rows.append({"model": model, "what": name, "us": us, "bytes": nb, "of_read": frac(nb, us, read),
+                     "of_copy": frac(nb, us, copy)})
+    G = lp.GemvConfig
+    cfgs = [(G(16, 512, 4, asm=True), G(16, 512, 4, asm=True)), (G(32, 256, 4, asm=True), G(8, 1024, 4, asm=True)),
+            (G(8, 1024, 4, asm=True), G(32, 256, 4, asm=True)), (G(64, 256, 4, grouped=True), G(64, 256, 4, grouped=True)),
+            (G(8, 1024, 4), G(8, 1024, 4)), (G(16, 512, 4, asm=True, prefetch=True), G(16, 512, 4, asm=True, prefetch=True))]
+    if not env.is_gpu or any(c["kernel"] == "grouped nvfp4-asm" and not c["ok"] for c in RESULTS["checks"]):
+        cfgs = [c for c in cfgs if not c[0].asm]
+    dcfgs = [(lp.DENSE_CONFIGS[0], lp.DENSE_CONFIGS[0]), (lp.DENSE_CONFIGS[1], lp.DENSE_CONFIGS[2]),
+             (lp.DENSE_CONFIGS[2], lp.DENSE_CONFIGS[1])]
+    bcfgs = [(lp.DENSE_BLOCK_CONFIGS[0], lp.DENSE_BLOCK_CONFIGS[0]), (lp.DENSE_BLOCK_CONFIGS[1], lp.DENSE_BLOCK_CONFIGS[1]),
+             (lp.DENSE_BLOCK_CONFIGS[3], lp.DENSE_BLOCK_CONFIGS[2])]
+    sel_ids = torch.arange(es.experts_hit, dtype=torch.int32, device=env.device)
+    for fmt, pairs in (("bf16", dcfgs), ("fp8", dcfgs), ("fp8-block", bcfgs), ("nvfp4", cfgs)):
+        best = None
+        tried = {}
+        base = lp.grouped_from_bf16(fmt, es.w13, es.w2, sel_ids, es.row_weights, env.device, *pairs[0])
+        for c13, c2 in (pairs if env.is_gpu else pairs[:1]):
+            base.cfg13, base.cfg2 = c13, c2
+            try:
+                base(es.x)
+                us = gpu_us([lambda: base(es.x)], env)
+            except Exception as exc:
+                RESULTS["errors"][f"{model} grouped {fmt} {c13.name}/{c2.name}"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                continue
+            tried[base.label] = us
+            if best is None or us < best[1]:
+                best = (base.label, us)
+        nb = base.weight_bytes()
+        rows.append({"model": model, "what": f"grouped gemv {fmt}", "kernel": best[0] if best else None,
+                     "us": best[1] if best else None, "bytes": nb, "of_read": frac(nb, best[1] if best else None, read),
+                     "of_copy": frac(nb, best[1] if best else None, copy), "tried": tried})
+        base = None
+    for r in rows:
+        log(f"moe {model:12s} {r['what']:42s} {r['us'] or float('nan'):8.1f} us  "
+            + (f"{100 * (r.get('of_read') or 0):4.0f}% of read BW on the selected experts' bytes" if r.get("bytes") else ""))
+    RESULTS["moe"] += rows
+    es = None
+    if env.is_gpu:
+        torch.cuda.empty_cache()
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="out-lowprec")
+    ap.add_argument("--budget-s", type=float, default=240.0)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--sections", default="memory,checks,llama,moe,dsv3,glm5,stage")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    device = pick_device()
+    env = BenchEnv(device=device, warmup=2, iters=args.iters, cpu_budget_s=0.05)
+    log(f"device {env.device_name} {env.sm} torch {torch.__version__} triton {lp.HAVE_TRITON}")
+    sections = args.sections.split(",")
+
+    def run(name, fn):
+        if time.time() - T0 > args.budget_s:
+            RESULTS["errors"][name] = "not run: over the time budget"
+            log(f"skip {name}: over budget")
+            return
+        t = time.time()
+        try:
+            fn()
+        except Exception as exc:
+            RESULTS["errors"][name] = f"{type(exc).__name__}: {exc}"[:400]
+            traceback.print_exc()
+        log(f"section {name}: {time.time() - t:.1f} s")
+        (out / "lowprec.json").write_text(json.dumps(RESULTS, indent=1, default=str))
+
+    def do_memory():
+        m = memory.measure_memory(env) if env.is_gpu else memory.measure_memory(env, cpu_bytes=8 * 2**20, cpu_mm=64)
+        env.copy_gbps, env.extra["read_gbps"] = m["copy_gbps"], m["read_gbps"]
+        RESULTS["memory"] = {"copy_gbps": m["copy_gbps"], "read_gbps": m["read_gbps"]}
+        RESULTS["latency_floor"] = {k: v.get("value") for k, v in launch.latency_floor(env).items()}
+        log(f"copy {m['copy_gbps']:.0f} GB/s, read {m['read_gbps']:.0f} GB/s, floor {RESULTS['latency_floor']}")
+
+    llama = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)]
+    if "memory" in sections:
+        run("memory", do_memory)
+    if "stats" in sections:
+        run("stats", lambda: kernel_stats(env, out))
+    if "checks" in sections:
+        run("checks", lambda: checks(env))
+        bad = [c for c in RESULTS["checks"] if not c["ok"]]
+        log(f"checks: {len(RESULTS['checks']) - len(bad)} passed, {len(bad)} failed")
+    if not env.is_gpu:
+        llama = [(64, 256)]
+    if "llama" in sections:
+        for n, k in llama:
+            run(f"llama {n}x{k} M=1", lambda n=n, k=k: dense_case(env, "llama-3.1-8b", n, k, 1, old=True, fp8_all=True))
+        for n, k in llama[:1] if env.is_gpu else []:
+            run(f"llama {n}x{k} M=16", lambda n=n, k=k: dense_case(env, "llama-3.1-8b", n, k, 16, old=False, fp8_all=False))
+    if "moe" in sections:
+        for model in ("deepseek-v3", "glm-5") if env.is_gpu else ("deepseek-v3",):
+            run(f"moe {model}", lambda model=model: moe_case(env, model))
+    for key, model in (("dsv3", "deepseek-v3"), ("glm5", "glm-5")):
+        if key not in sections or not env.is_gpu:
+            continue
+        spec = load_model_card(REPO / "config" / "models" / f"{model}.json")
+        for (n, k) in sorted(shapes.unique_shapes(shapes.gemm_shapes(spec)), key=lambda nk: -nk[0] * nk[1]):
+            run(f"{model} {n}x{k}", lambda n=n, k=k, model=model: dense_case(env, model, n, k, 1, old=False, fp8_all=False))
+    if "stage" in sections:
+        def do_stage():  # the pipeline's own code paths (gemm and moe stages) on this GPU, small
+            from decode_gap.microbench import gemm
+
+            df, js = gemm.run_gemm_bench(env, [shapes.GemmShape("attn.o_proj", "attention", 4096, 4096),
+                                               shapes.GemmShape("mlp.gate_up_proj", "mlp", 28672, 4096)], [1],
+                                         log=lambda s: None)
+            RESULTS["stage_gemm"] = {"rows": df[["name", "dtype", "backend", "gpu_us", "frac_of_copy_bw",
+                                                 "latency_floor_us"]].to_dict("records"),
+                                     "checks": js["checks"], "skipped": js["skipped"]}
+            spec = load_model_card(REPO / "config" / "models" / "deepseek-v3.json")
+            mdf, mjs = moe.run_moe_bench(env, shapes.moe_shape(spec), [1], log=lambda s: None)
+            RESULTS["stage_moe"] = {"rows": mdf[["name", "impl", "dtype", "backend", "gpu_us", "frac_of_copy_bw"]]
+                                    .to_dict("records"), "by_m": mjs["by_m"], "skipped": mjs["skipped"]}
+            for r in RESULTS["stage_gemm"]["rows"] + RESULTS["stage_moe"]["rows"]:
+                log(f"stage {r}")
+
+        run("stage", do_stage)
+    (out / "lowprec.json").write_text(json.dumps(RESULTS, indent=1, default=str))
+    bad = [c for c in RESULTS["checks"] if not c["ok"]]
+    log(f"done: {len(RESULTS['gemm'])} shapes, {len(RESULTS['moe'])} moe rows, {len(bad)} failed checks, "
+        f"errors {list(RESULTS['errors'])[:10]}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""Low-precision Triton GEMVs (lowprec.py) against dequantise-then-matmul, in Triton's CPU interpreter
+(TRITON_INTERPRET=1); benchmarks/lowprec_device.py checks them again on the GPU."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from decode_gap.microbench import lowprec as lp
+from decode_gap.microbench import nvfp4 as nv
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _interpret(code: str) -> str:
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO / "workflow")}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_split_plan_fills_the_gpu_only_when_n_is_narrow():
+    assert lp.split_for(n_tiles=2000, slots=1, k_blocks=8, sms=132) == 1
+    s = lp.split_for(n_tiles=36, slots=1, k_blocks=14, sms=132)
+    assert 1 < s <= 14
+    per, split, even = lp._k_plan(896, 128, 3)
+    assert per % 128 == 0 and per * split >= 896 and (split - 1) * per < 896 and even
+    assert lp._k_plan(100, 64, 1) == (128, 1, False)
+
+
+def test_fp8_quantisation_round_trips_within_e4m3_precision():
+    w = torch.randn(300, 260)
+    for block in (False, True):
+        f = lp.quantize_fp8(w, block)
+        assert f.scales.shape == ((3, 3) if block else ())
+        assert nv.relative_error(lp.dequantize_fp8(f), w) < 0.04
+    assert lp.fp8_bytes(256, 512, True) == 256 * 512 + 4 * 2 * 4
+
+
+@pytest.mark.skipif(not lp.HAVE_TRITON, reason="Triton is not installed (pip install triton runs its CPU interpreter)")
+def test_nvfp4_gemv_fma_and_dot_match_the_reference_in_the_interpreter():
+    """The word decode (fp16 bit placement), the planes, the per-word scales, split-K atomics, ragged N and K."""
+    out = _interpret(r'''
+import torch
+from decode_gap.microbench import nvfp4 as nv, lowprec as lp
+torch.manual_seed(0)
+cases = [(1, 48, 256, lp.GemvConfig(16, 128), False, None), (1, 40, 96, lp.GemvConfig(16, 64), False, 1),
+         (1, 64, 512, lp.GemvConfig(16, 128), False, 4), (3, 40, 128, lp.GemvConfig(16, 64), True, None),
+         (16, 33, 160, lp.GemvConfig(16, 128), True, 1), (1, 48, 256, lp.GemvConfig(16, 64, grouped=True), False, None),
+         (1, 40, 96, lp.GemvConfig(16, 64, grouped=True), False, 1), (1, 64, 512, lp.GemvConfig(32, 128, grouped=True), False, 3),
+         # the f16x2 asm form (its decode emulated in plain Triton here), with and without the prefetch
+         (1, 48, 256, lp.GemvConfig(16, 64, asm=True), False, None), (1, 40, 96, lp.GemvConfig(16, 64, asm=True), False, 1),
+         (1, 64, 512, lp.GemvConfig(16, 128, asm=True, prefetch=True), False, 1),
+         (1, 40, 512, lp.GemvConfig(16, 64, asm=True, prefetch=True), False, 3)]
+for m, n, k, cfg, dot, split in cases:
+    q = nv.quantize_nvfp4(torch.randn(n, k) * 3)
+    x = torch.randn(m, k).to(torch.bfloat16)
+    g = lp.Nvfp4Gemv(q, m, "cpu", cfg=cfg, out_dtype=torch.float32, use_dot=dot, split=split)
+    g.out.fill_(float("nan"))  # every element must be written
+    err = nv.relative_error(g(x), nv.reference_mm(x, q))
+    assert err < (2e-3 if cfg.asm else 1e-5), (m, n, k, cfg, split, err)  # asm: x rounded to fp16
+# every E2M1 code and both nibbles: W = one row per code pair, x = ones
+codes = torch.arange(256, dtype=torch.int32)
+q = nv.NVFP4Tensor(torch.stack([codes.to(torch.uint8)] * 8, 1).reshape(256, 8), torch.ones(256, 1).to(torch.float8_e4m3fn),
+                   torch.tensor(1.0), (256, 16))
+x = torch.ones(1, 16).to(torch.bfloat16)
+for cfg in (lp.GemvConfig(16, 16), lp.GemvConfig(16, 16, grouped=True), lp.GemvConfig(16, 16, asm=True)):
+    got = lp.Nvfp4Gemv(q, 1, "cpu", cfg=cfg, out_dtype=torch.float32)(x)
+    assert torch.equal(got, nv.reference_mm(x, q)), (got, nv.reference_mm(x, q))
+# the weight-only class routes M=1 to the new GEMV
+w = nv.WeightOnlyGemm(nv.quantize_nvfp4(torch.randn(32, 64)), 1, "cpu", out_dtype=torch.float32)
+xx = torch.randn(1, 64).to(torch.bfloat16)
+assert nv.relative_error(w(xx), nv.reference_mm(xx, w.q)) < 1e-5 and w.variant == "gemv"
+# the x packing for the f16x2 asm form (the asm itself needs a GPU): plane j holds (x[8w+3-j], x[8w+7-j]) as fp16
+x = torch.randn(1, 64).to(torch.bfloat16)
+xp = torch.empty((4, 8), dtype=torch.int32)
+lp._fp4_xpack_kernel[(1, 1)](x, xp, 8, 0, 0, BLOCK=512)
+halves = xp.view(torch.int16).view(torch.float16).reshape(4, 8, 2).float()
+for j in range(4):
+    assert torch.equal(halves[j, :, 0], x[0, 3 - j::8].half().float()) and torch.equal(halves[j, :, 1], x[0, 7 - j::8].half().float())
+print("ok")
+''')
+    assert out.startswith("ok")
+
+
+@pytest.mark.skipif(not lp.HAVE_TRITON, reason="Triton is not installed (pip install triton runs its CPU interpreter)")
+def test_dense_and_grouped_gemvs_match_the_reference_in_the_interpreter():
+    out = _interpret(r'''
+import torch
+from decode_gap.microbench import nvfp4 as nv, lowprec as lp
+torch.manual_seed(0)
+for m, n, k, kind, cfg in [(1, 40, 256, "bf16", lp.GemvConfig(16, 64)), (3, 40, 200, "fp8", lp.GemvConfig(16, 64)), (1, 40, 200, "fp8", lp.GemvConfig(8, 64, split=2)),
+                           (1, 300, 384, "fp8b", lp.GemvConfig(16, 256)), (1, 130, 260, "fp8b", lp.GemvConfig(8, 128, split=2)), (5, 130, 260, "fp8b", lp.GemvConfig(32, 128, split=2))]:
+    w = torch.randn(n, k)
+    x = torch.randn(m, k).to(torch.bfloat16)
+    if kind == "bf16":
+        wq = w.to(torch.bfloat16); ref = x.float() @ wq.float().t()
+    else:
+        wq = lp.quantize_fp8(w, block=(kind == "fp8b")); ref = x.float() @ lp.dequantize_fp8(wq).t()
+    g = lp.DenseGemv(wq, m, "cpu", cfg=cfg, out_dtype=torch.float32)
+    g.out.fill_(float("nan"))
+    err = nv.relative_error(g(x), ref)
+    assert err < 1e-5, (kind, m, n, k, err)
+E, H, I = 5, 128, 64
+ids = torch.tensor([3, 0, 4]); rw = torch.rand(3)
+x = torch.randn(1, H).to(torch.bfloat16)
+w13 = (torch.randn(E, 2 * I, H) * 0.1).to(torch.bfloat16); w2 = (torch.randn(E, H, I) * 0.1).to(torch.bfloat16)
+for fmt, c13, c2 in (("bf16", lp.GemvConfig(16, 64), lp.GemvConfig(16, 64)), ("fp8", lp.GemvConfig(16, 64), lp.GemvConfig(16, 64)),
+                     ("fp8-block", lp.GemvConfig(16, 128), lp.GemvConfig(16, 128)),
+                     ("nvfp4", lp.GemvConfig(16, 64), lp.GemvConfig(16, 64)),
+                     ("nvfp4", lp.GemvConfig(16, 64, grouped=True), lp.GemvConfig(32, 32, grouped=True)),
+                     ("nvfp4", lp.GemvConfig(16, 64, asm=True), lp.GemvConfig(16, 32, asm=True, prefetch=True))):
+    g = lp.grouped_from_bf16(fmt, w13, w2, ids, rw, "cpu", c13, c2)
+    d13, d2 = lp.dequantized_experts(g)
+    err = nv.relative_error(g(x).float(), lp.reference_experts(x, d13, d2, ids, rw))
+    assert err < 1e-2, (fmt, err)  # bf16 activation and output
+    sel = {"bf16": 2 * 3 * H * I, "nvfp4": nv.nvfp4_bytes(2 * I, H) + nv.nvfp4_bytes(H, I)}
+    if fmt in sel:
+        assert g.weight_bytes() == 3 * sel[fmt]  # only the three selected experts are read
+print("ok")
+''')
+    assert out.startswith("ok")

@@ -1,0 +1,19 @@
+"""The report's reading of a kernel's bandwidth figure (issue 14): ceiling, latency-bound small kernel, or ours slow."""
+
+from decode_gap.report.sections import kernel_reading
+
+
+def test_below_half_the_bandwidth_is_our_kernel_not_the_ceiling():
+    assert kernel_reading(0.97) == "ceiling (97% of bandwidth)"
+    assert kernel_reading(0.5) == "ceiling (50% of bandwidth)"
+    assert kernel_reading(0.36) == "our kernel is slow here (36% of bandwidth)"
+    assert kernel_reading(None) == "—"
+
+
+def test_a_small_kernel_under_the_latency_floor_is_latency_bound():
+    # 8.3 MB at 4250 GB/s is 1.95 us, under a 2.5 us per-kernel floor: the shape cannot reach half the bandwidth
+    assert kernel_reading(0.24, 7.9, 2.47, 8_300_000, 4250.0).startswith("small kernel, latency bound (floor 2.47 µs")
+    # 235 MB takes 55 us at full bandwidth: far above the floor, so a low fraction is our kernel
+    assert kernel_reading(0.4, 140.0, 2.47, 235_000_000, 4250.0) == "our kernel is slow here (40% of bandwidth)"
+    # no floor measured (CPU host, older gemm.csv): the 50% rule alone
+    assert kernel_reading(0.24, 7.9, None, 8_300_000, 4250.0) == "our kernel is slow here (24% of bandwidth)"

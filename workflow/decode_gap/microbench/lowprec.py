@@ -1,0 +1,930 @@
+"""Low-precision decode GEMVs in Triton: NVFP4 weight-only, FP8 (per-tensor and 128x128 block scales) and bf16,
+dense or grouped over the top-k experts a token selected.
+
+Why hand-written: at M=1 a GEMV only has to stream the weight once, but the NVFP4 one has to decode ~8 values per
+read byte pair, so the instruction count per value, not the memory, decides whether it reaches the bandwidth.
+The design (read from vLLM's Marlin FP4 and CUTLASS' mixed-input GEMM, written anew here):
+
+- the packed weight is read as int32 words (8 E2M1 values each), in [BLOCK_N, BLOCK_W] tiles whose rows are
+  contiguous, so each thread issues 16-byte loads; K is never masked when the tile divides it (masks along K
+  break the vectorisation);
+- E2M1 decodes with bit arithmetic on whole words, two values per 32-bit operation: the sign and the three
+  magnitude bits of a nibble are moved into an fp16 half (sign at bit 15, e1 e0 m at bits 11..9). That fp16 is
+  exactly the E2M1 value times 2^-14 (e = 0 lands on fp16 subnormals: 0 and 2^-15), so the factor 2^14 folds
+  into the per-tensor scale and no table or select is needed;
+- the 8 nibbles of a word are 8 "planes" (element 8w + t): each plane is multiplied with the matching strided
+  slice of x, so no interleave/reshape of the decoded values is needed; the E4M3 scale multiplies the per-word
+  partial sum (two words share one scale), not every value;
+- split-K (fp32 atomics) only when N is too narrow to give every SM work.
+
+- the fastest form on an H200 (`asm=True`) does the decode and the multiply-add in f16x2 inline PTX, two values
+  per instruction, against x packed once per call into fp16 pairs per plane (`_fp4_xpack_kernel`); under the CPU
+  interpreter the same path runs with the decode in plain Triton.
+
+M=1 runs on CUDA cores; 2 <= M <= 16 runs the same decode into `tl.dot` (fp16 operands, x padded to 16 rows).
+Measured on an H200 (benchmarks/lowprec_device.py): the M=1 NVFP4 GEMV reaches 40-53% of read bandwidth on the
+large shapes (4-5x the earlier kernel, still short of the 85% target: it is issue-bound on the decode), the
+tensor-core form 8-9% (so the weight-only class uses the new GEMV at M=1 only); FP8 and bf16 GEMVs 90-104%. The grouped form takes the selected experts' ids and a shared or per-expert activation, and can pair
+the gate and up rows of an expert in one program to write silu(gate) * up directly.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..errors import DecodeGapError
+from . import nvfp4 as nv
+
+try:
+    import triton
+    import triton.language as tl
+
+    HAVE_TRITON = True
+except Exception:  # pragma: no cover - depends on the host
+    triton = None
+    tl = None
+    HAVE_TRITON = False
+
+FP4_UNSCALE = 16384.0  # 2^14: the decoded fp16 is the E2M1 value times 2^-14
+FP8_BLOCK = 128
+
+
+def interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def sm_count(device) -> int:
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return torch.cuda.get_device_properties(dev).multi_processor_count
+    return 4
+
+
+def available(device) -> bool:
+    return HAVE_TRITON and (torch.device(device).type == "cuda" or interpreted())
+
+
+# --------------------------------------------------------------------------- kernels
+
+if HAVE_TRITON:
+
+    @triton.jit
+    def _fp4_pair(q, J: tl.constexpr):
+        # nibbles 3-J (low half) and 7-J (high half) of every int32 word, as fp16 = E2M1 * 2^-14
+        qj = q << (4 * J)
+        h = (qj & -2147450880) | ((qj >> 3) & 0x0E000E00)  # 0x80008000 (signs), 0x0E000E00 (e1 e0 m)
+        lo = h.to(tl.int16).to(tl.float16, bitcast=True)
+        hi = (h >> 16).to(tl.int16).to(tl.float16, bitcast=True)
+        return lo, hi
+
+    @triton.jit
+    def _fp4_rows(x_base, w_base, s_base, rows, nmask, w_start, w_end, stride_wn, stride_sn,
+                  BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
+        """sum_k W[rows, k] * x[k] (without the 2^14 and tensor scale) over words [w_start, w_end)."""
+        acc = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.float32)
+        for w0 in range(w_start, w_end, BLOCK_W):
+            offs = w0 + tl.arange(0, BLOCK_W)
+            wp = w_base + rows[:, None] * stride_wn + offs[None, :]
+            sp = s_base + rows[:, None] * stride_sn + (offs // 2)[None, :]
+            if EVEN_K:
+                if EVEN_N:
+                    q = tl.load(wp)
+                    s = tl.load(sp)
+                else:
+                    q = tl.load(wp, mask=nmask[:, None], other=0)
+                    s = tl.load(sp, mask=nmask[:, None], other=0.0)
+            else:
+                m2 = nmask[:, None] & (offs < w_end)[None, :]
+                q = tl.load(wp, mask=m2, other=0)
+                s = tl.load(sp, mask=m2, other=0.0)
+            xb = x_base + offs * 8
+            kmask = offs < w_end
+            part = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.float32)
+            for j in tl.static_range(4):
+                lo, hi = _fp4_pair(q, j)
+                if EVEN_K:
+                    xl = tl.load(xb + (3 - j)).to(tl.float32)
+                    xh = tl.load(xb + (7 - j)).to(tl.float32)
+                else:
+                    xl = tl.load(xb + (3 - j), mask=kmask, other=0.0).to(tl.float32)
+                    xh = tl.load(xb + (7 - j), mask=kmask, other=0.0).to(tl.float32)
+                part += lo.to(tl.float32) * xl[None, :]
+                part += hi.to(tl.float32) * xh[None, :]
+            acc += part * s.to(tl.float32)
+        return tl.sum(acc, axis=1)
+
+    @triton.jit
+    def _fp4_word_dot(q, xb, kmask, EVEN_K: tl.constexpr):
+        """[BLOCK_N, BLOCK_G] partial dot of one int32 word per (row, group) with x[xb + t], t = 0..7."""
+        part = tl.zeros(q.shape, dtype=tl.float32)
+        for j in tl.static_range(4):
+            lo, hi = _fp4_pair(q, j)
+            if EVEN_K:
+                xl = tl.load(xb + (3 - j)).to(tl.float32)
+                xh = tl.load(xb + (7 - j)).to(tl.float32)
+            else:
+                xl = tl.load(xb + (3 - j), mask=kmask, other=0.0).to(tl.float32)
+                xh = tl.load(xb + (7 - j), mask=kmask, other=0.0).to(tl.float32)
+            part += lo.to(tl.float32) * xl[None, :]
+            part += hi.to(tl.float32) * xh[None, :]
+        return part
+
+    @triton.jit
+    def _fp4_rows_g(x_base, w_base, s_base, rows, nmask, g_start, g_end, stride_wn, stride_sn,
+                    BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
+        """Like _fp4_rows, but over int64 groups (16 values, exactly one E4M3 scale): the scales load contiguously
+        and multiply once per 16 values. `w_base` points at int64 words, strides in int64 / scale units."""
+        acc = tl.zeros((BLOCK_N, BLOCK_G), dtype=tl.float32)
+        for g0 in range(g_start, g_end, BLOCK_G):
+            offs = g0 + tl.arange(0, BLOCK_G)
+            wp = w_base + rows[:, None] * stride_wn + offs[None, :]
+            sp = s_base + rows[:, None] * stride_sn + offs[None, :]
+            kmask = offs < g_end
+            if EVEN_K:
+                if EVEN_N:
+                    q = tl.load(wp)
+                    s = tl.load(sp)
+                else:
+                    q = tl.load(wp, mask=nmask[:, None], other=0)
+                    s = tl.load(sp, mask=nmask[:, None], other=0.0)
+            else:
+                m2 = nmask[:, None] & kmask[None, :]
+                q = tl.load(wp, mask=m2, other=0)
+                s = tl.load(sp, mask=m2, other=0.0)
+            xb = x_base + offs * 16
+            part = _fp4_word_dot(q.to(tl.int32), xb, kmask, EVEN_K)
+            part += _fp4_word_dot((q >> 32).to(tl.int32), xb + 8, kmask, EVEN_K)
+            acc += part * s.to(tl.float32)
+        return tl.sum(acc, axis=1)
+
+    # One int32 word (8 E2M1 values) against four packed fp16 pairs of x, in f16x2 arithmetic: the decode puts two
+    # values in one register (Marlin's trick: shift the word by 4 per step, mask sign and magnitude), one HMUL2 by
+    # 2^14 makes them exact E2M1 values, one HFMA2 multiplies-adds two at a time; the 8-term sum leaves in fp32.
+    # Why asm: Triton has no packed f16x2 type; in fp32 the same work costs ~2x the instructions per value.
+    _FP4_WORD_ASM = tl.constexpr("""
+    {
+    .reg .b32 q, t, h, a, c;
+    .reg .b16 l, u;
+    .reg .f32 fl, fu;
+    mov.b32 c, 0x74007400;
+    mov.b32 a, 0;
+    and.b32 t, $1, 0x70007000;
+    shr.b32 t, t, 3;
+    and.b32 h, $1, 0x80008000;
+    or.b32 h, h, t;
+    mul.rn.f16x2 h, h, c;
+    fma.rn.f16x2 a, h, $2, a;
+    shl.b32 q, $1, 4;
+    and.b32 t, q, 0x70007000;
+    shr.b32 t, t, 3;
+    and.b32 h, q, 0x80008000;
+    or.b32 h, h, t;
+    mul.rn.f16x2 h, h, c;
+    fma.rn.f16x2 a, h, $3, a;
+    shl.b32 q, $1, 8;
+    and.b32 t, q, 0x70007000;
+    shr.b32 t, t, 3;
+    and.b32 h, q, 0x80008000;
+    or.b32 h, h, t;
+    mul.rn.f16x2 h, h, c;
+    fma.rn.f16x2 a, h, $4, a;
+    shl.b32 q, $1, 12;
+    and.b32 t, q, 0x70007000;
+    shr.b32 t, t, 3;
+    and.b32 h, q, 0x80008000;
+    or.b32 h, h, t;
+    mul.rn.f16x2 h, h, c;
+    fma.rn.f16x2 a, h, $5, a;
+    mov.b32 {l, u}, a;
+    cvt.f32.f16 fl, l;
+    cvt.f32.f16 fu, u;
+    add.f32 $0, fl, fu;
+    }
+    """)
+
+    @triton.jit
+    def _fp4_xpack_kernel(x_ptr, xp_ptr, KW, stride_xs, stride_ps, BLOCK: tl.constexpr):
+        """x [.., K] -> xp [.., 4, K/8] int32: plane j holds fp16 pairs (x[8w + 3 - j], x[8w + 7 - j]) for the asm."""
+        pid = tl.program_id(0)
+        slot = tl.program_id(1).to(tl.int64)
+        w = pid * BLOCK + tl.arange(0, BLOCK)
+        m = w < KW
+        xb = x_ptr + slot * stride_xs + w * 8
+        for j in tl.static_range(4):
+            lo = tl.load(xb + (3 - j), mask=m, other=0.0).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
+            hi = tl.load(xb + (7 - j), mask=m, other=0.0).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
+            tl.store(xp_ptr + slot * stride_ps + j * KW + w, (lo & 0xFFFF) | (hi << 16), mask=m)
+
+    @triton.jit
+    def _fp4_pair_emul(q, xb, J: tl.constexpr):
+        lo, hi = _fp4_pair(q, J)
+        xl = xb.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        xh = (xb >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        return lo.to(tl.float32) * 16384.0 * xl + hi.to(tl.float32) * 16384.0 * xh
+
+    @triton.jit
+    def _fp4_word_part(q, x0, x1, x2, x3, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, USE_ASM: tl.constexpr):
+        """Exact-E2M1 partial dot of each int32 word with its packed fp16 x pairs: the f16x2 asm on a GPU; the same
+        decode in plain Triton (fp32 sums) under the CPU interpreter, which cannot run asm."""
+        b0 = tl.broadcast_to(x0[None, :], (BLOCK_N, BLOCK_W))
+        b1 = tl.broadcast_to(x1[None, :], (BLOCK_N, BLOCK_W))
+        b2 = tl.broadcast_to(x2[None, :], (BLOCK_N, BLOCK_W))
+        b3 = tl.broadcast_to(x3[None, :], (BLOCK_N, BLOCK_W))
+        if USE_ASM:
+            part = tl.inline_asm_elementwise(_FP4_WORD_ASM, "=r,r,r,r,r,r", [q, b0, b1, b2, b3],
+                                             dtype=tl.float32, is_pure=True, pack=1)
+        else:
+            part = _fp4_pair_emul(q, b0, 0) + _fp4_pair_emul(q, b1, 1) + _fp4_pair_emul(q, b2, 2) + _fp4_pair_emul(q, b3, 3)
+        return part
+
+    @triton.jit
+    def _fp4_tile(xp_base, w_base, s_base, rows, nmask, offs, w_end, KW, stride_wn, stride_sn,
+                  EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
+        wp = w_base + rows[:, None] * stride_wn + offs[None, :]
+        sp = s_base + rows[:, None] * stride_sn + (offs // 2)[None, :]
+        kmask = offs < w_end
+        if EVEN_K:
+            if EVEN_N:
+                q = tl.load(wp)
+                s = tl.load(sp)
+            else:
+                q = tl.load(wp, mask=nmask[:, None], other=0)
+                s = tl.load(sp, mask=nmask[:, None], other=0.0)
+            x0 = tl.load(xp_base + offs)
+            x1 = tl.load(xp_base + KW + offs)
+            x2 = tl.load(xp_base + 2 * KW + offs)
+            x3 = tl.load(xp_base + 3 * KW + offs)
+        else:
+            m2 = nmask[:, None] & kmask[None, :]
+            q = tl.load(wp, mask=m2, other=0)
+            s = tl.load(sp, mask=m2, other=0.0)
+            x0 = tl.load(xp_base + offs, mask=kmask, other=0)
+            x1 = tl.load(xp_base + KW + offs, mask=kmask, other=0)
+            x2 = tl.load(xp_base + 2 * KW + offs, mask=kmask, other=0)
+            x3 = tl.load(xp_base + 3 * KW + offs, mask=kmask, other=0)
+        return q, s, x0, x1, x2, x3
+
+    @triton.jit
+    def _fp4_rows_asm(xp_base, w_base, s_base, rows, nmask, w_start, w_end, KW, stride_wn, stride_sn,
+                      BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
+                      USE_ASM: tl.constexpr, PREFETCH: tl.constexpr):
+        acc = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.float32)
+        if PREFETCH and EVEN_K:
+            # issue the next tile's loads before decoding this one (more bytes in flight per CTA); the last
+            # iteration reloads the final tile rather than masking along K
+            q, s, x0, x1, x2, x3 = _fp4_tile(xp_base, w_base, s_base, rows, nmask, w_start + tl.arange(0, BLOCK_W),
+                                             w_end, KW, stride_wn, stride_sn, EVEN_K, EVEN_N)
+            for w0 in range(w_start, w_end, BLOCK_W):
+                nxt = tl.minimum(w0 + BLOCK_W, w_end - BLOCK_W) + tl.arange(0, BLOCK_W)
+                qn, sn, x0n, x1n, x2n, x3n = _fp4_tile(xp_base, w_base, s_base, rows, nmask, nxt, w_end, KW,
+                                                       stride_wn, stride_sn, EVEN_K, EVEN_N)
+                acc += _fp4_word_part(q, x0, x1, x2, x3, BLOCK_N, BLOCK_W, USE_ASM) * s.to(tl.float32)
+                q, s, x0, x1, x2, x3 = qn, sn, x0n, x1n, x2n, x3n
+        else:
+            for w0 in range(w_start, w_end, BLOCK_W):
+                q, s, x0, x1, x2, x3 = _fp4_tile(xp_base, w_base, s_base, rows, nmask, w0 + tl.arange(0, BLOCK_W),
+                                                 w_end, KW, stride_wn, stride_sn, EVEN_K, EVEN_N)
+                acc += _fp4_word_part(q, x0, x1, x2, x3, BLOCK_N, BLOCK_W, USE_ASM) * s.to(tl.float32)
+        return tl.sum(acc, axis=1)
+
+    @triton.jit
+    def _fp4_gemv_kernel(
+        x_ptr, w_ptr, s_ptr, ts_ptr, ids_ptr, rw_ptr, out_ptr,
+        N, KW, w_per_split, pair_off,
+        stride_xs, stride_we, stride_wn, stride_se, stride_sn, stride_os,
+        BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
+        HAS_IDS: tl.constexpr, PAIRED: tl.constexpr, ATOMIC: tl.constexpr, ROW_WEIGHT: tl.constexpr,
+        GROUPED: tl.constexpr = False, ASM: tl.constexpr = False, USE_ASM: tl.constexpr = True,
+        PREFETCH: tl.constexpr = False,
+    ):
+        """M=1 NVFP4 GEMV (GROUPED: w_ptr is int64, KW / w_per_split / BLOCK_W count 16-value groups). Program (n tile, k split, slot); slot picks an expert through ids when HAS_IDS."""
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        slot = tl.program_id(2)
+        if HAS_IDS:
+            e = tl.load(ids_ptr + slot).to(tl.int64)
+        else:
+            e = slot.to(tl.int64) * 0
+        rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        nmask = rows < N
+        w_start = pid_k * w_per_split
+        w_end = tl.minimum(w_start + w_per_split, KW)
+        x_base = x_ptr + slot.to(tl.int64) * stride_xs
+        w_base = w_ptr + e * stride_we
+        s_base = s_ptr + e * stride_se
+        if ASM:  # x_ptr is the packed x (_fp4_xpack_kernel), and the asm returns exact E2M1 sums
+            scale = tl.load(ts_ptr + e)
+        else:
+            scale = tl.load(ts_ptr + e) * 16384.0
+        if ASM:
+            y = _fp4_rows_asm(x_base, w_base, s_base, rows, nmask, w_start, w_end, KW, stride_wn, stride_sn,
+                              BLOCK_N, BLOCK_W, EVEN_K, EVEN_N, USE_ASM, PREFETCH) * scale
+        elif GROUPED:
+            y = _fp4_rows_g(x_base, w_base, s_base, rows, nmask, w_start, w_end, stride_wn, stride_sn,
+                            BLOCK_N, BLOCK_W, EVEN_K, EVEN_N) * scale
+        else:
+            y = _fp4_rows(x_base, w_base, s_base, rows, nmask, w_start, w_end, stride_wn, stride_sn,
+                          BLOCK_N, BLOCK_W, EVEN_K, EVEN_N) * scale
+        if PAIRED:  # gate rows r and up rows r + pair_off of the same expert: write silu(gate) * up
+            if ASM:
+                u = _fp4_rows_asm(x_base, w_base, s_base, rows + pair_off, nmask, w_start, w_end, KW, stride_wn,
+                                  stride_sn, BLOCK_N, BLOCK_W, EVEN_K, EVEN_N, USE_ASM, PREFETCH) * scale
+            elif GROUPED:
+                u = _fp4_rows_g(x_base, w_base, s_base, rows + pair_off, nmask, w_start, w_end, stride_wn,
+                                stride_sn, BLOCK_N, BLOCK_W, EVEN_K, EVEN_N) * scale
+            else:
+                u = _fp4_rows(x_base, w_base, s_base, rows + pair_off, nmask, w_start, w_end, stride_wn, stride_sn,
+                              BLOCK_N, BLOCK_W, EVEN_K, EVEN_N) * scale
+            y = y / (1.0 + tl.exp(-y)) * u
+        if ROW_WEIGHT:
+            y = y * tl.load(rw_ptr + slot)
+        op = out_ptr + slot.to(tl.int64) * stride_os + rows
+        if ATOMIC:
+            tl.atomic_add(op, y, mask=nmask)
+        else:
+            tl.store(op, y.to(out_ptr.dtype.element_ty), mask=nmask)
+
+    @triton.jit
+    def _fp4_gemm_dot_kernel(
+        x_ptr, w_ptr, s_ptr, ts_ptr, out_ptr,
+        M, N, KW, w_per_split,
+        stride_xm, stride_wn, stride_sn, stride_om,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, EVEN_K: tl.constexpr,
+        ATOMIC: tl.constexpr, DOT_F16: tl.constexpr,
+    ):
+        """2 <= M <= 16 NVFP4: the same word decode, scaled in fp16 (exact: 2-bit value x 4-bit scale), into
+        tl.dot with W as the left operand: acc^T[N, M] += W_plane[N, w] @ x_plane^T[w, M]."""
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        ms = tl.arange(0, BLOCK_M)
+        nmask = rows < N
+        mmask = ms < M
+        w_start = pid_k * w_per_split
+        w_end = tl.minimum(w_start + w_per_split, KW)
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        for w0 in range(w_start, w_end, BLOCK_W):
+            offs = w0 + tl.arange(0, BLOCK_W)
+            if EVEN_K:
+                wm = nmask[:, None]
+                xm = mmask[None, :]
+            else:
+                wm = nmask[:, None] & (offs < w_end)[None, :]
+                xm = mmask[None, :] & (offs < w_end)[:, None]
+            q = tl.load(w_ptr + rows[:, None] * stride_wn + offs[None, :], mask=wm, other=0)
+            s = tl.load(s_ptr + rows[:, None] * stride_sn + (offs // 2)[None, :], mask=wm, other=0.0)
+            s = s.to(tl.float32).to(tl.float16)
+            xb = x_ptr + ms[None, :] * stride_xm + (offs * 8)[:, None]  # [BLOCK_W, BLOCK_M]
+            for j in tl.static_range(4):
+                lo, hi = _fp4_pair(q, j)
+                xl = tl.load(xb + (3 - j), mask=xm, other=0.0)
+                xh = tl.load(xb + (7 - j), mask=xm, other=0.0)
+                if DOT_F16:
+                    acc += tl.dot(lo * s, xl.to(tl.float16))
+                    acc += tl.dot(hi * s, xh.to(tl.float16))
+                else:  # the CPU interpreter: fp32 operands, same indexing
+                    acc += tl.dot((lo * s).to(tl.float32), xl.to(tl.float32), input_precision="ieee")
+                    acc += tl.dot((hi * s).to(tl.float32), xh.to(tl.float32), input_precision="ieee")
+        acc = acc * (tl.load(ts_ptr) * 16384.0)
+        op = out_ptr + ms[None, :] * stride_om + rows[:, None]
+        om = nmask[:, None] & mmask[None, :]
+        if ATOMIC:
+            tl.atomic_add(op, acc, mask=om)
+        else:
+            tl.store(op, acc.to(out_ptr.dtype.element_ty), mask=om)
+
+    @triton.jit
+    def _dense_rows_m1(x_base, w_base, s_base, rows, nmask, k_start, k_end, stride_wn, stride_sn,
+                       SCALE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                       EVEN_N: tl.constexpr):
+        """M=1: a 2-D tile, reduced every iteration (what gemv.py does for bf16); block scales per 128 columns
+        through a [BLOCK_N, BLOCK_K / 128, 128] view of the same tile."""
+        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        NB: tl.constexpr = BLOCK_K // 128 if SCALE == 2 else 1
+        for k0 in range(k_start, k_end, BLOCK_K):
+            if SCALE == 2:  # BLOCK_K is a multiple of 128 and k0 is 128-aligned
+                kk = k0 + tl.arange(0, NB)[:, None] * 128 + tl.arange(0, 128)[None, :]  # [NB, 128]
+                wp = w_base + rows[:, None, None] * stride_wn + kk[None, :, :]
+                if EVEN_K:
+                    if EVEN_N:
+                        w = tl.load(wp)
+                    else:
+                        w = tl.load(wp, mask=nmask[:, None, None], other=0.0)
+                    x = tl.load(x_base + kk)
+                else:
+                    w = tl.load(wp, mask=nmask[:, None, None] & (kk < k_end)[None, :, :], other=0.0)
+                    x = tl.load(x_base + kk, mask=kk < k_end, other=0.0)
+                p = tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :, :], axis=2)  # [BN, NB]
+                kb = k0 // 128 + tl.arange(0, NB)
+                sb = tl.load(s_base + (rows // 128)[:, None] * stride_sn + kb[None, :], mask=nmask[:, None], other=0.0)
+                acc += tl.sum(p * sb, axis=1)
+            else:
+                offs = k0 + tl.arange(0, BLOCK_K)
+                wp = w_base + rows[:, None] * stride_wn + offs[None, :]
+                if EVEN_K:
+                    if EVEN_N:
+                        w = tl.load(wp)
+                    else:
+                        w = tl.load(wp, mask=nmask[:, None], other=0.0)
+                    x = tl.load(x_base + offs)
+                else:
+                    w = tl.load(wp, mask=nmask[:, None] & (offs < k_end)[None, :], other=0.0)
+                    x = tl.load(x_base + offs, mask=offs < k_end, other=0.0)
+                acc += tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
+        return acc
+
+    @triton.jit
+    def _dense_rows(x_base, w_base, s_base, rows, nmask, ms, mmask, k_start, k_end, stride_xm, stride_wn, stride_sn,
+                    SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
+        """[BLOCK_M, BLOCK_N] partial of x @ W^T over [k_start, k_end); SCALE 2 applies 128x128 block scales."""
+        if BLOCK_M == 1:
+            return _dense_rows_m1(x_base, w_base, s_base, rows, nmask, k_start, k_end, stride_wn, stride_sn,
+                                  SCALE, BLOCK_N, BLOCK_K, EVEN_K, EVEN_N)[None, :]
+        acc3 = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(k_start, k_end, BLOCK_K):
+            offs = k0 + tl.arange(0, BLOCK_K)
+            wp = w_base + rows[:, None] * stride_wn + offs[None, :]
+            xp = x_base + ms[:, None] * stride_xm + offs[None, :]
+            if EVEN_K:
+                if EVEN_N:
+                    w = tl.load(wp)
+                else:
+                    w = tl.load(wp, mask=nmask[:, None], other=0.0)
+                x = tl.load(xp, mask=mmask[:, None], other=0.0)
+            else:
+                kmask = offs < k_end
+                w = tl.load(wp, mask=nmask[:, None] & kmask[None, :], other=0.0)
+                x = tl.load(xp, mask=mmask[:, None] & kmask[None, :], other=0.0)
+            prod = w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :]
+            if SCALE == 2:  # BLOCK_K == 128: one scale per (128-row block, 128-column block)
+                sb = tl.load(s_base + (rows // 128) * stride_sn + k0 // 128, mask=nmask, other=0.0)
+                acc += tl.sum(prod, axis=2) * sb[None, :]
+            else:
+                acc3 += prod
+        if SCALE != 2:
+            acc = tl.sum(acc3, axis=2)
+        return acc
+
+    @triton.jit
+    def _dense_gemv_kernel(
+        x_ptr, w_ptr, s_ptr, ids_ptr, rw_ptr, out_ptr,
+        M, N, K, k_per_split, pair_off,
+        stride_xs, stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_os, stride_om,
+        SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, HAS_IDS: tl.constexpr, PAIRED: tl.constexpr,
+        ATOMIC: tl.constexpr, ROW_WEIGHT: tl.constexpr,
+    ):
+        """bf16 or fp8 weight (SCALE 0: none, 1: one fp32 per tensor/expert, 2: 128x128 blocks), bf16 x, M <= 16."""
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        slot = tl.program_id(2)
+        if HAS_IDS:
+            e = tl.load(ids_ptr + slot).to(tl.int64)
+        else:
+            e = slot.to(tl.int64) * 0
+        rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        ms = tl.arange(0, BLOCK_M)
+        nmask = rows < N
+        mmask = ms < M
+        k_start = pid_k * k_per_split
+        k_end = tl.minimum(k_start + k_per_split, K)
+        x_base = x_ptr + slot.to(tl.int64) * stride_xs
+        w_base = w_ptr + e * stride_we
+        s_base = s_ptr + e * stride_se
+        y = _dense_rows(x_base, w_base, s_base, rows, nmask, ms, mmask, k_start, k_end, stride_xm, stride_wn,
+                        stride_sn, SCALE, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, EVEN_N)
+        if SCALE == 1:
+            y = y * tl.load(s_base)
+        if PAIRED:
+            u = _dense_rows(x_base, w_base, s_base, rows + pair_off, nmask, ms, mmask, k_start, k_end, stride_xm,
+                            stride_wn, stride_sn, SCALE, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, EVEN_N)
+            if SCALE == 1:
+                u = u * tl.load(s_base)
+            y = y / (1.0 + tl.exp(-y)) * u
+        if ROW_WEIGHT:
+            y = y * tl.load(rw_ptr + slot)
+        op = out_ptr + slot.to(tl.int64) * stride_os + ms[:, None] * stride_om + rows[None, :]
+        om = mmask[:, None] & nmask[None, :]
+        if ATOMIC:
+            tl.atomic_add(op, y, mask=om)
+        else:
+            tl.store(op, y.to(out_ptr.dtype.element_ty), mask=om)
+
+
+# --------------------------------------------------------------------------- formats
+
+
+@dataclass
+class Fp8Weight:
+    """e4m3 weight [..., N, K] with one fp32 scale per tensor (scales [...]) or per 128x128 block
+    (scales [..., ceil(N/128), ceil(K/128)])."""
+
+    data: torch.Tensor
+    scales: torch.Tensor
+    block: bool
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel() + 4 * self.scales.numel()
+
+
+def quantize_fp8(w: torch.Tensor, block: bool = False) -> Fp8Weight:
+    """Per-tensor (or per-expert when w is [E, N, K]) or 128x128-block e4m3 quantisation (amax / 448)."""
+    wf = w.float()
+    if not block:
+        red = tuple(range(wf.dim() - 2, wf.dim()))
+        s = (wf.abs().amax(dim=red) / 448.0).clamp(min=1e-12)
+        return Fp8Weight((wf / s[..., None, None]).to(torch.float8_e4m3fn), s.float().contiguous(), False)
+    *lead, n, k = wf.shape
+    nb, kb = math.ceil(n / FP8_BLOCK), math.ceil(k / FP8_BLOCK)
+    pad = torch.zeros((*lead, nb * FP8_BLOCK, kb * FP8_BLOCK), dtype=torch.float32, device=w.device)
+    pad[..., :n, :k] = wf
+    blocks = pad.reshape(*lead, nb, FP8_BLOCK, kb, FP8_BLOCK)
+    s = (blocks.abs().amax(dim=(-3, -1)) / 448.0).clamp(min=1e-12)  # [..., nb, kb]
+    q = (blocks / s[..., :, None, :, None]).reshape(*lead, nb * FP8_BLOCK, kb * FP8_BLOCK)[..., :n, :k]
+    return Fp8Weight(q.to(torch.float8_e4m3fn).contiguous(), s.float().contiguous(), True)
+
+
+def dequantize_fp8(f: Fp8Weight) -> torch.Tensor:
+    d = f.data.float()
+    if not f.block:
+        return d * f.scales[..., None, None]
+    n, k = d.shape[-2:]
+    s = f.scales.repeat_interleave(FP8_BLOCK, dim=-2).repeat_interleave(FP8_BLOCK, dim=-1)[..., :n, :k]
+    return d * s
+
+
+def fp8_bytes(n: int, k: int, block: bool) -> int:
+    return n * k + 4 * (math.ceil(n / FP8_BLOCK) * math.ceil(k / FP8_BLOCK) if block else 1)
+
+
+# --------------------------------------------------------------------------- launch plans
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    block_n: int
+    block_k: int  # values along K per iteration (NVFP4: 8 per int32 word)
+    warps: int = 4
+    split: int | None = None  # K splits; None: enough to give every SM work (split_for)
+    grouped: bool = False  # NVFP4 only: int64 words (16 values, one scale) instead of int32 words
+    asm: bool = False  # NVFP4 only: f16x2 inline-asm decode and dot (emulated in plain Triton by the interpreter)
+    prefetch: bool = False  # NVFP4 asm form: load the next tile before decoding this one
+
+    @property
+    def name(self) -> str:
+        return (f"{'p,' if self.prefetch else ''}{'a,' if self.asm else ''}{'g,' if self.grouped else ''}BN={self.block_n},BK={self.block_k},w={self.warps}"
+                + (f",s={self.split}" if self.split else ""))
+
+    @property
+    def unit(self) -> int:
+        """Values per loaded weight element of the NVFP4 kernels."""
+        return 16 if self.grouped else 8
+
+
+# candidates timed on the device; the fastest correct one is kept per shape
+FP4_M1_CONFIGS = (GemvConfig(16, 512, 4, asm=True), GemvConfig(32, 256, 4, asm=True), GemvConfig(8, 1024, 4, asm=True),
+                  GemvConfig(64, 256, 8, asm=True), GemvConfig(16, 1024, 8, asm=True), GemvConfig(8, 512, 4, asm=True),
+                  GemvConfig(16, 512, 4, split=1, asm=True), GemvConfig(64, 256, 4, grouped=True),
+                  GemvConfig(128, 256, 8, grouped=True), GemvConfig(32, 256, 4, grouped=True),
+                  GemvConfig(8, 2048, 4, split=1), GemvConfig(8, 1024, 4), GemvConfig(4, 1024, 2, split=1),
+                  # not yet measured on a GPU (written after the last H200 run): the benchmark times them,
+                  # the gemm stage does not offer them until they win there
+                  GemvConfig(8, 512, 4, asm=True, prefetch=True), GemvConfig(16, 512, 4, asm=True, prefetch=True),
+                  GemvConfig(8, 256, 4, asm=True, prefetch=True), GemvConfig(16, 256, 4, asm=True, prefetch=True))
+# defaults (simulate, checks, the MoE stage): the fastest on most large shapes of the H200 sweep (lowprec_device.py)
+FP4_DEFAULT_ASM = GemvConfig(8, 512, 4, asm=True)
+FP4_DEFAULT = GemvConfig(8, 2048, 4, split=1)
+FP4_GROUPED_ASM = GemvConfig(16, 512, 4, asm=True)
+# the candidates the gemm stage times per shape at M=1 (each won at least one shape on the H200)
+FP4_STAGE_CONFIGS = (FP4_DEFAULT_ASM, GemvConfig(8, 1024, 4, asm=True), GemvConfig(32, 256, 4, asm=True),
+                     GemvConfig(16, 512, 4, split=1, asm=True), FP4_DEFAULT, GemvConfig(4, 1024, 2, split=1),
+                     GemvConfig(8, 1024, 4))
+
+
+def fp4_default(grouped: bool = False) -> GemvConfig:
+    return FP4_GROUPED_ASM if grouped else FP4_DEFAULT_ASM
+
+
+FP4_DOT_CONFIGS = (GemvConfig(64, 512, 4), GemvConfig(32, 512, 4), GemvConfig(128, 256, 8), GemvConfig(64, 1024, 8))
+# first three: the ones that won on the H200 sweep (what the gemm stage times); the rest only in the benchmark
+DENSE_CONFIGS = (GemvConfig(8, 2048, 4), GemvConfig(16, 1024, 4), GemvConfig(4, 2048, 4), GemvConfig(8, 1024, 4),
+                 GemvConfig(8, 1024, 4, split=1))
+DENSE_BLOCK_CONFIGS = (GemvConfig(8, 1024, 4), GemvConfig(16, 512, 4), GemvConfig(4, 1024, 4), GemvConfig(8, 512, 4),
+                       GemvConfig(8, 512, 4, split=1))
+
+
+def split_for(n_tiles: int, slots: int, k_blocks: int, sms: int) -> int:
+    """Split K only when the N tiles (times expert slots) cannot keep every SM busy a few times over."""
+    progs = n_tiles * slots
+    if progs >= 4 * sms or k_blocks <= 1:
+        return 1
+    return max(1, min(k_blocks, math.ceil(4 * sms / progs)))
+
+
+def _k_plan(k_units: int, block: int, split: int) -> tuple[int, int, bool]:
+    """(units per split, split, even) with every split a whole number of blocks."""
+    blocks = math.ceil(k_units / block)
+    per = math.ceil(blocks / max(split, 1)) * block
+    split = math.ceil(k_units / per)
+    return per, split, k_units % block == 0
+
+
+def _pow2(m: int) -> int:
+    return 1 << max(0, (m - 1).bit_length())
+
+
+# --------------------------------------------------------------------------- dense GEMVs
+
+
+class Nvfp4Gemv:
+    """y[M, N] = x[M, K] @ W^T with W in NVFP4 (M <= 16), Triton. Buffers are allocated once: graph-capturable."""
+
+    def __init__(self, q: nv.NVFP4Tensor, m: int, device, cfg: GemvConfig | None = None, out_dtype=torch.bfloat16,
+                 use_dot: bool | None = None, split: int | None = None):
+        if not HAVE_TRITON:
+            raise DecodeGapError("the NVFP4 GEMV needs Triton, which is not installed")
+        n, k = q.shape
+        if k % 16 or m < 1 or m > 16:
+            raise DecodeGapError(f"nvfp4 gemv: needs K % 16 == 0 and 1 <= M <= 16 (M={m}, K={k})")
+        self.q, self.m, self.n, self.k = q, m, n, k
+        self.use_dot = (m > 1) if use_dot is None else use_dot
+        if m > 1 and not self.use_dot:
+            raise DecodeGapError("nvfp4 gemv: the CUDA-core form handles M=1 only")
+        self.cfg = cfg or (FP4_DOT_CONFIGS[0] if self.use_dot else fp4_default())
+        grouped = self.cfg.grouped and not self.use_dot
+        self.asm = self.cfg.asm and not self.use_dot and not grouped
+        unit = 16 if grouped else 8
+        self.grouped = grouped
+        kw = k // unit
+        # [N, K/8] int32 (8 values a word) or [N, K/16] int64 (16 values, one scale)
+        self.words = q.packed.view(torch.int64 if grouped else torch.int32)
+        bw = max(1, self.cfg.block_k // unit)
+        self.bw = bw
+        n_tiles = math.ceil(n / self.cfg.block_n)
+        split = split or self.cfg.split
+        if split is None:
+            split = split_for(n_tiles, 1, math.ceil(kw / bw), sm_count(device))
+        self.w_per_split, self.split, self.even_k = _k_plan(kw, bw, split)
+        self.grid = (n_tiles, self.split, 1)
+        self.out = torch.empty((m, n), dtype=out_dtype, device=device)
+        self.acc = torch.zeros((m, n), dtype=torch.float32, device=device) if self.split > 1 else None
+        self.dummy = torch.zeros(1, dtype=torch.int32, device=device)
+        self.rw = torch.ones(1, dtype=torch.float32, device=device)
+        self.xp = torch.empty((4, kw), dtype=torch.int32, device=device) if self.asm else None
+
+    @property
+    def label(self) -> str:
+        kind = "dot" if self.use_dot else "asm f16x2" if self.asm else "fma"
+        return f"triton nvfp4 gemv ({kind}, {self.cfg.name}, split={self.split})"
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape != (self.m, self.k):
+            raise DecodeGapError(f"nvfp4 gemv: x has shape {tuple(x.shape)}, expected {(self.m, self.k)}")
+        target = self.acc if self.acc is not None else self.out
+        if self.acc is not None:
+            self.acc.zero_()
+        q = self.q
+        kw = self.k // (16 if self.grouped else 8)
+        if self.use_dot:
+            _fp4_gemm_dot_kernel[self.grid[:2]](
+                x, self.words, q.block_scales, q.tensor_scale, target,
+                self.m, self.n, kw, self.w_per_split,
+                x.stride(0), self.words.stride(0), q.block_scales.stride(0), target.stride(0),
+                BLOCK_M=16, BLOCK_N=self.cfg.block_n, BLOCK_W=self.bw, EVEN_K=self.even_k,
+                ATOMIC=self.acc is not None, DOT_F16=not interpreted(), num_warps=self.cfg.warps)
+        else:
+            if self.asm:
+                _fp4_xpack_kernel[(triton.cdiv(kw, 512), 1)](x, self.xp, kw, 0, 0, BLOCK=512)
+            self.compiled = _fp4_gemv_kernel[self.grid](
+                self.xp if self.asm else x, self.words, q.block_scales, q.tensor_scale, self.dummy, self.rw, target,
+                self.n, kw, self.w_per_split, 0,
+                0, 0, self.words.stride(0), 0, q.block_scales.stride(0), 0,
+                BLOCK_N=self.cfg.block_n, BLOCK_W=self.bw, EVEN_K=self.even_k,
+                EVEN_N=self.n % self.cfg.block_n == 0, HAS_IDS=False, PAIRED=False,
+                ATOMIC=self.acc is not None, ROW_WEIGHT=False, GROUPED=self.grouped, ASM=self.asm,
+                USE_ASM=not interpreted(), PREFETCH=self.cfg.prefetch, num_warps=self.cfg.warps)
+        if self.acc is not None:
+            self.out.copy_(self.acc)
+        return self.out
+
+
+class DenseGemv:
+    """y[M, N] = x[M, K] @ W^T for bf16 W, or fp8 W with per-tensor / 128x128 block scales (M <= 16, Triton)."""
+
+    def __init__(self, w: torch.Tensor | Fp8Weight, m: int, device, cfg: GemvConfig | None = None,
+                 out_dtype=torch.bfloat16, split: int | None = None):
+        if not HAVE_TRITON:
+            raise DecodeGapError("the Triton GEMV needs Triton, which is not installed")
+        if isinstance(w, Fp8Weight):
+            self.data, self.scales, self.scale_kind = w.data, w.scales, 2 if w.block else 1
+        else:
+            self.data, self.scales, self.scale_kind = w, torch.ones(1, device=device), 0
+        n, k = self.data.shape
+        if m < 1 or m > 16:
+            raise DecodeGapError(f"dense gemv: 1 <= M <= 16 (M={m})")
+        self.m, self.n, self.k = m, n, k
+        configs = DENSE_BLOCK_CONFIGS if self.scale_kind == 2 else DENSE_CONFIGS
+        self.cfg = cfg or configs[0]
+        bk = self.cfg.block_k
+        if self.scale_kind == 2 and (bk % FP8_BLOCK if m == 1 else FP8_BLOCK % bk):
+            raise DecodeGapError(f"dense gemv: 128x128 block scales need BLOCK_K a multiple of 128 at M=1 and a "
+                                 f"divisor of 128 above (BLOCK_K={bk}, M={m})")
+        n_tiles = math.ceil(n / self.cfg.block_n)
+        split = split or self.cfg.split
+        if split is None:
+            split = split_for(n_tiles, 1, math.ceil(k / self.cfg.block_k), sm_count(device))
+        self.k_per_split, self.split, self.even_k = _k_plan(k, self.cfg.block_k, split)
+        self.grid = (n_tiles, self.split, 1)
+        self.out = torch.empty((m, n), dtype=out_dtype, device=device)
+        self.acc = torch.zeros((m, n), dtype=torch.float32, device=device) if self.split > 1 else None
+        self.dummy = torch.zeros(1, dtype=torch.int32, device=device)
+        self.rw = torch.ones(1, dtype=torch.float32, device=device)
+
+    @property
+    def label(self) -> str:
+        kind = {0: "bf16", 1: "fp8 per-tensor", 2: "fp8 128x128 blocks"}[self.scale_kind]
+        return f"triton {kind} gemv ({self.cfg.name}, split={self.split})"
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape != (self.m, self.k):
+            raise DecodeGapError(f"dense gemv: x has shape {tuple(x.shape)}, expected {(self.m, self.k)}")
+        target = self.acc if self.acc is not None else self.out
+        if self.acc is not None:
+            self.acc.zero_()
+        s_sn = self.scales.stride(0) if self.scale_kind == 2 else 0
+        _dense_gemv_kernel[self.grid](
+            x, self.data, self.scales, self.dummy, self.rw, target,
+            self.m, self.n, self.k, self.k_per_split, 0,
+            0, x.stride(0), 0, self.data.stride(0), 0, s_sn, 0, target.stride(0),
+            SCALE=self.scale_kind, BLOCK_M=_pow2(self.m), BLOCK_N=self.cfg.block_n, BLOCK_K=self.cfg.block_k,
+            EVEN_K=self.even_k, EVEN_N=self.n % self.cfg.block_n == 0, HAS_IDS=False, PAIRED=False,
+            ATOMIC=self.acc is not None, ROW_WEIGHT=False, num_warps=self.cfg.warps)
+        if self.acc is not None:
+            self.out.copy_(self.acc)
+        return self.out
+
+
+# --------------------------------------------------------------------------- MoE: grouped GEMV over the selected experts
+
+
+class GroupedExperts:
+    """One token's routed experts at M=1: silu(x W_gate^T) * (x W_up^T), then (.) W_down^T, weighted and summed,
+    reading only the selected experts' weights. Two kernels (gate+up paired with the SiLU fused, then down with the
+    routing weight and the sum fused through fp32 atomics), a zero-fill and a cast.
+
+    `w13` is [E, 2I, H] (gate rows then up rows) and `w2` [E, H, I], in bf16, as `Fp8Weight`s, or as lists of
+    per-expert `NVFP4Tensor`s stacked here; `ids` [S] selects experts and `weights` [S] weighs them."""
+
+    def __init__(self, fmt: str, w13: Any, w2: Any, ids: torch.Tensor, weights: torch.Tensor, device,
+                 cfg13: GemvConfig | None = None, cfg2: GemvConfig | None = None):
+        if not HAVE_TRITON:
+            raise DecodeGapError("the grouped GEMV needs Triton, which is not installed")
+        self.fmt = fmt
+        self.ids = ids.to(torch.int32).contiguous()
+        self.rw = weights.float().contiguous()
+        self.slots = int(self.ids.numel())
+        if fmt == "nvfp4":
+            self.w13 = _stack_fp4(w13)
+            self.w2 = _stack_fp4(w2)
+            two_i, h = w13[0].shape
+            hh, i = w2[0].shape
+            configs = (fp4_default(grouped=True),)
+        else:
+            self.w13, self.w2 = w13, w2
+            data13 = w13.data if isinstance(w13, Fp8Weight) else w13
+            data2 = w2.data if isinstance(w2, Fp8Weight) else w2
+            _, two_i, h = data13.shape
+            _, hh, i = data2.shape
+            configs = DENSE_BLOCK_CONFIGS if isinstance(w13, Fp8Weight) and w13.block else DENSE_CONFIGS
+        if two_i != 2 * i or hh != h:
+            raise DecodeGapError(f"grouped experts: w13 {two_i}x{h} and w2 {hh}x{i} do not fit together")
+        self.h, self.i = h, i
+        self.cfg13, self.cfg2 = cfg13 or configs[0], cfg2 or configs[0]
+        self.act = torch.empty((self.slots, i), dtype=torch.bfloat16, device=device)
+        self.xp13 = torch.empty((1, 4, h // 8), dtype=torch.int32, device=device)  # packed x for the asm form
+        self.xp2 = torch.empty((self.slots, 4, i // 8), dtype=torch.int32, device=device)
+        self.acc = torch.zeros((h,), dtype=torch.float32, device=device)
+        self.out = torch.empty((1, h), dtype=torch.bfloat16, device=device)
+
+    @property
+    def label(self) -> str:
+        return f"triton grouped gemv {self.fmt} (gate_up {self.cfg13.name}, down {self.cfg2.name})"
+
+    def _launch(self, x, w, cfg, n, k, out, paired: bool, final: bool, stride_xs: int):
+        grid = (math.ceil(n / cfg.block_n), 1, self.slots)
+        if self.fmt == "nvfp4":
+            words, scales, ts = w
+            asm = cfg.asm and not cfg.grouped
+            if asm:
+                xp = self.xp13 if paired else self.xp2
+                _fp4_xpack_kernel[(triton.cdiv(k // 8, 512), xp.shape[0])](x, xp, k // 8, stride_xs, xp.stride(0),
+                                                                            BLOCK=512)
+                x, stride_xs = xp, xp.stride(0) if xp.shape[0] > 1 else 0
+            if cfg.grouped:
+                words = words.view(torch.int64)
+            bw = max(1, cfg.block_k // cfg.unit)
+            kw = k // cfg.unit
+            _fp4_gemv_kernel[grid](
+                x, words, scales, ts, self.ids, self.rw, out,
+                n, kw, kw, n if paired else 0,
+                stride_xs, words.stride(0), words.stride(1), scales.stride(0), scales.stride(1),
+                0 if final else out.stride(0),
+                BLOCK_N=cfg.block_n, BLOCK_W=bw, EVEN_K=kw % bw == 0, EVEN_N=n % cfg.block_n == 0,
+                HAS_IDS=True, PAIRED=paired, ATOMIC=final, ROW_WEIGHT=final, GROUPED=cfg.grouped, ASM=asm,
+                USE_ASM=not interpreted(), PREFETCH=cfg.prefetch, num_warps=cfg.warps)
+            return
+        if isinstance(w, Fp8Weight):
+            data, scales, kind = w.data, w.scales, 2 if w.block else 1
+        else:
+            data, scales, kind = w, self.rw, 0
+        s_se = scales.stride(0) if kind else 0
+        s_sn = scales.stride(1) if kind == 2 else 0
+        _dense_gemv_kernel[grid](
+            x, data, scales, self.ids, self.rw, out,
+            1, n, k, k, n if paired else 0,
+            stride_xs, 0, data.stride(0), data.stride(1), s_se, s_sn, 0 if final else out.stride(0), 0,
+            SCALE=kind, BLOCK_M=1, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0,
+            EVEN_N=n % cfg.block_n == 0, HAS_IDS=True, PAIRED=paired, ATOMIC=final, ROW_WEIGHT=final,
+            num_warps=cfg.warps)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape != (1, self.h):
+            raise DecodeGapError(f"grouped experts: x has shape {tuple(x.shape)}, expected (1, {self.h})")
+        self.acc.zero_()
+        self._launch(x, self.w13, self.cfg13, self.i, self.h, self.act, paired=True, final=False, stride_xs=0)
+        self._launch(self.act, self.w2, self.cfg2, self.h, self.i, self.acc, paired=False, final=True,
+                     stride_xs=self.act.stride(0))
+        self.out.copy_(self.acc[None, :])
+        return self.out
+
+    def weight_bytes(self) -> int:
+        """Bytes of the selected experts' weights (and scales): what the call must read."""
+        per = self._expert_bytes()
+        return per * self.slots
+
+    def _expert_bytes(self) -> int:
+        h, i = self.h, self.i
+        if self.fmt == "nvfp4":
+            return nv.nvfp4_bytes(2 * i, h) + nv.nvfp4_bytes(h, i)
+        if self.fmt == "bf16":
+            return 2 * 3 * h * i
+        block = isinstance(self.w13, Fp8Weight) and self.w13.block
+        return fp8_bytes(2 * i, h, block) + fp8_bytes(h, i, block)
+
+
+def grouped_from_bf16(fmt: str, w13: torch.Tensor, w2: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
+                      device, cfg13: GemvConfig | None = None, cfg2: GemvConfig | None = None) -> GroupedExperts:
+    """Quantise bf16 expert weights [E, 2I, H] / [E, H, I] to `fmt` (bf16 | fp8 | fp8-block | nvfp4) and wrap them."""
+    if fmt == "bf16":
+        return GroupedExperts("bf16", w13, w2, ids, weights, device, cfg13, cfg2)
+    if fmt in ("fp8", "fp8-block"):
+        block = fmt == "fp8-block"
+        if block:
+            cfg13, cfg2 = cfg13 or DENSE_BLOCK_CONFIGS[0], cfg2 or DENSE_BLOCK_CONFIGS[0]
+        return GroupedExperts("fp8", quantize_fp8(w13, block), quantize_fp8(w2, block), ids, weights, device, cfg13, cfg2)
+    if fmt == "nvfp4":
+        return GroupedExperts("nvfp4", [nv.quantize_nvfp4(w) for w in w13], [nv.quantize_nvfp4(w) for w in w2], ids,
+                              weights, device, cfg13, cfg2)
+    raise DecodeGapError(f"grouped experts: unknown format {fmt!r}")
+
+
+def dequantized_experts(g: GroupedExperts) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 copies of the (quantised) expert weights a GroupedExperts holds, for the reference."""
+    if g.fmt == "nvfp4":
+        def deq(stack):
+            words, scales, ts = stack
+            e, n, kw = words.shape
+            return torch.stack([nv.dequantize_nvfp4(nv.NVFP4Tensor(words[i].view(torch.uint8), scales[i], ts[i],
+                                                                   (n, kw * 8))) for i in range(e)])
+        return deq(g.w13), deq(g.w2)
+    if isinstance(g.w13, Fp8Weight):
+        return dequantize_fp8(g.w13), dequantize_fp8(g.w2)
+    return g.w13.float(), g.w2.float()
+
+
+def _stack_fp4(qs: list[nv.NVFP4Tensor]):
+    words = torch.stack([q.packed for q in qs]).view(torch.int32).contiguous()  # [E, N, K/8]
+    scales = torch.stack([q.block_scales for q in qs]).contiguous()  # [E, N, K/16]
+    ts = torch.stack([q.tensor_scale.reshape(()) for q in qs]).float().contiguous()  # [E]
+    return words, scales, ts
+
+
+def reference_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, ids: torch.Tensor,
+                      weights: torch.Tensor) -> torch.Tensor:
+    """Dequantised fp32 reference: sum_s weights[s] * (silu(x W13g^T) * (x W13u^T)) W2^T for expert ids[s]."""
+    out = torch.zeros((1, w2.shape[1]), dtype=torch.float32, device=x.device)
+    i = w2.shape[2]
+    for s, e in enumerate(ids.tolist()):
+        h = x.float() @ w13[e].float().t()
+        a = torch.nn.functional.silu(h[:, :i]) * h[:, i:]
+        a = a.to(torch.bfloat16).float()  # the kernel stores the activation in bf16, as servers do
+        out += weights[s].float() * (a @ w2[e].float().t())
+    return out
