@@ -278,3 +278,60 @@ def test_attribute_files_keeps_the_measuring_fingerprint(tmp_path):
     write_json(tmp_path / "live.json", gpu_inputs()["live"])
     g = attribute_files({"live": tmp_path / "live.json"}, hardware_revision="h200-a", fingerprint={"kernel": "6.8"})
     assert g["fingerprint"] == {"kernel": "6.8"} and g["hardware_revision"] == "h200-a"
+
+
+# ---------------------------------------------------------------------------------------------------- issue 12
+def _embedded_inputs(server_eval, eval_delta=0.6):
+    inputs = gpu_inputs()
+    inputs["simulate"]["engine"].update(engine="llama.cpp", eager_ms=10.4, serving_ms=10.4, cores=2,
+                                        loop={"overhead_ms": 0.5, "per_token_ms": 10.9},
+                                        corun={"per_token_ms": 12.4, "alone_per_token_ms": 10.9, "delta_ms": 1.5,
+                                               "eval_delta_ms": eval_delta, "stack": "sse"}, cpu_saturated=True)
+    inputs["live"] = {"status": "ok", "engine": "llama.cpp", "embedded": True,
+                      "server_eval": {"status": "measured" if server_eval else "unavailable",
+                                      "why": None if server_eval else "8 log blocks for 7 streamed requests"},
+                      "levels": [{"concurrency": 1, "completed": 8, "median_itl_per_token_ms": 14.3,
+                                  "median_server_eval_ms_per_token": server_eval}]}
+    return inputs
+
+
+def test_cpu_contention_is_a_measured_step_from_the_servers_own_eval():
+    g = attribute(_embedded_inputs(12.9))
+    w = steps(g)
+    c = w["CPU contention: the engine under live load"]
+    assert c["status"] == "measured" and math.isclose(c["ms"], 12.9 - 10.4)
+    # the co-run's own eval slowdown is contention: the streaming step keeps only the rest
+    assert math.isclose(w["server overhead: HTTP/SSE streaming"]["ms"], 1.5 - 0.6)
+    assert math.isclose(g["predicted_ms"], 12.9 + 0.5 + 0.9)
+    assert g["sum_check"]["exact"] is True
+    assert math.isclose(g["residual_ms"], 14.3 - 14.3, abs_tol=1e-9)
+
+
+def test_cpu_contention_unavailable_keeps_the_old_chain_and_says_why():
+    g = attribute(_embedded_inputs(None))
+    w = steps(g)
+    c = w["CPU contention: the engine under live load"]
+    assert c["status"] == "unavailable" and "log blocks" in c["why"]
+    assert math.isclose(w["server overhead: HTTP/SSE streaming"]["ms"], 1.5)
+    assert math.isclose(g["predicted_ms"], 10.4 + 0.5 + 1.5)
+
+
+def test_communication_floor_uses_the_measured_allreduce_at_tp2():
+    inputs = gpu_inputs()
+    inputs["roofline"].update(tp=2, allreduces_per_token=64, t_comm_floor_ms=0.385,
+                              provenance={"t_comm_floor_ms": "modelled: 64 x (6 us + bytes/link)"})
+    inputs["simulate"]["kernel"].update(tp=2, components=[{"name": "all-reduce", "ms": 0.943, "status": "measured"}])
+    inputs["allreduce"] = {"world_size": 2, "figures": {
+        "allreduce_us_at_model_size_eager": {"value": 43.2, "unit": "us", "status": "measured"},
+        "allreduce_us_at_model_size_graph": {"value": 10.4, "unit": "us", "status": "measured"}}}
+    g = attribute(inputs)
+    c = g["communication_floor"]
+    assert math.isclose(c["graph_ms"], 64 * 10.4 / 1000) and math.isclose(c["eager_ms"], 64 * 43.2 / 1000)
+    assert c["floor_status"] == "measured" and math.isclose(c["floor_ms"], c["graph_ms"])
+    assert math.isclose(c["graph_saves_ms"], 64 * (43.2 - 10.4) / 1000)
+    lever = next(lv for lv in g["levers"] if lv["name"].startswith("faster all-reduce"))
+    assert lever["saves_status"] == "measured" and math.isclose(lever["saves_ms"], 0.943 - 64 * 10.4 / 1000)
+    # one rank measured only: the roofline's modelled floor, labelled so
+    inputs["allreduce"] = {"world_size": 1, "figures": {}}
+    c = attribute(inputs)["communication_floor"]
+    assert c["floor_status"] == "modelled" and c["floor_ms"] == 0.385

@@ -262,6 +262,30 @@ def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None,
     if launch_note:
         waterfall.append(_row("launch overhead", 0.0, src_k, "modelled", note=launch_note))
 
+    # (6b) CPU contention: the engine as the live server ran it. The embedded server's own eval time per token,
+    # read from its log during the live run (live/summary.json server_eval), against the same llama.cpp eval time
+    # in-process alone (the engine level). Measured, and independent of the ITL it helps predict.
+    level0, _ = live_level(live)
+    s_eval = _num((level0 or {}).get("median_server_eval_ms_per_token"))
+    contention_ms = None
+    if s_eval is not None and eng is not None and e_serv is not None and reached:
+        contention_ms = s_eval - e_serv
+        waterfall.append(_row(
+            "CPU contention: the engine under live load", contention_ms, "live/summary.json (server's own log), "
+            "simulate.json (engine level)", "measured",
+            note=f"the live server's own eval {s_eval:.3f} ms/token (llama_perf_context, median over the "
+                 f"concurrency-{(level0 or {}).get('concurrency')} requests) against {e_serv:.3f} ms/token in-process "
+                 f"alone: its compute threads share {(eng or {}).get('cores', '?')} cores with the HTTP loop and the "
+                 "streaming client"))
+        _flag_negative(waterfall[-1], f"the live server's own eval ({s_eval:.3f} ms) is faster than the engine "
+                                      f"level alone ({e_serv:.3f} ms)")
+        chain += contention_ms
+    elif eng is not None and (live or {}).get("embedded"):
+        sev = (live or {}).get("server_eval") or {}
+        waterfall.append(_unavail("CPU contention: the engine under live load",
+                                  sev.get("why") or "the live server's own eval time was not read",
+                                  "live/summary.json (server_eval)"))
+
     # (7) server overhead model: completion loop + HTTP/SSE streaming (never from the live ITL)
     loop = (eng or {}).get("loop") or {}
     loop_ms = _num(loop.get("overhead_ms")) if eng else None
@@ -282,13 +306,19 @@ def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None,
     c_delta = _num(corun.get("delta_ms"))
     if c_delta is None and c_tok is not None and a_tok is not None:
         c_delta = c_tok - a_tok
+    eval_part = _num(corun.get("eval_delta_ms"))
+    if eng is not None and c_delta is not None and contention_ms is not None and eval_part is not None:
+        # the co-run's eval slowdown is contention, already measured above from the live server itself
+        c_delta = c_delta - eval_part
     if eng is not None and c_delta is not None:
         http_ms = c_delta
         waterfall.append(_row(
             "server overhead: HTTP/SSE streaming", http_ms, "simulate.json (engine level, co-run)", "measured",
             note=f"completion loop while a loopback SSE stream ({corun.get('stack') or 'HTTP'}) and a streaming "
                  f"client share the host" + (f": {c_tok:.3f} vs {a_tok:.3f} ms/token alone" if c_tok and a_tok else "")
-                 + " (median of alternating pairs)"))
+                 + " (median of alternating pairs)"
+                 + (f", less its eval slowdown {eval_part:.3f} ms (counted as CPU contention above)"
+                    if contention_ms is not None and eval_part is not None else "")))
         _flag_negative(waterfall[-1], f"the loop with a stream beside it is {-http_ms:.3f} ms per token faster than alone")
         chain += http_ms
     elif srv is not None:
@@ -354,9 +384,10 @@ def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None,
     kernel_ms = (k_graph if (server_graphs and k_graph is not None) else k_eager) if kern else None
     observed_server = (itl - engine_ms) if (itl is not None and engine_ms is not None) else None
 
-    from .levers import rank_levers  # here, not at the top: levers.py imports _num from this module
+    from .levers import comm_floor, rank_levers  # here, not at the top: levers.py imports _num from this module
 
     levers = rank_levers(waterfall, kern, eng, inputs, server_graphs, roof, ar_ms)
+    communication = comm_floor(ar, roof) if tp > 1 else None
     unexplained_component = None
     if residual is not None and (explained is None or explained < 0.85 or abs(closure - 1) > 0.15):
         absorbed = {n for r in waterfall for n in r.get("absorbs", [])}
@@ -408,6 +439,7 @@ def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None,
         "engine_graph_ms": _num((eng or {}).get("graph_ms")),
         "predicted_ms": predicted,
         "live_itl_ms": itl,
+        "communication_floor": communication,
         "live_itl_field": itl_key or None,
         "residual_ms": residual,
         "explained_fraction": explained,

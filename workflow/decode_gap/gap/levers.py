@@ -11,6 +11,37 @@ def _step(waterfall: list[dict], name: str) -> dict | None:
     return next((r for r in waterfall if r["name"] == name and r["ms"] is not None), None)
 
 
+def comm_floor(allreduce: dict, roof: dict) -> dict[str, Any]:
+    """The communication floor per token: the all-reduces a token needs, each at the latency measured at the
+    model's message size (CUDA graph when measured, else eager) when the micro-benchmark ran at world size > 1;
+    else the roofline's modelled floor (latency from the hardware spec + bytes over the link)."""
+    n = _num(roof.get("allreduces_per_token"))
+    figs = allreduce.get("figures") if isinstance(allreduce.get("figures"), dict) else {}
+    world = _num(allreduce.get("world_size")) or 1
+    per_op = {m: _num(figs.get(f"allreduce_us_at_model_size_{m}")) for m in ("eager", "graph")}
+    out: dict[str, Any] = {"allreduces_per_token": n, "per_op_us": per_op,
+                           "eager_ms": None, "graph_ms": None, "modelled_ms": _num(roof.get("t_comm_floor_ms"))}
+    if n and world > 1:
+        for m, us in per_op.items():
+            if us is not None:
+                out[f"{m}_ms"] = n * us / 1000.0
+    best = out["graph_ms"] if out["graph_ms"] is not None else out["eager_ms"]
+    if best is not None:
+        mode = "CUDA graph" if out["graph_ms"] is not None else "eager"
+        us = per_op["graph" if out["graph_ms"] is not None else "eager"]
+        out.update(floor_ms=best, floor_status="measured",
+                   floor_basis=f"{n:.0f} x {us:.1f} us measured at the model's message size, {mode}, "
+                               f"{world:.0f} ranks")
+    elif out["modelled_ms"] is not None:
+        out.update(floor_ms=out["modelled_ms"], floor_status="modelled",
+                   floor_basis=(roof.get("provenance") or {}).get("t_comm_floor_ms") or "roofline.json")
+    else:
+        out.update(floor_ms=None, floor_status="unavailable", floor_basis="")
+    if out["eager_ms"] is not None and out["graph_ms"] is not None:
+        out["graph_saves_ms"] = out["eager_ms"] - out["graph_ms"]
+    return out
+
+
 def rank_levers(waterfall, kern, eng, inputs, server_graphs: bool, roof: dict, ar_ms: float | None) -> list[dict]:
     levers: list[dict[str, Any]] = []
 
@@ -55,12 +86,18 @@ def rank_levers(waterfall, kern, eng, inputs, server_graphs: bool, roof: dict, a
         add("cheaper streaming path (batch chunks, faster JSON/SSE)", http["ms"], http.get("note", ""),
             source="simulate.json (server calibration)")
     if ar_ms and ar_ms > 0:
-        floor = _num(roof.get("t_comm_floor_ms"))
-        saves, status = (ar_ms - floor, "modelled") if floor is not None and ar_ms > floor else (None, "unavailable")
+        comm = comm_floor(inputs.get("allreduce") or {}, roof)
+        floor = comm["floor_ms"]
+        saves = ar_ms - floor if floor is not None and ar_ms > floor else None
         add("faster all-reduce (one-shot / custom all-reduce, NVLS, or fewer TP ranks)", saves,
-            f"all-reduce costs {ar_ms:.3f} ms per token" + (f" against a {floor:.3f} ms floor" if floor is not None else ""),
-            status=status if saves is not None else "unavailable: no all-reduce floor to compare with",
+            f"all-reduce costs {ar_ms:.3f} ms per token" +
+            (f" against a {floor:.3f} ms floor ({comm['floor_basis']})" if floor is not None else ""),
+            status=comm["floor_status"] if saves is not None else "unavailable: no all-reduce floor to compare with",
             source="microbench/allreduce.json, roofline.json")
+    contention = _step(waterfall, "CPU contention: the engine under live load")
+    if contention and contention["ms"] > 0:
+        add("give the server's compute threads their own cores (fewer threads than cores, client elsewhere)",
+            contention["ms"], contention.get("note", ""), source="live/summary.json, simulate.json (engine level)")
     audit = inputs.get("audit") or {}
     for f in audit.get("findings") or []:
         if not isinstance(f, dict) or f.get("severity") not in ("critical", "warning"):

@@ -138,6 +138,8 @@ def headline_section(b: Builder, bundle: Bundle, figs: dict[str, Fig]) -> dict[s
         hl = gap.get("headline", default={}) if gap.usable else {}
         if isinstance(hl, dict) and hl.get("inconsistency_note"):
             summary += f" {str(hl['inconsistency_note'])[:1].upper()}{str(hl['inconsistency_note'])[1:]}."
+        if isinstance(hl, dict) and hl.get("closure_pass") is not None and hl.get("closure_ratio") is not None:
+            summary += " " + closure_verdict(gap, hl)
         refused = gap.get("refused_levels", default={}) if gap.usable else {}
         if isinstance(refused, dict) and refused:
             summary += (f" Refused, measured on another host: {', '.join(refused)} level"
@@ -152,6 +154,19 @@ def headline_section(b: Builder, bundle: Bundle, figs: dict[str, Fig]) -> dict[s
     return {"id": "headline", "title": "Headline", "ok": True, "figs": figs, "summary": summary,
             "measured_on": measured_on,
             "levers": levers[:3], "levers_why": "" if levers else (gap.why or "gap.json lists no levers")}
+
+
+def closure_verdict(gap: Doc, hl: dict[str, Any]) -> str:
+    """The closure verdict in the headline: pass or fail, by how much, on which basis (issue 12)."""
+    ratio = num(hl.get("closure_ratio"))
+    residual, itl = num(gap.get("residual_ms")), num(gap.get("live_itl_ms"))
+    basis = hl.get("closure_basis") or "?"
+    size = (f"; residual {residual:+.2f} ms per token ({residual / itl:+.0%} of the live ITL)"
+            if residual is not None and itl else "")
+    if hl.get("closure_pass"):
+        return f"Closure passes: the levels predict the live ITL (ratio {ratio:.2f}, basis {basis}{size})."
+    return (f"Closure fails: ratio {ratio:.2f} (pass: within ±15% with at least 85% explained), "
+            f"basis {basis}{size}.")
 
 
 def levers_list(gap: Doc) -> list[dict[str, Any]]:
@@ -458,12 +473,31 @@ def allreduce_sub(b: Builder, bundle: Bundle) -> dict[str, Any]:
     if model_time is None and doc.data:
         model_time = num(doc.get("allreduce_us_at_model_size"))
     s["model_message"] = ({"bytes": fmt_size(model_bytes), "time": fmt_num(model_time)} if model_bytes else None)
+    s["comm_floor"] = comm_floor_text(bundle.doc("gap"))
     s["chart"] = b.chart("All-reduce latency and bus bandwidth", ch.allreduce, plot.dropna(subset=["time_us"]),
                          model_bytes, caption=f"measured · {t.rel}" + (" · dotted: the model's message size" if model_bytes else ""))
     cols = [(c, c) for c in ("size", "count", "type", "redop", "mode", "placement", "source", "time_us",
                              "graph_time_us", "algbw", "busbw", "wrong") if c in df.columns]
     s["table"] = df_table(df, cols or None, formats={"size": lambda v: fmt_size(num(v))})
     return s
+
+
+def comm_floor_text(gap: Doc) -> str:
+    """The all-reduces a token needs at the measured latency, eager against CUDA graph (gap.json)."""
+    c = gap.get("communication_floor") if gap.usable else None
+    if not isinstance(c, dict) or not c.get("allreduces_per_token"):
+        return ""
+    n = num(c.get("allreduces_per_token"))
+    parts = [f"{fmt_num(n)} all-reduces"]
+    for mode, label in (("eager", "eager"), ("graph", "in a CUDA graph")):
+        ms, us = num(c.get(f"{mode}_ms")), num((c.get("per_op_us") or {}).get(mode))
+        if ms is not None and us is not None:
+            parts.append(f"{label} {fmt_num(us)} µs each = {fmt_num(ms)} ms")
+    if num(c.get("graph_saves_ms")) is not None:
+        parts.append(f"graphs save {fmt_num(num(c['graph_saves_ms']))} ms per token")
+    if num(c.get("modelled_ms")) is not None:
+        parts.append(f"modelled floor {fmt_num(num(c['modelled_ms']))} ms (roofline.json)")
+    return "; ".join(parts) + "."
 
 
 def eager_graph_sub(b: Builder, bundle: Bundle) -> dict[str, Any]:

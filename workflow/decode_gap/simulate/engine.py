@@ -227,26 +227,30 @@ def measure_llama_cpp(s: EngineSettings) -> dict[str, Any]:
         from .server import CoRun
 
         pace = _median(loop_interval)
-        alone_iv, co_iv, deltas = [], [], []
+        alone_iv, co_iv, deltas, eval_deltas = [], [], [], []
         with CoRun(pace_ms=pace) as co:
             for rep in range(s.repeats):
                 prompt = random_words(s.input_len, seed=7000 + rep)
-                a_iv = _completion_loop(llm, prompt, n_new, s.temperature)[0]
+                a_iv, a_ev = _completion_loop(llm, prompt, n_new, s.temperature)[:2]
                 if not co.start_client():
                     break
                 try:
-                    c_iv = _completion_loop(llm, prompt, n_new, s.temperature)[0]
+                    c_iv, c_ev = _completion_loop(llm, prompt, n_new, s.temperature)[:2]
                 finally:
                     co.stop_client()
                 if a_iv and c_iv:
                     alone_iv += a_iv
                     co_iv += c_iv
                     deltas.append(_median(c_iv) - _median(a_iv))
+                    # the part of the delta inside llama.cpp's eval: contention, which the live server's own
+                    # eval time (live/summary.json server_eval) measures directly when it is known
+                    eval_deltas.append(_median(c_ev) - _median(a_ev))
             if co.error:
                 corun["why"] = co.error
         if deltas:
             corun.update(per_token_ms=_median(co_iv), alone_per_token_ms=_median(alone_iv),
-                         delta_ms=_median(deltas), deltas_ms=deltas, intervals=spread(co_iv), pace_ms=pace,
+                         delta_ms=_median(deltas), deltas_ms=deltas, eval_delta_ms=_median(eval_deltas),
+                         intervals=spread(co_iv), pace_ms=pace,
                          stack=co.stack_description,
                          source="completion loop with a loopback SSE server (no model) streaming one chunk per "
                                 "engine step to a streaming client on the same host, minus the same loop without "
