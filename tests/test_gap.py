@@ -335,3 +335,50 @@ def test_communication_floor_uses_the_measured_allreduce_at_tp2():
     inputs["allreduce"] = {"world_size": 1, "figures": {}}
     c = attribute(inputs)["communication_floor"]
     assert c["floor_status"] == "modelled" and c["floor_ms"] == 0.385
+
+
+# ---------------------------------------------------------------------------------------------------- issue 13
+def _trace(step=12.0, busy=4.0, groups=None):
+    groups = groups or {"GEMM": 2.5, "attention": 0.6, "norm/activation/elementwise": 0.5, "NCCL": 0.0, "other": 0.3}
+    return {"status": "ok", "device": "gpu", "source": {"kind": "file"},
+            "waterfall": {"step_ms": step, "gpu_busy_ms": busy, "gpu_idle_ms": step - busy,
+                          "kernel_ms_by_group": groups,
+                          "kernel_level_components": {"GEMM": ["attention projections", "mlp", "lm_head"],
+                                                      "attention": ["attention"],
+                                                      "norm/activation/elementwise": ["norms", "final norm"],
+                                                      "other": []}}}
+
+
+def _vllm_inputs(trace):
+    inputs = gpu_inputs(trace=trace)
+    inputs["simulate"]["engine"] = {"status": "skipped", "reason": "vllm is not measured in-process"}
+    inputs["simulate"]["kernel"]["components"] = [
+        {"name": "attention projections", "ms": 0.3, "graph_ms": 0.3}, {"name": "mlp", "ms": 1.2, "graph_ms": 1.2},
+        {"name": "lm_head", "ms": 0.2, "graph_ms": 0.2}, {"name": "attention", "ms": 0.05, "graph_ms": 0.05},
+        {"name": "norms", "ms": 0.1, "graph_ms": 0.1}, {"name": "sampling", "ms": 0.02, "graph_ms": 0.02}]
+    inputs["live"] = {"status": "ok", "engine": "vllm",
+                      "levels": [{"concurrency": 1, "completed": 8, "median_itl_per_token_ms": 12.6}]}
+    return inputs
+
+
+def test_server_trace_replaces_the_residual_with_measured_steps():
+    g = attribute(_vllm_inputs(_trace()))
+    w = steps(g)
+    assert g["headline"]["closure_basis"] == "trace"
+    assert g["sum_check"]["exact"] is True
+    assert math.isclose(w["kernels slower than simulated: GEMM"]["ms"], 2.5 - 1.7)
+    assert math.isclose(w["kernels the simulation does not have"]["ms"], 0.3)
+    assert math.isclose(w["simulated kernels not in the trace"]["ms"], -0.02)
+    assert math.isclose(w["stream overlap"]["ms"], 4.0 - 3.9)
+    assert math.isclose(w["GPU idle between kernels (CPU, launch or framework)"]["ms"], 8.0)
+    # the kernel level (0.9 ms graph) plus the trace's steps is the trace's step; HTTP from the calibration
+    assert math.isclose(g["predicted_ms"], 12.0 + 0.25)
+    assert math.isclose(g["residual_ms"], 12.6 - 12.25)
+    # the attention kernels ran faster in the server than simulated: flagged, never explained
+    assert w["kernels slower than simulated: attention"]["ms"] > 0
+
+
+def test_no_usable_trace_keeps_the_old_chain():
+    g = attribute(_vllm_inputs({"status": "skipped", "reason": "no trace configured"}))
+    assert g["headline"]["closure_basis"] != "trace"
+    assert "GPU idle between kernels (CPU, launch or framework)" not in steps(g)

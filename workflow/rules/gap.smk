@@ -11,6 +11,7 @@ rule attribute_gap:
         simulate=rules.merge_simulation.output.json,
         live=rules.measure_live.output.summary,
         audit=rules.collect_audit.output.json,
+        trace=rules.analyze_trace.output.json,
     output:
         json=res("gap.json"),
     log:

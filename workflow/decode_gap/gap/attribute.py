@@ -102,6 +102,9 @@ def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None,
     if srv and srv.get("status") != "ok":
         why["server"], srv = f"HTTP calibration skipped: {srv.get('reason', '')}", None
     live = inputs.get("live")
+    from .trace_steps import trace_rows, usable_trace  # lazily: trace_steps imports _num/_row from here
+
+    trace_wf, trace_why = usable_trace(inputs.get("trace"))
 
     # never mix hosts: refuse every level measured on another device or hardware revision than the run's
     ids = {
@@ -113,6 +116,7 @@ def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None,
         "engine": identity(eng, "simulate/engine.json"),
         "server": identity(srv, "simulate/server.json"),
         "live": identity(live, "live/summary.json"),
+        "trace": identity(inputs.get("trace"), "trace.json"),
     }
     ref = run_identity(ids, hardware_revision)
     refused = {k: r for k, i in ids.items() if (r := foreign(i, ref, k in DEVICE_LEVELS))}
@@ -126,6 +130,8 @@ def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None,
     mem = inputs.get("memory") or {}
     ar = inputs.get("allreduce") or {}
     live = inputs.get("live")
+    if "trace" in refused:
+        trace_wf, trace_why = None, why["trace"]
     engine_name = (eng or {}).get("engine") or ((sim.get("engine") or {}).get("engine")) or (live or {}).get("engine") or "unknown"
     tp = int(roof.get("tp") or (kern or {}).get("tp") or 1)
 
@@ -237,6 +243,15 @@ def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None,
     else:
         checkpoints.append(("framework overhead", None, src_e, "unavailable",
                             why.get("engine") or f"engine level not measured for {engine_name}"))
+    # A trace of the server's own step and no engine level (vLLM, SGLang, TGI): the trace's anatomy replaces the
+    # launch- and framework-overhead checkpoints after the kernel level (gap/trace_steps.py).
+    k_level = k_graph if (server_graphs and k_graph is not None) else (k_eager if k_eager is not None else k_graph)
+    use_trace = trace_wf is not None and kernel_ok and k_level is not None and not (eng is not None and e_serv is not None)
+    if use_trace:
+        checkpoints = [c for c in checkpoints if c[0] == "lost bandwidth: kernels at decode shapes"]
+        launch_note = None
+        if not server_graphs and k_graph is not None and k_eager is not None:
+            checkpoints.append(("launch overhead", k_eager, src_k, "measured", ""))
     # without a roofline the chain starts at zero and the first measured level absorbs it
     pending: list[str] = [] if have_chain else ["roofline"]
     last_level = "roofline + all-reduce"
@@ -261,6 +276,17 @@ def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None,
         last_label = level_label[name]
     if launch_note:
         waterfall.append(_row("launch overhead", 0.0, src_k, "modelled", note=launch_note))
+    trace_used = False
+    if use_trace and reached and abs(chain - k_level) < 1e-9:
+        src_kind = ((inputs.get("trace") or {}).get("source") or {}).get("kind", "server")
+        rows, w_ms = trace_rows(trace_wf, kern, k_level, src_kind)
+        for r in rows:
+            waterfall.append(r)
+            chain += r["ms"]
+        chain = w_ms  # exact by construction; avoids float drift
+        trace_used = True
+    elif trace_wf is None and eng is None and kern is not None:
+        notes.append(f"no server trace: {trace_why}")
 
     # (6b) CPU contention: the engine as the live server ran it. The embedded server's own eval time per token,
     # read from its log during the live run (live/summary.json server_eval), against the same llama.cpp eval time
@@ -378,7 +404,7 @@ def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None,
     # |residual| + every inconsistent millisecond count against it: offsetting steps never raise it
     explained = explained_fraction(residual, itl, inconsistent_ms)
     closure = predicted / itl if (predicted is not None and itl) else None
-    closure_basis = "engine" if (eng is not None and e_serv is not None) else (
+    closure_basis = "engine" if (eng is not None and e_serv is not None) else "trace" if trace_used else (
         "kernel" if kernel_ok and (k_graph or k_eager) else ("roofline" if have_chain else None))
     engine_ms = e_serv if eng is not None else None
     kernel_ms = (k_graph if (server_graphs and k_graph is not None) else k_eager) if kern else None
@@ -412,7 +438,7 @@ def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None,
         "closure_ratio": closure,
         "closure_basis": closure_basis,
         "closure_pass": (closure is not None and abs(closure - 1) <= 0.15 and explained is not None and explained >= 0.85
-                         and closure_basis == "engine"),
+                         and closure_basis in ("engine", "trace")),
         "gap_x": (itl / roofline_ms) if (roofline_ms and itl) else None,
         "top_levers": levers[:3],
         "unexplained_component": unexplained_component,

@@ -94,6 +94,15 @@ def rank_levers(waterfall, kern, eng, inputs, server_graphs: bool, roof: dict, a
             (f" against a {floor:.3f} ms floor ({comm['floor_basis']})" if floor is not None else ""),
             status=comm["floor_status"] if saves is not None else "unavailable: no all-reduce floor to compare with",
             source="microbench/allreduce.json, roofline.json")
+    idle = _step(waterfall, "GPU idle between kernels (CPU, launch or framework)")
+    if idle and idle["ms"] > 0:
+        add(f"keep the GPU busy: GPU idle {idle.get('note') or ''} (CUDA graphs / a leaner step / overlap the host)",
+            idle["ms"], "the server's own trace: time between kernels in its decode step", source="trace.json")
+    for r in waterfall:
+        if r["name"].startswith("kernels slower than simulated: ") and r["ms"] is not None and r["ms"] > 0:
+            g = r["name"].split(": ", 1)[1]
+            add(f"faster {g} kernels in the server (its kernels against the kernel level)", r["ms"],
+                r.get("note", ""), source="trace.json, simulate.json (kernel level)")
     contention = _step(waterfall, "CPU contention: the engine under live load")
     if contention and contention["ms"] > 0:
         add("give the server's compute threads their own cores (fewer threads than cores, client elsewhere)",
