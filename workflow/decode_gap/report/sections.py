@@ -963,6 +963,21 @@ def live_section(b: Builder, bundle: Bundle) -> dict[str, Any]:
                      "e2el_med": g("median_e2el_ms"), "otput": g("output_throughput"), "rtput": g("request_throughput"),
                      "failed_n": num(lv.get("failed")) or 0})
     s["rows"] = rows
+    # per-token figures not counted per chunk (issue 17): the basis beside every per-token figure
+    basis = d.get("itl_per_token_basis")
+    s["itl_note"] = (f"{basis}: {d.get('itl_per_token_note')}" if basis and basis != "exact" and
+                     d.get("itl_per_token_note") else "")
+    side = (levels[0].get("server_side") or {}).get("metrics") if isinstance(levels[0].get("server_side"), dict) else None
+    vs = (side or {}).get("vs_client") or {}
+    if num(vs.get("server_ms")) is not None:
+        s["server_side"] = (f"{fmt_num(num(vs['server_ms']))} ms ({vs.get('server_metric')}) against the client's "
+                            f"{fmt_num(num(vs.get('client_ms')))} ms: streaming path "
+                            f"{fmt_num(num(vs.get('streaming_path_ms')))} ms (concurrency {fmt_num(num(levels[0].get('concurrency')))})")
+    elif isinstance(side, dict) and side.get("why"):
+        s["server_side"] = f"unavailable: {_short(side['why'], 160)}"
+    if num(levels[0].get("median_server_eval_ms_per_token")) is not None:
+        s["server_eval"] = (f"{fmt_num(num(levels[0]['median_server_eval_ms_per_token']))} ms median, from the embedded "
+                            "server's own log (llama_perf_context)")
     details = []
     for lv in levels:
         table = []
