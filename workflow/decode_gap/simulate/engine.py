@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DecodeGapError
+from ..prompts import random_words
 from .timing import spread
 
 NOT_MEASURED = {
@@ -172,15 +173,6 @@ def measure_llama_cpp(s: EngineSettings) -> dict[str, Any]:
         raise DecodeGapError(f"simulate_engine: GGUF {gguf} does not exist (config key 'gguf_path')")
     threads = s.threads if s.threads and s.threads > 0 else usable_cores()
     llm, how = _server_llama(str(gguf), s.n_ctx, threads)
-    try:
-        from ..live.prompts import random_words
-    except Exception:  # pragma: no cover - the live package is part of the checkout
-        import random
-
-        def random_words(n: int, seed: int) -> str:
-            rng = random.Random(seed)
-            return " ".join(rng.choice(["river", "garden", "window", "summer", "music"]) for _ in range(n))
-
     eval_wall: list[float] = []  # wall time per single-token decode (with the sync)
     eval_own: list[float] = []  # llama.cpp's own eval time per token
     loop_interval: list[float] = []  # completion loop: wall time per token between chunks
