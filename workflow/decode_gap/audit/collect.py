@@ -22,11 +22,11 @@ from typing import Any, Callable, Mapping
 
 from ..provenance import skipped_stage
 from . import parsers as P
+from .parsers import DEEP_CSTATE_LATENCY_US  # noqa: F401 - re-exported; collect and findings share it
 from .fields import env_snapshot, first, is_ok, na, ok, scrub, secret_values, unavailable_map, value
 
 NVIDIA_VENDOR = "0x10de"
 GPU_CLASSES = ("0x0300", "0x0302")  # VGA compatible controller, 3D controller
-DEEP_CSTATE_LATENCY_US = 10  # exit latency above this is a "deep" idle state (C1E is 10 us on Intel)
 
 
 class ToolUnavailable(Exception):

@@ -439,7 +439,7 @@ def _run_multinode(world_size: int, nodes: int, model_bytes: int, ar: dict[str, 
     """
     from .. import fleet
 
-    layout = fleet.allreduce_layout({"microbench": {"allreduce": {"world_size": world_size, "nodes": nodes}}})
+    layout = fleet.layout_of(world_size, nodes)
     if not ar.get("work_dir"):
         raise ConfigError("microbench.allreduce.nodes > 1: no work_dir on the shared filesystem (the bench_allreduce "
                           "script sets it under the rule's output directory)")

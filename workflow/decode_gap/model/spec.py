@@ -365,9 +365,14 @@ def _spec_from_graph(g: Graph, arch: str, path: str) -> ModelSpec:
     )
 
 
-def _shard(value: int, tp: int) -> int:
-    # ceil: a dimension smaller than tp is replicated rather than vanishing (e.g. 8 KV heads at TP16)
+def shard_count(value: int, tp: int) -> int:
+    """Per-rank share of `value` heads/units under tensor parallelism `tp`.
+
+    ceil: a dimension smaller than tp is replicated rather than vanishing (e.g. 8 KV heads at TP16)."""
     return max(1, -(-value // tp))
+
+
+_shard = shard_count  # the old private name, kept for callers not yet switched
 
 
 def expected_distinct_experts(experts: int, top_k: int, batch: int) -> float:
