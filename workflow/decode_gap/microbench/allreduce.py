@@ -39,6 +39,7 @@ import pandas as pd
 from ..errors import ConfigError, DecodeGapError
 from ..provenance import measured, unavailable
 from ..ranks import launch
+from ..timing import capture_graph, warm_on_side_stream
 from .timing import stats_us
 
 COLUMNS = [
@@ -161,17 +162,11 @@ def _one_size(rank, world, device, dtype, count, job) -> dict[str, Any]:
     if gpu and job.get("graph", True):
         try:
             reps = job.get("graph_ops", 10)
-            stream = torch.cuda.Stream(device=device)
-            stream.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(stream):
-                for _ in range(2):
-                    dist.all_reduce(buf)
-            torch.cuda.current_stream(device).wait_stream(stream)
-            torch.cuda.synchronize(device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                for _ in range(reps):
-                    dist.all_reduce(buf)
+            def op() -> None:
+                dist.all_reduce(buf)
+
+            warm_on_side_stream([op], device, warmup=2)
+            graph = capture_graph([op] * reps, device, warmup=0)
             graph.replay()
             torch.cuda.synchronize(device)
             dist.barrier()

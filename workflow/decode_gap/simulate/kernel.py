@@ -32,6 +32,7 @@ from typing import Any, Callable
 from ..errors import DecodeGapError
 from ..model import ModelSpec
 from .shapes import StepShapes, kv_row_elems, layer_bytes, plan_layers, step_shapes
+from ..timing import capture_graph
 from .timing import L2Flusher, spread, time_cpu, time_cuda
 
 HEAD_COMPONENTS = ("embedding", "final norm", "lm_head", "sampling")
@@ -644,7 +645,6 @@ class DecodeStep:
 
 
 def _measure(step: DecodeStep, select, settings: KernelSettings, flusher, on_gpu: bool, barrier) -> dict[str, Any]:
-    torch = _torch()
     run = step.runner(select)
     if not on_gpu:
         samples = time_cpu(run, settings.warmup, settings.iters, before=barrier)
@@ -652,16 +652,7 @@ def _measure(step: DecodeStep, select, settings: KernelSettings, flusher, on_gpu
     eager = time_cuda(run, settings.warmup, settings.iters, flusher, before=barrier)
     out: dict[str, Any] = {"eager": spread(eager), "graph": None}
     try:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(2):
-                run()
-        torch.cuda.current_stream().wait_stream(s)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            run()
+        g = capture_graph([run])
         graph = time_cuda(g.replay, settings.warmup, settings.iters, flusher, before=barrier)
         out["graph"] = spread(graph)
         del g
