@@ -791,31 +791,3 @@ def collect_audit(
     api_env = params.get("api_key_env") or ""
     return scrub(audit, secret_values(probe.env, extra_names=(api_env,) if api_env else ()))
 
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m decode_gap.audit.collect OUT.json [--min-kernel 6.8] [--no-nvml] [--no-torch]`: audit this host."""
-    import argparse
-    import json
-
-    from ..io import write_json
-
-    ap = argparse.ArgumentParser(description=main.__doc__)
-    ap.add_argument("out")
-    ap.add_argument("--min-kernel", default="6.8")
-    ap.add_argument("--no-nvml", action="store_true", help="skip NVML (test the nvidia-smi fallback)")
-    ap.add_argument("--no-torch", action="store_true")
-    args = ap.parse_args(argv)
-    audit = collect_audit(
-        {"min_kernel": args.min_kernel}, Probe(use_nvml=not args.no_nvml, use_torch=not args.no_torch)
-    )
-    write_json(args.out, audit)
-    print(json.dumps({"device": audit["device"], "summary": audit["summary"]}))
-    for f in audit["findings"]:
-        print(f"[{f['severity']}] {f['id']}: {f['evidence']}\n    fix: {f['fix']}")
-    for n in audit["not_checked"]:
-        print(f"[not checked] {n['id']}: {n['why']}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
