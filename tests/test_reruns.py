@@ -39,6 +39,7 @@ RULE_STAGE = {
     "measure_memory": "microbench", "bench_allreduce": "microbench", "bench_gemm": "microbench",
     "bench_moe": "microbench", "bench_attention": "microbench", "bench_launch": "microbench",
     "simulate_kernel": "simulate", "simulate_engine": "simulate", "calibrate_server": "simulate",
+    "record_engine_trace": "simulate",
     "measure_live": "live",
     "merge_simulation": "", "attribute_gap": "", "assemble_gguf": "", "analyze_trace": "", "trace": "",
     "render_report": "*", "archive_report": "*", "compare_runs": "",
