@@ -78,7 +78,8 @@ def _planned(work: Path, env: dict[str, str] | None = None) -> set[str]:
 def _expected(component: str, rules: set[str]) -> set[str]:
     direct = {r for r, st in RULE_STAGE.items() if r in rules and (
         st == "*" or (st and component in STAGE_COMPONENTS[st]))}
-    # only rules that build `report` (assemble_gguf is not needed with an endpoint set)
+    # only rules that build `report` (assemble_gguf is not needed with an endpoint set, record_engine_trace only
+    # with simulate.engine_trace on)
     wanted = set(direct)
     changed = True
     while changed:
@@ -87,7 +88,7 @@ def _expected(component: str, rules: set[str]) -> set[str]:
             if rule in rules and rule not in wanted and deps & wanted:
                 wanted.add(rule)
                 changed = True
-    return wanted - {"assemble_gguf", "compare_runs"}
+    return wanted - {"assemble_gguf", "compare_runs", "record_engine_trace"}
 
 
 @pytest.fixture(scope="module")
