@@ -3,6 +3,8 @@
 The config is read through `transformers.AutoConfig` and the model is built on the meta device (`graph.py`);
 every weight, its layer and its role come from that graph. Everything downstream (roofline, GEMM shapes,
 simulation) derives from `ModelSpec` and `linear_layers()`, so the sharding rules live in one place.
+(About 530 lines, kept whole on purpose: the card, its per-config-hash cache and the sharding rules read best
+together, and splitting them would scatter the one place the sharding rules live.)
 """
 
 from __future__ import annotations
