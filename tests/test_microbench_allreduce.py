@@ -1,6 +1,7 @@
 """All-reduce over real torch.distributed (gloo, 2 processes on CPU), failure handling, nccl-tests parsing."""
 
 import os
+import subprocess
 
 import pytest
 
@@ -59,14 +60,14 @@ def _alive(pid: int) -> bool:
 
 def test_a_failing_rank_stops_the_others_and_is_named(monkeypatch):
     started = []
-    real_popen = ar.subprocess.Popen
+    real_popen = subprocess.Popen
 
     def spy(*a, **k):
         p = real_popen(*a, **k)
         started.append(p)
         return p
 
-    monkeypatch.setattr(ar.subprocess, "Popen", spy)
+    monkeypatch.setattr(subprocess, "Popen", spy)
     with pytest.raises(DecodeGapError, match=r"rank 1 of 2 failed .*injected failure on rank 1"):
         ar.run_allreduce_bench(2, 16, SETTINGS, 1, 2, "cpu", 0, log=lambda s: None, fail_rank=1)
     assert len(started) == 2 and all(p.poll() is not None for p in started)
@@ -75,8 +76,8 @@ def test_a_failing_rank_stops_the_others_and_is_named(monkeypatch):
 
 def test_a_hung_rank_hits_the_deadline_and_every_rank_is_stopped(monkeypatch):
     started = []
-    real_popen = ar.subprocess.Popen
-    monkeypatch.setattr(ar.subprocess, "Popen", lambda *a, **k: started.append(real_popen(*a, **k)) or started[-1])
+    real_popen = subprocess.Popen
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: started.append(real_popen(*a, **k)) or started[-1])
     with pytest.raises(DecodeGapError, match=r"did not finish within 25 s"):
         ar.run_allreduce_bench(2, 16, {**SETTINGS, "timeout_s": 25}, 1, 2, "cpu", 0, log=lambda s: None, hang_rank=1)
     assert all(p.poll() is not None for p in started)

@@ -3,7 +3,7 @@ and assert, through Snakemake's dry run, exactly which rules it plans. Then a re
 its report says what changed, and the `compare` target renders the two archived runs.
 
 Runs the real Snakemake on a temporary copy of the repository. Test double: the stage scripts other than the
-report's (render_report, archive_report, compare_runs) are replaced by decode_gap.stub's skipped-summary writer,
+report's (render_report, archive_report, compare_runs) are replaced by tests/stub_stage.py's skipped-summary writer,
 because what is under test is the DAG's rerun planning, which depends on the rules' params and inputs only, not
 on what the stages compute (that is tested by each stage's own tests and by test_pipeline_e2e.py).
 """
@@ -25,6 +25,7 @@ from decode_gap.fingerprint import COMPONENTS, ENV_PREFIX, STAGE_COMPONENTS
 REPO = Path(__file__).resolve().parents[1]
 HWREV = "rerun-test"
 OWN_SCRIPTS = {"render_report.py", "archive_report.py", "compare_runs.py"}
+STUB_SOURCE = (Path(__file__).with_name("stub_stage.py")).read_text()  # the test double, pasted into each script
 CONFIG = ["--config", "endpoint=http://127.0.0.1:9/v1", "weight_format=bf16", "hardware=cpu",
           f"hardware_revision={HWREV}"]
 BASE_FP = {"kernel": "6.8.12-4-pve", "driver": "570.124.06", "cuda": "12.8", "torch": "2.11.0", "nccl": "2.26.2",
@@ -38,6 +39,7 @@ RULE_STAGE = {
     "measure_memory": "microbench", "bench_allreduce": "microbench", "bench_gemm": "microbench",
     "bench_moe": "microbench", "bench_attention": "microbench", "bench_launch": "microbench",
     "simulate_kernel": "simulate", "simulate_engine": "simulate", "calibrate_server": "simulate",
+    "record_engine_trace": "simulate",
     "measure_live": "live",
     "merge_simulation": "", "attribute_gap": "*", "assemble_gguf": "", "analyze_trace": "", "trace": "",
     "record_engine_trace": "",  # opt-in (simulate.engine_trace): not in this DAG
@@ -77,7 +79,8 @@ def _planned(work: Path, env: dict[str, str] | None = None) -> set[str]:
 def _expected(component: str, rules: set[str]) -> set[str]:
     direct = {r for r, st in RULE_STAGE.items() if r in rules and (
         st == "*" or (st and component in STAGE_COMPONENTS[st]))}
-    # only rules that build `report` (assemble_gguf is not needed with an endpoint set)
+    # only rules that build `report` (assemble_gguf is not needed with an endpoint set, record_engine_trace only
+    # with simulate.engine_trace on)
     wanted = set(direct)
     changed = True
     while changed:
@@ -86,7 +89,7 @@ def _expected(component: str, rules: set[str]) -> set[str]:
             if rule in rules and rule not in wanted and deps & wanted:
                 wanted.add(rule)
                 changed = True
-    return wanted - {"assemble_gguf", "compare_runs"}
+    return wanted - {"assemble_gguf", "compare_runs", "record_engine_trace"}
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +102,7 @@ def work(tmp_path_factory):
     (dst / "report" / "archive").mkdir()
     for script in (dst / "workflow" / "scripts").glob("*.py"):
         if script.name not in OWN_SCRIPTS:
-            script.write_text("from decode_gap.stub import write_stub\n\nwrite_stub(snakemake)  # noqa: F821\n")
+            script.write_text(STUB_SOURCE + "\n\nwrite_stub(snakemake)  # noqa: F821\n")
     proc = _snakemake(dst, "--cores", "2", "report", *CONFIG)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return dst

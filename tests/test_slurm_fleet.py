@@ -348,6 +348,7 @@ def test_profile_env_selects_the_node_type(monkeypatch):
         "bench_launch",
         "simulate_kernel",
         "simulate_engine",
+        "record_engine_trace",
     }
 
 

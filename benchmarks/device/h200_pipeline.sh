@@ -23,7 +23,7 @@ export PYTHONPATH=/tmp/site:$PWD/workflow PATH=/tmp/site/bin:$PATH
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 
 MODEL_DIR=/tmp/llama-1b-random
-python3 -c "from decode_gap.randmodel import build_random_model as b; b('config/models/llama-1b-random.json', '$MODEL_DIR')" \
+python3 benchmarks/device/randmodel.py config/models/llama-1b-random.json "$MODEL_DIR" \
   >"$OUT/model.log" 2>&1 || tail -5 "$OUT/model.log"
 
 setsid transformers serve "$MODEL_DIR" --host 127.0.0.1 --port 8000 --device cuda:0 --dtype bfloat16 \

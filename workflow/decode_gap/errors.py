@@ -1,12 +1,6 @@
-"""One-line errors for users, and the guard that turns them into a clean exit."""
+"""One-line errors for users (decode_gap.smk.run_script turns them into a clean exit of a rule)."""
 
 from __future__ import annotations
-
-import functools
-import sys
-from typing import Callable, TypeVar
-
-F = TypeVar("F", bound=Callable)
 
 
 class DecodeGapError(Exception):
@@ -16,19 +10,3 @@ class DecodeGapError(Exception):
 class ConfigError(DecodeGapError):
     pass
 
-
-def fail_cleanly(func: F) -> F:
-    """Run a stage entry point; a DecodeGapError becomes one stderr line and exit code 1.
-
-    The line is printed last so that a rule's log ends with the one-line reason.
-    """
-
-    @functools.wraps(func)
-    def wrapper(*args, **kwargs):
-        try:
-            return func(*args, **kwargs)
-        except DecodeGapError as exc:
-            print(f"decode-gap: error: {exc}", file=sys.stderr, flush=True)
-            raise SystemExit(1) from None
-
-    return wrapper  # type: ignore[return-value]

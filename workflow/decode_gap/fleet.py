@@ -54,8 +54,11 @@ class AllreduceLayout:
 def allreduce_layout(config: Mapping[str, Any]) -> AllreduceLayout:
     """Ranks per node from `microbench.allreduce.{world_size,nodes}` (world_size defaults to tp)."""
     ar = (config.get("microbench") or {}).get("allreduce") or {}
-    nodes = int(ar.get("nodes") or 1)
-    world = int(ar.get("world_size") or config.get("tp") or 1)
+    return layout_of(int(ar.get("world_size") or config.get("tp") or 1), int(ar.get("nodes") or 1))
+
+
+def layout_of(world: int, nodes: int) -> AllreduceLayout:
+    """`world` ranks over `nodes` nodes; ConfigError naming the config field when they do not split evenly."""
     if nodes < 1:
         raise ConfigError(f"config field 'microbench.allreduce.nodes': expected at least 1, got {nodes}")
     if world % nodes:

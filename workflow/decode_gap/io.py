@@ -61,6 +61,25 @@ def read_json(path: str | os.PathLike) -> Any:
         return json.load(fh)
 
 
+def read_stage_json(path: str | os.PathLike | None) -> tuple[dict | None, str]:
+    """(data, why-not) for another stage's result file: missing, unreadable, not an object or skipped give
+    (None, one-line reason naming the file). Stages read each other's results through this, never each other's code."""
+    if not path:
+        return None, "not an input of this run"
+    p = Path(path)
+    if not p.is_file():
+        return None, f"{p.name} is missing"
+    try:
+        data = read_json(p)
+    except (OSError, ValueError) as exc:
+        return None, f"{p.name} is unreadable ({type(exc).__name__})"
+    if not isinstance(data, dict):
+        return None, f"{p.name} is not a JSON object"
+    if data.get("status") == "skipped":
+        return None, f"{p.name}: skipped ({data.get('reason', 'no reason given')})"
+    return data, ""
+
+
 def write_table(path: str | os.PathLike, df: pd.DataFrame) -> None:
     """Write a CSV or Parquet table (by suffix) atomically."""
     path = Path(path)

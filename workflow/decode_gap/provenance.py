@@ -7,6 +7,7 @@ Schema of a labelled figure (used wherever a number reaches the report):
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 MEASURED = "measured"
@@ -29,3 +30,14 @@ def unavailable(why: str, unit: str = "", source: str = "") -> dict[str, Any]:
 def skipped_stage(stage: str, why: str, **extra: Any) -> dict[str, Any]:
     """Summary written by a stage that cannot run on this host: it says so instead of faking a result."""
     return {"stage": stage, "status": "skipped", "reason": why, **extra}
+
+
+def figure_value(fig: Any) -> float | None:
+    """A finite number, or the value of a labelled figure {"value": ..} that is not unavailable; else None."""
+    if isinstance(fig, dict):
+        if fig.get("status") == UNAVAILABLE:
+            return None
+        fig = fig.get("value")
+    if isinstance(fig, bool) or not isinstance(fig, (int, float)):
+        return None
+    return float(fig) if math.isfinite(fig) else None

@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 from . import parsers as P
 from .fields import field_text, is_ok, value
+from .parsers import DEEP_CSTATE_LATENCY_US
 
 SEVERITIES = ("critical", "warning", "info")
 _RANK = {s: i for i, s in enumerate(SEVERITIES)}
@@ -125,8 +126,6 @@ def _numa_balancing(audit: dict[str, Any], ctx: dict[str, Any]) -> list[dict[str
 
 @rule("deep-cstates")
 def _deep_cstates(audit: dict[str, Any], ctx: dict[str, Any]) -> list[dict[str, str]]:
-    from .collect import DEEP_CSTATE_LATENCY_US
-
     tun = audit["tunables"]
     states_field = tun["cpuidle_states"]
     limits = value(tun["max_cstate"], {}) or {}

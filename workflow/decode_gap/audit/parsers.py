@@ -30,6 +30,9 @@ def parse_cmdline(text: str) -> dict[str, str]:
     return out
 
 
+DEEP_CSTATE_LATENCY_US = 10  # exit latency above this is a "deep" idle state (C1E is 10 us on Intel)
+
+
 def max_cstate_params(cmdline: dict[str, str]) -> dict[str, str]:
     """The C-state limits a kernel command line sets (processor.max_cstate, intel_idle.max_cstate, idle=...)."""
     keys = ("processor.max_cstate", "intel_idle.max_cstate", "idle", "cpuidle.off", "amd_pstate", "intel_pstate")

@@ -17,28 +17,34 @@ shared filesystem (under the rule's output directory), starts one `torchrun` per
 through `env://` (torchrun's RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT). Ranks write the same rank files,
 so the CSV and JSON have the same shape as on one node; the JSON adds `nodes`, `ranks_per_node` and `hosts`.
 A rank that fails writes rank<r>.error.json first, so the one-line error names its rank, host and reason.
+
+Modules: allreduce_rank.py (one rank's process), allreduce_launch.py (starting the ranks, one line per failure),
+nccl_tests.py (all_reduce_perf); this one is the stage: sizes, merged rows, the summary and the rank entry point.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
-import shutil
-import socket
-import subprocess
 import sys
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from ..errors import ConfigError, DecodeGapError
+from ..errors import ConfigError
 from ..provenance import measured, unavailable
-from ..ranks import launch
+from .allreduce_launch import (  # noqa: F401 - re-exported
+    _multinode_failure,
+    _read_where,
+    _short_launch_error,
+    launch_multinode,
+    launch_ranks,
+)
+from .allreduce_rank import ENV_INIT, MODULE, _one_size, _rank_main, _where, _write_error  # noqa: F401 - re-exported
+from .nccl_tests import parse_nccl_tests, run_nccl_tests  # noqa: F401 - re-exported
 from .timing import stats_us
 
 COLUMNS = [
@@ -47,8 +53,6 @@ COLUMNS = [
 ]
 
 DTYPE_NAMES = {"bfloat16": 2, "float": 4, "half": 2}
-MODULE = "decode_gap.microbench.allreduce"
-ENV_INIT = "env://"  # job.json's init_method under torchrun
 
 
 def busbw_factor(world_size: int) -> float:
@@ -68,228 +72,6 @@ def size_sweep(min_bytes: int, max_bytes: int, elem: int) -> list[int]:
         sizes.append(s - s % elem)
         s *= 2
     return sorted(set(sizes))
-
-
-# --------------------------------------------------------------------------- the rank process
-
-
-def _rank_main(rank: int, job: dict[str, Any]) -> None:
-    """Body of one rank (runs in its own process). Writes rank<r>.json into job['out_dir'].
-
-    Started by `launch_ranks`, the rank meets the others through a file store; under torchrun
-    (job['init_method'] == 'env://'), through torchrun's environment, on GPU LOCAL_RANK of its node.
-    """
-    import torch
-    import torch.distributed as dist
-
-    backend = job["backend"]
-    world = job["world_size"]
-    launched = job.get("init_method") == ENV_INIT
-    local_rank = rank
-    if launched:
-        local_rank = int(os.environ["LOCAL_RANK"])
-        if int(os.environ["WORLD_SIZE"]) != world:
-            raise RuntimeError(f"torchrun started {os.environ['WORLD_SIZE']} ranks, job.json wants {world}")
-        Path(job["out_dir"], f"rank{rank}.where.json").write_text(json.dumps(_where(rank, local_rank, backend)))
-    if job.get("fail_rank") == rank:  # used by the tests: a real failure on one rank
-        raise RuntimeError(f"injected failure on rank {rank}")
-    if backend == "nccl":
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
-    else:
-        device = torch.device("cpu")
-        torch.set_num_threads(1)
-    timeout = timedelta(seconds=job["op_timeout_s"])
-    if launched:
-        dist.init_process_group(backend, init_method=ENV_INIT, timeout=timeout)
-    else:
-        dist.init_process_group(backend, init_method=job["init_method"], rank=rank, world_size=world, timeout=timeout)
-    try:
-        if job.get("hang_rank") == rank:  # used by the tests: this rank never joins the collectives
-            time.sleep(3600)
-        dtype = {"bfloat16": torch.bfloat16, "float": torch.float32, "half": torch.float16}[job["type"]]
-        elem = torch.tensor([], dtype=dtype).element_size()
-        results = []
-        for size in job["sizes"]:
-            count = max(size // elem, 1)
-            results.append(_one_size(rank, world, device, dtype, count, job))
-        Path(job["out_dir"], f"rank{rank}.json").write_text(json.dumps(results))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
-def _where(rank: int, local_rank: int, backend: str) -> dict[str, Any]:
-    return {"rank": rank, "local_rank": local_rank, "host": socket.gethostname(),
-            "device": f"cuda:{local_rank}" if backend == "nccl" else "cpu"}
-
-
-def _one_size(rank, world, device, dtype, count, job) -> dict[str, Any]:
-    import torch
-    import torch.distributed as dist
-
-    gpu = device.type == "cuda"
-    warmup, iters = job["warmup"], job["iters"]
-    # correctness: each rank holds rank+1, the sum is n(n+1)/2 everywhere (exact in bf16 for small n)
-    buf = torch.full((count,), float(rank + 1), dtype=dtype, device=device)
-    dist.all_reduce(buf)
-    expect = world * (world + 1) / 2
-    wrong = int((buf.float() != expect).sum().item())
-    # timing data: random values, reduced in place again and again (as nccl-tests does)
-    buf.copy_(torch.rand(count, dtype=torch.float32, device=device).to(dtype))
-    for _ in range(warmup):
-        dist.all_reduce(buf)
-    out: dict[str, Any] = {"count": count, "bytes": count * buf.element_size(), "wrong": wrong}
-    dist.barrier()
-    if gpu:
-        torch.cuda.synchronize(device)
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-        for i in range(iters):
-            starts[i].record()
-            dist.all_reduce(buf)
-            ends[i].record()
-        torch.cuda.synchronize(device)
-        out["eager_us"] = [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
-    else:
-        samples = []
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            dist.all_reduce(buf)
-            samples.append((time.perf_counter() - t0) * 1e6)
-        out["eager_us"] = samples
-    if gpu and job.get("graph", True):
-        try:
-            reps = job.get("graph_ops", 10)
-            stream = torch.cuda.Stream(device=device)
-            stream.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(stream):
-                for _ in range(2):
-                    dist.all_reduce(buf)
-            torch.cuda.current_stream(device).wait_stream(stream)
-            torch.cuda.synchronize(device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                for _ in range(reps):
-                    dist.all_reduce(buf)
-            graph.replay()
-            torch.cuda.synchronize(device)
-            dist.barrier()
-            n = max(iters // 2, 3)
-            starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-            ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-            for i in range(n):
-                starts[i].record()
-                graph.replay()
-                ends[i].record()
-            torch.cuda.synchronize(device)
-            out["graph_us"] = [s.elapsed_time(e) * 1e3 / reps for s, e in zip(starts, ends)]
-            del graph
-        except Exception as exc:  # recorded as a skipped case by the parent
-            out["graph_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
-    return out
-
-
-# --------------------------------------------------------------------------- the parent
-
-
-def launch_ranks(job: dict[str, Any], world_size: int, timeout_s: float) -> list[list[dict[str, Any]]]:
-    """One process per rank through the shared launcher (`decode_gap.ranks`); each rank's results, by rank."""
-    per_rank = launch(MODULE, job, world_size, timeout_s, "all-reduce")
-    missing = [r for r in range(world_size) if r not in per_rank]
-    if missing:
-        raise DecodeGapError(f"all-reduce: rank {missing[0]} of {world_size} exited without writing its results")
-    return [per_rank[r] for r in range(world_size)]
-
-
-def launch_multinode(
-    job: dict[str, Any],
-    layout: Any,
-    work_dir: str | Path,
-    timeout_s: float,
-    *,
-    gpus: bool,
-    env: dict[str, str] | None = None,
-    hosts: list[str] | None = None,
-    launcher: list[str] | None = None,
-) -> tuple[list[list[dict[str, Any]]], list[dict[str, Any]]]:
-    """All ranks of `layout` (a fleet.AllreduceLayout) through srun + torchrun; each rank's results and where it ran.
-
-    `work_dir` must be on the filesystem every node sees (the rule's output directory); it is emptied first,
-    so no rank file of an earlier run counts. `env`, `hosts` and `launcher` go to `fleet.multinode_command`
-    (the SLURM job's own by default). A failure or a launch past `timeout_s` is one DecodeGapError line naming
-    the failed rank, its host and its error; `fleet.run_launch` stops the launch first.
-    """
-    from .. import fleet
-
-    work = Path(work_dir).resolve()
-    job_path = work / "job.json"
-    cmd = fleet.multinode_command(layout, module=MODULE, module_args=[str(job_path)], gpus=gpus, env=env,
-                                  hosts=hosts, launcher=launcher)  # first: outside a SLURM job, nothing is written
-    if work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
-    job = {**job, "out_dir": str(work), "init_method": ENV_INIT, "world_size": layout.world_size,
-           "nodes": layout.nodes}
-    job_path.write_text(json.dumps(job))
-    try:
-        fleet.run_launch(cmd, timeout_s=timeout_s, env=env)
-    except DecodeGapError as exc:
-        raise DecodeGapError(_multinode_failure(work, layout, _short_launch_error(str(exc)))) from None
-    out, missing = [], []
-    for r in range(layout.world_size):
-        path = work / f"rank{r}.json"
-        if path.exists():
-            out.append(json.loads(path.read_text()))
-        else:
-            missing.append(r)
-    if missing:
-        raise DecodeGapError(_multinode_failure(work, layout, "the launch exited 0"))
-    return out, _read_where(work, layout.world_size)
-
-
-def _read_where(work: Path, world: int) -> list[dict[str, Any]]:
-    where = []
-    for r in range(world):
-        try:
-            where.append(json.loads(Path(work, f"rank{r}.where.json").read_text()))
-        except (OSError, ValueError):
-            where.append({"rank": r, "host": "?"})
-    return where
-
-
-def _short_launch_error(text: str) -> str:
-    """fleet.run_launch's message without the whole command line (the log has it)."""
-    m = re.match(r"^(.*?(?:exited with status -?\d+|did not finish within \d+ s|not found))", text)
-    return m.group(1) if m else text.splitlines()[0][:300]
-
-
-def _multinode_failure(work: Path, layout: Any, launch_error: str) -> str:
-    """One line: the first rank that reported an error (rank, host, error), else the ranks without results."""
-    world = layout.world_size
-    where = {w["rank"]: w.get("host", "?") for w in _read_where(work, world)}
-    errors = []
-    for path in work.glob("rank*.error.json"):
-        try:
-            errors.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
-            continue
-    head = f"all-reduce across {layout.nodes} nodes ({world} ranks)"
-    # A hung launch: the ranks killed at the deadline may report the broken connection on the way out; the
-    # hang is the cause, so the ranks without results come first and those errors follow.
-    if errors and "did not finish within" not in launch_error:
-        first = min(errors, key=lambda e: e["rank"])
-        more = f" (and {len(errors) - 1} other rank(s))" if len(errors) > 1 else ""
-        return (f"{head}: rank {first['rank']} on node {first.get('host', '?')} failed: {first['error']}{more}; "
-                f"{launch_error}; the other ranks were stopped")
-    missing = [r for r in range(world) if not Path(work, f"rank{r}.json").exists()]
-    named = ", ".join(f"{r} ({where.get(r, '?')})" for r in missing[:8]) + (" ..." if len(missing) > 8 else "")
-    first = ""
-    if errors:
-        e = min(errors, key=lambda e: e["rank"])
-        first = f"; rank {e['rank']} on node {e.get('host', '?')} then reported: {e['error']}"
-    return (f"{head}: {launch_error}; rank(s) without results: {named or 'none'} (rank logs: the rule's log)"
-            f"{first}")
 
 
 def merge_ranks(per_rank: list[list[dict[str, Any]]], sizes: list[int], world: int, backend: str, type_name: str,
@@ -315,55 +97,6 @@ def merge_ranks(per_rank: list[list[dict[str, Any]]], sizes: list[int], world: i
                 "time_p99_us": st.p99_us, "iters": st.n, "model_size": bool(model_bytes and first["bytes"] == model_bytes),
             })
     return rows, skipped
-
-
-# --------------------------------------------------------------------------- nccl-tests
-
-
-def parse_nccl_tests(text: str, world: int) -> list[dict[str, Any]]:
-    """Rows of `all_reduce_perf` output (out-of-place and in-place columns) in this module's schema."""
-    rows = []
-    for line in text.splitlines():
-        tok = line.split()
-        if len(tok) < 12 or line.lstrip().startswith("#") or not tok[0].isdigit():
-            continue
-        has_root = len(tok) >= 13
-        head = 5 if has_root else 4
-        size, count, type_name, redop = int(tok[0]), int(tok[1]), tok[2], tok[3]
-        root = int(tok[4]) if has_root else -1
-        for placement, off in (("out-of-place", head), ("in-place", head + 4)):
-            try:
-                t, alg, bus = float(tok[off]), float(tok[off + 1]), float(tok[off + 2])
-            except (ValueError, IndexError):
-                continue
-            wrong_tok = tok[off + 3] if off + 3 < len(tok) else "N/A"
-            rows.append({
-                "size": size, "count": count, "type": type_name, "redop": redop, "root": root, "time_us": t,
-                "algbw": alg, "busbw": bus, "wrong": int(wrong_tok) if wrong_tok.isdigit() else None,
-                "mode": "eager", "placement": placement, "world_size": world, "backend": "nccl",
-                "source": "nccl-tests", "time_min_us": None, "time_p99_us": None, "iters": None, "model_size": False,
-            })
-    return rows
-
-
-def run_nccl_tests(world: int, min_bytes: int, max_bytes: int, warmup: int, iters: int, timeout_s: float,
-                   binary: str | None = None) -> tuple[list[dict[str, Any]], dict[str, str] | None]:
-    exe = binary or shutil.which("all_reduce_perf")
-    if not exe:
-        return [], {"case": "nccl-tests", "reason": "all_reduce_perf (nccl-tests) is not on the PATH"}
-    cmd = [exe, "-b", str(min_bytes), "-e", str(max_bytes), "-f", "2", "-g", str(world), "-d", "bfloat16",
-           "-w", str(warmup), "-n", str(iters), "-c", "1"]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return [], {"case": "nccl-tests", "reason": f"{' '.join(cmd)} did not finish within {timeout_s:.0f} s"}
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-        return [], {"case": "nccl-tests", "reason": f"all_reduce_perf exited {proc.returncode}: {tail[0][:200]}"}
-    rows = parse_nccl_tests(proc.stdout, world)
-    if not rows:
-        return [], {"case": "nccl-tests", "reason": "all_reduce_perf printed no result rows"}
-    return rows, None
 
 
 # --------------------------------------------------------------------------- the stage
@@ -446,7 +179,7 @@ def _run_multinode(world_size: int, nodes: int, model_bytes: int, ar: dict[str, 
     """
     from .. import fleet
 
-    layout = fleet.allreduce_layout({"microbench": {"allreduce": {"world_size": world_size, "nodes": nodes}}})
+    layout = fleet.layout_of(world_size, nodes)
     if not ar.get("work_dir"):
         raise ConfigError("microbench.allreduce.nodes > 1: no work_dir on the shared filesystem (the bench_allreduce "
                           "script sets it under the rule's output directory)")
@@ -546,16 +279,6 @@ def _main(argv: list[str]) -> int:
             _write_error(job, rank, exc)
         raise
     return 0
-
-
-def _write_error(job: dict[str, Any], rank: int, exc: BaseException) -> None:
-    text = str(exc).strip().splitlines()
-    err = {**_where(rank, int(os.environ.get("LOCAL_RANK", rank)), job.get("backend", "")),
-           "error": f"{type(exc).__name__}: {text[0][:300]}" if text else type(exc).__name__}
-    try:
-        Path(job["out_dir"], f"rank{rank}.error.json").write_text(json.dumps(err))
-    except OSError:
-        pass
 
 
 if __name__ == "__main__":

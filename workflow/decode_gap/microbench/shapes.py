@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
-from ..model import LinearLayer, ModelSpec, _shard, linear_layers
+from ..model import LinearLayer, ModelSpec, linear_layers, shard_count
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ def moe_shape(spec: ModelSpec, tp: int = 1, ep: int = 1) -> MoeShape | None:
     if ep > 1:
         inter, local = spec.moe_intermediate, spec.experts // ep
     else:
-        inter, local = _shard(spec.moe_intermediate, tp), spec.experts
+        inter, local = shard_count(spec.moe_intermediate, tp), spec.experts
     n_group = int(raw.get("n_group") or 1)
     if n_group < 1 or spec.experts % n_group:
         n_group = 1
@@ -118,7 +118,7 @@ class AttentionShape:
 
 
 def attention_shape(spec: ModelSpec, tp: int = 1) -> AttentionShape:
-    heads = _shard(spec.heads, tp)
+    heads = shard_count(spec.heads, tp)
     if spec.mla:
         return AttentionShape(
             kind="mla",
@@ -137,7 +137,7 @@ def attention_shape(spec: ModelSpec, tp: int = 1) -> AttentionShape:
     return AttentionShape(
         kind="gqa",
         heads=heads,
-        kv_heads=_shard(spec.kv_heads, tp),
+        kv_heads=shard_count(spec.kv_heads, tp),
         head_dim=spec.head_dim,
         layers=spec.layers,
         sliding_layers=spec.sliding_layers,

@@ -7,6 +7,7 @@ from .spec import (
     LinearTemplate,
     ModelSpec,
     _shard,
+    shard_count,
     expected_distinct_experts,
     extra_params,
     linear_layers,
@@ -21,5 +22,6 @@ from .spec import (
 __all__ = [
     "MIN_TRANSFORMERS", "LayerAttention", "LinearLayer", "LinearTemplate", "ModelSpec", "Weight", "_shard",
     "build_graph", "config_hash", "expected_distinct_experts", "extra_params", "kv_shard", "linear_layers",
-    "load_model_card", "mtp_params", "norm_params", "parameter_counts", "role_counts", "spec_from_dict",
+    "load_model_card", "mtp_params", "norm_params", "parameter_counts", "role_counts", "shard_count",
+    "spec_from_dict",
 ]

@@ -3,6 +3,8 @@
 The config is read through `transformers.AutoConfig` and the model is built on the meta device (`graph.py`);
 every weight, its layer and its role come from that graph. Everything downstream (roofline, GEMM shapes,
 simulation) derives from `ModelSpec` and `linear_layers()`, so the sharding rules live in one place.
+(About 530 lines, kept whole on purpose: the card, its per-config-hash cache and the sharding rules read best
+together, and splitting them would scatter the one place the sharding rules live.)
 """
 
 from __future__ import annotations
@@ -365,9 +367,14 @@ def _spec_from_graph(g: Graph, arch: str, path: str) -> ModelSpec:
     )
 
 
-def _shard(value: int, tp: int) -> int:
-    # ceil: a dimension smaller than tp is replicated rather than vanishing (e.g. 8 KV heads at TP16)
+def shard_count(value: int, tp: int) -> int:
+    """Per-rank share of `value` heads/units under tensor parallelism `tp`.
+
+    ceil: a dimension smaller than tp is replicated rather than vanishing (e.g. 8 KV heads at TP16)."""
     return max(1, -(-value // tp))
+
+
+_shard = shard_count  # the old private name, kept for callers not yet switched
 
 
 def expected_distinct_experts(experts: int, top_k: int, batch: int) -> float:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DecodeGapError
+from ..timing import capture_graph, warm_on_side_stream
 
 ANNOTATION = "decode_step"
 
@@ -87,16 +88,11 @@ class _Graph:
         self.ids = out.logits[:, -1:].argmax(-1).clone()
         self.pos = torch.tensor([prompt_len], device=device)
         self.at, self.max_len = prompt_len, max_len
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s), torch.inference_mode():
-            for _ in range(2):  # warm-up on a side stream before capture (allocator, lazy init)
-                self._forward()
-        torch.cuda.current_stream().wait_stream(s)
+        with torch.inference_mode():
+            warm_on_side_stream([self._forward])  # before capture (allocator, lazy init)
         try:
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph), torch.inference_mode():
-                self.out = self._forward()
+            with torch.inference_mode():
+                self.graph = capture_graph([self._capture_forward], warmup=0)
         except Exception as exc:  # the model's mask code synced during capture: let torch.compile cut the graph
             self.graph = None
             self.backend = (f"torch.compile mode=reduce-overhead (manual capture failed: "
@@ -105,6 +101,9 @@ class _Graph:
             with torch.inference_mode():
                 for _ in range(3):  # compile, record, then replay
                     self.out = self._forward()
+
+    def _capture_forward(self) -> None:
+        self.out = self._forward()
 
     def _forward(self):
         logits = self.forward(input_ids=self.ids, past_key_values=self.cache, cache_position=self.pos,

@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
-from ..model import LinearLayer, ModelSpec, _shard, linear_layers
+from ..model import LinearLayer, ModelSpec, linear_layers, shard_count
 
 # bytes per stored weight element for the dtypes the kernel level can run
 DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp32": 4.0, "fp8": 1.0}
@@ -68,7 +68,7 @@ def step_shapes(spec: ModelSpec, tp: int = 1, ep: int = 1, batch: int = 1, conte
     lin = {l.name: l for l in linear_layers(spec, tp=tp, ep=ep, batch=batch)}
     notes: list[str] = []
     if spec.mla:
-        heads = lin["attn.o_proj"].k // spec.v_head_dim if "attn.o_proj" in lin else _shard(spec.heads, tp)
+        heads = lin["attn.o_proj"].k // spec.v_head_dim if "attn.o_proj" in lin else shard_count(spec.heads, tp)
         kv_heads = 1
         head_dim = spec.kv_lora_rank + spec.qk_rope_head_dim
     else:
@@ -77,7 +77,7 @@ def step_shapes(spec: ModelSpec, tp: int = 1, ep: int = 1, batch: int = 1, conte
             heads = lin["attn.o_proj"].k // head_dim
             kv_heads = (lin["attn.qkv_proj"].n // head_dim - heads) // 2
         else:  # no standard attention projections (e.g. an SSM): the config's head counts, sharded
-            heads, kv_heads = _shard(spec.heads, tp), _shard(spec.kv_heads, tp)
+            heads, kv_heads = shard_count(spec.heads, tp), shard_count(spec.kv_heads, tp)
     experts = top_k = moe_inter = shared_inter = 0
     if spec.is_moe:
         gu = lin.get("moe.expert.gate_up_proj") or next(

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, DecodeGapError
-from ..io import read_json, write_json
+from ..io import read_json, read_stage_json, write_json
 from ..model import load_model_card
-from ..provenance import skipped_stage
+from ..provenance import figure_value, skipped_stage
 
 DEFAULTS: dict[str, Any] = {
     "layers": "auto", "engine": "auto", "sampling": "greedy", "warmup": 3, "iters": 20, "engine_repeats": 3,
@@ -32,13 +32,11 @@ def _model_path(params: dict[str, Any], repo: str | Path) -> Path:
 
 def _allreduce_us(path: str | None) -> tuple[float | None, str, str]:
     """allreduce_us_at_model_size from allreduce.json: (value, source, why-not)."""
-    from ..gap import _num, load_input
-
-    data, why = load_input(path)
+    data, why = read_stage_json(path)
     if data is None:
         return None, "", why
     fig = data.get("allreduce_us_at_model_size")
-    v = _num(fig)
+    v = figure_value(fig)
     if v is None:
         reason = fig.get("why") if isinstance(fig, dict) else "field allreduce_us_at_model_size missing"
         return None, "", f"allreduce.json: {reason}"

@@ -1,11 +1,13 @@
-"""Temporary: a stage that is not built yet writes a 'skipped' summary (never a fake number)."""
+"""Test double for test_reruns.py: a stage script that writes a 'skipped' summary for every output (never a fake
+number) and a one-line log. Its source is written into the copied repository's stage scripts, so it imports only
+the package's core (io, provenance)."""
 
 from pathlib import Path
 
 import pandas as pd
 
-from .io import write_json, write_table
-from .provenance import skipped_stage
+from decode_gap.io import write_json, write_table
+from decode_gap.provenance import skipped_stage
 
 
 def write_stub(snakemake) -> None:

@@ -1,4 +1,6 @@
-"""Build a random-weight Hugging Face model directory (config, safetensors, tokenizer with a chat template).
+"""Benchmark tool: build a random-weight Hugging Face model directory (config, safetensors, tokenizer with a
+chat template). Not part of the pipeline (only the device benchmarks use it):
+`python3 benchmarks/device/randmodel.py CONFIG.json OUT_DIR [--dtype bfloat16] [--seed 0]`.
 
 Timing does not depend on weight values, so a server can be measured on a model of the right shapes without
 downloading anything. The tokenizer is a word-level one built with the `tokenizers` library, one word per id of the model's vocabulary.
@@ -49,3 +51,15 @@ def build_random_model(config_json: str | Path, out_dir: str | Path, dtype: str 
     meta = {"source_config": str(config_json), "weights": "random (torch.manual_seed)", "seed": seed, "dtype": dtype}
     (out / "decode_gap_random_model.json").write_text(json.dumps(meta, indent=2) + "\n")
     return out
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Write a random-weight model for a Hugging Face config.json.")
+    ap.add_argument("config_json")
+    ap.add_argument("out_dir")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    print(build_random_model(a.config_json, a.out_dir, a.dtype, a.seed))

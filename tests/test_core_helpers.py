@@ -1,0 +1,31 @@
+"""Core helpers that stages use instead of each other's code: reading a stage file, a figure's value, prompts."""
+
+import json
+
+from decode_gap.io import read_stage_json
+from decode_gap.prompts import WORDS, random_words
+from decode_gap.provenance import figure_value, measured, unavailable
+
+
+def test_read_stage_json_says_why_not(tmp_path):
+    assert read_stage_json(None) == (None, "not an input of this run")
+    assert read_stage_json(tmp_path / "a.json") == (None, "a.json is missing")
+    (tmp_path / "b.json").write_text("{not json")
+    assert read_stage_json(tmp_path / "b.json") == (None, "b.json is unreadable (JSONDecodeError)")
+    (tmp_path / "c.json").write_text("[1]")
+    assert read_stage_json(tmp_path / "c.json") == (None, "c.json is not a JSON object")
+    (tmp_path / "d.json").write_text(json.dumps({"status": "skipped", "reason": "no GPU"}))
+    assert read_stage_json(tmp_path / "d.json") == (None, "d.json: skipped (no GPU)")
+    (tmp_path / "e.json").write_text(json.dumps({"status": "ok", "x": 1}))
+    assert read_stage_json(tmp_path / "e.json") == ({"status": "ok", "x": 1}, "")
+
+
+def test_figure_value_reads_numbers_and_labelled_figures():
+    assert figure_value(2) == 2.0 and figure_value(measured(3.5, "us", "x")) == 3.5
+    assert figure_value(unavailable("no GPU")) is None
+    assert figure_value(True) is None and figure_value("1") is None and figure_value(float("nan")) is None
+
+
+def test_random_words_is_seeded():
+    assert random_words(5, 1) == random_words(5, 1) != random_words(5, 2)
+    assert len(random_words(0, 3).split()) == 1 and set(random_words(50, 4).split()) <= set(WORDS)

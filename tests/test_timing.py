@@ -1,0 +1,32 @@
+"""The core timing module: one spread, one flusher, clocks in microseconds."""
+
+import pytest
+
+from decode_gap import timing
+from decode_gap.simulate import timing as sim_timing
+
+
+def test_spread_names_its_unit_and_uses_numpy_percentiles():
+    s = timing.spread([1.0, 2.0, 3.0, 4.0], "ms")
+    assert list(s) == ["n", "min_ms", "median_ms", "mean_ms", "p99_ms", "max_ms"]
+    assert s["n"] == 4 and s["median_ms"] == 2.5 and s["min_ms"] == 1.0 and s["max_ms"] == 4.0
+    assert s["p99_ms"] == pytest.approx(3.97)
+    assert timing.spread([], "us") == {"n": 0, "min_us": None, "median_us": None, "mean_us": None,
+                                       "p99_us": None, "max_us": None}
+    assert timing.spread([1000.0], "ms", scale=1e-3)["median_ms"] == 1.0
+
+
+def test_simulate_keeps_milliseconds_over_the_core_clock():
+    calls = []
+    us = timing.time_cpu_us(lambda: calls.append(1), warmup=2, iters=3, before=lambda: calls.append(0))
+    assert len(us) == 3 and calls == [1, 1, 0, 1, 0, 1, 0, 1]
+    ms = sim_timing.time_cpu(lambda: None, warmup=0, iters=2)
+    assert len(ms) == 2 and all(t >= 0 for t in ms)
+    assert sim_timing.spread([2.0])["median_ms"] == 2.0
+
+
+def test_flusher_is_a_no_op_on_a_cpu_device():
+    f = timing.L2Flusher("cpu")
+    assert f.buf is None
+    f()
+    assert timing.l2_bytes("cpu") == 0

@@ -1,0 +1,84 @@
+"""Kernel level: what this device can run for a weight format (capability probes: fp8 scaled mm, grouped mm,
+NVFP4), and the stand-in dtype it runs otherwise (see kernel.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# ----------------------------------------------------------------------------------------------------------
+# capability probes
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def probe_formats(weight_format: str, device: str) -> dict[str, Any]:
+    """Decide the dtypes the kernel level runs for `weight_format` on `device`, by trying them."""
+    torch = _torch()
+    on_gpu = device.startswith("cuda")
+    act = "bf16" if on_gpu else ("bf16" if weight_format == "bf16" else "fp32")
+    info: dict[str, Any] = {"activations": act, "linear": act, "format_match": True, "stand_in": ""}
+    if weight_format == "bf16":
+        return info
+    if weight_format in ("fp8", "fp8-block") and on_gpu:
+        try:
+            w = torch.randn(32, 64, device=device).to(torch.float8_e4m3fn)
+            one = torch.ones((), device=device)
+            try:
+                x = torch.randn(1, 64, device=device).to(torch.float8_e4m3fn)
+                torch._scaled_mm(x, w.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+            except Exception:  # some builds want M padded to 16 rows, as engines do for decode
+                x = torch.randn(16, 64, device=device).to(torch.float8_e4m3fn)
+                torch._scaled_mm(x, w.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+                info["pad_m"] = 16
+            info["linear"] = "fp8"
+            if weight_format == "fp8-block":
+                info["note"] = "fp8-block runs with per-tensor scales (block scales are not simulated)"
+            return info
+        except Exception as exc:  # no fp8 tensor cores (sm < 89) or no kernel
+            why = f"torch._scaled_mm fp8 failed here ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})"
+    elif weight_format == "nvfp4" and on_gpu:
+        try:
+            from ..microbench import nvfp4 as nv
+
+            q = nv.quantize_nvfp4(torch.randn(64, 64, device=device))
+            nv.WeightOnlyGemm(q, 1, device)(torch.randn(1, 64, device=device, dtype=torch.bfloat16))
+            info["linear"] = "nvfp4-wo"
+            info["experts"] = "bf16"
+            info["note"] = ("nvfp4 linears run the micro-benchmarks' nvfp4-weight-only Triton kernel "
+                            "(decode_gap.microbench.nvfp4); routed experts run bf16")
+            info["experts_stand_in"] = True
+            return info
+        except Exception as exc:
+            why = f"nvfp4-weight-only kernel failed here ({type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''})"
+    elif on_gpu:
+        why = f"no kernel for {weight_format} weights at the kernel level on this GPU"
+    else:
+        why = f"{weight_format} weights have no torch CPU kernel here"
+    info.update(format_match=False, stand_in=f"{why}: {act} stand-in weights (bytes and kernels differ from {weight_format})")
+    return info
+
+
+def _probe_grouped(device: str, linear: str) -> str:
+    """MoE expert kernel: grouped GEMM (reads only the experts hit) where it runs, else gather + bmm."""
+    torch = _torch()
+    if not device.startswith("cuda"):
+        return "loop"
+    try:
+        E, K, N = 4, 64, 32
+        offs = torch.tensor([1, 1, 2, 2], dtype=torch.int32, device=device)
+        if linear == "fp8":
+            x = torch.randn(2, K, device=device).to(torch.float8_e4m3fn)
+            w = torch.randn(E, N, K, device=device).to(torch.float8_e4m3fn)
+            torch._scaled_grouped_mm(x, w.transpose(-2, -1), torch.ones(2, device=device),
+                                     torch.ones(E, N, device=device), offs=offs, out_dtype=torch.bfloat16)
+            return "scaled_grouped_mm"
+        x = torch.randn(2, K, device=device, dtype=torch.bfloat16)
+        w = torch.randn(E, N, K, device=device, dtype=torch.bfloat16)
+        torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)
+        return "grouped_mm"
+    except Exception:
+        return "gather"

@@ -1,0 +1,120 @@
+"""Kernel level: random tensors and the linear / routed-expert layers of a decode step in each weight format."""
+
+from __future__ import annotations
+
+from .formats import _torch
+
+# ----------------------------------------------------------------------------------------------------------
+# tensors
+
+
+def _tdtype(name: str):
+    torch = _torch()
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp8": torch.float8_e4m3fn}[name]
+
+
+def _rand(shape, dtype_name: str, device: str, std: float = 0.02):
+    """A random tensor; large ones are filled in chunks so fp8 conversion needs little scratch memory."""
+    torch = _torch()
+    if dtype_name != "fp8":
+        t = torch.empty(shape, dtype=_tdtype(dtype_name), device=device)
+        return t.normal_(0.0, std)
+    t = torch.empty(shape, dtype=torch.float8_e4m3fn, device=device)
+    flat = t.view(-1)
+    step = 1 << 26
+    for i in range(0, flat.numel(), step):
+        n = min(step, flat.numel() - i)
+        flat[i:i + n] = torch.empty(n, dtype=torch.bfloat16, device=device).normal_(0.0, 1.0).to(torch.float8_e4m3fn)
+    return t
+
+
+class Linear:
+    """y = x @ W^T for one weight matrix in the kernel level's dtype for it."""
+
+    def __init__(self, n: int, k: int, kind: str, act: str, device: str, m: int = 1, pad_m: int = 0) -> None:
+        torch = _torch()
+        self.kind = kind
+        self.pad_m = pad_m
+        self.act_dtype = _tdtype(act)
+        if kind == "nvfp4-wo":
+            from ..microbench import nvfp4 as nv
+
+            q = nv.quantize_nvfp4(torch.randn(n, k, device=device) * 0.02)
+            self.gemm = nv.WeightOnlyGemm(q, m, device, out_dtype=self.act_dtype)
+            self.nbytes = nv.nvfp4_bytes(n, k)
+            return
+        self.w = _rand((n, k), kind, device)
+        self.nbytes = self.w.numel() * self.w.element_size()
+        if kind == "fp8":
+            self.one = torch.ones((), device=device)
+
+    def __call__(self, x):
+        torch = _torch()
+        if self.kind == "nvfp4-wo":
+            return self.gemm(x)
+        if self.kind == "fp8":
+            M = x.shape[0]
+            if self.pad_m and M % self.pad_m:
+                x = torch.nn.functional.pad(x, (0, 0, 0, self.pad_m - M % self.pad_m))
+            y = torch._scaled_mm(x.to(torch.float8_e4m3fn), self.w.t(), scale_a=self.one, scale_b=self.one,
+                                 out_dtype=self.act_dtype)
+            return y[:M] if y.shape[0] != M else y
+        return torch.nn.functional.linear(x, self.w)
+
+
+class Experts:
+    """The routed experts of one MoE layer: all of them are allocated, the top-k chosen by the router run."""
+
+    def __init__(self, E: int, inter: int, hidden: int, kind: str, act: str, device: str, backend: str) -> None:
+        torch = _torch()
+        self.backend, self.kind, self.E = backend, kind, E
+        self.gu = _rand((E, 2 * inter, hidden), kind, device)
+        self.down = _rand((E, hidden, inter), kind, device)
+        self.nbytes = (self.gu.numel() + self.down.numel()) * self.gu.element_size()
+        self.per_expert_bytes = self.nbytes / E
+        self.act_dtype = _tdtype(act)
+        if kind == "fp8":
+            self.scale_gu = torch.ones(E, 2 * inter, device=device)
+            self.scale_down = torch.ones(E, hidden, device=device)
+
+    def __call__(self, x, ids, weights, act_fn):
+        """x [M, h], ids/weights [M, k] -> [M, h]."""
+        torch = _torch()
+        M, k = ids.shape
+        if self.backend == "loop":  # CPU: the experts hit, one after another (indices read on the host)
+            out = torch.zeros_like(x)
+            for m, row in enumerate(ids.tolist()):
+                for j, e in enumerate(row):
+                    h = torch.nn.functional.linear(x[m:m + 1], self.gu[e])
+                    h = act_fn(h)
+                    out[m:m + 1] += weights[m, j] * torch.nn.functional.linear(h, self.down[e])
+            return out
+        flat = ids.reshape(-1)
+        order = torch.argsort(flat)
+        tok = torch.arange(M, device=x.device).repeat_interleave(k)[order]
+        xs = x.index_select(0, tok)
+        wts = weights.reshape(-1)[order].unsqueeze(1).to(x.dtype)
+        if self.backend in ("grouped_mm", "scaled_grouped_mm"):
+            counts = torch.zeros(self.E, dtype=torch.int32, device=x.device)
+            counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+            offs = torch.cumsum(counts, 0, dtype=torch.int32)
+            if self.backend == "scaled_grouped_mm":
+                f8 = torch.float8_e4m3fn
+                ones = torch.ones(xs.shape[0], device=x.device)
+                h = torch._scaled_grouped_mm(xs.to(f8), self.gu.transpose(-2, -1), ones, self.scale_gu, offs=offs,
+                                             out_dtype=self.act_dtype)
+                h = act_fn(h)
+                y = torch._scaled_grouped_mm(h.to(f8), self.down.transpose(-2, -1), ones, self.scale_down,
+                                             offs=offs, out_dtype=self.act_dtype)
+            else:
+                h = act_fn(torch._grouped_mm(xs, self.gu.transpose(-2, -1), offs=offs))
+                y = torch._grouped_mm(h, self.down.transpose(-2, -1), offs=offs)
+        else:  # gather: copy the selected experts' weights, then a batched GEMV (reads them three times)
+            sel = flat[order]
+            gu = self.gu.index_select(0, sel).to(self.act_dtype)
+            dn = self.down.index_select(0, sel).to(self.act_dtype)
+            h = act_fn(torch.bmm(gu, xs.unsqueeze(2)).squeeze(2))
+            y = torch.bmm(dn, h.unsqueeze(2)).squeeze(2)
+        out = torch.zeros_like(x)
+        out.index_add_(0, tok, y * wts)
+        return out

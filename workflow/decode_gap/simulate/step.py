@@ -1,0 +1,393 @@
+"""Kernel level: the op list of one decode step (attention, all-reduces, MLP or MoE, head) for the simulated
+layers; `DecodeStep.runner(select)` runs the selected ops."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..model import ModelSpec
+from .formats import _probe_grouped, _torch
+from .layers import Experts, Linear, _rand, _tdtype
+from .shapes import StepShapes
+
+# ----------------------------------------------------------------------------------------------------------
+# the step
+
+
+@dataclass
+class Op:
+    component: str
+    segment: str  # "head" or a layer kind
+    fn: Callable[[dict], None]
+
+
+def _act_fn(spec: ModelSpec):
+    torch = _torch()
+    F = torch.nn.functional
+    act = (spec.raw or {}).get("hidden_activation") or (spec.raw or {}).get("hidden_act") or "silu"
+
+    def glu(h):
+        g, u = h.chunk(2, dim=-1)
+        return (F.gelu(g, approximate="tanh") if "gelu" in act else F.silu(g)) * u
+
+    return glu
+
+
+def _rope(x, cos, sin):
+    torch = _torch()
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
+
+
+class DecodeStep:
+    """Builds the tensors and the op list of one decode step for the simulated layers."""
+
+    def __init__(self, shapes: StepShapes, plan: dict[str, int], fmt: dict[str, Any], device: str,
+                 kv_len: int, sampling: str, group=None) -> None:
+        torch = _torch()
+        self.torch, self.shapes, self.plan, self.device, self.group = torch, shapes, plan, device, group
+        spec = shapes.spec
+        self.spec = spec
+        self.act = fmt["activations"]
+        self.lin_kind = fmt["linear"]
+        self.experts_kind = fmt.get("experts", fmt["linear"])
+        self.pad_m = int(fmt.get("pad_m", 0))
+        self.moe_backend = _probe_grouped(device, self.experts_kind) if spec.is_moe else ""
+        M, h = shapes.batch, spec.hidden
+        self.kv_len = kv_len
+        self.T = kv_len + 1  # the new token attends to the cache and itself
+        dt = _tdtype(self.act)
+        self.weight_bytes = 0.0
+        self.kv_bytes = 0.0
+        eps = float((spec.raw or {}).get("rms_norm_eps", 1e-6) or 1e-6)
+        self.eps = eps
+        # state shared by the ops (values do not matter, shapes do)
+        S: dict[str, Any] = {"tok": torch.zeros(M, dtype=torch.long, device=device)}
+        self.S = S
+        self.ops: list[Op] = []
+        # embedding (vocab-parallel under TP) and the lm_head (the same matrix when tied)
+        emb = _rand((shapes.vocab, h), self.act, device)
+        self.weight_bytes += h * emb.element_size() * M  # one row per token is read
+        lm = emb if spec.tie_embeddings else _rand((shapes.vocab, h), self.act, device)
+        self.weight_bytes += lm.numel() * lm.element_size()
+        scale = math.sqrt(h) if spec.family == "gemma3" else 1.0
+        F = torch.nn.functional
+
+        vocab_local = shapes.vocab
+
+        def embed(S):  # vocab-parallel under TP: a token outside this rank's rows reads a row too (then all-reduce)
+            x = emb.index_select(0, S["tok"] % vocab_local)
+            S["x"] = x * scale if scale != 1.0 else x
+
+        self.ops.append(Op("embedding", "head", embed))
+        if group is not None:
+            self.ops.append(Op("all-reduce", "head", self._allreduce("x")))
+        # rope tables for the decode position
+        pos = kv_len
+        rdim = spec.qk_rope_head_dim if spec.mla else shapes.head_dim
+        inv = 1.0 / (10000.0 ** (torch.arange(0, rdim // 2, device=device, dtype=torch.float32) / (rdim // 2)))
+        self.cos = torch.cos(pos * inv).to(dt)
+        self.sin = torch.sin(pos * inv).to(dt)
+        self.pos = torch.tensor([pos], device=device)
+        self.act_fn = _act_fn(spec)
+        layer_no = 0
+        for kind in shapes.kinds:  # keep the model's order of kinds, simulated count of each
+            for _ in range(plan.get(kind, 0)):
+                self._layer(kind, layer_no)
+                layer_no += 1
+        self.layers_simulated = layer_no
+        fn_w = torch.ones(h, dtype=dt, device=device)
+
+        def final_norm(S):
+            S["x"] = F.rms_norm(S["x"], (h,), fn_w, eps)
+
+        def lm_head(S):
+            S["logits"] = F.linear(S["x"], lm)
+
+        self.ops += [Op("final norm", "head", final_norm), Op("lm_head", "head", lm_head)]
+        if group is not None:
+            self.ops.append(Op("all-reduce", "head", self._allgather_logits()))
+        self.ops.append(Op("sampling", "head", self._sampler(sampling)))
+
+    # -- pieces ------------------------------------------------------------------------------------------
+
+    def _allreduce(self, key):
+        dist = __import__("torch.distributed", fromlist=["all_reduce"])
+        group = self.group
+
+        def op(S):
+            dist.all_reduce(S[key], group=group)
+
+        return op
+
+    def _allgather_logits(self):
+        torch = self.torch
+        dist = __import__("torch.distributed", fromlist=["all_gather_into_tensor"])
+        group = self.group
+        world = dist.get_world_size(group)
+
+        def op(S):
+            # The gather reads this rank's shard and writes the full logits under another key: an op timed
+            # on its own runs back to back, and gathering its own output would double the logits every call.
+            lg = S["logits"].contiguous()
+            out = S.get("logits_gathered")
+            if out is None or out.shape[1:] != lg.shape:
+                out = S["logits_gathered"] = torch.empty((world,) + tuple(lg.shape), dtype=lg.dtype, device=lg.device)
+            if lg.is_cuda:
+                dist.all_gather_into_tensor(out, lg, group=group)
+            else:
+                dist.all_gather(list(out.unbind(0)), lg, group=group)
+            S["logits_full"] = out.permute(1, 0, 2).reshape(lg.shape[0], -1)
+
+        return op
+
+    def _sampler(self, sampling: str):
+        torch = self.torch
+
+        if sampling == "greedy":
+            def op(S):
+                S["tok"].copy_(torch.argmax(S.get("logits_full", S["logits"]), dim=-1))
+            return op
+
+        top_p = 0.95
+
+        def op(S):  # top-p over the full vocabulary, then an exponential race (graph-safe multinomial)
+            probs = torch.softmax(S.get("logits_full", S["logits"]).float(), dim=-1)
+            sp, idx = torch.sort(probs, dim=-1, descending=True)
+            keep = (torch.cumsum(sp, dim=-1) - sp) < top_p
+            sp = sp * keep
+            race = sp / torch.empty_like(sp).exponential_()
+            S["tok"].copy_(idx.gather(-1, torch.argmax(race, dim=-1, keepdim=True)).squeeze(-1))
+
+        return op
+
+    def _lin(self, name: str) -> Linear:
+        l = self.shapes.linears[name]
+        kind = self.lin_kind if l.quantizable else self.act
+        lin = Linear(l.n, l.k, kind, self.act, self.device, m=self.shapes.batch, pad_m=self.pad_m)
+        self.weight_bytes += lin.nbytes
+        return lin
+
+    def _norm_w(self, n):
+        return self.torch.ones(n, dtype=_tdtype(self.act), device=self.device)
+
+    def _layer(self, kind: str, i: int) -> None:
+        torch, F, spec, sh = self.torch, self.torch.nn.functional, self.spec, self.shapes
+        M, h, eps = sh.batch, spec.hidden, self.eps
+        mlp_kind, attn_kind = kind.split("/")
+        seg = kind
+        add = self.ops.append
+        w_in, w_post = self._norm_w(h), self._norm_w(h)
+        gemma = spec.family == "gemma3"
+        w_pa, w_pf = (self._norm_w(h), self._norm_w(h)) if gemma else (None, None)
+        dt = _tdtype(self.act)
+        T_att = min(self.T, spec.sliding_window) if attn_kind == "sliding" else self.T
+
+        def norm_in(S):
+            S["h"] = F.rms_norm(S["x"], (h,), w_in, eps)
+
+        add(Op("norms", seg, norm_in))
+        if spec.mla:
+            self._mla(seg, T_att)
+        else:
+            self._gqa(seg, T_att)
+        if self.group is not None:
+            add(Op("all-reduce", seg, self._allreduce("o")))
+
+        def norm_post(S):
+            o = F.rms_norm(S["o"], (h,), w_pa, eps) if gemma else S["o"]
+            S["x"] = S["x"] + o
+            S["h"] = F.rms_norm(S["x"], (h,), w_post, eps)
+
+        add(Op("norms", seg, norm_post))
+        if mlp_kind == "dense":
+            gu, dn = self._lin("mlp.gate_up_proj"), self._lin("mlp.down_proj")
+            act = self.act_fn
+
+            def mlp(S):
+                S["o"] = dn(act(gu(S["h"])))
+
+            add(Op("mlp", seg, mlp))
+        else:
+            self._moe(seg)
+        if self.group is not None:
+            add(Op("all-reduce", seg, self._allreduce("o")))
+
+        def norm_out(S):
+            o = F.rms_norm(S["o"], (h,), w_pf, eps) if gemma else S["o"]
+            S["x"] = S["x"] + o
+
+        add(Op("norms", seg, norm_out))
+
+    def _gqa(self, seg: str, T_att: int) -> None:
+        torch, F, spec, sh = self.torch, self.torch.nn.functional, self.spec, self.shapes
+        M, H, KV, D = sh.batch, sh.heads, sh.kv_heads, sh.head_dim
+        qkv, o = self._lin("attn.qkv_proj"), self._lin("attn.o_proj")
+        dt = _tdtype(self.act)
+        kc = _rand((M, KV, self.T, D), self.act, self.device)
+        vc = _rand((M, KV, self.T, D), self.act, self.device)
+        self.kv_bytes += 2 * M * KV * T_att * D * kc.element_size()
+        qn = self._norm_w(D) if spec.qk_norm else None
+        kn = self._norm_w(D) if spec.qk_norm else None
+        cos, sin, pos, eps = self.cos, self.sin, self.pos, self.eps
+        start = self.T - T_att
+        scale = 1.0 / math.sqrt(float((spec.raw or {}).get("query_pre_attn_scalar") or D))
+
+        def proj(S):
+            S["qkv"] = qkv(S["h"])
+
+        def attend(S):
+            q, k, v = S["qkv"].split([H * D, KV * D, KV * D], dim=-1)
+            q, k, v = q.view(M, H, 1, D), k.view(M, KV, 1, D), v.view(M, KV, 1, D)
+            if qn is not None:
+                q = F.rms_norm(q, (D,), qn, eps)
+                k = F.rms_norm(k, (D,), kn, eps)
+            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+            kc.index_copy_(2, pos, k)
+            vc.index_copy_(2, pos, v)
+            a = F.scaled_dot_product_attention(q, kc[:, :, start:], vc[:, :, start:], scale=scale, enable_gqa=KV != H)
+            S["attn"] = a.reshape(M, H * D)
+
+        def out(S):
+            S["o"] = o(S["attn"])
+
+        self.ops += [Op("attention projections", seg, proj), Op("attention", seg, attend),
+                     Op("attention projections", seg, out)]
+
+    def _mla(self, seg: str, T_att: int) -> None:
+        torch, F, spec, sh = self.torch, self.torch.nn.functional, self.spec, self.shapes
+        M, H, h, eps = sh.batch, sh.heads, spec.hidden, self.eps
+        nope, rope, lora, vd = spec.qk_nope_head_dim, spec.qk_rope_head_dim, spec.kv_lora_rank, spec.v_head_dim
+        ql = spec.q_lora_rank
+        L = self.shapes.linears
+        q_a = self._lin("attn.q_a_proj") if ql else None
+        q_b = self._lin("attn.q_b_proj") if ql else self._lin("attn.q_proj")
+        kv_a, o = self._lin("attn.kv_a_proj"), self._lin("attn.o_proj")
+        # kv_b_proj in its absorbed form: W_UK [H, nope, lora] and W_UV [H, lora, v] (bf16 batched GEMVs)
+        w_uk = _rand((H, nope, lora), self.act, self.device)
+        w_uv = _rand((H, lora, vd), self.act, self.device)
+        self.weight_bytes += (w_uk.numel() + w_uv.numel()) * w_uk.element_size()
+        qa_norm = self._norm_w(ql) if ql else None
+        kv_norm = self._norm_w(lora)
+        cache = _rand((M, self.T, lora + rope), self.act, self.device)
+        self.kv_bytes += M * T_att * (lora + rope) * cache.element_size()
+        cos, sin, pos = self.cos, self.sin, self.pos
+        scale = 1.0 / math.sqrt(nope + rope)
+        idx = None
+        if spec.index_heads:
+            IH, ID = spec.index_heads, spec.index_head_dim
+            wq = self._lin("attn.indexer.wq_b")
+            wk = self._lin("attn.indexer.wk")
+            wp = self._lin("attn.indexer.weights_proj")
+            icache = _rand((M, self.T, ID), self.act, self.device)
+            self.kv_bytes += M * T_att * ID * icache.element_size()
+            kn_w, kn_b = self._norm_w(ID), torch.zeros(ID, dtype=_tdtype(self.act), device=self.device)
+            topk = min(spec.index_topk or self.T, self.T)
+            idx = (IH, ID, wq, wk, wp, icache, kn_w, kn_b, topk)
+
+        def proj(S):
+            x = S["h"]
+            if q_a is not None:
+                S["q_in"] = F.rms_norm(q_a(x), (ql,), qa_norm, eps)
+                q = q_b(S["q_in"])
+            else:
+                S["q_in"] = x
+                q = q_b(x)
+            S["q"] = q.view(M, H, nope + rope)
+            S["kv"] = kv_a(x)
+
+        def attend(S):
+            q = S["q"]
+            q_nope, q_pe = q.split([nope, rope], dim=-1)
+            lat, k_pe = S["kv"].split([lora, rope], dim=-1)
+            lat = F.rms_norm(lat, (lora,), kv_norm, eps)
+            k_pe = _rope(k_pe, cos, sin)
+            cache.index_copy_(1, pos, torch.cat((lat, k_pe), dim=-1).unsqueeze(1))
+            q_lat = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [M, H, lora]
+            qq = torch.cat((q_lat, _rope(q_pe, cos, sin)), dim=-1)  # [M, H, lora+rope]
+            kv = cache
+            if idx is not None:
+                IH, ID, wq, wk, wp, icache, kn_w, kn_b, topk = idx
+                qi = wq(S["q_in"]).view(M, IH, ID)
+                ki = F.layer_norm(wk(S["h"]), (ID,), kn_w, kn_b)
+                icache.index_copy_(1, pos, ki.unsqueeze(1))
+                wts = wp(S["h"]).float()  # [M, IH]
+                sc = torch.relu(torch.bmm(qi, icache.transpose(1, 2))).float()  # [M, IH, T]
+                score = (sc * wts.unsqueeze(-1)).sum(1)
+                if topk < self.T:
+                    sel = torch.topk(score, topk, dim=-1).indices
+                    kv = cache.gather(1, sel.unsqueeze(-1).expand(-1, -1, lora + rope))
+            s = torch.bmm(qq, kv.transpose(1, 2)).float() * scale  # [M, H, T]
+            p = torch.softmax(s, dim=-1).to(qq.dtype)
+            o_lat = torch.bmm(p, kv[..., :lora])  # [M, H, lora]
+            S["attn_lat"] = o_lat
+
+        def out(S):
+            o_v = torch.bmm(S["attn_lat"].transpose(0, 1), w_uv).transpose(0, 1)  # [M, H, v]
+            S["o"] = o(o_v.reshape(M, H * vd))
+
+        self.ops += [Op("attention projections", seg, proj), Op("attention", seg, attend),
+                     Op("attention projections", seg, out)]
+
+    def _moe(self, seg: str) -> None:
+        torch, F, spec, sh = self.torch, self.torch.nn.functional, self.spec, self.shapes
+        raw = spec.raw or {}
+        router = self._lin("moe.router")
+        E, k = sh.experts, sh.top_k
+        bias = torch.zeros(E, dtype=torch.float32, device=self.device) if spec.family == "deepseek_v3" else None
+        n_group = int(raw.get("n_group") or 1) if spec.family == "deepseek_v3" else 1
+        topk_group = int(raw.get("topk_group") or n_group)
+        if E % n_group or sh.ep > 1:
+            n_group = 1
+        norm = bool(raw.get("norm_topk_prob", True))
+        rscale = float(raw.get("routed_scaling_factor", 1.0) or 1.0)
+        sigmoid = spec.scoring == "sigmoid"
+        shared = None
+        if sh.shared_inter:
+            shared = (self._lin("moe.shared.gate_up_proj"), self._lin("moe.shared.down_proj"))
+        experts = Experts(E, sh.moe_inter, spec.hidden, self.experts_kind, self.act, self.device, self.moe_backend)
+        # only the experts a token hits are read; count those bytes (all of them are allocated)
+        self.weight_bytes += experts.per_expert_bytes * min(E, k * sh.batch)
+        act = self.act_fn
+        M = sh.batch
+
+        def route(S):
+            logits = router(S["h"]).float()
+            scores = torch.sigmoid(logits) if sigmoid else torch.softmax(logits, dim=-1)
+            choice = scores + bias if bias is not None else scores
+            if n_group > 1:
+                g = choice.view(M, n_group, -1).topk(2, dim=-1).values.sum(-1)
+                keep = torch.zeros_like(g).scatter_(1, g.topk(topk_group, dim=-1).indices, 1.0)
+                mask = keep.unsqueeze(-1).expand(M, n_group, E // n_group).reshape(M, E)
+                choice = choice.masked_fill(mask == 0, float("-inf"))
+            ids = torch.topk(choice, k, dim=-1).indices
+            w = scores.gather(1, ids)
+            if norm:
+                w = w / (w.sum(-1, keepdim=True) + 1e-20)
+            S["ids"], S["w"] = ids, w * rscale
+
+        def shared_fn(S):
+            S["sh"] = shared[1](act(shared[0](S["h"])))
+
+        def routed(S):
+            y = experts(S["h"], S["ids"], S["w"], act)
+            S["o"] = y + S["sh"] if shared is not None else y
+
+        self.ops.append(Op("router", seg, route))
+        if shared is not None:
+            self.ops.append(Op("shared expert", seg, shared_fn))
+        self.ops.append(Op("routed experts", seg, routed))
+
+    # -- running ------------------------------------------------------------------------------------------
+
+    def runner(self, select: Callable[[Op], bool]) -> Callable[[], None]:
+        fns = [op.fn for op in self.ops if select(op)]
+        S = self.S
+
+        def run():
+            for fn in fns:
+                fn(S)
+
+        return run

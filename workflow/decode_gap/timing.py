@@ -1,0 +1,164 @@
+"""Timing shared by every stage that times work: one L2 flusher, one CUDA-graph capture, one spread.
+
+Unit convention: the clocks here return samples in **microseconds** (float). A decode kernel takes a few µs
+to a few ms and a launch about 5 µs, so µs keeps every figure readable without tiny fractions, and it is
+the unit of nccl-tests and of the micro-benchmark contract. A result file names its unit in every field's
+suffix (`time_us`, `median_ms`, ...); a stage that writes milliseconds converts once, where it builds the
+result (`spread(samples_us, unit="ms")`), so the field names and units of the result files do not change.
+
+Clocks:
+- `time_cpu_us`: wall time (time.perf_counter_ns) of each call, with an optional `before` hook outside the
+  timed region; on a GPU the caller synchronises inside `fn` or uses `time_from_idle_us`.
+- `time_from_idle_us`: CUDA events around one call that starts from an idle GPU (synchronise first), after
+  an optional L2 flush, so the time includes the gaps in which the GPU waits for the CPU to launch kernels
+  (what a server without CUDA graphs pays).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+# At least 256 MiB, as triton.testing.do_bench flushes; 4x L2 so that a GPU with a larger L2 is flushed too.
+FLUSH_MIN_BYTES = 256 * 2**20
+FLUSH_L2_FACTOR = 4
+
+SPREAD_KEYS = ("min", "median", "mean", "p99", "max")
+
+
+def percentiles(samples: Sequence[float]) -> dict[str, float | int | None]:
+    """n, min, median, mean, p99 and max of samples (numpy percentiles); None values for no samples."""
+    a = np.asarray(list(samples), dtype=np.float64)
+    if a.size == 0:
+        return {"n": 0, **{k: None for k in SPREAD_KEYS}}
+    return {
+        "n": int(a.size),
+        "min": float(a.min()),
+        "median": float(np.percentile(a, 50)),
+        "mean": float(a.mean()),
+        "p99": float(np.percentile(a, 99)),
+        "max": float(a.max()),
+    }
+
+
+def spread(samples: Sequence[float], unit: str, scale: float = 1.0) -> dict[str, float | int | None]:
+    """`percentiles` of samples * scale with the unit in every key: {"n", "min_<unit>", "median_<unit>", ...}."""
+    p = percentiles([s * scale for s in samples] if scale != 1.0 else samples)
+    return {"n": p["n"], **{f"{k}_{unit}": p[k] for k in SPREAD_KEYS}}
+
+
+# --------------------------------------------------------------------------- devices
+
+
+def _torch():
+    import torch  # lazy: the arithmetic above must import without torch
+
+    return torch
+
+
+def is_cuda(device: Any) -> bool:
+    try:
+        torch = _torch()
+    except ImportError:  # pragma: no cover
+        return False
+    return torch.device(device).type == "cuda"
+
+
+def l2_bytes(device: Any) -> int:
+    """The GPU's L2 cache size (50 MiB when the driver does not say); 0 for a CPU device."""
+    if not is_cuda(device):
+        return 0
+    props = _torch().cuda.get_device_properties(device)
+    return int(getattr(props, "L2_cache_size", 0) or 50 * 2**20)
+
+
+class L2Flusher:
+    """Writes a buffer larger than the L2 cache, so that weights do not stay cached between timed calls.
+    On a CPU device it does nothing."""
+
+    def __init__(self, device: Any) -> None:
+        self.device = device
+        self.buf = None
+        if is_cuda(device):
+            size = max(FLUSH_MIN_BYTES, FLUSH_L2_FACTOR * l2_bytes(device))
+            self.buf = _torch().empty(size, dtype=_torch().uint8, device=device)
+
+    def __call__(self) -> None:
+        if self.buf is not None:
+            self.buf.zero_()
+
+
+# --------------------------------------------------------------------------- CUDA graphs
+
+
+def warm_on_side_stream(fns: Sequence[Callable[[], Any]], device: Any = None, warmup: int = 2) -> None:
+    """Run `fns` (in order) `warmup` times on a side stream, as CUDA-graph capture needs first (allocator,
+    lazy initialisation, cuBLAS workspaces), then wait for them on the current stream."""
+    torch = _torch()
+    stream = torch.cuda.Stream(device=device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            for f in fns:
+                f()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    torch.cuda.synchronize(device)
+
+
+def capture_graph(fns: Sequence[Callable[[], Any]], device: Any = None, warmup: int = 2):
+    """One CUDA graph holding the calls `fns` in order, after `warmup` side-stream rounds (0: the caller
+    warmed up already). Raises what capture raises; callers fall back and say why."""
+    torch = _torch()
+    if warmup > 0:
+        warm_on_side_stream(fns, device, warmup)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for f in fns:
+            f()
+    torch.cuda.synchronize(device)
+    return graph
+
+
+# --------------------------------------------------------------------------- clocks
+
+
+def time_cpu_us(fn: Callable[[], object], warmup: int, iters: int,
+                before: Callable[[], None] | None = None) -> list[float]:
+    """Wall time of each of `iters` calls after `warmup` calls; `before` runs outside the timed region."""
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(iters):
+        if before is not None:
+            before()
+        t0 = time.perf_counter_ns()
+        fn()
+        out.append((time.perf_counter_ns() - t0) / 1e3)
+    return out
+
+
+def time_from_idle_us(fn: Callable[[], object], warmup: int, iters: int, flush: Callable[[], None] | None,
+                      before: Callable[[], None] | None = None) -> list[float]:
+    """GPU time (CUDA events) of each call of fn (an eager step or a graph replay), each from an idle GPU,
+    after `flush` (the L2) and `before` (e.g. a barrier between ranks)."""
+    torch = _torch()
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    out = []
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    for _ in range(iters):
+        if flush is not None:
+            flush()
+        if before is not None:
+            before()
+        torch.cuda.synchronize()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        out.append(float(start.elapsed_time(end)) * 1e3)
+    return out
