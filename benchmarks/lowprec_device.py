@@ -33,8 +33,8 @@ import torch  # noqa: E402
 
 from decode_gap.microbench import gemv as gemv_kernel  # noqa: E402
 from decode_gap.microbench import launch, memory, moe, shapes  # noqa: E402
-from decode_gap.microbench import lowprec as lp  # noqa: E402
-from decode_gap.microbench import nvfp4 as nv  # noqa: E402
+from decode_gap.kernels import lowprec as lp  # noqa: E402
+from decode_gap.kernels import nvfp4 as nv  # noqa: E402
 from decode_gap.microbench.common import BenchEnv, pick_device  # noqa: E402
 from decode_gap.microbench.timing import rotating_copies, time_graph  # noqa: E402
 from decode_gap.model import load_model_card  # noqa: E402

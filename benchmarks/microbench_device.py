@@ -30,7 +30,7 @@ import torch  # noqa: E402
 from decode_gap.io import write_json, write_table  # noqa: E402
 from decode_gap.model import load_model_card  # noqa: E402
 from decode_gap.microbench import allreduce, attention, gemm, launch, memory, moe, shapes  # noqa: E402
-from decode_gap.microbench import nvfp4 as nv  # noqa: E402
+from decode_gap.kernels import nvfp4 as nv  # noqa: E402
 from decode_gap.microbench.common import DEFAULTS, BenchEnv, pick_device  # noqa: E402
 
 

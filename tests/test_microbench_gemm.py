@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from decode_gap.microbench import gemm, timing
-from decode_gap.microbench import nvfp4 as nv
+from decode_gap.kernels import nvfp4 as nv
 from decode_gap.microbench.common import BenchEnv
 from decode_gap.microbench.shapes import GemmShape
 

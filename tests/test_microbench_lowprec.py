@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from decode_gap.microbench import lowprec as lp
-from decode_gap.microbench import nvfp4 as nv
+from decode_gap.kernels import lowprec as lp
+from decode_gap.kernels import nvfp4 as nv
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -45,7 +45,7 @@ def test_nvfp4_gemv_fma_and_dot_match_the_reference_in_the_interpreter():
     """The word decode (fp16 bit placement), the planes, the per-word scales, split-K atomics, ragged N and K."""
     out = _interpret(r'''
 import torch
-from decode_gap.microbench import nvfp4 as nv, lowprec as lp
+from decode_gap.kernels import nvfp4 as nv, lowprec as lp
 torch.manual_seed(0)
 cases = [(1, 48, 256, lp.GemvConfig(16, 128), False, None), (1, 40, 96, lp.GemvConfig(16, 64), False, 1),
          (1, 64, 512, lp.GemvConfig(16, 128), False, 4), (3, 40, 128, lp.GemvConfig(16, 64), True, None),
@@ -90,7 +90,7 @@ print("ok")
 def test_dense_and_grouped_gemvs_match_the_reference_in_the_interpreter():
     out = _interpret(r'''
 import torch
-from decode_gap.microbench import nvfp4 as nv, lowprec as lp
+from decode_gap.kernels import nvfp4 as nv, lowprec as lp
 torch.manual_seed(0)
 for m, n, k, kind, cfg in [(1, 40, 256, "bf16", lp.GemvConfig(16, 64)), (3, 40, 200, "fp8", lp.GemvConfig(16, 64)), (1, 40, 200, "fp8", lp.GemvConfig(8, 64, split=2)),
                            (1, 300, 384, "fp8b", lp.GemvConfig(16, 256)), (1, 130, 260, "fp8b", lp.GemvConfig(8, 128, split=2)), (5, 130, 260, "fp8b", lp.GemvConfig(32, 128, split=2))]:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from decode_gap.errors import DecodeGapError
-from decode_gap.microbench import nvfp4 as nv
+from decode_gap.kernels import nvfp4 as nv
 
 GRID = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 REPO = Path(__file__).resolve().parents[1]
@@ -129,7 +129,7 @@ def test_triton_weight_only_kernel_in_the_interpreter():
     there (the interpreter mishandles bf16 dots); the GPU run checks the bf16 path."""
     code = r'''
 import torch
-from decode_gap.microbench import nvfp4 as nv
+from decode_gap.kernels import nvfp4 as nv
 torch.manual_seed(0)
 worst = 0.0
 for variant in ("v1", "v2"):

@@ -6,7 +6,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..io import read_json
+from ..io import read_stage_json
+from ..provenance import figure_value
 from .hosts import (DEVICE_LEVELS, _flag_negative, _measured_on, explained_fraction, foreign, identity,
                     identity_text, run_identity)
 
@@ -19,32 +20,13 @@ GRAPH_ENGINES = {"vllm", "sglang", "tgi"}  # serve with captured CUDA graphs by 
 
 
 def load_input(path: str | Path | None) -> tuple[dict | None, str]:
-    """(data, why-not). A missing, unreadable or skipped stage file gives (None or data, reason)."""
-    if not path:
-        return None, "not an input of this run"
-    p = Path(path)
-    if not p.is_file():
-        return None, f"{p.name} is missing"
-    try:
-        data = read_json(p)
-    except (OSError, ValueError) as exc:
-        return None, f"{p.name} is unreadable ({type(exc).__name__})"
-    if not isinstance(data, dict):
-        return None, f"{p.name} is not a JSON object"
-    if data.get("status") == "skipped":
-        return None, f"{p.name}: skipped ({data.get('reason', 'no reason given')})"
-    return data, ""
+    """(data, why-not): the core reader (decode_gap.io.read_stage_json), a skipped stage counting as missing."""
+    return read_stage_json(path)
 
 
 def _num(value: Any) -> float | None:
-    """A number, or the value of a labelled figure {"value": ..} that is not unavailable."""
-    if isinstance(value, dict):
-        if value.get("status") == "unavailable":
-            return None
-        value = value.get("value")
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
+    """A number, or the value of a labelled figure that is not unavailable (decode_gap.provenance.figure_value)."""
+    return figure_value(value)
 
 
 def live_level(live: dict | None) -> tuple[dict | None, str]:

@@ -7,27 +7,8 @@ special tokens); without one, one word stands for one token and the summary says
 
 from __future__ import annotations
 
-import random
-
+from ..prompts import WORDS, random_words  # noqa: F401  (the core word list; re-exported for the stage)
 from .tokens import TokenCounter
-
-WORDS = (
-    "time year people way day man thing woman life child world school state family student group country "
-    "problem hand part place case week company system program question work government number night point "
-    "home water room mother area money story fact month lot right study book eye job word business issue "
-    "side kind head house service friend father power hour game line end member law car city community name "
-    "president team minute idea kid body information back parent face others level office door health person "
-    "art war history party result change morning reason research girl guy moment air teacher force education "
-    "river garden window summer winter music light paper market energy letter table field voice island bridge "
-    "mountain forest station engine signal memory circle planet orange silver yellow purple simple quiet "
-    "rapid gentle bright distant ancient modern careful narrow steady golden hidden open early final "
-    "walk read write build carry follow listen answer travel remember explain measure discover imagine"
-).split()
-
-
-def random_words(n: int, seed: int) -> str:
-    rng = random.Random(seed)
-    return " ".join(rng.choice(WORDS) for _ in range(max(1, n)))
 
 
 async def build_prompt(input_len: int, seed: int, counter: TokenCounter | None) -> tuple[str, int | None]:

@@ -17,8 +17,8 @@ import torch
 
 from ..errors import DecodeGapError
 from . import gemv as gemv_kernel
-from . import lowprec as lp
-from . import nvfp4 as nv
+from ..kernels import lowprec as lp
+from ..kernels import nvfp4 as nv
 from .common import BenchEnv, short_error, skip, summary
 from .shapes import GemmShape, unique_shapes
 from .timing import L2Flusher, fraction, gbps, measure, rotating_copies, tflops

@@ -115,7 +115,7 @@ def latency_floor(env: BenchEnv, k: int = 4096, n_kernels: int = 100) -> dict[st
     if not env.is_gpu:
         why = "CUDA graphs need a GPU"
         return {"empty_kernel_us": unavailable(why, "us"), "one_row_gemv_us": unavailable(why, "us")}
-    from . import lowprec
+    from ..kernels import lowprec
 
     out: dict[str, Any] = {}
     dev = env.device

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ..provenance import measured, unavailable
-from . import nvfp4 as nv
+from ..kernels import nvfp4 as nv
 from .common import BenchEnv, short_error, skip, summary
 from .timing import gbps, tflops, time_cpu, time_events
 

@@ -25,7 +25,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from . import lowprec as lp
+from ..kernels import lowprec as lp
 from .common import BenchEnv, short_error, skip, summary
 from .shapes import MoeShape
 from .timing import L2Flusher, fraction, gbps, measure, tflops

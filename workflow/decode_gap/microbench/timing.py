@@ -22,12 +22,14 @@ import time
 from dataclasses import dataclass, asdict
 from typing import Any, Callable, Sequence
 
-import numpy as np
 
 try:  # torch is a hard dependency of the stage, but keep the arithmetic importable without it
     import torch
 except ImportError:  # pragma: no cover
     torch = None  # type: ignore[assignment]
+
+from .. import timing as _core
+from ..timing import L2Flusher, is_cuda, l2_bytes, percentiles  # noqa: F401 - one flusher, one spread (core)
 
 GRAPH = "graph-replay"
 MIN_GRAPH_CALLS = 16
@@ -50,16 +52,10 @@ class Stats:
 
 
 def stats_us(samples_us: Sequence[float]) -> Stats:
-    a = np.asarray(list(samples_us), dtype=np.float64)
-    if a.size == 0:
+    p = percentiles(samples_us)
+    if not p["n"]:
         raise ValueError("no timing samples")
-    return Stats(
-        min_us=float(a.min()),
-        median_us=float(np.percentile(a, 50)),
-        p99_us=float(np.percentile(a, 99)),
-        mean_us=float(a.mean()),
-        n=int(a.size),
-    )
+    return Stats(min_us=p["min"], median_us=p["median"], p99_us=p["p99"], mean_us=p["mean"], n=p["n"])
 
 
 # --------------------------------------------------------------------------- arithmetic
@@ -87,20 +83,9 @@ def fraction(value: float | None, ceiling: float | None) -> float | None:
 # --------------------------------------------------------------------------- devices
 
 
-def is_cuda(device: Any) -> bool:
-    return torch is not None and torch.device(device).type == "cuda"
-
-
 def synchronize(device: Any) -> None:
     if is_cuda(device):
         torch.cuda.synchronize(device)
-
-
-def l2_bytes(device: Any) -> int:
-    if not is_cuda(device):
-        return 0
-    props = torch.cuda.get_device_properties(device)
-    return int(getattr(props, "L2_cache_size", 0) or 50 * 2**20)
 
 
 def rotating_copies(working_set_bytes: int, device: Any, max_copies: int = 64, max_total_bytes: int = 8 * 2**30) -> int:
@@ -112,19 +97,6 @@ def rotating_copies(working_set_bytes: int, device: Any, max_copies: int = 64, m
     want = max(2, math.ceil(2 * l2 / working_set_bytes))
     cap = max(1, max_total_bytes // max(working_set_bytes, 1))
     return int(max(1, min(want, max_copies, cap)))
-
-
-class L2Flusher:
-    """Writes a buffer larger than the L2 cache (256 MiB at least), as triton.testing.do_bench does."""
-
-    def __init__(self, device: Any):
-        self.device = device
-        size = max(256 * 2**20, 2 * l2_bytes(device))
-        self.buf = torch.empty(size, dtype=torch.int8, device=device) if is_cuda(device) else None
-
-    def __call__(self) -> None:
-        if self.buf is not None:
-            self.buf.zero_()
 
 
 # --------------------------------------------------------------------------- clocks
@@ -190,20 +162,7 @@ def time_events(fn: Callable[[], Any], warmup: int, iters: int, device: Any, flu
 
 def capture_graph(fns: Sequence[Callable[[], Any]], device: Any, warmup: int = 2) -> "torch.cuda.CUDAGraph":
     """Capture the calls `fns` (in order) in one CUDA graph, after warming them up on a side stream."""
-    stream = torch.cuda.Stream(device=device)
-    stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(stream):
-        for _ in range(max(warmup, 1)):
-            for f in fns:
-                f()
-    torch.cuda.current_stream(device).wait_stream(stream)
-    torch.cuda.synchronize(device)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for f in fns:
-            f()
-    torch.cuda.synchronize(device)
-    return graph
+    return _core.capture_graph(fns, device, max(warmup, 1))
 
 
 def time_graph(fns: Sequence[Callable[[], Any]], warmup: int, iters: int, device: Any,

@@ -308,7 +308,9 @@ def roofline_section(b: Builder, bundle: Bundle) -> dict[str, Any]:
     fmts = {c: (lambda v: fmt_bytes(num(v))) for c in df.columns if "bytes" in c.lower()}
     fmts.update({c: (lambda v: fmt_num(num(v) / 1e9) + " G" if num(v) is not None else "—")
                  for c in df.columns if "flops" in c.lower()})
-    s["table"] = df_table(df, formats=fmts)
+    # the columns that fit an A4 page: bytes_total stands for bytes + scale_bytes (the CSV keeps all of them)
+    s["table"] = df_table(df, _cols(df, ("component", "group", "dtype", "params", "bytes_total", "share", "flops",
+                                         "t_memory_ms", "replicated", "note")) or None, formats=fmts)
     s["table_rel"] = table.rel if table.usable else doc.rel
     return s
 

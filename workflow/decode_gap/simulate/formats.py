@@ -42,14 +42,14 @@ def probe_formats(weight_format: str, device: str) -> dict[str, Any]:
             why = f"torch._scaled_mm fp8 failed here ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})"
     elif weight_format == "nvfp4" and on_gpu:
         try:
-            from ..microbench import nvfp4 as nv
+            from ..kernels import nvfp4 as nv
 
             q = nv.quantize_nvfp4(torch.randn(64, 64, device=device))
             nv.WeightOnlyGemm(q, 1, device)(torch.randn(1, 64, device=device, dtype=torch.bfloat16))
             info["linear"] = "nvfp4-wo"
             info["experts"] = "bf16"
             info["note"] = ("nvfp4 linears run the micro-benchmarks' nvfp4-weight-only Triton kernel "
-                            "(decode_gap.microbench.nvfp4); routed experts run bf16")
+                            "(decode_gap.kernels.nvfp4); routed experts run bf16")
             info["experts_stand_in"] = True
             return info
         except Exception as exc:

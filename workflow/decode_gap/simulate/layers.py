@@ -37,7 +37,7 @@ class Linear:
         self.pad_m = pad_m
         self.act_dtype = _tdtype(act)
         if kind == "nvfp4-wo":
-            from ..microbench import nvfp4 as nv
+            from ..kernels import nvfp4 as nv
 
             q = nv.quantize_nvfp4(torch.randn(n, k, device=device) * 0.02)
             self.gemm = nv.WeightOnlyGemm(q, m, device, out_dtype=self.act_dtype)
