@@ -134,6 +134,12 @@ def simulate_rank(spec: ModelSpec, settings: KernelSettings, device: str, group=
     if fmt.get("experts_stand_in") and spec.is_moe:
         fmt = {**fmt, "format_match": False,
                "stand_in": f"routed experts run bf16 stand-in weights (no grouped {settings.weight_format} kernel here)"}
+    odd = sorted({k.split("/")[1] for k in shapes.kinds if k.split("/")[1] in ("linear", "unknown", "none")})
+    if odd:  # the step has kernels for softmax attention only: say so, and keep this level off the gap's chain
+        fmt = {**fmt, "format_match": False,
+               "stand_in": "; ".join(filter(None, [fmt.get("stand_in"),
+                                                   f"{', '.join(odd)} attention layers run standard attention as a "
+                                                   "stand-in (no kernel here for their state update)"]))}
     fits = _fits(shapes, fmt, device, settings, group.size() if group is not None else 1)
     if fits is not None and fits < len(shapes.kinds) and settings.layers == "auto":
         raise DecodeGapError(
