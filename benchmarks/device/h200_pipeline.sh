@@ -2,7 +2,7 @@
 # The whole pipeline on one H200, repeatably (the `device` tool runs this over a copy of the repo).
 #
 # Here, once:   ../shared/tools/device-wheels.sh .whl accelerate transformers fastapi uvicorn openai pydantic \
-#                   httpx httpx-sse nvidia-ml-py psutil rich gguf
+#                   httpx httpx-sse nvidia-ml-py psutil rich gguf tokenizers prometheus-client
 #               (then drop the CUDA/torch wheels it pulls in: rm .whl/{nvidia_,triton-,cuda_,sympy-,networkx-}*)
 # Device:       run(command="bash benchmarks/device/h200_pipeline.sh", carry=[".whl"], timeout_s=600)
 # Back here:    tar xzf <files_at>/results.tgz results
