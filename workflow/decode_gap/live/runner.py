@@ -6,9 +6,9 @@ requests with at most `concurrency` in flight (as `vllm bench serve --max-concur
 tokens -> statistics -> loopback calibration of the client's own overhead (after the server is stopped).
 
 Failure policy: every failed request is counted with a one-line reason. The stage fails only when no
-measured request succeeded; it then writes `live/last_error.json` (not a Snakemake output, so it survives the
-failed job) and raises `DecodeGapError` naming the endpoint. A good run also copies its outputs to
-`live/last_good/`, which a failed run never touches. The API key is read from the environment variable
+measured request succeeded; it then writes `live/last_error.json` (a log of the rule, not an output, so it
+survives the failed job) and raises `DecodeGapError` naming the endpoint. A failed run never touches the
+previous outputs; every good run is kept in the report archive. The API key is read from the environment variable
 named by `api_key_env`, sent only as `Authorization: Bearer`, and scrubbed from everything written.
 """
 
@@ -149,28 +149,25 @@ class LiveSettings:
 
 @dataclass
 class LiveOutputs:
+    """The stage's files: three outputs, and two logs the rule declares (they survive a failed job).
+
+    `last_error` and `server_log` default to the summary's folder for callers outside Snakemake.
+    """
+
     summary: Path
     requests: Path
     chunks: Path
+    last_error: Path | None = None
+    server_log: Path | None = None
 
     def __post_init__(self) -> None:
         self.summary, self.requests, self.chunks = Path(self.summary), Path(self.requests), Path(self.chunks)
+        self.last_error = Path(self.last_error) if self.last_error else self.dir / "last_error.json"
+        self.server_log = Path(self.server_log) if self.server_log else self.dir / "embedded_server.log"
 
     @property
     def dir(self) -> Path:
         return self.summary.parent
-
-    @property
-    def last_good(self) -> Path:
-        return self.dir / "last_good"
-
-    @property
-    def last_error(self) -> Path:
-        return self.dir / "last_error.json"
-
-    @property
-    def server_log(self) -> Path:
-        return self.dir / "embedded_server.log"
 
 
 # -- secrets ---------------------------------------------------------------------------------------
@@ -721,16 +718,12 @@ def run_live(settings: LiveSettings, outputs: LiveOutputs, *, progress: bool = T
         _write_error(outputs, summary, redactor)
         raise DecodeGapError(redactor.text(
             f"live: no request to {display_url(endpoint)} succeeded ({summary['failed']} failed; first reason: "
-            f"{top}); error summary in {outputs.last_error}, last good result kept in {outputs.last_good}/"
+            f"{top}); error summary in {outputs.last_error}; earlier good runs are in the report archive"
         ))
 
     write_json(outputs.summary, summary)
     write_table(outputs.requests, req_df)
     write_table(outputs.chunks, chunk_df)
-    good = outputs.last_good
-    write_json(good / "summary.json", summary)
-    write_table(good / "requests.parquet", req_df)
-    write_table(good / "chunks.parquet", chunk_df)
     with contextlib.suppress(FileNotFoundError):
         outputs.last_error.unlink()
     for lv in summary["levels"]:
