@@ -11,8 +11,8 @@ tokens -> statistics -> loopback calibration of the client's own overhead (after
 
 Failure policy: every failed request is counted with a one-line reason. The stage fails only when no
 measured request succeeded; it then writes `live/last_error.json` (a log of the rule, not an output, so it
-survives the failed job) and raises `DecodeGapError` naming the endpoint. A failed run never touches the
-previous outputs; every good run is kept in the report archive. The API key is read from the environment variable
+survives the failed job) and raises `DecodeGapError` naming the endpoint. A failed run writes no output; earlier
+good runs are kept in the report archive. The API key is read from the environment variable
 named by `api_key_env`, sent only as `Authorization: Bearer`, and scrubbed from everything written.
 """
 
