@@ -80,8 +80,8 @@ def test_summary_contract_and_tables(double, tmp_path):
     # the level statistics are the statistics of the tables
     c1 = req[req.concurrency == 1]
     assert on_disk["levels"][0]["mean_ttft_ms"] == pytest.approx(c1["ttft_ms"].mean())
-    # last good copy
-    assert json.loads((out.last_good / "summary.json").read_text())["created"] == on_disk["created"]
+    # no side copy: every good run is kept in the report archive
+    assert not (out.dir / "last_good").exists()
     assert summary["status"] == "ok"
 
 
@@ -121,7 +121,7 @@ def test_every_failure_mode_is_counted_and_fails_the_stage_with_an_error_summary
     out = _outputs(tmp_path)
     # an earlier good result exists
     _run(_settings(double.url("ok"), concurrency=[1], num_requests=1), out)
-    good_before = (out.last_good / "summary.json").read_text()
+    good_before = out.summary.read_text()
     lines: list[str] = []
     with pytest.raises(DecodeGapError) as err:
         _run(_settings(url, concurrency=[1], num_requests=2, timeout_s=0.6), out, lines)
@@ -137,7 +137,7 @@ def test_every_failure_mode_is_counted_and_fails_the_stage_with_an_error_summary
     assert any(reason in line for line in lines)  # a clear error line in the log
     assert "dbl-leaked-secret-42" not in out.last_error.read_text() and not any("dbl-leaked" in x for x in lines)
     # the earlier good result is untouched
-    assert (out.last_good / "summary.json").read_text() == good_before
+    assert out.summary.read_text() == good_before
 
 
 def test_some_failures_give_a_partial_result(double, tmp_path):

@@ -8,8 +8,11 @@ rule measure_live:
         summary=res("live/summary.json"),
         requests=res("live/requests.parquet"),
         chunks=res("live/chunks.parquet"),
+    # Logs, not outputs: Snakemake deletes a failed job's outputs, and these two explain the failure.
     log:
         res("logs/measure_live.log"),
+        last_error=res("live/last_error.json"),
+        server_log=res("live/embedded_server.log"),
     conda:
         "../../envs/decode-gap.yaml"
     # All cores: the embedded server uses them, and no other benchmark may run beside a latency measurement.

@@ -4,8 +4,9 @@ from decode_gap.smk import run_script
 
 
 def body():
-    out = snakemake.output  # noqa: F821
-    run_live(LiveSettings.from_params(snakemake.params.run), LiveOutputs(out.summary, out.requests, out.chunks))  # noqa: F821
+    out, log = snakemake.output, snakemake.log  # noqa: F821
+    outputs = LiveOutputs(out.summary, out.requests, out.chunks, last_error=log.last_error, server_log=log.server_log)
+    run_live(LiveSettings.from_params(snakemake.params.run), outputs)  # noqa: F821
 
 
 run_script(snakemake, body)  # noqa: F821

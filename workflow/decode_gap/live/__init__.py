@@ -7,5 +7,8 @@
 - `identity`: server identity (`/v1/models`, headers, version endpoints) and engine detection.
 - `server`: the embedded llama.cpp server (llama-cpp-python) started and always stopped by PID.
 - `loopback`: the client's own per-chunk overhead, calibrated against a loopback SSE emitter.
-- `runner`: the sweep (warm-up, concurrency levels, progress bar) and the stage outputs.
+- `settings`: LiveSettings (the run config), LiveOutputs (outputs and logs), table columns, secret scrubbing.
+- `sweep`: the option probe, warm-up and concurrency levels (progress bar).
+- `summary`: the stage result (per-level statistics, errors, server eval time) from the sweep.
+- `runner`: the entry `run_live`: starts the embedded server, runs the sweep, writes the outputs.
 """

@@ -2,7 +2,8 @@
 
 - `data`: reads every stage file tolerantly (missing, skipped, partial or malformed files become
   "not measured: <why>"), and labels each figure measured / modelled / unavailable.
-- `sections`: builds the template context, one section per stage, plus "since last run" and compare.
+- `sections/`: builds the template context, one module per section (headline, audit, roofline, microbench,
+  simulation, live, since, appendix), `context` (the whole report) and `compare`.
 - `charts`: altair charts (inline Vega-Lite for the HTML, SVG through vl-convert for the PDF).
 - `render`: the Jinja2 environment (autoescape on), secret scrubbing, HTML assembly.
 - `pdf`: weasyprint.

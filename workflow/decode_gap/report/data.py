@@ -3,6 +3,10 @@
 Nothing here raises on bad stage content: a file that cannot be used becomes a `why` string that the
 report prints as "not measured: <why>". Every number that reaches the report is a `Fig`, labelled
 measured / modelled / unavailable (decode_gap.provenance), with its source.
+
+Kept as one module (about 550 lines) on purpose: the readers (Doc, Table, Bundle) and the headline figures
+built on them are the report's one reading of the stage files, imported by name from `data` by every section,
+the archive, compare and the tests; a split would only move names behind re-exports.
 """
 
 from __future__ import annotations

@@ -1,0 +1,311 @@
+"""The micro-benchmark sections: memory, GEMM, all-reduce, eager vs graph, MoE and attention."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from ...provenance import MEASURED
+from .. import charts as ch
+from ..data import Bundle, Doc, Table, dig, fig_field, find_col, fmt_num, fmt_size, num
+from .common import Builder, _cols, _numeric, _skipped_rows, df_table
+
+
+def _sub(title: str, doc: Doc | None, table: Table | None) -> dict[str, Any]:
+    ok_doc = doc is None or doc.usable
+    ok_tab = table is None or table.usable
+    why = ""
+    if doc is not None and not doc.usable:
+        why = doc.why
+    elif table is not None and not table.usable:
+        why = table.why
+    return {"title": title, "ok": ok_doc and ok_tab, "why": why,
+            "device": doc.device if doc else "", "backend": doc.backend if doc else "",
+            "skipped": doc.skipped_cases if doc else [], "rel": table.rel if table else (doc.rel if doc else "")}
+
+
+def _table_sub(bundle: Bundle, title: str, json_key: str, table_key: str) -> tuple[dict[str, Any], Doc, Table]:
+    """The opening every micro-benchmark table section shares: the sidecar JSON's labels, then usable or why not."""
+    doc, t = bundle.doc(json_key), bundle.table(table_key)
+    s = _sub(title, doc if doc.state != "missing" else None, t)
+    if not t.usable:
+        s["ok"], s["why"] = False, (doc.why if doc.state == "skipped" else t.why)
+        return s, doc, t
+    s["ok"] = True
+    if doc.state in ("skipped", "partial"):
+        s["note"] = doc.why
+    return s, doc, t
+
+
+def memory_sub(b: Builder, bundle: Bundle, datasheet: dict[str, Any]) -> dict[str, Any]:
+    doc = bundle.doc("memory")
+    s = _sub("Memory and compute ceilings", doc, None)
+    if not doc.usable:
+        return s
+    rows = []
+    ds_bw = num(datasheet.get("memory_bandwidth_gbps"))
+    for key, label in (("copy_gbps", "Copy bandwidth"), ("read_gbps", "Read bandwidth")):
+        f = b.fig(label, fig_field(doc, key, "GB/s", MEASURED))
+        rows.append({"metric": label, "fig": f, "datasheet": f"{fmt_num(ds_bw)} GB/s" if ds_bw else "—",
+                     "pct": f"{f.value / ds_bw * 100:.0f}%" if f.ok and ds_bw else "—"})
+    peaks = doc.get("peak_tflops", default={})
+    ds_peaks = datasheet.get("peak_tflops") or {}
+    if isinstance(peaks, dict):
+        for dtype, raw in peaks.items():
+            f = fig_field(Doc("memory", doc.rel, doc.path, {"v": raw, "provenance": {}}, "ok"), "v", "TFLOP/s", MEASURED)
+            f.source = f"{doc.rel}: peak_tflops.{dtype}"
+            b.fig(f"Peak {dtype} matmul", f)
+            ds = num(ds_peaks.get(dtype)) if isinstance(ds_peaks, dict) else None
+            rows.append({"metric": f"Peak {dtype} matmul", "fig": f, "datasheet": f"{fmt_num(ds)} TFLOP/s" if ds else "—",
+                         "pct": f"{f.value / ds * 100:.0f}%" if f.ok and ds else "—"})
+    s["rows"] = rows
+    return s
+
+
+SLOW_BELOW = 0.5  # below half the measured bandwidth a figure is our kernel's, not the hardware's ceiling (issue 14)
+
+
+def kernel_reading(frac: Any, gpu_us: Any = None, floor_us: Any = None, nbytes: Any = None,
+                   copy_gbps: float | None = None) -> str:
+    """How to read one kernel's bandwidth figure: a ceiling, a small latency-bound kernel (moving its bytes at
+    full bandwidth takes less than the measured per-kernel floor), or our slow kernel."""
+    f = num(frac)
+    if f is None:
+        return "—"
+    pct = f"{f * 100:.0f}% of bandwidth"
+    if f >= SLOW_BELOW:
+        return f"ceiling ({pct})"
+    floor, nb = num(floor_us), num(nbytes)
+    if floor is not None and nb is not None and copy_gbps and nb / copy_gbps / 1e3 < floor:
+        return f"small kernel, latency bound (floor {fmt_num(floor)} µs; {pct})"
+    return f"our kernel is slow here ({pct})"
+
+
+def gemm_frame(bundle: Bundle) -> pd.DataFrame | None:
+    t = bundle.table("gemm")
+    if not t.usable:
+        return None
+    df = _numeric(t.df, "M", "N", "K", "gpu_us", "eager_us", "gbps", "tflops", "frac_of_copy_bw")
+    if "name" not in df.columns or "dtype" not in df.columns:
+        return None
+    n = df["N"].astype("Int64").astype(str) if "N" in df.columns else ""
+    k = df["K"].astype("Int64").astype(str) if "K" in df.columns else ""
+    df["shape"] = df["name"].astype(str) + ("  " + n + "×" + k if "N" in df.columns and "K" in df.columns else "")
+    return df
+
+
+def gemm_sub(b: Builder, bundle: Bundle, copy_gbps: float | None) -> dict[str, Any]:
+    doc, t = bundle.doc("gemm_json"), bundle.table("gemm")
+    s = _sub("Decode GEMMs at the model's per-GPU shapes", doc if doc.state != "missing" else None, t)
+    if doc.state == "skipped" and not t.usable:
+        s["ok"], s["why"] = False, doc.why
+    df = gemm_frame(bundle) if t.usable else None
+    if df is None:
+        if t.usable:
+            s["ok"], s["why"] = False, f"{t.rel} lacks the name/dtype columns"
+        return s
+    s["ok"] = True
+    if "gbps" in df.columns and "M" in df.columns:
+        m_min = df["M"].min()
+        m1 = df[df["M"] == m_min].dropna(subset=["gbps"])
+        s["chart_m1"] = b.chart(f"Achieved bandwidth per shape at M={fmt_num(m_min)}", ch.gemm_m1_bandwidth, m1, copy_gbps,
+                                caption=f"measured · {t.rel} · dashed: measured copy bandwidth")
+        if df["M"].nunique() > 1:
+            s["chart_sweep"] = b.chart("Achieved bandwidth against M", ch.gemm_m_sweep, df.dropna(subset=["gbps"]),
+                                       copy_gbps, caption=f"measured · {t.rel}")
+        m1 = m1.assign(reading=[kernel_reading(r.get("frac_of_copy_bw"), r.get("gpu_us"), r.get("latency_floor_us"),
+                                               r.get("bytes"), copy_gbps) for _, r in m1.iterrows()])
+        cols = [("name", "shape"), ("dtype", "dtype"), ("backend", "backend"), ("N", "N"), ("K", "K"),
+                ("gpu_us", "GPU µs"), ("latency_floor_us", "latency floor µs"), ("eager_us", "eager µs"),
+                ("gbps", "GB/s"), ("tflops", "TFLOP/s"), ("frac_of_copy_bw", "of copy BW"), ("reading", "reading")]
+        pct = {"frac_of_copy_bw": lambda v: f"{num(v) * 100:.0f}%" if num(v) is not None else "—",
+               "N": lambda v: f"{int(num(v)):,}" if num(v) is not None else "—",
+               "K": lambda v: f"{int(num(v)):,}" if num(v) is not None else "—"}
+        s["table_m1"] = df_table(m1, cols, formats=pct)
+        s["m_min"] = fmt_num(m_min)
+        s["table_all"] = df_table(df.drop(columns=["shape"]), formats=pct)
+    else:
+        s["table_all"] = df_table(df.drop(columns=["shape"]))
+    return s
+
+
+def allreduce_sub(b: Builder, bundle: Bundle) -> dict[str, Any]:
+    s, doc, t = _table_sub(bundle, "All-reduce", "allreduce_json", "allreduce")
+    s["world_size"] = doc.get("world_size") if doc.data else None
+    if not s["ok"]:
+        return s
+    df = _numeric(t.df, "size", "count", "time_us", "algbw", "busbw", "graph_time_us", "world_size")
+    size = find_col(df, "size", "bytes", "size_bytes")
+    tcol = find_col(df, "time_us", "time", "us")
+    if size is None or tcol is None:
+        s["ok"], s["why"] = False, f"{t.rel} lacks size/time_us columns"
+        return s
+    plot = df.rename(columns={size: "size", tcol: "time_us"})
+    if s["world_size"] is None and "world_size" in plot.columns and plot["world_size"].notna().any():
+        s["world_size"] = fmt_num(num(plot["world_size"].dropna().iloc[0]))
+    graph = find_col(plot, "graph_time_us", "graph_us")
+    if graph:
+        eager = plot.assign(series="CUDA events (eager)")
+        g = plot.assign(series="CUDA graph", time_us=plot[graph])
+        if "algbw" in plot.columns:
+            g["algbw"] = g["size"] / g["time_us"] / 1e3
+            ratio = plot["busbw"] / plot["algbw"] if "busbw" in plot.columns else 1
+            g["busbw"] = g["algbw"] * ratio
+        plot = pd.concat([eager, g], ignore_index=True)
+    elif "mode" in plot.columns or "source" in plot.columns:
+        src = plot["source"].astype(str) if "source" in plot.columns else pd.Series("", index=plot.index)
+        mode = plot["mode"].astype(str) if "mode" in plot.columns else pd.Series("", index=plot.index)
+        place = plot["placement"].astype(str) if "placement" in plot.columns else pd.Series("", index=plot.index)
+        plot = plot.assign(series=[
+            (f"nccl-tests {pl}" if sr == "nccl-tests" else f"{'CUDA graph' if md == 'graph' else md or 'eager'}")
+            for sr, md, pl in zip(src, mode, place)])
+    model = doc.get("model_message") if doc.data else None
+    model_bytes = num(dig(model, "bytes")) if isinstance(model, dict) else None
+    model_time = num(dig(model, "time_us")) if isinstance(model, dict) else None
+    if model_bytes is None and "model_size" in df.columns:
+        hit = df[df["model_size"].astype(str).str.lower().isin(["true", "1"])]
+        if len(hit):
+            model_bytes = num(hit[size].iloc[0])
+            model_time = num(hit[tcol].min())
+    if model_time is None and doc.data:
+        model_time = num(doc.get("allreduce_us_at_model_size"))
+    s["model_message"] = ({"bytes": fmt_size(model_bytes), "time": fmt_num(model_time)} if model_bytes else None)
+    s["comm_floor"] = comm_floor_text(bundle.doc("gap"))
+    s["chart"] = b.chart("All-reduce latency and bus bandwidth", ch.allreduce, plot.dropna(subset=["time_us"]),
+                         model_bytes, caption=f"measured · {t.rel}" + (" · dotted: the model's message size" if model_bytes else ""))
+    cols = [(c, c) for c in ("size", "count", "type", "redop", "mode", "placement", "source", "time_us",
+                             "graph_time_us", "algbw", "busbw", "wrong") if c in df.columns]
+    s["table"] = df_table(df, cols or None, formats={"size": lambda v: fmt_size(num(v))})
+    return s
+
+
+def comm_floor_text(gap: Doc) -> str:
+    """The all-reduces a token needs at the measured latency, eager against CUDA graph (gap.json)."""
+    c = gap.get("communication_floor") if gap.usable else None
+    if not isinstance(c, dict) or not c.get("allreduces_per_token"):
+        return ""
+    n = num(c.get("allreduces_per_token"))
+    parts = [f"{fmt_num(n)} all-reduces"]
+    for mode, label in (("eager", "eager"), ("graph", "in a CUDA graph")):
+        ms, us = num(c.get(f"{mode}_ms")), num((c.get("per_op_us") or {}).get(mode))
+        if ms is not None and us is not None:
+            parts.append(f"{label} {fmt_num(us)} µs each = {fmt_num(ms)} ms")
+    if num(c.get("graph_saves_ms")) is not None:
+        parts.append(f"graphs save {fmt_num(num(c['graph_saves_ms']))} ms per token")
+    if num(c.get("modelled_ms")) is not None:
+        parts.append(f"modelled floor {fmt_num(num(c['modelled_ms']))} ms (roofline.json)")
+    return "; ".join(parts) + "."
+
+
+def eager_graph_sub(b: Builder, bundle: Bundle) -> dict[str, Any]:
+    """launch.csv (wide: case/eager_us/graph_us, or long: kernel/mode/per_kernel_us) and each GEMM's eager_us
+    against its gpu_us: what a server without CUDA graphs pays per launch."""
+    doc, t = bundle.doc("launch_json"), bundle.table("launch")
+    s = _sub("Eager against CUDA graph", doc if doc.state != "missing" else None, t)
+    rows = []
+    if t.usable:
+        df = t.df
+        case = find_col(df, "case", "kernel", "name", "what")
+        eager = find_col(df, "eager_us", "eager")
+        graph = find_col(df, "graph_us", "graph", "graphed_us")
+        mode = find_col(df, "mode")
+        value = find_col(df, "per_kernel_us", "time_us", "us")
+        if case and eager and graph:
+            for _, r in df.iterrows():
+                rows.append({"case": str(r[case]), "eager": num(r[eager]), "graph": num(r[graph]), "src": t.rel})
+        elif case and mode and value:
+            for name, grp in df.groupby(case, sort=False):
+                by = {str(m): num(v) for m, v in zip(grp[mode], grp[value])}
+                label = str(name)
+                rows.append({"case": f"launch: {label}", "eager": by.get("eager"), "graph": by.get("graph"),
+                             "sync": by.get("eager-sync"), "src": t.rel})
+    gdf = gemm_frame(bundle)
+    if gdf is not None and {"eager_us", "gpu_us", "M"} <= set(gdf.columns):
+        m1 = gdf[gdf["M"] == gdf["M"].min()]
+        dtype = "bf16" if "bf16" in set(m1["dtype"]) else m1["dtype"].iloc[0] if len(m1) else None
+        for _, r in m1[m1["dtype"] == dtype].iterrows():
+            rows.append({"case": f"GEMM {r['shape']} {dtype} M={fmt_num(num(r['M']))}", "eager": num(r["eager_us"]),
+                         "graph": num(r["gpu_us"]), "src": bundle.table("gemm").rel})
+    rows = [r for r in rows if r["eager"] is not None]
+    if not rows:
+        s["ok"] = False
+        s["why"] = (doc.why if doc.state == "skipped" else t.why) or "no case has an eager time"
+        return s
+    s["ok"] = True
+    pairs = [r for r in rows if r["graph"] is not None]
+    if pairs:
+        long = pd.DataFrame([{"case": r["case"], "mode": m, "value": r[m]} for r in pairs for m in ("eager", "graph")])
+        s["chart"] = b.chart("Eager launch against CUDA-graph replay", ch.eager_vs_graph, long,
+                             caption="measured · microbench/launch.csv (per launch / per graph node) and gemm.csv "
+                                     "(eager against GPU time)")
+    else:
+        reasons = [c["reason"] for c in (doc.skipped_cases if doc.data else []) if "graph" in c["case"].lower()]
+        s["chart"] = {"title": "Eager launch against CUDA-graph replay",
+                      "why": "no graph time: " + (reasons[0] if reasons else "CUDA graphs were not captured")}
+    s["has_sync"] = any(r.get("sync") is not None for r in rows)
+    s["rows"] = [{**r, "eager_t": fmt_num(r["eager"]), "graph_t": fmt_num(r["graph"]), "sync_t": fmt_num(r.get("sync")),
+                  "overhead": fmt_num(r["eager"] - r["graph"]) if r["graph"] is not None else "—",
+                  "ratio": f"{r['eager'] / r['graph']:.1f}×" if r["graph"] else "—"} for r in rows]
+    return s
+
+
+def moe_sub(b: Builder, bundle: Bundle) -> dict[str, Any]:
+    s, doc, t = _table_sub(bundle, "MoE: routing, per-expert loop against grouped GEMM", "moe_json", "moe")
+    if not s["ok"]:
+        return s
+    df = t.df
+    impl = find_col(df, "impl", "method", "variant", "kernel", "mode")
+    mcol = find_col(df, "M", "m", "tokens", "batch")
+    tcol = find_col(df, "gpu_us", "time_us", "us", "graph_us")
+    if impl and mcol and tcol:
+        plot = df.copy()
+        case = find_col(df, "case", "stage", "part")
+        name = find_col(df, "name")
+        if case and (plot[case].astype(str) == "experts").any():
+            plot = plot[plot[case].astype(str) == "experts"]
+        elif name and (plot[name].astype(str) == "moe.experts").any():
+            plot = plot[plot[name].astype(str) == "moe.experts"]
+        else:
+            plot = plot[plot[impl].astype(str) != "routing"]
+        plot = plot.copy()
+        dt = find_col(plot, "dtype")
+        if dt and plot[dt].nunique() > 1:
+            plot[impl] = plot[impl].astype(str) + " " + plot[dt].astype(str)
+        plot = _numeric(plot.rename(columns={mcol: "M", tcol: "time_us", impl: "impl"}), "M", "time_us")
+        s["chart"] = b.chart("Expert GEMMs: per-expert loop against grouped kernel", ch.moe_loop_vs_grouped,
+                             plot.dropna(subset=["M", "time_us"]), caption=f"measured · {t.rel} (GPU time)")
+    else:
+        s["chart"] = {"why": f"{t.rel} lacks impl/M/gpu_us columns", "title": "MoE"}
+    if "frac_of_copy_bw" in df.columns:  # routing rows are not bandwidth kernels: no reading for them
+        df = df.assign(reading=[kernel_reading(r.get("frac_of_copy_bw")) if str(r.get("impl")) != "routing" else ""
+                                for _, r in df.iterrows()])
+    s["table"] = df_table(df, _cols(df, ("case", "name", "impl", "dtype", "backend", "M", "top_k", "experts_active",
+                                         "experts_hit", "gpu_us", "eager_us", "gbps", "frac_of_copy_bw", "reading",
+                                         "note")))
+    return s
+
+
+def attention_sub(b: Builder, bundle: Bundle) -> dict[str, Any]:
+    s, doc, t = _table_sub(bundle, "Attention decode", "attention_json", "attention")
+    if not s["ok"]:
+        return s
+    s["table"] = df_table(t.df, _cols(t.df, ("kind", "name", "backend", "batch", "context_len", "heads", "kv_heads",
+                                             "head_dim", "gpu_us", "eager_us", "gbps", "frac_of_copy_bw", "note")))
+    return s
+
+
+def microbench_section(b: Builder, bundle: Bundle, datasheet: dict[str, Any]) -> dict[str, Any]:
+    mem = memory_sub(b, bundle, datasheet)
+    copy = num(bundle.doc("memory").get("copy_gbps")) if bundle.doc("memory").usable else None
+    subs = [mem, gemm_sub(b, bundle, copy), allreduce_sub(b, bundle), eager_graph_sub(b, bundle),
+            moe_sub(b, bundle), attention_sub(b, bundle)]
+    docs = [bundle.doc(n) for n in ("memory", "gemm_json", "allreduce_json", "moe_json", "attention_json", "launch_json")]
+    ok = any(s["ok"] for s in subs)
+    why = ""
+    if not ok:
+        reasons = sorted({d.why for d in docs if d.why})
+        why = "; ".join(reasons) if reasons else "no micro-benchmark file was produced"
+    devices = sorted({d.device for d in docs if d.device})
+    return {"id": "microbench", "title": "Micro-benchmarks", "ok": ok, "why": why, "subs": subs,
+            "devices": devices, "skipped": _skipped_rows(*docs)}
