@@ -26,6 +26,9 @@ Measured on an H200 (benchmarks/lowprec_device.py): the M=1 NVFP4 GEMV reaches 4
 large shapes (4-5x the earlier kernel, still short of the 85% target: it is issue-bound on the decode), the
 tensor-core form 8-9% (so the weight-only class uses the new GEMV at M=1 only); FP8 and bf16 GEMVs 90-104%. The grouped form takes the selected experts' ids and a shared or per-expert activation, and can pair
 the gate and up rows of an expert in one program to write silu(gate) * up directly.
+
+One module of about 900 lines on purpose: the dense, grouped, FP8 and NVFP4 kernels share the same decode helpers,
+tile configurations and launch wrappers, and a kernel and its wrapper are read (and tuned) together.
 """
 
 from __future__ import annotations
