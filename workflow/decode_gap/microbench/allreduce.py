@@ -24,11 +24,8 @@ nccl_tests.py (all_reduce_perf); this one is the stage: sizes, merged rows, the 
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,6 +33,7 @@ import pandas as pd
 
 from ..errors import ConfigError
 from ..provenance import measured, unavailable
+from ..ranks import rank_main
 from .allreduce_launch import (  # noqa: F401 - re-exported
     _multinode_failure,
     _read_where,
@@ -261,24 +259,15 @@ def _main(argv: list[str]) -> int:
 
     Without a rank argument the rank is $RANK (torchrun sets it, with LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT).
     """
-    if not argv:
-        print("usage: python -m decode_gap.microbench.allreduce <job.json> [<rank>]", file=sys.stderr)
-        return 2
-    job = json.loads(Path(argv[0]).read_text())
-    if len(argv) > 1:
-        rank = int(argv[1])
-    elif os.environ.get("RANK", "").isdigit():
-        rank = int(os.environ["RANK"])
-    else:
-        print(f"{argv[0]}: no rank argument and $RANK is not set (start it with torchrun)", file=sys.stderr)
-        return 2
-    try:
-        _rank_main(rank, job)
-    except BaseException as exc:
-        if job.get("init_method") == ENV_INIT:  # the launcher only sees an exit status: leave the reason
-            _write_error(job, rank, exc)
-        raise
-    return 0
+    def body(rank: int, job: dict[str, Any]) -> None:
+        try:
+            _rank_main(rank, job)
+        except BaseException as exc:
+            if job.get("init_method") == ENV_INIT:  # the launcher only sees an exit status: leave the reason
+                _write_error(job, rank, exc)
+            raise
+
+    return rank_main(body, argv)
 
 
 if __name__ == "__main__":
