@@ -3,7 +3,9 @@ from decode_gap.trace.load import input_files as trace_input_files
 
 TRACE_PATH = config.get("trace", "")
 # No trace given and simulate.engine_trace on: the engine level records one of its own decode steps.
-ENGINE_TRACE = not TRACE_PATH and bool(config.get("simulate", {}).get("engine_trace", False))
+ENGINE_TRACE = not TRACE_PATH and bool(
+    config.get("simulate", {}).get("engine_trace", False)
+)
 
 
 rule analyze_trace:
