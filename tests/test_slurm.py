@@ -167,7 +167,7 @@ def _report_files(workdir: Path, rev: str) -> dict[str, str | None]:
             status = None
             if path.suffix in (".pdf", ".html"):  # a real document on both sides, or a stub on both
                 status = path.read_bytes()[:5].decode("latin-1")
-            elif path.suffix == ".json":
+            elif path.suffix == ".json" and path.stat().st_size:  # an empty declared log (stubbed rules) is no stage file
                 data = json.loads(path.read_text())
                 status = f"{data.get('stage')}:{data.get('status')}" if isinstance(data, dict) else None
             out[f"results/{rel}"] = status
