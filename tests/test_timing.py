@@ -30,3 +30,39 @@ def test_flusher_is_a_no_op_on_a_cpu_device():
     assert f.buf is None
     f()
     assert timing.l2_bytes("cpu") == 0
+
+
+class _FakeCudaDouble:
+    """Test double for torch.cuda's events (no GPU here): an event records the step at which it was recorded,
+    and elapsed_time is the step difference in ms, so the order of calls is what gets measured."""
+
+    def __init__(self, log):
+        log_ref = log
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.t = None
+
+            def record(self):
+                log_ref.append("record")
+                self.t = len(log_ref)
+
+            def elapsed_time(self, other):
+                return float(other.t - self.t)
+
+        class Cuda:
+            pass
+
+        self.cuda = Cuda()
+        self.cuda.Event = Event
+        self.cuda.synchronize = lambda device=None: log_ref.append("sync")
+
+
+def test_back_to_back_us_brackets_each_call_and_syncs_once(monkeypatch):
+    import decode_gap.timing as core
+
+    log: list[str] = []
+    monkeypatch.setattr(core, "_torch", lambda: _FakeCudaDouble(log))
+    out = core.back_to_back_us(lambda: log.append("call"), 3, "cuda:0", before_each=lambda: log.append("flush"))
+    assert log == ["flush", "record", "call", "record"] * 3 + ["sync"]
+    assert out == [2000.0, 2000.0, 2000.0]  # start..end spans the call only (the flush is outside): 2 steps -> µs

@@ -139,6 +139,24 @@ def time_cpu_us(fn: Callable[[], object], warmup: int, iters: int,
     return out
 
 
+def back_to_back_us(fn: Callable[[], object], n: int, device: Any = None,
+                    before_each: Callable[[], None] | None = None) -> list[float]:
+    """GPU time of each of `n` calls of fn issued back to back (a CUDA event pair around each call, one
+    synchronisation at the end), in µs. `before_each` (e.g. an L2 flush) runs outside the timed span.
+    The caller warms up and synchronises first."""
+    torch = _torch()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    for i in range(n):
+        if before_each is not None:
+            before_each()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize(device)
+    return [float(s.elapsed_time(e)) * 1e3 for s, e in zip(starts, ends)]
+
+
 def time_from_idle_us(fn: Callable[[], object], warmup: int, iters: int, flush: Callable[[], None] | None,
                       before: Callable[[], None] | None = None) -> list[float]:
     """GPU time (CUDA events) of each call of fn (an eager step or a graph replay), each from an idle GPU,

@@ -11,7 +11,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from ..timing import capture_graph, warm_on_side_stream
+from ..timing import back_to_back_us, capture_graph, warm_on_side_stream
 
 MODULE = "decode_gap.microbench.allreduce"  # `python -m` runs one rank (allreduce._main)
 ENV_INIT = "env://"  # job.json's init_method under torchrun
@@ -90,14 +90,7 @@ def _one_size(rank, world, device, dtype, count, job) -> dict[str, Any]:
     dist.barrier()
     if gpu:
         torch.cuda.synchronize(device)
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-        for i in range(iters):
-            starts[i].record()
-            dist.all_reduce(buf)
-            ends[i].record()
-        torch.cuda.synchronize(device)
-        out["eager_us"] = [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
+        out["eager_us"] = back_to_back_us(lambda: dist.all_reduce(buf), iters, device)
     else:
         samples = []
         for _ in range(iters):
@@ -116,15 +109,7 @@ def _one_size(rank, world, device, dtype, count, job) -> dict[str, Any]:
             graph.replay()
             torch.cuda.synchronize(device)
             dist.barrier()
-            n = max(iters // 2, 3)
-            starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-            ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-            for i in range(n):
-                starts[i].record()
-                graph.replay()
-                ends[i].record()
-            torch.cuda.synchronize(device)
-            out["graph_us"] = [s.elapsed_time(e) * 1e3 / reps for s, e in zip(starts, ends)]
+            out["graph_us"] = [t / reps for t in back_to_back_us(graph.replay, max(iters // 2, 3), device)]
             del graph
         except Exception as exc:  # recorded as a skipped case by the parent
             out["graph_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"

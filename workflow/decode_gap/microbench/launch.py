@@ -18,6 +18,7 @@ import pandas as pd
 import torch
 
 from ..provenance import measured, unavailable
+from ..timing import back_to_back_us
 from .common import BenchEnv, short_error, skip, summary
 from .timing import capture_graph, stats_us, time_cpu, time_eager_loop
 
@@ -56,15 +57,7 @@ def _graph_per_kernel(fn, n: int, env: BenchEnv):
     for _ in range(3):
         g.replay()
     torch.cuda.synchronize(env.device)
-    iters = max(env.iters, 5)
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    for i in range(iters):
-        starts[i].record()
-        g.replay()
-        ends[i].record()
-    torch.cuda.synchronize(env.device)
-    totals = [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
+    totals = back_to_back_us(g.replay, max(env.iters, 5), env.device)
     return stats_us([t / n for t in totals]), stats_us(totals)
 
 

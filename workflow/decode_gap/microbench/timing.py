@@ -147,17 +147,7 @@ def time_events(fn: Callable[[], Any], warmup: int, iters: int, device: Any, flu
     for _ in range(max(warmup, 1)):
         fn()
     torch.cuda.synchronize(device)
-    n = max(iters, 1)
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-    for i in range(n):
-        if flush is not None:
-            flush()
-        starts[i].record()
-        fn()
-        ends[i].record()
-    torch.cuda.synchronize(device)
-    return stats_us([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)])
+    return stats_us(_core.back_to_back_us(fn, max(iters, 1), device, before_each=flush))
 
 
 def capture_graph(fns: Sequence[Callable[[], Any]], device: Any, warmup: int = 2) -> "torch.cuda.CUDAGraph":
@@ -174,16 +164,8 @@ def time_graph(fns: Sequence[Callable[[], Any]], warmup: int, iters: int, device
     for _ in range(max(warmup, 1)):
         g.replay()
     torch.cuda.synchronize(device)
-    n = max(iters, 1)
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-    for i in range(n):
-        starts[i].record()
-        g.replay()
-        ends[i].record()
-    torch.cuda.synchronize(device)
     per = len(fns)
-    return stats_us([s.elapsed_time(e) * 1e3 / per for s, e in zip(starts, ends)])
+    return stats_us([t / per for t in _core.back_to_back_us(g.replay, max(iters, 1), device)])
 
 
 @dataclass
