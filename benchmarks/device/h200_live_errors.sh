@@ -4,14 +4,9 @@
 # Wheels as for h200_pipeline.sh (.whl). Device: run(command="bash benchmarks/device/h200_live_errors.sh",
 # carry=[".whl"], timeout_s=600). Prints everything; nothing to fetch back.
 set -uo pipefail
-OUT=${OUT:-$PWD/devrun/out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  >"$OUT/pip.log" 2>&1 || { echo "wheel install failed"; tail "$OUT/pip.log"; }
-export PYTHONPATH=/tmp/site:$PWD/workflow PATH=/tmp/site/bin:$PATH
+source "$(dirname "$0")/env.sh"
 MODEL_DIR=/tmp/llama-1b-random
-python3 -c "from decode_gap.randmodel import build_random_model as b; b('config/models/llama-1b-random.json', '$MODEL_DIR')" \
+python3 benchmarks/device/randmodel.py config/models/llama-1b-random.json "$MODEL_DIR" \
   >"$OUT/model.log" 2>&1 || tail -5 "$OUT/model.log"
 setsid transformers serve "$MODEL_DIR" --host 127.0.0.1 --port 8000 --device cuda:0 --dtype bfloat16 \
   >"$OUT/serve.log" 2>&1 &

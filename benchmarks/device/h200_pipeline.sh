@@ -14,12 +14,7 @@
 # Two runs: (1) `transformers serve` with a random-weight 1B Llama in bf16 as the live server, the same model at
 # the kernel and engine levels (closure); (2) DeepSeek-V3 FP8 shapes for the micro-benchmarks and the kernel level.
 set -uo pipefail
-OUT=${OUT:-$PWD/devrun/out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  >"$OUT/pip.log" 2>&1 || { echo "wheel install failed"; tail "$OUT/pip.log"; }
-export PYTHONPATH=/tmp/site:$PWD/workflow PATH=/tmp/site/bin:$PATH
+source "$(dirname "$0")/env.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 
 MODEL_DIR=/tmp/llama-1b-random

@@ -9,12 +9,7 @@
 # included), the roofline and the kernel-level decode step at TP=2 with the collective inside the step (eager
 # and one CUDA graph that captures it), then every stage file the report reads. NVLink multicast stays off.
 set -uo pipefail
-OUT=${OUT:-$PWD/devrun/out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  >"$OUT/pip.log" 2>&1 || { echo "wheel install failed"; tail "$OUT/pip.log"; }
-export PYTHONPATH=/tmp/site:$PWD/workflow PATH=/tmp/site/bin:$PATH
+source "$(dirname "$0")/env.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 nvidia-smi topo -m | head -5
 trap 'tar czf "$OUT/results-tp2.tgz" results .snakemake/log 2>/dev/null' EXIT
