@@ -6,7 +6,6 @@ from .spec import (
     LinearLayer,
     LinearTemplate,
     ModelSpec,
-    _shard,
     shard_count,
     expected_distinct_experts,
     extra_params,
@@ -20,7 +19,7 @@ from .spec import (
 )
 
 __all__ = [
-    "MIN_TRANSFORMERS", "LayerAttention", "LinearLayer", "LinearTemplate", "ModelSpec", "Weight", "_shard",
+    "MIN_TRANSFORMERS", "LayerAttention", "LinearLayer", "LinearTemplate", "ModelSpec", "Weight",
     "build_graph", "config_hash", "expected_distinct_experts", "extra_params", "kv_shard", "linear_layers",
     "load_model_card", "mtp_params", "norm_params", "parameter_counts", "role_counts", "shard_count",
     "spec_from_dict",

@@ -374,7 +374,6 @@ def shard_count(value: int, tp: int) -> int:
     return max(1, -(-value // tp))
 
 
-_shard = shard_count  # the old private name, kept for callers not yet switched
 
 
 def expected_distinct_experts(experts: int, top_k: int, batch: int) -> float:
@@ -391,8 +390,8 @@ _KV_PARTS = {"k_proj", "v_proj", "wk", "wv", "key", "value", "k", "v"}
 def _by_units(dim: int, units: int, tp: int) -> int:
     """Shard `dim` made of `units` equal heads: ceil(units / tp) heads per rank."""
     if units and dim % units == 0:
-        return _shard(units, tp) * (dim // units)
-    return _shard(dim, tp)
+        return shard_count(units, tp) * (dim // units)
+    return shard_count(dim, tp)
 
 
 def _shard_template(t: LinearTemplate, spec: ModelSpec, tp: int, ep: int, batch: int) -> LinearLayer:
@@ -410,7 +409,7 @@ def _shard_template(t: LinearTemplate, spec: ModelSpec, tp: int, ep: int, batch:
     if t.group == "router":
         return LinearLayer(name, t.group, n, k, t.layers, quantizable=False, replicated=tp > 1)
     if t.group == "lm_head":
-        return LinearLayer(name, t.group, _shard(n, tp), k, t.layers)
+        return LinearLayer(name, t.group, shard_count(n, tp), k, t.layers)
     replicated = base.endswith((".q_a_proj", ".kv_a_proj")) or ".indexer." in base or n < tp
     quant = not base.endswith(".indexer.weights_proj")
     if replicated:
@@ -421,9 +420,9 @@ def _shard_template(t: LinearTemplate, spec: ModelSpec, tp: int, ep: int, batch:
             if len(t.parts) > 1:
                 n = sum(_by_units(pn, spec.heads if p.lower() in _Q_PARTS else spec.kv_heads, tp) for p, pn in t.parts)
             elif n == (spec.heads + 2 * spec.kv_heads) * spec.head_dim:
-                n = (_shard(spec.heads, tp) + 2 * _shard(spec.kv_heads, tp)) * spec.head_dim
+                n = (shard_count(spec.heads, tp) + 2 * shard_count(spec.kv_heads, tp)) * spec.head_dim
             else:
-                n = _shard(n, tp)
+                n = shard_count(n, tp)
             return LinearLayer(name, t.group, n, k, t.layers)
         if base == "attn.o_proj":
             return LinearLayer(name, t.group, n, _by_units(k, spec.heads, tp), t.layers)
@@ -436,10 +435,10 @@ def _shard_template(t: LinearTemplate, spec: ModelSpec, tp: int, ep: int, batch:
 def _col_or_row(t: LinearTemplate, tp: int, hidden: int) -> tuple[int, int]:
     """Column-parallel (split n) for up-projections, row-parallel (split k) for projections back to hidden."""
     if t.name.split("#")[0].endswith("gate_up_proj") and t.n % 2 == 0:
-        return 2 * _shard(t.n // 2, tp), t.k
+        return 2 * shard_count(t.n // 2, tp), t.k
     if t.n == hidden and t.k != hidden:
-        return t.n, _shard(t.k, tp)
-    return _shard(t.n, tp), t.k
+        return t.n, shard_count(t.k, tp)
+    return shard_count(t.n, tp), t.k
 
 
 def linear_layers(spec: ModelSpec, tp: int = 1, ep: int = 1, batch: int = 1) -> list[LinearLayer]:
