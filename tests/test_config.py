@@ -10,7 +10,7 @@ from decode_gap.config import one_line_validation_error, resolve_run
 from decode_gap.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
-SCHEMA = str(REPO / "config" / "config.schema.json")
+SCHEMA = str(REPO / "workflow" / "schemas" / "config.schema.json")
 
 
 def shipped():

@@ -53,3 +53,28 @@ def test_diff():
         {"component": "kernel", "before": "6.8", "after": "6.14"},
         {"component": "pcie", "before": "—", "after": "x"},
     ]
+
+
+def test_cluster_dag_uses_the_node_record_from_fleet_detect(tmp_path, monkeypatch):
+    """A cluster DAG is built on the submit host: its rerun triggers compare against the node's recorded fingerprint."""
+    for name in fp.COMPONENTS:
+        monkeypatch.delenv(fp.ENV_PREFIX + name.upper(), raising=False)
+    local, basis = fp.for_dag(tmp_path / "h200-x", "srv", cluster=False)
+    assert basis == "this host" and local == fp.measure_components(server="srv")
+
+    missing, basis = fp.for_dag(tmp_path / "h200-x", "srv", cluster=True)
+    assert basis.startswith("the submit host") and "fleet detect" in basis and missing["server"] == "srv"
+
+    node = {k: f"node-{k}" for k in fp.COMPONENTS if k != "server"}
+    where = fp.record_node(tmp_path, {"host": "gpu07", "hardware_revision": "h200-x", "fingerprint": node})
+    assert where == tmp_path / "h200-x" / fp.NODE_RECORD
+    recorded, basis = fp.for_dag(tmp_path / "h200-x", "srv", cluster=True)
+    assert basis.startswith("node gpu07") and recorded == {**node, "server": "srv"}
+    # a driver upgrade on the nodes, recorded again, changes exactly the driver part the stages depend on
+    fp.record_node(tmp_path, {"host": "gpu07", "hardware_revision": "h200-x", "fingerprint": {**node, "driver": "590"}})
+    again, _ = fp.for_dag(tmp_path / "h200-x", "srv", cluster=True)
+    assert fp.diff(recorded, again) == [{"component": "driver", "before": "node-driver", "after": "590"}]
+
+    (tmp_path / "h200-x" / fp.NODE_RECORD).write_text("{not json")
+    _, basis = fp.for_dag(tmp_path / "h200-x", "srv", cluster=True)
+    assert basis.startswith("the submit host")

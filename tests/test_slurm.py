@@ -63,7 +63,7 @@ def _known_to_schema(overrides: dict, schema: dict) -> dict:
 
 
 def tiny_config() -> str:
-    schema = json.loads((REPO / "config" / "config.schema.json").read_text())
+    schema = json.loads((REPO / "workflow" / "schemas" / "config.schema.json").read_text())
     return json.dumps(_known_to_schema(TINY, schema))  # JSON is YAML
 
 
@@ -187,6 +187,7 @@ def test_pipeline_cpu_path_through_slurm_executor(slurm_cluster, tmp_path):
     # The node type's hardware revision, detected on a node through srun (the fleet way), pinned for both runs.
     detect = subprocess.run(
         [sys.executable, "-m", "decode_gap.fleet", "detect", "--json"],
+        cwd=cluster,
         env=dict(env, PYTHONPATH=str(cluster / "workflow")),
         capture_output=True,
         text=True,
@@ -228,8 +229,12 @@ def test_pipeline_cpu_path_through_slurm_executor(slurm_cluster, tmp_path):
     finally:
         cluster_log = _finish(cluster_run)
 
-    # The same report files, with the same stage statuses.
+    # The cluster DAG compared its rerun triggers against the node's fingerprint, recorded by detect.
+    assert "fingerprint taken on the submit host" not in cluster_log
+    # The same report files, with the same stage statuses (detect's node record aside).
     expected, got = _report_files(local, rev), _report_files(cluster, rev)
+    assert "results/node_fingerprint.json" in got
+    del got["results/node_fingerprint.json"]
     assert "results/report.html" in expected and "results/report.pdf" in expected
     assert got == expected
 

@@ -198,6 +198,7 @@ def test_detect_command():
 def test_identity_round_trip_and_config_args():
     ident = fleet.node_identity()
     assert ident["hardware_revision"] and ident["hardware"]
+    assert set(ident["fingerprint"]) >= {"driver", "kernel", "torch"}  # what the cluster DAG compares against
     out = "srun: warning: something\n" + json.dumps(ident) + "\n"
     assert fleet.parse_identity(out) == ident
     if ident["hardware"] != "unknown-gpu":

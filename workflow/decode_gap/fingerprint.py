@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import json
 import os
 import platform
 import re
 from pathlib import Path
 
 from .host import host_identity
+from .io import write_json
 
 COMPONENTS = ("kernel", "driver", "cuda", "torch", "nccl", "governor", "tunables", "pcie", "gpu", "server")
 HOST = ("kernel", "driver", "cuda", "torch", "nccl", "governor", "tunables", "pcie", "gpu")
@@ -32,6 +34,8 @@ STAGE_COMPONENTS = {
 }
 
 ENV_PREFIX = "DECODE_GAP_FP_"
+# On a cluster the DAG is built on the submit host; `fleet detect` records the node type's fingerprint here.
+NODE_RECORD = "node_fingerprint.json"
 
 
 def _read(path: str) -> str | None:
@@ -155,11 +159,42 @@ def measure_components(server: str = "") -> dict[str, str]:
         "gpu": _gpu_settings(),
         "server": server or "none",
     }
+    return _overridden(values)
+
+
+def _overridden(values: dict[str, str]) -> dict[str, str]:
     for name in COMPONENTS:
         override = os.environ.get(ENV_PREFIX + name.upper())
         if override is not None:
             values[name] = override
     return values
+
+
+def record_node(results_dir: str | os.PathLike, identity: dict) -> Path:
+    """Keep a node's fingerprint (from `fleet identify`) beside its revision's results, for cluster DAGs."""
+    path = Path(results_dir) / identity["hardware_revision"] / NODE_RECORD
+    write_json(path, {"host": identity.get("host", ""), "components": identity["fingerprint"]})
+    return path
+
+
+def for_dag(res_dir: str | os.PathLike, server: str, cluster: bool) -> tuple[dict[str, str], str]:
+    """The fingerprint the rules' rerun triggers compare against, and where it was taken.
+
+    A local run measures this host. A cluster run builds its DAG on the submit host, which is not the node
+    measured: it uses the node record that `fleet detect` wrote, and says so when there is none.
+    """
+    if not cluster:
+        return measure_components(server), "this host"
+    record = Path(res_dir) / NODE_RECORD
+    try:
+        data = json.loads(record.read_text(encoding="utf-8"))
+        values = {k: str(data["components"].get(k, "none")) for k in COMPONENTS}
+    except (OSError, ValueError, KeyError, AttributeError):
+        return measure_components(server), (
+            f"the submit host (no readable {record}: `python -m decode_gap.fleet detect` records the node's)"
+        )
+    values["server"] = server or "none"
+    return _overridden(values), f"node {data.get('host') or '?'} ({record}, written by fleet detect)"
 
 
 def for_stage(components: dict[str, str], stage: str) -> dict[str, str]:

@@ -266,6 +266,7 @@ def stop_launch(proc: subprocess.Popen, grace_s: float = 45.0) -> None:
 # --------------------------------------------------------------------------------------------- node identity
 def node_identity(repo: str | Path = REPO) -> dict[str, Any]:
     """What this node is, by the same detection the Snakefile does: the hardware spec and `<hw-rev>`."""
+    from .fingerprint import measure_components
     from .hardware import resolve_hardware
     from .host import hardware_revision, host_identity
 
@@ -279,6 +280,8 @@ def node_identity(repo: str | Path = REPO) -> dict[str, Any]:
         "hardware": spec.key,
         "hardware_name": spec.name,
         "hardware_revision": hardware_revision(ident),
+        # what the cluster DAG's rerun triggers compare against (the submit host cannot measure it)
+        "fingerprint": measure_components(),
     }
 
 
@@ -390,6 +393,12 @@ def _cli(argv: Sequence[str] | None = None) -> int:
     det.add_argument("-A", "--account", default="")
     det.add_argument("--no-exclusive", action="store_true", help="share the node (GPUs hidden by cgroups are missed)")
     det.add_argument("--json", action="store_true", help="print the whole identity as JSON")
+    det.add_argument(
+        "--results",
+        default="results",
+        help="where to record the node's fingerprint: <results>/<hw-rev>/node_fingerprint.json "
+        "(default: results/ of the checkout you run in)",
+    )
     sub.add_parser("rendezvous-worker", help="(internal) one torchrun rank of rendezvous-check")
     chk = sub.add_parser(
         "rendezvous-check",
@@ -415,7 +424,13 @@ def _cli(argv: Sequence[str] | None = None) -> int:
                 account=args.account,
                 exclusive=not args.no_exclusive,
             )
-            print(json.dumps(ident) if args.json else config_args(ident))
+            line = json.dumps(ident) if args.json else config_args(ident)
+            if ident.get("fingerprint"):
+                from .fingerprint import record_node
+
+                where = record_node(args.results, ident)
+                print(f"decode-gap: recorded node {ident.get('host')}'s fingerprint in {where}", file=sys.stderr)
+            print(line)
         elif args.cmd == "rendezvous-worker":
             summary = rendezvous_check_worker()
             if summary["rank"] == 0:

@@ -1,35 +1,17 @@
 # Shared helpers for all stages (config validation, hardware revision, fingerprint).
-import os
 import sys
 from pathlib import Path
 
-from snakemake.utils import validate
-
 REPO = Path(workflow.basedir)
-PACKAGE_DIR = str(REPO / "workflow")
-sys.path.insert(0, PACKAGE_DIR)
-# Scripts run as child processes; they import the package from the checkout too (no install needed).
-os.environ.update(
-    PYTHONPATH=os.pathsep.join(
-        [PACKAGE_DIR, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    )
-)
 
-from decode_gap.config import one_line_validation_error, resolve_run
+
+include: "config.smk"
+
+
+from decode_gap.config import resolve_run
 from decode_gap.errors import ConfigError
 from decode_gap import fingerprint as fp
 from decode_gap import fleet
-
-try:
-    validate(config, str(REPO / "config" / "config.schema.json"))
-except Exception as exc:
-    sys.exit(
-        one_line_validation_error(
-            exc,
-            [*workflow.configfiles, *workflow.config_settings.configfiles],
-            dict(workflow.config_settings.config),
-        )
-    )
 
 try:
     RUN = resolve_run(config, REPO)
@@ -37,7 +19,14 @@ except ConfigError as exc:
     sys.exit(f"decode-gap: error: {exc}")
 HWREV = RUN.hardware_revision
 RES = f"results/{HWREV}"
-FINGERPRINT = fp.measure_components(server=RUN.server_identity)
+# On a cluster the submit host is not the node measured: the node's record from `fleet detect` is used.
+FINGERPRINT, FINGERPRINT_BASIS = fp.for_dag(
+    RES, RUN.server_identity, cluster=bool(workflow.non_local_exec)
+)
+if FINGERPRINT_BASIS.startswith("the submit host"):
+    print(
+        f"decode-gap: note: fingerprint taken on {FINGERPRINT_BASIS}", file=sys.stderr
+    )
 
 
 def stage_fingerprint(stage):
@@ -106,10 +95,6 @@ def run_params(stage):
 def gpu_count_wanted(n):
     """GPUs a rule asks for (for --executor slurm); zero on a host without GPUs."""
     return n if RUN.hardware.kind == "gpu" else 0
-
-
-def report_templates(wildcards):
-    return sorted(str(p) for p in (REPO / "report" / "templates").glob("*.j2"))
 
 
 def stage_summaries(wildcards):

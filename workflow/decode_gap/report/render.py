@@ -23,11 +23,12 @@ from ..io import atomic_write_text
 from .data import Fig, fmt_bytes, fmt_num
 from ..secrets import scrub_text, secret_values
 
-DEFAULT_TEMPLATES = Path(__file__).resolve().parents[3] / "report" / "templates"
+# Shipped inside the package (pyproject package-data), so an installed decode-gap renders without a checkout.
+DEFAULT_TEMPLATES = Path(__file__).resolve().parent / "templates"
 
 
 def template_dir(candidates: Iterable[str] | None = None) -> Path:
-    """The directory of the given template files (render_report's `templates` input), else the checkout's."""
+    """The directory of the given template files (render_report's `templates` input), else the package's."""
     for c in candidates or []:
         p = Path(c)
         if p.suffix == ".j2" and p.is_file():
