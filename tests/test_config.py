@@ -60,3 +60,46 @@ def test_unknown_hardware_and_model(tmp_path):
         resolve_run({**shipped(), "hardware": "tpu"}, REPO)
     with pytest.raises(ConfigError, match="model config.json not found"):
         resolve_run({**shipped(), "model": str(tmp_path / "x.json")}, REPO)
+
+
+def test_defaults_come_from_the_schema_only():
+    """One place for a default: the settings classes read theirs from the schema Snakemake validates against."""
+    import dataclasses
+
+    from decode_gap.config import schema_defaults, with_defaults
+    from decode_gap.microbench.common import DEFAULTS, microbench_settings
+    from decode_gap.settings import LiveSettings
+    from decode_gap.simulate.engine_common import EngineSettings
+
+    live = schema_defaults("live")
+    s = LiveSettings()
+    for name in ("api", "concurrency", "num_requests", "warmup_requests", "max_tokens", "input_len", "timeout_s",
+                 "engine", "tokenizer", "server_metrics", "require_done", "ignore_eos"):
+        assert getattr(s, name) == live[name], name
+    assert (s.threads, s.ready_timeout_s) == (live["embedded"]["threads"], live["embedded"]["ready_timeout_s"])
+    assert LiveSettings.from_params({}) == dataclasses.replace(s, server_profile=live["server_profile"])
+    sim = schema_defaults("simulate")
+    e = EngineSettings()
+    assert (e.input_len, e.max_tokens, e.repeats, e.memory_fraction, e.compile) == (
+        live["input_len"], live["max_tokens"], sim["engine_repeats"], sim["memory_fraction"], sim["engine_compile"])
+    assert DEFAULTS == schema_defaults("microbench")
+    merged = microbench_settings({"microbench": {"iters": 7, "allreduce": {"max_bytes": 64}}})
+    assert merged["iters"] == 7 and merged["allreduce"]["max_bytes"] == 64
+    assert merged["allreduce"]["min_bytes"] == DEFAULTS["allreduce"]["min_bytes"]
+    assert with_defaults("live", {"embedded": {"threads": 3}})["embedded"] == {**live["embedded"], "threads": 3}
+
+
+def test_snakemake_fills_the_same_defaults(tmp_path):
+    """snakemake.utils.validate (set_default) and the core's with_defaults agree on every section."""
+    from snakemake.utils import validate
+
+    from decode_gap.config import with_defaults
+
+    cfg: dict = {"live": {}, "simulate": {}, "microbench": {"allreduce": {}, "attention": {}}}
+    cfg.update(yaml.safe_load((REPO / "config" / "config.yaml").read_text()) or {})
+    for section in ("live", "simulate", "microbench"):
+        cfg[section] = {}
+    validate(cfg, SCHEMA)
+    for section in ("live", "simulate", "microbench"):
+        ours = with_defaults(section, {})
+        assert {k: v for k, v in cfg[section].items() if k in ours} == ours, section

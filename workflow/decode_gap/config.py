@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import importlib.metadata
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,6 +14,49 @@ from .errors import ConfigError
 from .hardware import HardwareSpec, resolve_hardware
 from .host import hardware_revision
 from .model import ModelSpec, load_model_card
+
+
+# The one source of the config's defaults (Snakemake's validate fills them in the same way). The package lives
+# in workflow/, beside workflow/schemas/, as the Snakemake workflow template lays a workflow out.
+SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "config.schema.json"
+
+
+@functools.lru_cache(maxsize=1)
+def schema() -> dict[str, Any]:
+    try:
+        return json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{SCHEMA_PATH}: cannot read the config schema: {exc}") from None
+
+
+_NO_DEFAULT = object()
+
+
+def _defaults_of(node: dict[str, Any]) -> Any:
+    if node.get("type") == "object" and "properties" in node:
+        out = {k: _defaults_of(v) for k, v in node["properties"].items()}
+        return {k: v for k, v in out.items() if v is not _NO_DEFAULT}
+    return copy.deepcopy(node["default"]) if "default" in node else _NO_DEFAULT
+
+
+def schema_defaults(section: str) -> dict[str, Any]:
+    """A config section's defaults, nested sections included, read from the schema."""
+    node = schema()["properties"].get(section)
+    if node is None:
+        raise ConfigError(f"{SCHEMA_PATH}: no config section '{section}'")
+    return _defaults_of(node)
+
+
+def _merge(base: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in given.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def with_defaults(section: str, given: dict[str, Any] | None) -> dict[str, Any]:
+    """A config section as given (already validated), its missing keys filled from the schema's defaults."""
+    return _merge(schema_defaults(section), dict(given or {}))
 
 
 @dataclass(frozen=True)

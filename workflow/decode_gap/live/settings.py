@@ -13,6 +13,7 @@ import pandas as pd
 
 from ..errors import ConfigError
 from ..secrets import REDACTED
+from ..settings import LiveSettings  # noqa: F401  (the core parses the live section; re-exported for the stage)
 
 
 REQUEST_COLUMNS = {
@@ -49,71 +50,6 @@ CHUNK_COLUMNS = {
 }
 
 OPTIONAL_FIELDS = ("continuous_usage_stats", "ignore_eos", "stream_options")
-
-
-@dataclass
-class LiveSettings:
-    endpoint: str = ""
-    api_key_env: str = ""
-    api: str = "completions"
-    model: str = ""
-    concurrency: list[int] = field(default_factory=lambda: [1, 2, 4])
-    num_requests: int = 8
-    warmup_requests: int = 2
-    max_tokens: int = 64
-    input_len: int = 32
-    prompt: str = ""
-    ignore_eos: bool = True
-    timeout_s: float = 120.0
-    require_done: bool = True
-    engine: str = "auto"
-    threads: int = 0
-    ready_timeout_s: float = 180.0
-    gguf_path: str = ""
-    enabled: bool = True
-    tokenizer: str = ""  # live.tokenizer: a local tokenizer.json or its directory
-    server_metrics: bool = True  # live.server_metrics: /metrics deltas around each level
-    server_profile: dict[str, Any] = field(default_factory=dict)  # live.server_profile (vLLM, SGLang)
-
-    @classmethod
-    def from_params(cls, run: dict[str, Any]) -> "LiveSettings":
-        live = dict(run.get("live") or {})
-        emb = dict(live.get("embedded") or {})
-        d = cls()
-        return cls(
-            endpoint=str(run.get("endpoint") or "").strip(),
-            api_key_env=str(run.get("api_key_env") or "").strip(),
-            api=live.get("api", d.api),
-            model=live.get("model", d.model) or "",
-            concurrency=[int(c) for c in live.get("concurrency", d.concurrency)],
-            num_requests=int(live.get("num_requests", d.num_requests)),
-            warmup_requests=int(live.get("warmup_requests", d.warmup_requests)),
-            max_tokens=int(live.get("max_tokens", d.max_tokens)),
-            input_len=int(live.get("input_len", d.input_len)),
-            prompt=live.get("prompt", d.prompt) or "",
-            ignore_eos=bool(live.get("ignore_eos", d.ignore_eos)),
-            timeout_s=float(live.get("timeout_s", d.timeout_s)),
-            require_done=bool(live.get("require_done", d.require_done)),
-            engine=live.get("engine", d.engine) or "auto",
-            threads=int(emb.get("threads", d.threads)),
-            ready_timeout_s=float(emb.get("ready_timeout_s", d.ready_timeout_s)),
-            gguf_path=str(run.get("gguf_path") or ""),
-            enabled=bool(run.get("enabled", True)),
-            tokenizer=str(live.get("tokenizer") or "").strip(),
-            server_metrics=bool(live.get("server_metrics", d.server_metrics)),
-            server_profile=dict(live.get("server_profile") or {}),
-        )
-
-    def public(self) -> dict[str, Any]:
-        return {
-            "api": self.api, "model": self.model, "concurrency": self.concurrency,
-            "num_requests": self.num_requests, "warmup_requests": self.warmup_requests,
-            "max_tokens": self.max_tokens, "input_len": self.input_len,
-            "prompt": "fixed" if self.prompt else "random", "ignore_eos": self.ignore_eos,
-            "timeout_s": self.timeout_s, "require_done": self.require_done, "temperature": 0.0, "api_key_env": self.api_key_env or None,
-            "tokenizer": self.tokenizer or None, "server_metrics": self.server_metrics,
-            "server_profile": bool(self.server_profile.get("enabled")),
-        }
 
 
 @dataclass

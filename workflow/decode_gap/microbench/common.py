@@ -9,35 +9,17 @@ from typing import Any
 
 import torch
 
+from ..config import schema_defaults, with_defaults
 from ..errors import ConfigError
 from ..host import cpu_model
 
-DEFAULTS: dict[str, Any] = {
-    "m_values": [1, 2, 4, 8, 16, 32, 64],
-    "cpu_m_values": [1, 8, 64],
-    "warmup": 5,
-    "iters": 30,
-    "cpu_max_weight_elements": 200_000_000,
-    "cpu_case_budget_s": 0.25,
-    "graphs": True,
-    "allreduce": {
-        "world_size": None,
-        "min_bytes": 8,
-        "max_bytes": 64 * 2**20,
-        "cpu_max_bytes": 8 * 2**20,
-        "timeout_s": 300,
-        "nccl_tests": True,
-    },
-    "attention": {"context_lens": [512, 4096]},
-}
+# The schema's defaults (the one place they are written); `allreduce.world_size` null means tp.
+DEFAULTS: dict[str, Any] = schema_defaults("microbench")
 
 
 def microbench_settings(config: dict[str, Any]) -> dict[str, Any]:
-    """The `microbench` section with defaults filled in (the schema validated the types)."""
-    mb = dict(config.get("microbench") or {})
-    out = {**DEFAULTS, **{k: v for k, v in mb.items() if k not in ("allreduce", "attention")}}
-    out["allreduce"] = {**DEFAULTS["allreduce"], **(mb.get("allreduce") or {})}
-    out["attention"] = {**DEFAULTS["attention"], **(mb.get("attention") or {})}
+    """The `microbench` section with the schema's defaults filled in (the schema validated the types)."""
+    out = with_defaults("microbench", config.get("microbench"))
     if not out["m_values"] or any(not isinstance(m, int) or m < 1 for m in out["m_values"]):
         raise ConfigError(f"config field 'microbench.m_values': expected positive integers, got {out['m_values']!r}")
     return out

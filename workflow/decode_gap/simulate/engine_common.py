@@ -7,7 +7,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..config import schema_defaults
+from ..settings import LiveSettings
 from .timing import spread
+
+_SIM = schema_defaults("simulate")
 
 NOT_MEASURED = {
     "sglang": "SGLang's forward runs inside its own scheduler and model runner (CUDA graphs, custom kernels); "
@@ -22,19 +26,22 @@ NOT_MEASURED = {
 
 @dataclass
 class EngineSettings:
+    """The engine level's run; the defaults of config keys are the schema's (the prompt shape is the live
+    section's, parsed once in the core: `LiveSettings`)."""
+
     engine: str = "auto"
     model_card: str = ""
     gguf: str = ""
     weight_format: str = "bf16"
-    input_len: int = 32
-    max_tokens: int = 64
-    repeats: int = 3
+    input_len: int = LiveSettings.input_len
+    max_tokens: int = LiveSettings.max_tokens
+    repeats: int = _SIM["engine_repeats"]
     warmup: int = 1
-    threads: int = 0
+    threads: int = LiveSettings.threads
     n_ctx: int = 2048
     device: str = "auto"
-    memory_fraction: float = 0.8
-    compile: bool = True
+    memory_fraction: float = _SIM["memory_fraction"]
+    compile: bool = _SIM["engine_compile"]
     temperature: float = 0.0
     corun: bool = True
     notes: list[str] = field(default_factory=list)

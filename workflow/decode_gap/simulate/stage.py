@@ -10,19 +10,16 @@ import platform
 from pathlib import Path
 from typing import Any
 
+from ..config import with_defaults
 from ..errors import ConfigError, DecodeGapError
+from ..settings import LiveSettings
 from ..io import read_json, read_stage_json, write_json
 from ..model import load_model_card
 from ..provenance import figure_value, skipped_stage
 
-DEFAULTS: dict[str, Any] = {
-    "layers": "auto", "engine": "auto", "sampling": "greedy", "warmup": 3, "iters": 20, "engine_repeats": 3,
-    "engine_compile": True, "memory_fraction": 0.8, "http_calibration": True,
-}
-
-
 def sim_config(params: dict[str, Any]) -> dict[str, Any]:
-    return {**DEFAULTS, **(params.get("simulate") or {})}
+    """The `simulate` section, its defaults the schema's."""
+    return with_defaults("simulate", params.get("simulate"))
 
 
 def _model_path(params: dict[str, Any], repo: str | Path) -> Path:
@@ -93,11 +90,12 @@ def engine_stage(params: dict[str, Any], gguf: str | None, out: str, repo: str |
     gguf_path = gguf or params.get("gguf_path") or ""
     if gguf_path and not Path(gguf_path).is_absolute():
         gguf_path = str(Path(repo) / gguf_path)
+    prompt = LiveSettings.from_params(params)  # the live stage's prompt shape, parsed once in the core
     s = EngineSettings(
         engine=engine, model_card=str(_model_path(params, repo)), gguf=gguf_path,
-        weight_format=params.get("weight_format", "bf16"), input_len=int(live.get("input_len", 32)),
-        max_tokens=int(live.get("max_tokens", 64)), repeats=int(sc["engine_repeats"]),
-        threads=int((live.get("embedded") or {}).get("threads", 0) or 0), compile=bool(sc["engine_compile"]),
+        weight_format=params.get("weight_format", "bf16"), input_len=prompt.input_len,
+        max_tokens=prompt.max_tokens, repeats=int(sc["engine_repeats"]),
+        threads=prompt.threads, compile=bool(sc["engine_compile"]),
         memory_fraction=float(sc["memory_fraction"]),
     )
     result = simulate_engine(s)
