@@ -16,7 +16,7 @@ from sse_double import ERROR_OBJECT, ERROR_STRING, HTTP500_MESSAGE, SPEC_CHUNKS,
 
 from decode_gap.errors import ConfigError, DecodeGapError  # noqa: E402
 from decode_gap.live.runner import CHUNK_COLUMNS, REQUEST_COLUMNS, LiveOutputs, LiveSettings, run_live  # noqa: E402
-from decode_gap.live.server import free_port  # noqa: E402
+from decode_gap.host import free_port  # noqa: E402
 
 DOUBLE_KEY = "dbl-right-key-0001"
 

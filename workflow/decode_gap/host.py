@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import platform
 import re
 import shutil
+import socket
 import subprocess
 from dataclasses import dataclass
 from functools import lru_cache
@@ -93,3 +95,18 @@ def hardware_revision(identity: HostIdentity | None = None, override: str = "") 
     cpu = "-".join(_slug(ident.cpu_model).split("-")[:4])
     digest = hashlib.sha256("|".join([*ident.gpu_names, ident.cpu_model]).encode()).hexdigest()[:6]
     return f"{head}-{cpu}-{digest}"
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask: a container or `taskset` may give fewer)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def free_port() -> int:
+    """A loopback TCP port free at the time of asking (for a server this process starts)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -23,7 +23,6 @@ import importlib.util
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -34,23 +33,11 @@ from typing import Any
 import httpx
 
 from ..errors import DecodeGapError
+from ..host import free_port, usable_cores  # noqa: F401  (free_port: the loopback server and its tests)
 
 
 def llama_cpp_available() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
-
-
-def usable_cores() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _die_with_parent() -> None:  # runs in the child before exec

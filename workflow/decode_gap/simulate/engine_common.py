@@ -3,11 +3,11 @@ transformers measurements (see engine.py)."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import schema_defaults
+from ..host import usable_cores  # noqa: F401  (re-exported for engine.py and the engine modules)
 from ..settings import LiveSettings
 from .timing import spread
 
@@ -46,12 +46,6 @@ class EngineSettings:
     corun: bool = True
     notes: list[str] = field(default_factory=list)
 
-
-def usable_cores() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - not Linux
-        return max(1, os.cpu_count() or 1)
 
 
 

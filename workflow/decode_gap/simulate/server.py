@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from typing import Any
 
+from ..host import free_port
 from .timing import spread
 
 CHUNK_TEXT = " word"
@@ -149,7 +149,7 @@ class CoRun:
             self.error = desc
             return self
         self.stack, self.stack_description = stack, desc
-        port = _free_port()
+        port = free_port()
         env = _env()
         self.server = subprocess.Popen(
             [sys.executable, "-m", "decode_gap.simulate.server", str(port), stack, "100000000", str(self.pace_ms)],
@@ -180,12 +180,6 @@ class CoRun:
     def __exit__(self, *exc) -> None:
         _stop(self.client)
         _stop(self.server)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def available_stack(preferred: str) -> tuple[str | None, str]:
@@ -237,7 +231,7 @@ def calibrate_transport(preferred: str = "sse-starlette", chunks: int = 1000, re
     stack, stack_desc = available_stack(preferred)
     if stack is None:
         return {"status": "skipped", "reason": stack_desc}
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "decode_gap.simulate.server", str(port), stack, str(chunks)],
                             env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
