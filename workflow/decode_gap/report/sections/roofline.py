@@ -70,8 +70,18 @@ def roofline_section(b: Builder, bundle: Bundle) -> dict[str, Any]:
     fmts = {c: (lambda v: fmt_bytes(num(v))) for c in df.columns if "bytes" in c.lower()}
     fmts.update({c: (lambda v: fmt_num(num(v) / 1e9) + " G" if num(v) is not None else "—")
                  for c in df.columns if "flops" in c.lower()})
-    # the columns that fit an A4 page: bytes_total stands for bytes + scale_bytes (the CSV keeps all of them)
-    s["table"] = df_table(df, _cols(df, ("component", "group", "dtype", "params", "bytes_total", "share", "flops",
-                                         "t_memory_ms", "replicated", "note")) or None, formats=fmts)
+    # the columns that fit an A4 page: bytes_total stands for bytes + scale_bytes (the CSV keeps all of them);
+    # a column empty in every row is left out, and the long notes go under the table, not into a narrow column
+    wanted = [c for c in ("component", "group", "dtype", "params", "bytes_total", "share", "flops", "t_memory_ms",
+                          "replicated") if c in df.columns and _filled(df[c])]
+    s["table"] = df_table(df, _cols(df, tuple(wanted)) or None, formats=fmts)
+    s["table_notes"] = ([(str(r.get("component", "")), str(r["note"])) for _, r in df.iterrows()
+                         if _filled(pd.Series([r["note"]]))] if "note" in df.columns else [])
     s["table_rel"] = table.rel if table.usable else doc.rel
     return s
+
+
+def _filled(col: pd.Series) -> bool:
+    """A column with at least one value worth printing (not empty, NaN, False-only or a dash)."""
+    values = [v for v in col.tolist() if v is not None and not (isinstance(v, float) and v != v)]
+    return any(str(v).strip() not in ("", "—", "-", "nan", "None", "False") for v in values)
