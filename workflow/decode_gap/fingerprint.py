@@ -18,7 +18,7 @@ import platform
 import re
 from pathlib import Path
 
-from .host import host_identity
+from .host import host_identity, parse_pcie_config
 from .io import write_json
 
 COMPONENTS = ("kernel", "driver", "cuda", "torch", "nccl", "governor", "tunables", "pcie", "gpu", "server")
@@ -84,19 +84,10 @@ def _pcie_devctl(config_path: Path) -> tuple[str, str]:
     Only root can read past the first 64 bytes; then both are 'n/a' (the audit reads them with lspci instead).
     """
     try:
-        data = config_path.read_bytes()
-    except OSError:
+        cap = parse_pcie_config(config_path.read_bytes())
+    except (OSError, ValueError):
         return "n/a", "n/a"
-    if len(data) < 256 or not data[0x06] & 0x10:
-        return "n/a", "n/a"
-    ptr, seen = data[0x34] & 0xFC, set()
-    while ptr and ptr not in seen and ptr + 10 <= len(data):
-        seen.add(ptr)
-        if data[ptr] == 0x10:  # PCI Express capability
-            devctl = int.from_bytes(data[ptr + 8:ptr + 10], "little")
-            return str(128 << ((devctl >> 12) & 7)), str(128 << ((devctl >> 5) & 7))
-        ptr = data[ptr + 1] & 0xFC
-    return "n/a", "n/a"
+    return str(cap["max_read_req"]), str(cap["max_payload"])
 
 
 def _pcie() -> str:

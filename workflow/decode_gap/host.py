@@ -11,6 +11,7 @@ import socket
 import subprocess
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -110,3 +111,45 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# ------------------------------------------------------------------ PCI config space (audit and fingerprint)
+GTS_BY_CODE = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
+
+
+def parse_pcie_config(config: bytes) -> dict[str, Any]:
+    """PCI config space (sysfs `config`, read as root) -> the PCI Express capability's fields.
+
+    Walks the capability list from 0x34 to capability ID 0x10 and decodes Device Capabilities (max payload
+    supported), Device Control (MaxPayload, MaxReadReq: 128 << field), Link Capabilities and Link Status
+    (speed code -> GT/s, width). Raises ValueError when the bytes are too short (a non-root read gives 64)
+    or have no PCIe capability.
+    """
+    if len(config) < 0x40:
+        raise ValueError(f"config space has {len(config)} bytes; the capability list needs root to read")
+    if not (int.from_bytes(config[6:8], "little") & 0x10):
+        raise ValueError("device has no capability list")
+    ptr = config[0x34] & 0xFC
+    seen = set()
+    while ptr and ptr not in seen:
+        seen.add(ptr)
+        if ptr + 0x14 > len(config):
+            raise ValueError(f"config space has {len(config)} bytes; the capability at {ptr:#x} needs root to read")
+        cap_id, nxt = config[ptr], config[ptr + 1] & 0xFC
+        if cap_id == 0x10:
+            devcap = int.from_bytes(config[ptr + 4 : ptr + 8], "little")
+            devctl = int.from_bytes(config[ptr + 8 : ptr + 10], "little")
+            lnkcap = int.from_bytes(config[ptr + 0x0C : ptr + 0x10], "little")
+            lnksta = int.from_bytes(config[ptr + 0x12 : ptr + 0x14], "little")
+            return {
+                "capability_offset": ptr,
+                "devcap_max_payload": 128 << (devcap & 0x7),
+                "max_payload": 128 << ((devctl >> 5) & 0x7),
+                "max_read_req": 128 << ((devctl >> 12) & 0x7),
+                "lnkcap_speed_gts": GTS_BY_CODE.get(lnkcap & 0xF),
+                "lnkcap_width": (lnkcap >> 4) & 0x3F,
+                "lnksta_speed_gts": GTS_BY_CODE.get(lnksta & 0xF),
+                "lnksta_width": (lnksta >> 4) & 0x3F,
+            }
+        ptr = nxt
+    raise ValueError("no PCI Express capability (ID 0x10) in the capability list")
