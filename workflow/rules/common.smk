@@ -97,34 +97,6 @@ def gpu_count_wanted(n):
     return n if RUN.hardware.kind == "gpu" else 0
 
 
-def stage_summaries(wildcards):
-    """Every stage file the report reads; the archive keeps them beside the report."""
-    return [
-        res(p)
-        for p in (
-            "audit.json",
-            "roofline.json",
-            "roofline_components.csv",
-            "microbench/memory.json",
-            "microbench/allreduce.csv",
-            "microbench/allreduce.json",
-            "microbench/gemm.csv",
-            "microbench/gemm.json",
-            "microbench/moe.csv",
-            "microbench/moe.json",
-            "microbench/attention.csv",
-            "microbench/attention.json",
-            "microbench/launch.csv",
-            "microbench/launch.json",
-            "simulate.json",
-            "simulate/server.json",
-            "live/summary.json",
-            "gap.json",
-            "trace.json",
-        )
-    ]
-
-
 def allreduce_resources():
     """GPUs (and nodes, for a multi-node all-reduce) the all-reduce benchmark asks a cluster for."""
     return fleet.allreduce_resources(config, RUN.hardware.kind == "gpu")

@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from .. import metrics
 from ..io import read_stage_json
 from ..provenance import figure_value
 from .hosts import (DEVICE_LEVELS, _flag_negative, _measured_on, explained_fraction, foreign, identity,
@@ -41,11 +42,7 @@ def live_level(live: dict | None) -> tuple[dict | None, str]:
 
 
 def live_itl(level: dict) -> tuple[float | None, str]:
-    for key in ("median_itl_per_token_ms", "mean_itl_per_token_ms", "median_itl_ms", "median_tpot_ms"):
-        v = _num(level.get(key))
-        if v is not None:
-            return v, key
-    return None, ""
+    return metrics.live_itl(level, _num)
 
 
 # ----------------------------------------------------------------------------------------------------------

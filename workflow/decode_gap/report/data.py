@@ -20,6 +20,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
+from ..metrics import live_itl
 from ..provenance import MEASURED, MODELLED, UNAVAILABLE
 
 # Stage files, by the names render_report's input uses, relative to results/<hw-rev>/ (and to an archive entry).
@@ -406,10 +407,9 @@ def live_itl_fig(bundle: Bundle) -> Fig:
     if lv is None:
         return unavailable_fig(f"{live.rel} has no concurrency levels", "ms", live.rel)
     c = lv.get("concurrency")
-    for key in ("median_itl_per_token_ms", "median_tpot_ms", "median_itl_ms"):
-        v = num(lv.get(key))
-        if v is not None:
-            return Fig(v, "ms", MEASURED, f"{live.rel}: levels[concurrency={c}].{key}")
+    v, key = live_itl(lv, num)  # the same choice as the gap's (decode_gap.metrics)
+    if v is not None:
+        return Fig(v, "ms", MEASURED, f"{live.rel}: levels[concurrency={c}].{key}")
     return unavailable_fig(f"{live.rel} level {c} has no ITL statistics", "ms", live.rel)
 
 
