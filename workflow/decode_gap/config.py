@@ -86,14 +86,15 @@ class Run:
         return f"{self.config['endpoint']}|model={live.get('model', '')}"
 
 
-def _path(repo: Path, value: str) -> Path:
+def repo_path(repo: str | Path, value: str | Path) -> Path:
+    """A path from the config: absolute as given, else relative to the checkout (the Snakefile's folder)."""
     p = Path(value)
-    return p if p.is_absolute() else repo / p
+    return p if p.is_absolute() else Path(repo) / p
 
 
 def resolve_run(config: dict[str, Any], repo: str | Path) -> Run:
     repo = Path(repo)
-    model = load_model_card(_path(repo, config["model"]))
+    model = load_model_card(repo_path(repo, config["model"]))
     hardware = resolve_hardware(config["hardware"], repo / "config" / "hardware")
     tp = config.get("tp", 1)
     if model.is_moe and config.get("ep", 1) > 1 and model.experts % config["ep"]:

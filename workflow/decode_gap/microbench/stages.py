@@ -7,6 +7,7 @@ from typing import Any
 
 import pandas as pd
 
+from ..config import repo_path
 from ..io import write_json, write_table
 from ..model import load_model_card
 from ..provenance import skipped_stage
@@ -16,8 +17,7 @@ STAGES = ("memory", "allreduce", "gemm", "moe", "attention", "launch")
 
 
 def _model(config: dict[str, Any], repo: Path):
-    p = Path(config["model"])
-    return load_model_card(p if p.is_absolute() else repo / p)
+    return load_model_card(repo_path(repo, config["model"]))
 
 
 def disabled(config: dict[str, Any]) -> bool:

@@ -10,7 +10,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from ..config import with_defaults
+from ..config import repo_path, with_defaults
 from ..errors import ConfigError, DecodeGapError
 from ..settings import LiveSettings
 from ..io import read_json, read_stage_json, write_json
@@ -23,8 +23,7 @@ def sim_config(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def _model_path(params: dict[str, Any], repo: str | Path) -> Path:
-    p = Path(params["model"])
-    return p if p.is_absolute() else Path(repo) / p
+    return repo_path(repo, params["model"])
 
 
 def _allreduce_us(path: str | None) -> tuple[float | None, str, str]:
@@ -88,8 +87,8 @@ def engine_stage(params: dict[str, Any], gguf: str | None, out: str, repo: str |
            "weight_format": params.get("weight_format", "")}
     engine, why = resolve_engine(cfg)
     gguf_path = gguf or params.get("gguf_path") or ""
-    if gguf_path and not Path(gguf_path).is_absolute():
-        gguf_path = str(Path(repo) / gguf_path)
+    if gguf_path:
+        gguf_path = str(repo_path(repo, gguf_path))
     prompt = LiveSettings.from_params(params)  # the live stage's prompt shape, parsed once in the core
     s = EngineSettings(
         engine=engine, model_card=str(_model_path(params, repo)), gguf=gguf_path,
