@@ -11,6 +11,7 @@
 #               (the device has no pango for weasyprint; the `render` target loads only the rendering rules, so it
 #               can never re-measure a stage here, whatever the tar's timestamps; README "Render on another machine")
 #
+# Env: DSV3=0 skips run (2); LLAMA_TIMEOUT (s, default 400) bounds run (1).
 # Two runs: (1) `transformers serve` with a random-weight 1B Llama in bf16 as the live server, the same model at
 # the kernel and engine levels (closure); (2) DeepSeek-V3 FP8 shapes for the micro-benchmarks and the kernel level.
 set -uo pipefail
@@ -25,12 +26,12 @@ setsid transformers serve "$MODEL_DIR" --host 127.0.0.1 --port 8000 --device cud
   >"$OUT/serve.log" 2>&1 &
 SERVER_PID=$!
 stop_server() { kill -- -"$SERVER_PID" 2>/dev/null || kill "$SERVER_PID" 2>/dev/null; }
-trap 'stop_server; tar czf "$OUT/results.tgz" results .snakemake/log 2>/dev/null' EXIT
+trap 'stop_server; tar czf "$OUT/results.tgz" results/h200-* .snakemake/log 2>/dev/null' EXIT
 for _ in $(seq 1 120); do curl -sf http://127.0.0.1:8000/health >/dev/null && break; sleep 1; done
 curl -sf http://127.0.0.1:8000/health && echo " server ready"
 
 # Every stage file the report reads, but not the report: it is rendered where weasyprint's pango exists.
-timeout 400 snakemake --cores 16 --keep-going attribute_gap microbench --configfile benchmarks/device/h200-llama1b.yaml \
+timeout ${LLAMA_TIMEOUT:-400} snakemake --cores 16 --keep-going attribute_gap microbench --configfile benchmarks/device/h200-llama1b.yaml \
   >"$OUT/llama1b.log" 2>&1; echo "llama1b pipeline rc=$?"
 stop_server
 if [ "${DSV3:-1}" = 1 ]; then
