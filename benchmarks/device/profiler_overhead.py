@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import time
@@ -167,7 +166,8 @@ def graph_part(card: str, out: Path) -> dict:
                 timed(3, v["annotate"])  # the profiler's own first-step warm-up
                 w, e = timed(20, v["annotate"])
                 b2b = []
-                if "CUDA" in v["acts"] and v["annotate"] and not v.get("keep"):  # queued replays: the graph's own GPU span under the profiler
+                # queued replays: the graph's own GPU span under the profiler
+                if "CUDA" in v["acts"] and v["annotate"] and not v.get("keep"):
                     torch.cuda.synchronize()
                     b2b = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                            for _ in range(20)]
@@ -204,8 +204,6 @@ def graph_part(card: str, out: Path) -> dict:
                           "graph_gpu_over_unprof": r["graph_gpu_ms"]["median"] / ug,
                           "busy_plus_idle_over_unprof": (r.get("trace") or {}).get("busy_plus_idle_ms", 0) / u}
                       for n, r in res.items() if isinstance(r, dict) and "step_wall_ms" in r and n != "unprofiled"}
-    del model, g
-    torch.cuda.empty_cache()
     return res
 
 
@@ -273,7 +271,6 @@ def calib_part(out: Path) -> dict:
         row["unprofiled_per_kernel_us"] = row["unprofiled_ms"]["median"] * 1e3 / n
         res[f"{kind}{n}"] = row
         print(kind, n, json.dumps(row, default=str)[:800], flush=True)
-        del g
     # eager launches of tiny kernels: the profiler's host-side cost per launch
     x = torch.zeros(1, device="cuda")
 

@@ -178,7 +178,6 @@ def profiler_calibration(n: int = CALIBRATION_KERNELS, reps: int = 20) -> dict[s
             pr = percentiles(spans(g, max(reps // 2, 5)))["median"]
         cases[kind] = {"unprofiled_ms": un, "profiled_ms": pr, "per_kernel_us": (pr - un) * 1e3 / n,
                        "unprofiled_per_kernel_us": un * 1e3 / n}
-        del g, x
     per = [c["per_kernel_us"] for c in cases.values()]
     return {"per_kernel_us": sum(per) / len(per), "per_kernel_us_range": [min(per), max(per)], "kernels": n,
             "applies_to": "cuda-graph kernels", "cases": cases,
