@@ -11,7 +11,8 @@ Same model, same CUDA graph, same process:
          profiler's cost per graph kernel, at two kernel sizes and two N (is it a per-kernel constant?).
   eager: the eager step unprofiled vs CPU+CUDA vs CUDA only (steps found by the kernel period).
   hwtrace: in a child process, CUPTI's hardware-trace switch (cuptiActivityEnableHWTrace) tried through ctypes.
-Writes OUT_DIR/overhead.json (raw numbers) and a few small gzipped traces. It reports; it asserts nothing.
+Writes OUT_DIR/overhead_<parts>.json (raw numbers) and a few small gzipped traces. It reports; it asserts nothing.
+Run each part in its own process (--parts graph, calib, eager, hwtrace): a device-side assert poisons the process.
 """
 
 from __future__ import annotations
