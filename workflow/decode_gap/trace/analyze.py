@@ -25,8 +25,10 @@ SOURCES = ("file", "engine-level", "server-profile")
 GRAPH_NOTE = ("CUDA graphs under torch.profiler (CUPTI): cudaGraphLaunch takes far longer than unprofiled "
               "(graph_launch_ms) and the graph starts only as it returns, and each graph kernel costs ~0.2 µs more "
               "on the GPU; the GPU span and profiler_overhead separate these from the step's own idle time")
-PROFILER_NOTE = ("times are under torch.profiler: an eager step's CPU side is slower than unprofiled (every op is "
-                 "recorded), so GPU idle of an eager trace is an upper bound; kernel durations are not affected")
+PROFILER_NOTE = ("times are under torch.profiler: with CPU activity an eager step's CPU side is slower than "
+                 "unprofiled (every op is recorded: +7-24% on an H200), so GPU idle of such a trace is an upper "
+                 "bound; each kernel's duration plus the gap after it grows by ~0.2 µs (CUPTI), which matters only "
+                 "where the GPU is the bottleneck (CUDA graphs)")
 
 
 @dataclass
