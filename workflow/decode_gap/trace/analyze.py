@@ -358,6 +358,8 @@ def waterfall_inputs(res: dict[str, Any]) -> dict[str, Any]:
     return {"step_ms": res.get("step_ms_median"), "gpu_busy_ms": res.get("gpu_busy_ms_median"),
             "gpu_idle_ms": res.get("gpu_idle_ms_median"), "gpu_idle_fraction": res.get("gpu_idle_fraction"),
             "gpu_idle_ms_corrected": res.get("gpu_idle_ms_corrected_median"),
+            # under the profiler a CUDA graph starts only when cudaGraphLaunch returns: part of the idle is that
+            "launch_wait_ms": res.get("launch_wait_ms_median"), "graph_launch_ms": res.get("graph_launch_ms_median"),
             "kernel_ms_by_group": g, "kernel_level_components": {k: C.KERNEL_LEVEL.get(k, []) for k in g},
             "basis": "trace" if res.get("device") == "gpu" else "trace (CPU ops)"}
 
