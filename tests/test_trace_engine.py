@@ -26,3 +26,13 @@ def test_engine_level_trace_round_trip(tmp_path):
 def test_graph_mode_needs_a_gpu(tmp_path):
     with pytest.raises(DecodeGapError, match="needs a CUDA GPU"):
         record_engine_trace(TINY, tmp_path / "g.json.gz", mode="graph", device="cpu")
+
+
+def test_engine_trace_carries_its_unprofiled_reference(tmp_path):
+    out = tmp_path / "engine.json.gz"
+    meta = record_engine_trace(TINY, out, steps=4, warmup=1, timed=3, prompt_len=8, device="cpu")
+    assert meta["activities"] == ["CPU"] and meta["profiler_calibration"] is None  # calibration: GPU graphs only
+    res, _ = analyze_path(out, source="engine-level")
+    po = res["profiler_overhead"]
+    assert po["status"] == "ok" and po["unprofiled_step_ms"] > 0 and po["corrections"] == "none"
+    assert po["ratio_raw"] == po["ratio_corrected"] > 0

@@ -57,3 +57,30 @@ def test_unavailable_trace_says_why(tmp_path):
     write_json(d / "trace.json", res)
     sec = _section(_render(d)[0])
     assert "not measured" in sec and "does not exist" in sec
+
+
+def test_traced_against_unprofiled_step(tmp_path):
+    # the H200 graph trace with the same process's unprofiled reference: raw and corrected ratios, measured
+    # profiler costs and the basis (tests/test_trace_profiler_overhead.py builds the block)
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import test_trace_profiler_overhead as ovh
+
+    d = tmp_path / "run"
+    shutil.copytree(FIX / "report" / "h200x2", d)
+    src = ovh._with_engine(ovh.OVH / "h200_llama1b_graph_cudaonly.json.gz", tmp_path / "g.json.gz",
+                           ovh._graph_engine())
+    res, _ = stage_result(str(src), "engine-level")
+    write_json(d / "trace.json", res)
+    sec = _section(_render(d)[0])
+    po = res["profiler_overhead"]
+    assert f"= {po['ratio_raw']:.3f} as traced" in sec and "(outside 5%)" in sec
+    assert f"{po['ratio_corrected']:.3f} corrected" in sec and "(within 5%)" in sec
+    assert "profiler&#39;s host-side cost" in sec or "profiler's host-side cost" in sec
+    assert "fig-modelled" in sec and "µs per kernel" in sec and "cudaGraphLaunch call" in sec
+
+
+def test_trace_without_reference_says_the_comparison_is_unavailable():
+    sec = _section(_render(FIX / "report" / "h200x2")[0])
+    assert "Traced against unprofiled step: unavailable" in sec

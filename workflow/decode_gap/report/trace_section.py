@@ -13,7 +13,7 @@ from typing import Any
 import altair as alt
 import pandas as pd
 
-from ..provenance import MEASURED
+from ..provenance import MEASURED, MODELLED
 from . import charts as ch
 from .data import Bundle, Fig, fmt_num, num
 
@@ -72,6 +72,37 @@ def category_rows(doc_cats: dict[str, Any], details: dict[str, Any], kernel_comp
     return rows
 
 
+def overhead_rows(b: Any, po: dict[str, Any], src: str) -> dict[str, Any]:
+    """The traced step against the unprofiled step of the same process: raw, the profiler's measured costs,
+    corrected (trace.json `profiler_overhead`)."""
+    if po.get("status") != "ok":
+        return {"ok": False, "why": po.get("why") or "not in trace.json"}
+    prov = po.get("provenance") or {}
+
+    def f(key: str, label: str, status: str = MEASURED, unit: str = "ms") -> tuple[str, Fig]:
+        v = num(po.get(key))
+        why = "" if v is not None else ("not applied" if prov.get(key) == "not applied" else "not in trace.json")
+        return label, b.fig(f"trace: {label}", Fig(v, unit, status if v is not None else "unavailable", src, why))
+
+    rng = po.get("kernel_cost_ms_range") or []
+    return {
+        "ok": True,
+        "rows": [f("busy_plus_idle_ms", "busy + idle, as traced"),
+                 f("unprofiled_step_ms", "unprofiled step (same process, before profiling)"),
+                 f("host_excess_ms", "profiler's host-side cost (time outside the GPU span, over unprofiled)"),
+                 f("kernel_cost_ms", "profiler's GPU cost per step (kernels × calibrated cost)", MODELLED),
+                 f("busy_plus_corrected_idle_ms", "busy + corrected idle", MODELLED)],
+        "ratio_raw": f"{num(po.get('ratio_raw')):.3f}" if num(po.get("ratio_raw")) is not None else "—",
+        "ratio": f"{num(po.get('ratio_corrected')):.3f}" if num(po.get("ratio_corrected")) is not None else "—",
+        "within": bool(po.get("within_tolerance")), "within_raw": bool(po.get("within_tolerance_raw")),
+        "tolerance": f"{(num(po.get('tolerance')) or 0.05) * 100:.0f}%",
+        "per_kernel": (f"{num(po.get('per_kernel_us')):.3f} µs per kernel"
+                       + (f" (calibration range {fmt_num(num(rng[0]))}–{fmt_num(num(rng[1]))} ms per step)"
+                          if len(rng) == 2 else "")) if num(po.get("per_kernel_us")) is not None else "",
+        "basis": po.get("basis", ""),
+    }
+
+
 def trace_section(b: Any, bundle: Bundle) -> dict[str, Any]:
     doc = bundle.doc("trace")
     s: dict[str, Any] = {"id": "trace", "title": "Decode step from the profiler trace", "ok": doc.usable,
@@ -94,6 +125,10 @@ def trace_section(b: Any, bundle: Bundle) -> dict[str, Any]:
                  ("GPU idle", fig("gpu_idle_ms_median", "idle")),
                  ("kernels per step", fig("kernels_per_step_median", "kernels per step", "")),
                  ("step start to next start", fig("period_ms_median", "period"))]
+    s["figs"] += [("GPU span (first to last GPU op)", fig("gpu_span_ms_median", "GPU span")),
+                  ("launch wait (step start to first GPU op)", fig("launch_wait_ms_median", "launch wait")),
+                  ("cudaGraphLaunch call (under the profiler)", fig("graph_launch_ms_median", "graph launch"))]
+    s["overhead"] = overhead_rows(b, d.get("profiler_overhead") or {}, src)
     frac = num(d.get("gpu_idle_fraction"))
     s["idle_pct"] = f"{frac * 100:.0f}%" if frac is not None else "—"
     s["method"] = d.get("method", "")
