@@ -167,6 +167,11 @@ class Handler(BaseHTTPRequestHandler):
             text = body.get("prompt", body.get("content", ""))
             n = count_tokens(text)
             return self._json(200, {"count": n, "tokens": list(range(n))})
+        if rest in ("/start_profile", "/stop_profile") and scenario == "spec":
+            # vLLM's profiler endpoints (POST, no body, 200); logged so a test sees when the window ran
+            with LOCK:
+                LOG.append({"scenario": scenario, "path": rest, "t_recv_ns": t_recv})
+            return self._json(200, {})
         if rest not in ("/v1/completions", "/v1/chat/completions"):
             return self._json(404, {"error": f"no route {rest}"})
         auth = self.headers.get("authorization", "")

@@ -309,3 +309,23 @@ def test_server_side_metrics_beside_the_client(double, tmp_path):
     summary = _run(_settings(double.url("ok"), concurrency=[1], num_requests=1), _outputs(tmp_path / "b"))
     other = summary["levels"][0]["server_side"]["metrics"]
     assert other["status"] == "unavailable" and other["why"]
+
+
+def test_server_profile_window_runs_after_the_timed_levels(double, tmp_path):
+    """A profiled server decodes slower (CUPTI, CPU-op recording): the vLLM profile window gets untimed requests
+    of its own after the sweep, never the timed ones (the double speaks vLLM's /start_profile, /stop_profile)."""
+    double.reset()
+    out = _outputs(tmp_path)
+    settings = _settings(double.url("spec"), concurrency=[1, 2], num_requests=2, max_tokens=8, engine="vllm",
+                         server_profile={"enabled": True, "output_dir": "", "num_steps": 10})
+    summary = _run(settings, out)
+    paths = [e["path"] for e in double.log()]
+    start, stop = paths.index("/start_profile"), paths.index("/stop_profile")
+    completions = [i for i, p in enumerate(paths) if p.endswith("completions")]
+    timed = completions[: 1 + settings.warmup_requests + 4]  # probe, warm-up, 2 levels x 2 requests
+    assert max(timed) < start < stop
+    profiled = [i for i in completions if start < i < stop]
+    assert len(profiled) == 3  # ceil(10 steps / 7 decode steps per request) + 1, one at a time
+    profile = summary["levels"][0]["server_side"]["profile"]
+    assert profile["status"] == "recorded" and "after the timed levels" in profile["window"]
+    assert summary["levels"][0]["completed"] == 2 and summary["levels"][1]["completed"] == 2

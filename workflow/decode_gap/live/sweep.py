@@ -166,13 +166,11 @@ async def _sweep(s: LiveSettings, endpoint: str, api_key: str, server: EmbeddedS
 
                 batch = prompts[k: k + s.num_requests]
                 k += s.num_requests
-                # The server's own view of this level: /metrics before and after (and, for the first level, a
-                # vLLM/SGLang profile window when live.server_profile asks). Outside the timed span.
+                # The server's own view of this level: /metrics before and after, outside the timed span.
                 window = None
                 if s.server_metrics:
                     engine_now = detect_engine(identity, s.engine, server is not None)[0]
-                    window = ServerSideWindow(endpoint, engine_now, headers,
-                                              profile=s.server_profile if c == s.concurrency[0] else None)
+                    window = ServerSideWindow(endpoint, engine_now, headers)
                     window.start()
                 t0 = time.perf_counter_ns()
                 results = await asyncio.gather(*(one(p) for p, _ in batch))
@@ -184,6 +182,12 @@ async def _sweep(s: LiveSettings, endpoint: str, api_key: str, server: EmbeddedS
                     rid += 1
                 ok = sum(1 for r in results if r.ok)
                 log(f"live: concurrency {c}: {ok}/{len(results)} requests streamed in {durations[c]:.2f} s")
+            if (s.server_profile or {}).get("enabled"):
+                profile = await _profile_window(s, client, url, endpoint, headers, model, dropped,
+                                                detect_engine(identity, s.engine, server is not None)[0],
+                                                [p for p, _ in prompts[1 + s.warmup_requests:]], log)
+                server_side.setdefault(s.concurrency[0], {"metrics": {"status": "unavailable", "why":
+                                                                      "live.server_metrics is off"}})["profile"] = profile
         finally:
             bar.close()
 
@@ -207,3 +211,22 @@ async def _sweep(s: LiveSettings, endpoint: str, api_key: str, server: EmbeddedS
         "tokenizer": counter.name if counter is not None else None,
         "server_side": server_side,
     }
+
+
+async def _profile_window(s: LiveSettings, client: Any, url: str, endpoint: str, headers: dict[str, str],
+                          model: Any, dropped: set[str], engine: str, prompts: list[str],
+                          log: Any) -> dict[str, Any]:
+    """A vLLM/SGLang profile window of its own, after the timed levels: a profiled server decodes slower
+    (CUPTI, CPU-op recording), so no timed request may run under it. One request at a time, enough of them to
+    cover `num_steps` decode steps; their timings are not kept."""
+    window = ServerSideWindow(endpoint, engine, headers, profile=s.server_profile)
+    window.start()
+    steps = int(s.server_profile.get("num_steps") or 20)
+    n = max(1, min(len(prompts), -(-steps // max(1, s.max_tokens - 1)) + 1))
+    for prompt in prompts[:n]:
+        await stream_request(client, url, _payload(s, model, prompt, s.max_tokens, dropped), headers, s.timeout_s,
+                             require_done=s.require_done)
+    profile = window.stop()["profile"]
+    profile["window"] = f"{n} untimed request(s) at concurrency 1, after the timed levels"
+    log(f"live: server profile window ({n} untimed requests): {profile.get('status')}")
+    return profile
