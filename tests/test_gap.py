@@ -382,3 +382,15 @@ def test_no_usable_trace_keeps_the_old_chain():
     g = attribute(_vllm_inputs({"status": "skipped", "reason": "no trace configured"}))
     assert g["headline"]["closure_basis"] != "trace"
     assert "GPU idle between kernels (CPU, launch or framework)" not in steps(g)
+
+
+def test_server_trace_idle_without_and_with_the_profilers_measured_cost():
+    raw = steps(attribute(_vllm_inputs(_trace())))["GPU idle between kernels (CPU, launch or framework)"]
+    assert raw["status"] == "measured" and "includes the profiler's own cost" in raw["note"]
+    trace = _trace()
+    trace["waterfall"]["gpu_idle_ms_corrected"] = 7.1  # 0.9 ms of the 8.0 ms idle was the profiler's
+    g = attribute(_vllm_inputs(trace))
+    idle = steps(g)["GPU idle between kernels (CPU, launch or framework)"]
+    assert math.isclose(idle["ms"], 7.1) and idle["status"] == "modelled" and "raw 8.000 ms" in idle["note"]
+    assert g["sum_check"]["exact"] is True
+    assert math.isclose(g["predicted_ms"], 12.0 - 0.9 + 0.25)

@@ -48,6 +48,17 @@ def trace_rows(wf: dict, kern: dict, k_ms: float, source_kind: str) -> tuple[lis
     mapping = wf.get("kernel_level_components") or {}
     busy, idle = float(wf["gpu_busy_ms"]), float(_num(wf.get("gpu_idle_ms")) or 0.0)
     step = float(wf["step_ms"])
+    # The profiler's own cost sits in the trace's idle (launch wait, per-kernel CUPTI cost), not in the server's
+    # untraced step: take it out where the trace carries a measured correction, else say it is in there.
+    corrected = _num(wf.get("gpu_idle_ms_corrected"))
+    if corrected is not None:
+        raw, idle = idle, max(0.0, corrected)
+        step -= raw - idle
+        idle_note = f"corrected for the profiler's measured cost (raw {raw:.3f} ms; trace.json profiler_overhead)"
+    else:
+        wait = _num(wf.get("launch_wait_ms"))
+        idle_note = "raw: includes the profiler's own cost" + (
+            f" (of it, {wait:.3f} ms waiting for cudaGraphLaunch under the profiler)" if wait else "")
     rows = [_row("kernel level: time between its kernels", sum(comps.values()) - k_ms, SRC, "measured",
                  note="the kernel level's components summed, less its whole step (graph replay gaps)")]
     covered: set[str] = set()
@@ -72,6 +83,7 @@ def trace_rows(wf: dict, kern: dict, k_ms: float, source_kind: str) -> tuple[lis
         _flag_negative(rows[-1], f"simulated components with no kernel in the trace: {', '.join(sorted(uncovered))}")
     rows.append(_row("stream overlap", busy - sum(groups.values()), "trace.json", "measured",
                      note="GPU busy (union of kernel intervals) less the kernels' summed time"))
-    rows.append(_row("GPU idle between kernels (CPU, launch or framework)", idle, "trace.json", "measured",
-                     note=(f"{idle / step:.0%} of the {source_kind} step" if step else None)))
+    rows.append(_row("GPU idle between kernels (CPU, launch or framework)", idle, "trace.json",
+                     "modelled" if corrected is not None else "measured",
+                     note=(f"{idle / step:.0%} of the {source_kind} step; " if step else "") + idle_note))
     return rows, step
