@@ -228,6 +228,236 @@ def _accumulate(acc: dict[str, dict[str, Any]], row: dict[str, Any]) -> None:
         acc[key]["dtype"].add(row["dtype"])
 
 
+def _layout_rows(spec: ModelSpec, fmt: WeightFormat, keep: set[str], lay: str, tp: int, ep: int,
+                 batch: int) -> list[dict[str, Any]]:
+    """The weight components one GPU reads per decode step under layout `lay` (even or engine)."""
+    lins = linear_layers(spec, tp=1 if lay == "even" else tp, ep=1 if lay == "even" else ep, batch=batch)
+    rows = []
+    for lin in lins:
+        w, s, dtype = _layer_bytes(lin, fmt, keep)
+        copies = lin.layers * lin.active_per_token
+        divisor = tp if lay == "even" else 1
+        if lay == "engine" and lin.group == "routed_expert" and ep > 1:
+            copies = lin.layers * lin.active_per_token  # already spread over ep ranks
+        rows.append({
+            "component": lin.name, "group": lin.group, "dtype": dtype,
+            "n": lin.n, "k": lin.k, "copies_read": copies,
+            "params": lin.params * copies / divisor,
+            "bytes": w * copies / divisor, "scale_bytes": s * copies / divisor,
+            "replicated": lay == "engine" and _replicated(lin, spec) and tp > 1,
+        })
+    norms = norm_params(spec)
+    rows.append({"component": "norms", "group": "norms", "dtype": "bf16", "n": 0, "k": 0, "copies_read": 1,
+                 "params": norms, "bytes": norms * 2.0, "scale_bytes": 0.0, "replicated": True})
+    extra = extra_params(spec, batch)
+    rows.append({"component": "embedding rows", "group": "embedding", "dtype": "bf16", "n": spec.hidden, "k": 1,
+                 "copies_read": batch, "params": extra["embedding_rows"], "bytes": extra["embedding_rows"] * 2.0,
+                 "scale_bytes": 0.0, "replicated": True})
+    # linear biases and the parameters that are no matrix (sinks, convolutions, SSM A/D): bf16, split over TP
+    for comp, key in (("biases", "bias"), ("other parameters", "other")):
+        if extra[key]:
+            rows.append({"component": comp, "group": "norms", "dtype": "bf16", "n": 0, "k": 0, "copies_read": 1,
+                         "params": extra[key] / tp, "bytes": extra[key] * 2.0 / tp, "scale_bytes": 0.0,
+                         "replicated": False})
+    return rows
+
+
+def _weight_components(spec: ModelSpec, fmt: WeightFormat, keep: set[str], layout: str, tp: int, ep: int, batch: int,
+                       gguf_path: str | None, provenance: dict[str, str]
+                       ) -> tuple[float, dict[str, float], dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:
+    """Weight bytes per GPU per decode step: (bytes, bytes per layout, rows per layout, the reported components).
+    With a GGUF file its exact tensor sizes replace the modelled ones (both layouts)."""
+    rows_by_layout = {lay: _layout_rows(spec, fmt, keep, lay, tp, ep, batch) for lay in ("even", "engine")}
+    per_layout = {lay: sum(r["bytes"] + r["scale_bytes"] for r in rows) for lay, rows in rows_by_layout.items()}
+    if fmt.name.startswith("gguf") and gguf_path:
+        tensors = gguf_tensor_bytes(gguf_path)
+        gguf_rows = _component_rows_from_gguf(spec, tensors, batch, tp)
+        for r in gguf_rows:
+            r["dtype"] = "+".join(sorted(r["dtype"]))
+        weight_bytes = sum(r["bytes"] for r in gguf_rows)
+        per_layout = {"even": weight_bytes, "engine": weight_bytes}
+        provenance["weight_bytes_per_token_per_gpu"] = f"modelled: exact tensor sizes from {gguf_path}"
+        return weight_bytes, per_layout, rows_by_layout, gguf_rows
+    provenance["weight_bytes_per_token_per_gpu"] = (
+        f"modelled: {fmt.description}; layout '{layout}'; kept in bf16: {', '.join(sorted(keep)) or 'none'}"
+    )
+    return per_layout[layout], per_layout, rows_by_layout, rows_by_layout[layout]
+
+
+def _kv_component(spec: ModelSpec, context_len: int, tp: int, kvd: str, batch: int, provenance: dict[str, str]
+                  ) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]], str]:
+    """The KV-cache component row, the per-attention-kind rows, those of unknown kind, and how KV was counted."""
+    kv_rows = kv_layer_breakdown(spec, context_len, tp, kvd)
+    kv_seq, kv_how = kv_bytes_per_sequence(spec, context_len, tp, kvd)
+    kv_bytes = kv_seq * batch
+    unknown = [r for r in kv_rows if r["bytes_per_sequence_per_layer"] is None]
+    if unknown:
+        provenance["kv_bytes_per_token_per_gpu"] = (
+            f"unavailable for {sum(r['layers'] for r in unknown)} layer(s): " + "; ".join(r["note"] for r in unknown)
+            + "; bytes and floors count the other layers only")
+    else:
+        provenance["kv_bytes_per_token_per_gpu"] = f"modelled: {kv_how}"
+    row = {"component": "kv_cache", "group": "kv_cache", "dtype": kvd, "params": 0,
+           "bytes": kv_bytes, "scale_bytes": 0.0, "note": kv_how}
+    return row, kv_rows, unknown, kv_how
+
+
+def _flops(spec: ModelSpec, linear_rows: list[dict[str, Any]], components: list[dict[str, Any]], context_len: int,
+           tp: int, batch: int) -> float:
+    """FLOPs per GPU per decode step: 2 per weight element per sequence, plus attention over the context.
+    Sets each component's own `flops`."""
+    linear_params_per_gpu = sum(r["params"] for r in linear_rows if r["group"] not in ("norms", "embedding"))
+    attn_flops = attention_flops_per_sequence(spec, context_len, tp) * batch
+    flops = 2.0 * linear_params_per_gpu * batch + attn_flops
+    for r in components:
+        if r["group"] == "kv_cache":
+            r["flops"] = attn_flops
+        elif r["group"] in ("norms", "embedding"):
+            r["flops"] = 0.0
+        else:
+            r["flops"] = 2.0 * r.get("params", 0) * batch
+    return flops
+
+
+def _memory_floor(hardware: HardwareSpec, total_bytes: float, engine_bytes: float,
+                  provenance: dict[str, str]) -> tuple[float | None, float | None]:
+    """(t_memory, t_memory under the engine layout) at the datasheet bandwidth; None without one."""
+    bw = hardware.memory_bandwidth_gbps
+    if bw:
+        provenance["t_memory_ms"] = f"modelled: bytes / datasheet bandwidth {bw:g} GB/s ({hardware.source or hardware.key})"
+        return total_bytes / (bw * 1e9) * 1e3, engine_bytes / (bw * 1e9) * 1e3
+    provenance["t_memory_ms"] = (
+        f"unavailable: hardware '{hardware.key}' has no datasheet bandwidth; the gap stage applies the "
+        "measured bandwidth from microbench/memory.json"
+    )
+    return None, None
+
+
+def _compute_floor(hardware: HardwareSpec, fmt: WeightFormat, flops: float,
+                   provenance: dict[str, str]) -> tuple[float | None, str]:
+    """(t_compute, the dtype whose datasheet peak it uses): the format's rate where the hardware has it, else bf16."""
+    compute_dtype = fmt.compute_dtype if fmt.compute_dtype in hardware.peak_tflops else "bf16"
+    peak = hardware.peak_tflops.get(compute_dtype)
+    if peak:
+        provenance["t_compute_ms"] = f"modelled: FLOPs / datasheet {compute_dtype} peak {peak:g} TFLOP/s"
+        return flops / (peak * 1e12) * 1e3, compute_dtype
+    provenance["t_compute_ms"] = f"unavailable: no datasheet {compute_dtype} peak for '{hardware.key}' (measured by microbench)"
+    return None, compute_dtype
+
+
+@dataclass(frozen=True)
+class _Comm:
+    """The all-reduces of one decode step and the communication floor they imply."""
+
+    n: int
+    msg_bytes: int
+    link: float | None
+    lat_us: float | None
+    lat_source: str
+    per_ar_us: float | None
+    t_comm: float | None
+
+    def fields(self, tp: int) -> dict[str, Any]:
+        n = self.n
+        return {
+            "allreduces_per_token": n,
+            "allreduce_message_bytes": self.msg_bytes,
+            "allreduce_latency_us": self.lat_us if n else None,
+            "allreduce_latency_source": self.lat_source if n else None,
+            "allreduce_link_gbps": self.link if n else None,
+            "allreduce_us_each": self.per_ar_us,
+            # the bytes-over-link term alone: a measured latency L gives t_comm = n x (L + this) without this module
+            "allreduce_bandwidth_us_each": (allreduce_time_us(self.msg_bytes, tp, 0.0, self.link) if n else None),
+        }
+
+
+def _comm_floor(spec: ModelSpec, hardware: HardwareSpec, tp: int, batch: int, allreduce_latency_us: float | None,
+                allreduce_latency_source: str | None, provenance: dict[str, str]) -> _Comm:
+    n_ar = allreduces_per_step(spec, tp)
+    msg_bytes = spec.hidden * batch * 2
+    link = hardware.interconnect.get("bandwidth_gbps") if isinstance(hardware.interconnect, dict) else None
+    link = float(link) if isinstance(link, (int, float)) and not isinstance(link, bool) and link > 0 else None
+    spec_lat, spec_lat_source = hardware.allreduce_latency()
+    if allreduce_latency_us is not None:
+        lat_us, lat_source = float(allreduce_latency_us), allreduce_latency_source or "config roofline.allreduce_latency_us"
+    else:
+        lat_us, lat_source = spec_lat, spec_lat_source
+    per_ar_us = None
+    if n_ar == 0:
+        t_comm = 0.0
+        provenance["t_comm_floor_ms"] = "modelled: TP1 has no all-reduce"
+    elif lat_us is None:
+        t_comm = None
+        provenance["t_comm_floor_ms"] = (
+            f"unavailable: no all-reduce latency for '{hardware.key}' ({lat_source}); measured by microbench/allreduce"
+        )
+    else:
+        per_ar_us = allreduce_time_us(msg_bytes, tp, lat_us, link)
+        t_comm = n_ar * per_ar_us / 1e3
+        bw_note = f" + {msg_bytes} B ring at {link:g} GB/s" if link else " (no link bandwidth in the spec: latency only)"
+        provenance["t_comm_floor_ms"] = (
+            f"{'measured' if lat_source.startswith('measured') else 'modelled'}: {n_ar} all-reduces x "
+            f"({lat_us:g} us latency{bw_note}); latency from {lat_source}"
+        )
+    return _Comm(n=n_ar, msg_bytes=msg_bytes, link=link, lat_us=lat_us, lat_source=lat_source, per_ar_us=per_ar_us,
+                 t_comm=t_comm)
+
+
+def _step_floor(t_memory: float | None, t_compute: float | None, t_comm: float | None, batch: int,
+                provenance: dict[str, str]) -> tuple[float | None, str | None, float | None]:
+    """(t_floor, bound, tokens/s ceiling): max(t_memory, t_compute) + t_comm_floor."""
+    bound = None
+    if t_memory is not None or t_compute is not None:
+        t_floor = max(x for x in (t_memory, t_compute) if x is not None) + (t_comm or 0.0)
+        bound = "memory" if (t_memory or 0) >= (t_compute or 0) else "compute"
+        tokens_per_s = batch * 1e3 / t_floor if t_floor > 0 else None
+        provenance["t_floor_ms"] = "modelled: max(t_memory, t_compute) + t_comm_floor" + (
+            " (t_comm_floor unavailable: counted as 0 here)" if t_comm is None else "")
+    else:
+        t_floor = tokens_per_s = None
+        provenance["t_floor_ms"] = "unavailable: no datasheet rates for this hardware; see gap.json for the measured-bandwidth floor"
+    provenance["tokens_per_s_ceiling"] = provenance["t_floor_ms"]
+    return t_floor, bound, tokens_per_s
+
+
+def _add_shares(components: list[dict[str, Any]], total_bytes: float, bw: float | None) -> None:
+    """Each component's bytes with scales, its share of the step's bytes and its time at the datasheet bandwidth."""
+    for r in components:
+        r["bytes_total"] = r["bytes"] + r.get("scale_bytes", 0.0)
+        r["share"] = r["bytes_total"] / total_bytes if total_bytes else 0.0
+        if bw:
+            r["t_memory_ms"] = r["bytes_total"] / (bw * 1e9) * 1e3
+
+
+def _model_identity(spec: ModelSpec) -> dict[str, Any]:
+    return {"name": spec.name, "architecture": spec.architecture, "path": spec.path,
+            "model_type": spec.model_type, "transformers_class": spec.model_class,
+            "transformers_version": spec.transformers_version, "mtp_layers": spec.mtp_layers,
+            "mtp_note": "MTP / next-n layers are not read in plain decode" if spec.mtp_layers else None}
+
+
+def _param_fields(spec: ModelSpec) -> dict[str, Any]:
+    """roofline.json's parameter counts, with the convention each count follows."""
+    counts = parameter_counts(spec)
+    return {
+        "params_total": counts["params_total"],
+        "params_active": counts["params_active"],
+        "params_active_non_embedding": counts["params_active_non_embedding"],
+        "params_embedding": counts["params_embedding"],
+        "params_mtp": counts["params_mtp"],
+        "params_total_with_mtp": counts["params_total_with_mtp"],
+        "params_conventions": {
+            "params_total": f"every parameter transformers {spec.transformers_version} builds for "
+                            f"{spec.model_class} (its own count)",
+            "params_active": "total minus the routed experts a token does not use, embedding table included "
+                             "(Mistral, Qwen, DeepSeek convention)",
+            "params_active_non_embedding": "params_active without the input embedding table (OpenAI convention)"
+                                           + ("; the table is tied to the lm_head and stays" if spec.tie_embeddings else ""),
+            "params_mtp": counts["params_mtp_note"] + "; never read in plain decode",
+        },
+    }
+
+
 def compute_roofline(
     spec: ModelSpec,
     hardware: HardwareSpec,
@@ -255,160 +485,24 @@ def compute_roofline(
     kvd = kv_dtype(kv_cache_dtype, weight_format)
     provenance: dict[str, str] = {}
 
-    # ---- weights per GPU, per decode step
-    per_layout: dict[str, float] = {}
-    rows_by_layout: dict[str, list[dict[str, Any]]] = {}
-    for lay in ("even", "engine"):
-        lins = linear_layers(spec, tp=1 if lay == "even" else tp, ep=1 if lay == "even" else ep, batch=batch)
-        rows = []
-        for lin in lins:
-            w, s, dtype = _layer_bytes(lin, fmt, keep)
-            copies = lin.layers * lin.active_per_token
-            divisor = tp if lay == "even" else 1
-            if lay == "engine" and lin.group == "routed_expert" and ep > 1:
-                copies = lin.layers * lin.active_per_token  # already spread over ep ranks
-            rows.append({
-                "component": lin.name, "group": lin.group, "dtype": dtype,
-                "n": lin.n, "k": lin.k, "copies_read": copies,
-                "params": lin.params * copies / divisor,
-                "bytes": w * copies / divisor, "scale_bytes": s * copies / divisor,
-                "replicated": lay == "engine" and _replicated(lin, spec) and tp > 1,
-            })
-        norms = norm_params(spec)
-        rows.append({"component": "norms", "group": "norms", "dtype": "bf16", "n": 0, "k": 0, "copies_read": 1,
-                     "params": norms, "bytes": norms * 2.0, "scale_bytes": 0.0, "replicated": True})
-        extra = extra_params(spec, batch)
-        rows.append({"component": "embedding rows", "group": "embedding", "dtype": "bf16", "n": spec.hidden, "k": 1,
-                     "copies_read": batch, "params": extra["embedding_rows"], "bytes": extra["embedding_rows"] * 2.0,
-                     "scale_bytes": 0.0, "replicated": True})
-        # linear biases and the parameters that are no matrix (sinks, convolutions, SSM A/D): bf16, split over TP
-        for comp, key in (("biases", "bias"), ("other parameters", "other")):
-            if extra[key]:
-                rows.append({"component": comp, "group": "norms", "dtype": "bf16", "n": 0, "k": 0, "copies_read": 1,
-                             "params": extra[key] / tp, "bytes": extra[key] * 2.0 / tp, "scale_bytes": 0.0,
-                             "replicated": False})
-        rows_by_layout[lay] = rows
-        per_layout[lay] = sum(r["bytes"] + r["scale_bytes"] for r in rows)
-
-    gguf_rows = None
-    if weight_format.startswith("gguf") and gguf_path:
-        tensors = gguf_tensor_bytes(gguf_path)
-        gguf_rows = _component_rows_from_gguf(spec, tensors, batch, tp)
-        for r in gguf_rows:
-            r["dtype"] = "+".join(sorted(r["dtype"]))
-        weight_bytes = sum(r["bytes"] for r in gguf_rows)
-        per_layout = {"even": weight_bytes, "engine": weight_bytes}
-        provenance["weight_bytes_per_token_per_gpu"] = f"modelled: exact tensor sizes from {gguf_path}"
-        components = gguf_rows
-    else:
-        weight_bytes = per_layout[layout]
-        provenance["weight_bytes_per_token_per_gpu"] = (
-            f"modelled: {fmt.description}; layout '{layout}'; kept in bf16: {', '.join(sorted(keep)) or 'none'}"
-        )
-        components = rows_by_layout[layout]
-
-    kv_rows = kv_layer_breakdown(spec, context_len, tp, kvd)
-    kv_seq, kv_how = kv_bytes_per_sequence(spec, context_len, tp, kvd)
-    kv_bytes = kv_seq * batch
-    unknown = [r for r in kv_rows if r["bytes_per_sequence_per_layer"] is None]
-    if unknown:
-        provenance["kv_bytes_per_token_per_gpu"] = (
-            f"unavailable for {sum(r['layers'] for r in unknown)} layer(s): " + "; ".join(r["note"] for r in unknown)
-            + "; bytes and floors count the other layers only")
-    else:
-        provenance["kv_bytes_per_token_per_gpu"] = f"modelled: {kv_how}"
-    components = components + [{
-        "component": "kv_cache", "group": "kv_cache", "dtype": kvd, "params": 0,
-        "bytes": kv_bytes, "scale_bytes": 0.0, "note": kv_how,
-    }]
+    weight_bytes, per_layout, rows_by_layout, components = _weight_components(
+        spec, fmt, keep, layout, tp, ep, batch, gguf_path, provenance)
+    kv_row, kv_rows, unknown, kv_how = _kv_component(spec, context_len, tp, kvd, batch, provenance)
+    components = components + [kv_row]
+    kv_bytes = kv_row["bytes"]
     total_bytes = weight_bytes + kv_bytes
+    flops = _flops(spec, rows_by_layout[layout], components, context_len, tp, batch)
 
-    # ---- FLOPs: 2 per weight element per sequence, plus attention over the context
-    linear_params_per_gpu = sum(r["params"] for r in rows_by_layout[layout] if r["group"] not in ("norms", "embedding"))
-    attn_flops = attention_flops_per_sequence(spec, context_len, tp) * batch
-    flops = 2.0 * linear_params_per_gpu * batch + attn_flops
-    for r in components:
-        if r["group"] == "kv_cache":
-            r["flops"] = attn_flops
-        elif r["group"] in ("norms", "embedding"):
-            r["flops"] = 0.0
-        else:
-            r["flops"] = 2.0 * r.get("params", 0) * batch
-
-    # ---- floors
     bw = hardware.memory_bandwidth_gbps
-    if bw:
-        t_memory = total_bytes / (bw * 1e9) * 1e3
-        t_memory_engine = (per_layout["engine"] + kv_bytes) / (bw * 1e9) * 1e3
-        provenance["t_memory_ms"] = f"modelled: bytes / datasheet bandwidth {bw:g} GB/s ({hardware.source or hardware.key})"
-    else:
-        t_memory = t_memory_engine = None
-        provenance["t_memory_ms"] = (
-            f"unavailable: hardware '{hardware.key}' has no datasheet bandwidth; the gap stage applies the "
-            "measured bandwidth from microbench/memory.json"
-        )
-    compute_dtype = fmt.compute_dtype if fmt.compute_dtype in hardware.peak_tflops else "bf16"
-    peak = hardware.peak_tflops.get(compute_dtype)
-    if peak:
-        t_compute = flops / (peak * 1e12) * 1e3
-        provenance["t_compute_ms"] = f"modelled: FLOPs / datasheet {compute_dtype} peak {peak:g} TFLOP/s"
-    else:
-        t_compute = None
-        provenance["t_compute_ms"] = f"unavailable: no datasheet {compute_dtype} peak for '{hardware.key}' (measured by microbench)"
-
-    n_ar = allreduces_per_step(spec, tp)
-    msg_bytes = spec.hidden * batch * 2
-    link = hardware.interconnect.get("bandwidth_gbps") if isinstance(hardware.interconnect, dict) else None
-    link = float(link) if isinstance(link, (int, float)) and not isinstance(link, bool) and link > 0 else None
-    spec_lat, spec_lat_source = hardware.allreduce_latency()
-    if allreduce_latency_us is not None:
-        lat_us, lat_source = float(allreduce_latency_us), allreduce_latency_source or "config roofline.allreduce_latency_us"
-    else:
-        lat_us, lat_source = spec_lat, spec_lat_source
-    per_ar_us = None
-    if n_ar == 0:
-        t_comm = 0.0
-        provenance["t_comm_floor_ms"] = "modelled: TP1 has no all-reduce"
-    elif lat_us is None:
-        t_comm = None
-        provenance["t_comm_floor_ms"] = (
-            f"unavailable: no all-reduce latency for '{hardware.key}' ({lat_source}); measured by microbench/allreduce"
-        )
-    else:
-        per_ar_us = allreduce_time_us(msg_bytes, tp, lat_us, link)
-        t_comm = n_ar * per_ar_us / 1e3
-        bw_note = f" + {msg_bytes} B ring at {link:g} GB/s" if link else " (no link bandwidth in the spec: latency only)"
-        provenance["t_comm_floor_ms"] = (
-            f"{'measured' if lat_source.startswith('measured') else 'modelled'}: {n_ar} all-reduces x "
-            f"({lat_us:g} us latency{bw_note}); latency from {lat_source}"
-        )
-
-    bound = None
-    if t_memory is not None or t_compute is not None:
-        t_floor = max(x for x in (t_memory, t_compute) if x is not None) + (t_comm or 0.0)
-        bound = "memory" if (t_memory or 0) >= (t_compute or 0) else "compute"
-        tokens_per_s = batch * 1e3 / t_floor if t_floor > 0 else None
-        provenance["t_floor_ms"] = "modelled: max(t_memory, t_compute) + t_comm_floor" + (
-            " (t_comm_floor unavailable: counted as 0 here)" if t_comm is None else "")
-    else:
-        t_floor = tokens_per_s = None
-        provenance["t_floor_ms"] = "unavailable: no datasheet rates for this hardware; see gap.json for the measured-bandwidth floor"
-    provenance["tokens_per_s_ceiling"] = provenance["t_floor_ms"]
-
-    counts = parameter_counts(spec)
-    for r in components:
-        r["bytes_total"] = r["bytes"] + r.get("scale_bytes", 0.0)
-        r["share"] = r["bytes_total"] / total_bytes if total_bytes else 0.0
-        if bw:
-            r["t_memory_ms"] = r["bytes_total"] / (bw * 1e9) * 1e3
-    replicated_extra = per_layout["engine"] - per_layout["even"]
+    t_memory, t_memory_engine = _memory_floor(hardware, total_bytes, per_layout["engine"] + kv_bytes, provenance)
+    t_compute, compute_dtype = _compute_floor(hardware, fmt, flops, provenance)
+    comm = _comm_floor(spec, hardware, tp, batch, allreduce_latency_us, allreduce_latency_source, provenance)
+    t_floor, bound, tokens_per_s = _step_floor(t_memory, t_compute, comm.t_comm, batch, provenance)
+    _add_shares(components, total_bytes, bw)
     return {
         "stage": "roofline",
         "status": "ok",
-        "model": {"name": spec.name, "architecture": spec.architecture, "path": spec.path,
-                  "model_type": spec.model_type, "transformers_class": spec.model_class,
-                  "transformers_version": spec.transformers_version, "mtp_layers": spec.mtp_layers,
-                  "mtp_note": "MTP / next-n layers are not read in plain decode" if spec.mtp_layers else None},
+        "model": _model_identity(spec),
         "weight_format": weight_format,
         "weight_format_description": fmt.description,
         "hardware": {
@@ -417,44 +511,23 @@ def compute_roofline(
         },
         "tp": tp, "ep": ep, "batch_size": batch, "context_len": context_len, "kv_cache_dtype": kvd,
         "layout": layout, "keep_bf16": sorted(keep),
-        "params_total": counts["params_total"],
-        "params_active": counts["params_active"],
-        "params_active_non_embedding": counts["params_active_non_embedding"],
-        "params_embedding": counts["params_embedding"],
-        "params_mtp": counts["params_mtp"],
-        "params_total_with_mtp": counts["params_total_with_mtp"],
-        "params_conventions": {
-            "params_total": f"every parameter transformers {spec.transformers_version} builds for "
-                            f"{spec.model_class} (its own count)",
-            "params_active": "total minus the routed experts a token does not use, embedding table included "
-                             "(Mistral, Qwen, DeepSeek convention)",
-            "params_active_non_embedding": "params_active without the input embedding table (OpenAI convention)"
-                                           + ("; the table is tied to the lm_head and stays" if spec.tie_embeddings else ""),
-            "params_mtp": counts["params_mtp_note"] + "; never read in plain decode",
-        },
+        **_param_fields(spec),
         "weight_bytes_per_token_per_gpu": weight_bytes,
         "kv_bytes_per_token_per_gpu": kv_bytes,
         "bytes_per_token_per_gpu": total_bytes,
         "weight_bytes_even_layout_per_gpu": per_layout["even"],
         "weight_bytes_engine_layout_per_gpu": per_layout["engine"],
-        "replicated_weight_bytes_per_gpu": replicated_extra,
+        "replicated_weight_bytes_per_gpu": per_layout["engine"] - per_layout["even"],
         "t_memory_engine_layout_ms": t_memory_engine,
         "flops_per_token_per_gpu": flops,
         "compute_dtype": compute_dtype,
         "t_memory_ms": t_memory,
         "t_compute_ms": t_compute,
-        "t_comm_floor_ms": t_comm,
+        "t_comm_floor_ms": comm.t_comm,
         "t_floor_ms": t_floor,
         "bound": bound,
         "tokens_per_s_ceiling": tokens_per_s,
-        "allreduces_per_token": n_ar,
-        "allreduce_message_bytes": msg_bytes,
-        "allreduce_latency_us": lat_us if n_ar else None,
-        "allreduce_latency_source": lat_source if n_ar else None,
-        "allreduce_link_gbps": link if n_ar else None,
-        "allreduce_us_each": per_ar_us,
-        # the bytes-over-link term alone: a measured latency L gives t_comm = n x (L + this) without this module
-        "allreduce_bandwidth_us_each": (allreduce_time_us(msg_bytes, tp, 0.0, link) if n_ar else None),
+        **comm.fields(tp),
         "kv_layers": kv_rows,
         "kv_unavailable_layers": sum(r["layers"] for r in unknown),
         "kv_note": kv_how,
