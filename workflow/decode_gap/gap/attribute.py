@@ -11,7 +11,7 @@ from typing import Any
 
 from .hosts import _flag_negative, _measured_on, explained_fraction, identity_text
 from .levels import Levels, gather_levels, live_itl, live_level, load_input
-from .rows import RESIDUAL, START, STEP, TOTAL, _num, _row, _unavail  # trace_steps.py and levers.py import _num/_row here
+from .rows import RESIDUAL, START, STEP, TOTAL, _num, _row, _unavail  # trace_steps, levers import _num/_row here
 from .steps import (SRC_KERNEL, Checkpoints, allreduce_step, completion_loop_step, contention_step, http_step,
                     level_checkpoints, roofline_steps, trace_steps, walk_checkpoints)
 
