@@ -48,10 +48,12 @@ measured elsewhere (a kernel level re-run on the rendering laptop beside an H200
 step becomes unavailable with both identities named, and the next level from the run's device absorbs it.
 """
 
-from .attribute import (GRAPH_ENGINES, RESIDUAL, START, STEP, TOTAL, _num, attribute, attribute_files,  # noqa: F401
-                        live_itl, live_level, load_input)
+from .attribute import attribute, attribute_files  # noqa: F401
 from .hosts import explained_fraction, identity, run_identity  # noqa: F401
+from .levels import live_itl, live_level, load_input  # noqa: F401
 from .levers import rank_levers  # noqa: F401
+from .rows import RESIDUAL, START, STEP, TOTAL, _num  # noqa: F401
+from .steps import GRAPH_ENGINES  # noqa: F401
 
 __all__ = ["GRAPH_ENGINES", "RESIDUAL", "START", "STEP", "TOTAL", "_num", "attribute", "attribute_files", "live_itl",
            "live_level", "load_input", "explained_fraction", "identity", "run_identity", "rank_levers"]
