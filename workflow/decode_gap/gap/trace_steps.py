@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .attribute import _num, _row  # attribute.py imports this module lazily
+from .rows import _num, _row
 from .hosts import _flag_negative
 
 SRC = "trace.json, simulate.json (kernel level)"
