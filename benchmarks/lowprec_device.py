@@ -224,11 +224,15 @@ def dense_case(env: BenchEnv, model: str, n: int, k: int, m: int, old: bool, fp8
         return {c.name: (lambda c=c: [(lambda g=g: g(x)) for g in [lp.Nvfp4Gemv(qq, m, dev, c) for qq in qs]])
                 for c in cfgs if not (c.mma and k % c.block_k) and (m == 1 or c.mma)}
 
+    tried = {}
     if m == 1:  # the previous session's M=1 CUDA-core forms on their own, for the closing table
-        name, us, times = best_of(env, fp4_builders(lp.FP4_CUDA_CORE_CONFIGS), nb4)
-        put("nvfp4_prev", name, us, nb4, times)
-    name, us, times = best_of(env, fp4_builders(lp.FP4_M1_CONFIGS if m == 1 else lp.FP4_MMA_CONFIGS), nb4)
-    put("nvfp4_new", name, us, nb4, times)
+        name, us, tried = best_of(env, fp4_builders(lp.FP4_CUDA_CORE_CONFIGS if old else lp.FP4_CUDA_CORE_CONFIGS[:3]), nb4)
+        put("nvfp4_prev", name, us, nb4, tried)
+    _, _, times = best_of(env, fp4_builders(lp.FP4_MMA_CONFIGS), nb4)
+    tried = {**tried, **times}
+    ok = {k2: v for k2, v in tried.items() if isinstance(v, float)}
+    best = min(ok, key=ok.get) if ok else None
+    put("nvfp4_new", best, ok.get(best), nb4, tried)
     RESULTS["gemm"].append(row)
     qs = q = None
     if env.is_gpu:

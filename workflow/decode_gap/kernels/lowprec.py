@@ -710,7 +710,8 @@ class GemvConfig:
 # about 30M values, and at M = 2..16 everywhere
 FP4_MMA_DEFAULT = GemvConfig(64, 128, 4, mma=True)
 FP4_MMA_CONFIGS = (FP4_MMA_DEFAULT, GemvConfig(64, 256, 4, mma=True), GemvConfig(128, 128, 8, mma=True),
-                   GemvConfig(128, 64, 8, mma=True), GemvConfig(64, 128, 4, split=1, mma=True))
+                   GemvConfig(128, 64, 8, mma=True), GemvConfig(64, 128, 4, split=1, mma=True),
+                   GemvConfig(64, 128, 4, split=4, mma=True), GemvConfig(64, 256, 4, split=3, mma=True))
 # the M=1 CUDA-core forms that still win small shapes (latency-bound: one kernel, no x packing, no split-K)
 FP4_DEFAULT_ASM = GemvConfig(8, 512, 4, asm=True)
 FP4_DEFAULT = GemvConfig(8, 2048, 4, split=1)
