@@ -1,34 +1,38 @@
 """Low-precision decode GEMVs in Triton: NVFP4 weight-only, FP8 (per-tensor and 128x128 block scales) and bf16,
 dense or grouped over the top-k experts a token selected.
 
-Why hand-written: at M=1 a GEMV only has to stream the weight once, but the NVFP4 one has to decode ~8 values per
-read byte pair, so the instruction count per value, not the memory, decides whether it reaches the bandwidth.
-The design (read from vLLM's Marlin FP4 and CUTLASS' mixed-input GEMM, written anew here):
+Why hand-written: at M=1 a GEMV only has to stream the weight once, but the NVFP4 one has to decode every value,
+so the instruction count per value, the L1 traffic and the bytes in flight, not the memory, decide whether it
+reaches the bandwidth. Read from vLLM's Marlin FP4 and CUTLASS' mixed-input GEMM, written anew here.
 
-- the packed weight is read as int32 words (8 E2M1 values each), in [BLOCK_N, BLOCK_W] tiles whose rows are
-  contiguous, so each thread issues 16-byte loads; K is never masked when the tile divides it (masks along K
-  break the vectorisation);
-- E2M1 decodes with bit arithmetic on whole words, two values per 32-bit operation: the sign and the three
-  magnitude bits of a nibble are moved into an fp16 half (sign at bit 15, e1 e0 m at bits 11..9). That fp16 is
-  exactly the E2M1 value times 2^-14 (e = 0 lands on fp16 subnormals: 0 and 2^-15), so the factor 2^14 folds
-  into the per-tensor scale and no table or select is needed;
-- the 8 nibbles of a word are 8 "planes" (element 8w + t): each plane is multiplied with the matching strided
-  slice of x, so no interleave/reshape of the decoded values is needed; the E4M3 scale multiplies the per-word
-  partial sum (two words share one scale), not every value;
-- split-K (fp32 atomics) only when N is too narrow to give every SM work.
+NVFP4 tensor-core form (any M <= 16, the default where K % 64 == 0; `cfg.mma`):
+- the weight is repacked once (`repack_mma`, as servers repack at load time; the same bytes) so that one warp load is
+  512 contiguous bytes and one lane's 16 bytes are exactly its mma.sync fragments: group 4i+q of rows g and g+8 for
+  lane 4g+q; the scales likewise (2 bytes a lane);
+- E2M1 decodes with bit arithmetic, two values per 32-bit operation: sign and magnitude bits of a nibble pair are
+  placed in an f16x2 (sign at bit 15, e1 e0 m at bits 11..9), exactly the E2M1 value times 2^-14 (2^14 folds into
+  the tensor scale); one f16x2 multiply by the E4M3 block scale (exact: a 2-bit times a 4-bit significand);
+- the decoded pairs go straight into mma.sync.m16n8k16 (inline asm: Triton's own tl.dot put the decoded tile through
+  shared memory and reached 8-12% of read bandwidth), x packed once per call into fp16 pairs as the B operand, fp32
+  accumulators; M > 8 runs one pass per 8 rows of x (the weight is read again).
+NVFP4 CUDA-core forms (M=1): int32 words decoded in f16x2 inline asm (`asm`) or plain Triton, the 8 nibbles of a word
+as 8 "planes" against strided x; they still win the small, latency-bound shapes (one kernel, no x packing, no split).
+Under the CPU interpreter every form runs its decode in plain Triton (the asm needs a GPU).
 
-- the fastest form on an H200 (`asm=True`) does the decode and the multiply-add in f16x2 inline PTX, two values
-  per instruction, against x packed once per call into fp16 pairs per plane (`_fp4_xpack_kernel`); under the CPU
-  interpreter the same path runs with the decode in plain Triton.
+Measured on an H200 (benchmarks/lowprec_device.py, CUDA-graph replay, rotating weights; read bandwidth 4386 GB/s,
+NVFP4 bytes = packed values + scales), fraction of read bandwidth at M=1, tensor-core form (previous session's
+CUDA-core best in brackets): Llama-3.1-8B lm_head 68% (48%), gate_up 48% (40%), down 40% (30%); DeepSeek-V3
+129280x7168 71% (51%), 36864x7168 58% (45%), 7168x18432 45% (35%); GLM-5 154880x6144 71% (47%), 24576x6144 50%
+(38%); shapes under ~25M values stay at 20-33% (latency-bound, CUDA-core form). At M=4 / 8 / 16 on 28672x4096:
+45% / 42% / 23% (the earlier tl.dot form: 10%). Still short of the 85% target: ncu on 28672x4096 shows DRAM at 47%,
+L1 at 26%, 0.55 issued warps per scheduler with 37% achieved occupancy: bound by bytes in flight (about 3.5
+instructions a value leave each warp one or two 512-byte steps in flight). FP8 and bf16 GEMVs reach 90-104% on the
+large shapes. The grouped form (MoE) still uses the CUDA-core NVFP4 kernel (35% of read bandwidth on the selected
+experts). The grouped form takes the selected experts' ids and a shared or per-expert activation, and can pair the
+gate and up rows of an expert in one program to write silu(gate) * up directly.
 
-M=1 runs on CUDA cores; 2 <= M <= 16 runs the same decode into `tl.dot` (fp16 operands, x padded to 16 rows).
-Measured on an H200 (benchmarks/lowprec_device.py): the M=1 NVFP4 GEMV reaches 40-53% of read bandwidth on the
-large shapes (4-5x the earlier kernel, still short of the 85% target: it is issue-bound on the decode), the
-tensor-core form 8-9% (so the weight-only class uses the new GEMV at M=1 only); FP8 and bf16 GEMVs 90-104%. The grouped form takes the selected experts' ids and a shared or per-expert activation, and can pair
-the gate and up rows of an expert in one program to write silu(gate) * up directly.
-
-One module of about 900 lines on purpose: the dense, grouped, FP8 and NVFP4 kernels share the same decode helpers,
-tile configurations and launch wrappers, and a kernel and its wrapper are read (and tuned) together.
+One module on purpose: the dense, grouped, FP8 and NVFP4 kernels share the same decode helpers, tile
+configurations and launch wrappers, and a kernel and its wrapper are read (and tuned) together.
 """
 
 from __future__ import annotations
@@ -706,33 +710,41 @@ class GemvConfig:
         return 16 if self.grouped else 8
 
 
-# the tensor-core form (M <= 16): measured on an H200 (lowprec_device.py) the fastest on every shape with N x K above
-# about 30M values, and at M = 2..16 everywhere
+# the tensor-core form (M <= 16), in the order of the shapes they won on an H200 (lowprec_device.py): the 3-way
+# split with 4 steps an iteration on the widest N (lm_head, 24576+ rows), the 4-way split on 28672-36864 rows, the
+# 8-warp programs on narrow N, the default at M = 4..16, one split on K=512
 FP4_MMA_DEFAULT = GemvConfig(64, 128, 4, mma=True)
-FP4_MMA_CONFIGS = (FP4_MMA_DEFAULT, GemvConfig(64, 256, 4, mma=True), GemvConfig(128, 128, 8, mma=True),
-                   GemvConfig(128, 64, 8, mma=True), GemvConfig(64, 128, 4, split=1, mma=True),
-                   GemvConfig(64, 128, 4, split=4, mma=True), GemvConfig(64, 256, 4, split=3, mma=True))
+FP4_MMA_CONFIGS = (GemvConfig(64, 256, 4, split=3, mma=True), GemvConfig(64, 128, 4, split=4, mma=True),
+                   GemvConfig(128, 128, 8, mma=True), GemvConfig(128, 64, 8, mma=True), FP4_MMA_DEFAULT,
+                   GemvConfig(64, 128, 4, split=1, mma=True), GemvConfig(64, 256, 4, mma=True))
 # the M=1 CUDA-core forms that still win small shapes (latency-bound: one kernel, no x packing, no split-K)
 FP4_DEFAULT_ASM = GemvConfig(8, 512, 4, asm=True)
 FP4_DEFAULT = GemvConfig(8, 2048, 4, split=1)
 FP4_GROUPED_ASM = GemvConfig(16, 512, 4, asm=True)
-FP4_CUDA_CORE_CONFIGS = (FP4_DEFAULT_ASM, FP4_DEFAULT, GemvConfig(4, 1024, 2, split=1),
+FP4_CUDA_CORE_CONFIGS = (FP4_DEFAULT, GemvConfig(4, 1024, 2, split=1), FP4_DEFAULT_ASM,
                          GemvConfig(16, 512, 4, split=1, asm=True), GemvConfig(8, 1024, 4, asm=True))
-# every candidate the benchmark times at M=1; the gemm stage times FP4_STAGE_CONFIGS per shape and keeps the fastest
+# every candidate the benchmark times at M=1; the gemm stage times these per shape and keeps the fastest
 FP4_M1_CONFIGS = FP4_MMA_CONFIGS + FP4_CUDA_CORE_CONFIGS
-FP4_STAGE_CONFIGS = FP4_MMA_CONFIGS[:3] + FP4_CUDA_CORE_CONFIGS[:3]
+FP4_STAGE_CONFIGS = FP4_MMA_CONFIGS[:4] + FP4_CUDA_CORE_CONFIGS[:3]
+FP4_STAGE_CONFIGS_M = (FP4_MMA_DEFAULT, FP4_MMA_CONFIGS[2], FP4_MMA_CONFIGS[0])  # M = 2..16
 
 
 def fp4_default(grouped: bool = False) -> GemvConfig:
     return FP4_GROUPED_ASM if grouped else FP4_DEFAULT_ASM
 
 
-def fp4_config_for(m: int, k: int) -> GemvConfig | None:
-    """The default NVFP4 GEMV form for an [M, K] input: tensor cores when K is whole 64-value steps, else the
-    CUDA-core asm form at M=1 and None (no GEMV form) above."""
-    if k % FP4_MMA_DEFAULT.block_k == 0:
+def mma_supported(device) -> bool:
+    """The tensor-core form's asm needs sm89+ (cvt.rn.f16x2.e4m3x2); the CPU interpreter emulates it."""
+    dev = torch.device(device)
+    return dev.type != "cuda" or torch.cuda.get_device_capability(dev) >= (8, 9)
+
+
+def fp4_config_for(m: int, k: int, device="cuda") -> GemvConfig | None:
+    """The default NVFP4 GEMV form for an [M, K] input: tensor cores when K is whole 64-value steps (sm89+), else
+    the CUDA-core asm form at M=1 and None (no GEMV form) above."""
+    if mma_supported(device) and k % FP4_MMA_DEFAULT.block_k == 0:
         return FP4_MMA_DEFAULT
-    if k % 64 == 0:
+    if mma_supported(device) and k % 64 == 0:
         return GemvConfig(64, 64, 4, mma=True)
     return FP4_DEFAULT_ASM if m == 1 else None
 
@@ -780,10 +792,12 @@ class Nvfp4Gemv:
         if k % 16 or m < 1 or m > 16:
             raise DecodeGapError(f"nvfp4 gemv: needs K % 16 == 0 and 1 <= M <= 16 (M={m}, K={k})")
         self.q, self.m, self.n, self.k = q, m, n, k
-        self.cfg = cfg or fp4_config_for(m, k)
+        self.cfg = cfg or fp4_config_for(m, k, device)
         if self.cfg is None:
-            raise DecodeGapError(f"nvfp4 gemv: M={m} > 1 needs K % 64 == 0 (K={k}); use the weight-only GEMM")
+            raise DecodeGapError(f"nvfp4 gemv: M={m} > 1 needs K % 64 == 0 and sm89+ (K={k}); use the weight-only GEMM")
         self.mma = self.cfg.mma
+        if self.mma and not mma_supported(device):
+            raise DecodeGapError("nvfp4 gemv: the tensor-core form needs sm89+ (cvt.rn.f16x2.e4m3x2)")
         if m > 1 and not self.mma:
             raise DecodeGapError("nvfp4 gemv: the CUDA-core forms handle M=1 only")
         self.out = torch.empty((m, n), dtype=out_dtype, device=device)

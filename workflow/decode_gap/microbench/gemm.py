@@ -107,7 +107,7 @@ def lowprec_variants(env: BenchEnv, be: Backend, m: int) -> list[str]:
         return ([f"{FP8_GEMV} {c.name}" for c in lp.DENSE_CONFIGS[:3]]
                 + [f"{FP8_BLOCK_GEMV} {c.name}" for c in lp.DENSE_BLOCK_CONFIGS[:3]])
     if be.dtype == NVFP4 and be.label == nv.WeightOnlyGemm.label:
-        return [f"{FP4_GEMV} {c.name}" for c in (lp.FP4_STAGE_CONFIGS if m == 1 else lp.FP4_MMA_CONFIGS[:3])]
+        return [f"{FP4_GEMV} {c.name}" for c in (lp.FP4_STAGE_CONFIGS if m == 1 else lp.FP4_STAGE_CONFIGS_M)]
     return []
 
 
