@@ -68,9 +68,9 @@ G = lp.GemvConfig
 cases = [(1, 48, 256, G(16, 128), None), (1, 40, 96, G(16, 64), 1), (1, 64, 512, G(16, 128), 4),
          (1, 48, 256, G(16, 64, grouped=True), None), (1, 40, 96, G(16, 64, grouped=True), 1),
          (1, 64, 512, G(32, 128, grouped=True), 3),
-         # the f16x2 asm form (its decode emulated in plain Triton here), with and without the prefetch
+         # the f16x2 asm form (its decode emulated in plain Triton here)
          (1, 48, 256, G(16, 64, asm=True), None), (1, 40, 96, G(16, 64, asm=True), 1),
-         (1, 64, 512, G(16, 128, asm=True, prefetch=True), 1), (1, 40, 512, G(16, 64, asm=True, prefetch=True), 3),
+         (1, 64, 512, G(16, 128, asm=True), 1), (1, 40, 512, G(16, 64, asm=True), 3),
          # the tensor-core form: ragged N (tiles of 16 rows), split-K, M in passes of 8 rows
          (1, 48, 256, G(64, 128, 4, mma=True), None), (3, 40, 128, G(32, 64, 2, mma=True), None),
          (12, 33, 256, G(64, 128, 4, mma=True), 2), (1, 100, 512, G(32, 128, 2, mma=True), 3)]
@@ -140,7 +140,7 @@ for fmt, c13, c2 in (("bf16", lp.GemvConfig(16, 64), lp.GemvConfig(16, 64)), ("f
                      ("fp8-block", lp.GemvConfig(16, 128), lp.GemvConfig(16, 128)),
                      ("nvfp4", lp.GemvConfig(16, 64), lp.GemvConfig(16, 64)),
                      ("nvfp4", lp.GemvConfig(16, 64, grouped=True), lp.GemvConfig(32, 32, grouped=True)),
-                     ("nvfp4", lp.GemvConfig(16, 64, asm=True), lp.GemvConfig(16, 32, asm=True, prefetch=True))):
+                     ("nvfp4", lp.GemvConfig(16, 64, asm=True), lp.GemvConfig(16, 32, asm=True))):
     g = lp.grouped_from_bf16(fmt, w13, w2, ids, rw, "cpu", c13, c2)
     d13, d2 = lp.dequantized_experts(g)
     err = nv.relative_error(g(x).float(), lp.reference_experts(x, d13, d2, ids, rw))

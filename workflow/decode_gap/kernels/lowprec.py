@@ -279,24 +279,12 @@ if HAVE_TRITON:
     @triton.jit
     def _fp4_rows_asm(xp_base, w_base, s_base, rows, nmask, w_start, w_end, KW, stride_wn, stride_sn,
                       BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
-                      USE_ASM: tl.constexpr, PREFETCH: tl.constexpr):
+                      USE_ASM: tl.constexpr):
         acc = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.float32)
-        if PREFETCH and EVEN_K:
-            # issue the next tile's loads before decoding this one (more bytes in flight per CTA); the last
-            # iteration reloads the final tile rather than masking along K
-            q, s, x0, x1, x2, x3 = _fp4_tile(xp_base, w_base, s_base, rows, nmask, w_start + tl.arange(0, BLOCK_W),
+        for w0 in range(w_start, w_end, BLOCK_W):
+            q, s, x0, x1, x2, x3 = _fp4_tile(xp_base, w_base, s_base, rows, nmask, w0 + tl.arange(0, BLOCK_W),
                                              w_end, KW, stride_wn, stride_sn, EVEN_K, EVEN_N)
-            for w0 in range(w_start, w_end, BLOCK_W):
-                nxt = tl.minimum(w0 + BLOCK_W, w_end - BLOCK_W) + tl.arange(0, BLOCK_W)
-                qn, sn, x0n, x1n, x2n, x3n = _fp4_tile(xp_base, w_base, s_base, rows, nmask, nxt, w_end, KW,
-                                                       stride_wn, stride_sn, EVEN_K, EVEN_N)
-                acc += _fp4_word_part(q, x0, x1, x2, x3, BLOCK_N, BLOCK_W, USE_ASM) * s.to(tl.float32)
-                q, s, x0, x1, x2, x3 = qn, sn, x0n, x1n, x2n, x3n
-        else:
-            for w0 in range(w_start, w_end, BLOCK_W):
-                q, s, x0, x1, x2, x3 = _fp4_tile(xp_base, w_base, s_base, rows, nmask, w0 + tl.arange(0, BLOCK_W),
-                                                 w_end, KW, stride_wn, stride_sn, EVEN_K, EVEN_N)
-                acc += _fp4_word_part(q, x0, x1, x2, x3, BLOCK_N, BLOCK_W, USE_ASM) * s.to(tl.float32)
+            acc += _fp4_word_part(q, x0, x1, x2, x3, BLOCK_N, BLOCK_W, USE_ASM) * s.to(tl.float32)
         return tl.sum(acc, axis=1)
 
     @triton.jit
@@ -307,7 +295,6 @@ if HAVE_TRITON:
         BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
         HAS_IDS: tl.constexpr, PAIRED: tl.constexpr, ATOMIC: tl.constexpr, ROW_WEIGHT: tl.constexpr,
         GROUPED: tl.constexpr = False, ASM: tl.constexpr = False, USE_ASM: tl.constexpr = True,
-        PREFETCH: tl.constexpr = False,
     ):
         """M=1 NVFP4 GEMV (GROUPED: w_ptr is int64, KW / w_per_split / BLOCK_W count 16-value groups). Program (n tile, k split, slot); slot picks an expert through ids when HAS_IDS."""
         pid_n = tl.program_id(0)
@@ -330,7 +317,7 @@ if HAVE_TRITON:
             scale = tl.load(ts_ptr + e) * 16384.0
         if ASM:
             y = _fp4_rows_asm(x_base, w_base, s_base, rows, nmask, w_start, w_end, KW, stride_wn, stride_sn,
-                              BLOCK_N, BLOCK_W, EVEN_K, EVEN_N, USE_ASM, PREFETCH) * scale
+                              BLOCK_N, BLOCK_W, EVEN_K, EVEN_N, USE_ASM) * scale
         elif GROUPED:
             y = _fp4_rows_g(x_base, w_base, s_base, rows, nmask, w_start, w_end, stride_wn, stride_sn,
                             BLOCK_N, BLOCK_W, EVEN_K, EVEN_N) * scale
@@ -340,7 +327,7 @@ if HAVE_TRITON:
         if PAIRED:  # gate rows r and up rows r + pair_off of the same expert: write silu(gate) * up
             if ASM:
                 u = _fp4_rows_asm(x_base, w_base, s_base, rows + pair_off, nmask, w_start, w_end, KW, stride_wn,
-                                  stride_sn, BLOCK_N, BLOCK_W, EVEN_K, EVEN_N, USE_ASM, PREFETCH) * scale
+                                  stride_sn, BLOCK_N, BLOCK_W, EVEN_K, EVEN_N, USE_ASM) * scale
             elif GROUPED:
                 u = _fp4_rows_g(x_base, w_base, s_base, rows + pair_off, nmask, w_start, w_end, stride_wn,
                                 stride_sn, BLOCK_N, BLOCK_W, EVEN_K, EVEN_N) * scale
@@ -695,12 +682,11 @@ class GemvConfig:
     split: int | None = None  # K splits; None: enough to give every SM work (split_for)
     grouped: bool = False  # NVFP4 only: int64 words (16 values, one scale) instead of int32 words
     asm: bool = False  # NVFP4 only: f16x2 inline-asm decode and dot (emulated in plain Triton by the interpreter)
-    prefetch: bool = False  # NVFP4 asm form: load the next tile before decoding this one
     mma: bool = False  # NVFP4 tensor-core form (M <= 16): block_n = 16 x warps, block_k = 64 x steps per iteration
 
     @property
     def name(self) -> str:
-        return (f"{'m,' if self.mma else ''}{'p,' if self.prefetch else ''}{'a,' if self.asm else ''}"
+        return (f"{'m,' if self.mma else ''}{'a,' if self.asm else ''}"
                 f"{'g,' if self.grouped else ''}BN={self.block_n},BK={self.block_k},w={self.warps}"
                 + (f",s={self.split}" if self.split else ""))
 
@@ -886,7 +872,7 @@ class Nvfp4Gemv:
             BLOCK_N=self.cfg.block_n, BLOCK_W=self.bw, EVEN_K=self.even_k,
             EVEN_N=self.n % self.cfg.block_n == 0, HAS_IDS=False, PAIRED=False,
             ATOMIC=self.acc is not None, ROW_WEIGHT=False, GROUPED=self.grouped, ASM=self.asm,
-            USE_ASM=not interpreted(), PREFETCH=self.cfg.prefetch, num_warps=self.cfg.warps)
+            USE_ASM=not interpreted(), num_warps=self.cfg.warps)
         if self.acc is not None:
             self.out.copy_(self.acc)
         return self.out
@@ -1015,7 +1001,7 @@ class GroupedExperts:
                 0 if final else out.stride(0),
                 BLOCK_N=cfg.block_n, BLOCK_W=bw, EVEN_K=kw % bw == 0, EVEN_N=n % cfg.block_n == 0,
                 HAS_IDS=True, PAIRED=paired, ATOMIC=final, ROW_WEIGHT=final, GROUPED=cfg.grouped, ASM=asm,
-                USE_ASM=not interpreted(), PREFETCH=cfg.prefetch, num_warps=cfg.warps)
+                USE_ASM=not interpreted(), num_warps=cfg.warps)
             return
         if isinstance(w, Fp8Weight):
             data, scales, kind = w.data, w.scales, 2 if w.block else 1
