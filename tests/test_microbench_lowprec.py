@@ -93,11 +93,12 @@ q64 = nv.NVFP4Tensor(q.packed.repeat(1, 4), torch.ones(256, 4).to(torch.float8_e
 x64 = torch.ones(2, 64).to(torch.bfloat16)
 got = lp.Nvfp4Gemv(q64, 2, "cpu", cfg=lp.GemvConfig(64, 64, 4, mma=True), out_dtype=torch.float32)(x64)
 assert torch.equal(got, nv.reference_mm(x64, q64))
-# the weight-only class routes M <= 16 to the GEMVs (tensor cores when K % 64 == 0)
+# the weight-only class routes M <= 16 to the GEMVs: tensor cores when K % 64 == 0, except small M=1 shapes
 for m in (1, 4):
     w = nv.WeightOnlyGemm(nv.quantize_nvfp4(torch.randn(32, 128)), m, "cpu", out_dtype=torch.float32)
     xx = torch.randn(m, 128).to(torch.bfloat16)
-    assert nv.relative_error(w(xx), nv.reference_mm(xx, w.q)) < 2e-3 and w.variant == "gemv" and w._gemv.mma
+    assert nv.relative_error(w(xx), nv.reference_mm(xx, w.q)) < 2e-3 and w.variant == "gemv" and w._gemv.mma == (m > 1)
+assert lp.fp4_config_for(1, 4096, "cpu", 28672).mma and not lp.fp4_config_for(1, 4096, "cpu", 4096).mma
 # the x packing for the f16x2 asm form (the asm itself needs a GPU): plane j holds (x[8w+3-j], x[8w+7-j]) as fp16
 x = torch.randn(1, 64).to(torch.bfloat16)
 xp = torch.empty((4, 8), dtype=torch.int32)

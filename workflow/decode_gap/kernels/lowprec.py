@@ -725,9 +725,14 @@ def mma_supported(device) -> bool:
     return dev.type != "cuda" or torch.cuda.get_device_capability(dev) >= (8, 9)
 
 
-def fp4_config_for(m: int, k: int, device="cuda") -> GemvConfig | None:
-    """The default NVFP4 GEMV form for an [M, K] input: tensor cores when K is whole 64-value steps (sm89+), else
-    the CUDA-core asm form at M=1 and None (no GEMV form) above."""
+FP4_SMALL_M1 = 24_000_000  # N x K under which the plain M=1 form won most shapes on the H200 (latency-bound)
+
+
+def fp4_config_for(m: int, k: int, device="cuda", n: int | None = None) -> GemvConfig | None:
+    """The default NVFP4 GEMV form for an [M, K] x [K, N]: at M=1 under FP4_SMALL_M1 values the plain CUDA-core form;
+    else tensor cores when K is whole 64-value steps (sm89+), else the CUDA-core asm form at M=1 and None above."""
+    if m == 1 and n is not None and n * k < FP4_SMALL_M1:
+        return FP4_DEFAULT
     if mma_supported(device) and k % FP4_MMA_DEFAULT.block_k == 0:
         return FP4_MMA_DEFAULT
     if mma_supported(device) and k % 64 == 0:
@@ -778,7 +783,7 @@ class Nvfp4Gemv:
         if k % 16 or m < 1 or m > 16:
             raise DecodeGapError(f"nvfp4 gemv: needs K % 16 == 0 and 1 <= M <= 16 (M={m}, K={k})")
         self.q, self.m, self.n, self.k = q, m, n, k
-        self.cfg = cfg or fp4_config_for(m, k, device)
+        self.cfg = cfg or fp4_config_for(m, k, device, n)
         if self.cfg is None:
             raise DecodeGapError(f"nvfp4 gemv: M={m} > 1 needs K % 64 == 0 and sm89+ (K={k}); use the weight-only GEMM")
         self.mma = self.cfg.mma
