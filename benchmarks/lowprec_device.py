@@ -321,6 +321,25 @@ def moe_case(env: BenchEnv, model: str) -> None:
 # --------------------------------------------------------------------------- main
 
 
+def closing_table(res: dict) -> str:
+    """The NVFP4 rows as a markdown table: time and fraction of read bandwidth of v1 (the earlier kernel), the
+    previous session's M=1 CUDA-core forms and the fastest GEMV now, beside FP8 _scaled_mm and bf16."""
+    def cell(row, key):
+        us, fr = row.get(f"{key}_us"), row.get(f"{key}_of_read")
+        return f"{us:.1f} us, {fr:.2f}" if us and fr else "n/a"
+
+    lines = ["| model | N x K | M | nvfp4 v1 | nvfp4 previous | nvfp4 now (kernel) | fp8 _scaled_mm | bf16 |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in res["gemm"]:
+        lines.append(f"| {r['model']} | {r['N']}x{r['K']} | {r['M']} | {cell(r, 'nvfp4_old')} | {cell(r, 'nvfp4_prev')} | "
+                     f"{cell(r, 'nvfp4_new')} ({r.get('nvfp4_new_kernel')}) | {cell(r, 'fp8_scaled_mm')} | {cell(r, 'bf16')} |")
+    for r in res["moe"]:
+        if r.get("of_read") is not None:
+            lines.append(f"| {r['model']} MoE | {r['what']} | 1 | | | {r['us']:.1f} us, {r['of_read']:.2f} | | |")
+    return "\n".join(lines)
+
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="out-lowprec")
@@ -401,6 +420,7 @@ def main() -> int:
 
         run("stage", do_stage)
     (out / "lowprec.json").write_text(json.dumps(RESULTS, indent=1, default=str))
+    print(closing_table(RESULTS), flush=True)
     bad = [c for c in RESULTS["checks"] if not c["ok"]]
     log(f"done: {len(RESULTS['gemm'])} shapes, {len(RESULTS['moe'])} moe rows, {len(bad)} failed checks, "
         f"errors {list(RESULTS['errors'])[:10]}")
