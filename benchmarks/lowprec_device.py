@@ -4,7 +4,7 @@ Run on a GPU host from the repository root:
     PYTHONPATH=workflow python3 benchmarks/lowprec_device.py --out $OUT [--budget-s 240]
 1. copy and read bandwidth (microbench.memory) and the latency floor (graph replay of an empty kernel and of a
    one-row GEMV);
-2. correctness of every kernel (NVFP4 fma/dot, FP8 per-tensor/128x128, bf16, grouped experts) against
+2. correctness of every kernel (NVFP4 tensor-core and CUDA-core forms, FP8 per-tensor/128x128, bf16, grouped experts) against
    dequantise-then-matmul at awkward shapes;
 3. per shape (Llama-3.1-8B, DeepSeek-V3, GLM-5) at M=1 and M=16: bf16, FP8 (`_scaled_mm` against our GEMVs) and
    NVFP4 (the earlier kernel against the new one), every Triton config timed and the fastest kept (the sweep);
@@ -67,7 +67,8 @@ def frac(nbytes: float, us: float | None, gbps: float | None) -> float | None:
 def checks(env: BenchEnv) -> None:
     dev = env.device
     gen = torch.Generator(device=dev).manual_seed(0)
-    cases = [(1, 576, 7168), (1, 100, 528), (1, 4096, 2048), (3, 256, 6144), (16, 129, 1040), (16, 4096, 4096)]
+    cases = [(1, 576, 7168), (1, 100, 528), (1, 4096, 2048), (3, 256, 6144), (16, 129, 1024), (16, 4096, 4096),
+             (8, 4096, 14336), (12, 1000, 2048)]
     if not env.is_gpu:
         cases = [(1, 40, 256), (3, 40, 128)]
     for m, n, k in cases:
@@ -75,14 +76,11 @@ def checks(env: BenchEnv) -> None:
         x = torch.randn((m, k), generator=gen, device=dev).to(torch.bfloat16)
         q = nv.quantize_nvfp4(w)
         ref4 = nv.reference_mm(x, q)
-        for dot, cfgs in ((False, lp.FP4_M1_CONFIGS), (True, lp.FP4_DOT_CONFIGS)):
-            if m > 1 and not dot:
+        for cfg in (lp.FP4_M1_CONFIGS if m == 1 else lp.FP4_MMA_CONFIGS):
+            if (cfg.mma and k % cfg.block_k) or (not env.is_gpu and cfg.asm):
                 continue
-            for cfg in (cfgs if env.is_gpu and n * k < 5_000_000 else [c for c in cfgs if c.asm][:2] if env.is_gpu
-                        else [c for c in cfgs if not c.asm][:2]):
-                _check(f"nvfp4 {'dot' if dot else 'fma'} {cfg.name}", m, n, k,
-                       lambda: lp.Nvfp4Gemv(q, m, dev, cfg, out_dtype=torch.float32, use_dot=dot)(x), ref4,
-                       2e-3 if dot or cfg.asm else 1e-4)
+            _check(f"nvfp4 {cfg.name}", m, n, k, lambda: lp.Nvfp4Gemv(q, m, dev, cfg, out_dtype=torch.float32)(x), ref4,
+                   2e-3 if cfg.mma or cfg.asm else 1e-4)
         for block in (False, True):
             fw = lp.quantize_fp8(w, block)
             ref8 = x.float() @ lp.dequantize_fp8(fw).t()
@@ -222,15 +220,19 @@ def dense_case(env: BenchEnv, model: str, n: int, k: int, m: int, old: bool, fp8
         name, us, _ = best_of(env, {"nvfp4-weight-only v1 (earlier)": lambda: [
             (lambda g=g: g(x)) for g in [nv.WeightOnlyGemm(qq, m, dev, variant="v1") for qq in qs]]}, nb4)
         put("nvfp4_old", name, us, nb4)
-    bld = {}
-    for dot, cfgs in ((False, lp.FP4_M1_CONFIGS), (True, lp.FP4_DOT_CONFIGS)):
-        if (m > 1) != dot:  # the dot form never won at M=1 on the H200 (8-9% of read bandwidth)
-            continue
-        for c in cfgs:
-            bld[f"{'dot' if dot else 'fma'} {c.name}"] = (lambda c=c, dot=dot: [
-                (lambda g=g: g(x)) for g in [lp.Nvfp4Gemv(qq, m, dev, c, use_dot=dot) for qq in qs]])
-    name, us, times = best_of(env, bld, nb4)
-    put("nvfp4_new", name, us, nb4, times)
+    def fp4_builders(cfgs):
+        return {c.name: (lambda c=c: [(lambda g=g: g(x)) for g in [lp.Nvfp4Gemv(qq, m, dev, c) for qq in qs]])
+                for c in cfgs if not (c.mma and k % c.block_k) and (m == 1 or c.mma)}
+
+    tried = {}
+    if m == 1:  # the previous session's M=1 CUDA-core forms on their own, for the closing table
+        name, us, tried = best_of(env, fp4_builders(lp.FP4_CUDA_CORE_CONFIGS if old else lp.FP4_CUDA_CORE_CONFIGS[:3]), nb4)
+        put("nvfp4_prev", name, us, nb4, tried)
+    _, _, times = best_of(env, fp4_builders(lp.FP4_MMA_CONFIGS), nb4)
+    tried = {**tried, **times}
+    ok = {k2: v for k2, v in tried.items() if isinstance(v, float)}
+    best = min(ok, key=ok.get) if ok else None
+    put("nvfp4_new", best, ok.get(best), nb4, tried)
     RESULTS["gemm"].append(row)
     qs = q = None
     if env.is_gpu:
@@ -238,7 +240,8 @@ def dense_case(env: BenchEnv, model: str, n: int, k: int, m: int, old: bool, fp8
     pr = lambda key: (f"{row.get(key + '_us') or float('nan'):8.1f}us {100 * (row.get(key + '_of_read') or 0):4.0f}%r"
                       if row.get(key + "_us") else "       n/a      ")
     log(f"{model:12s} {n:>6}x{k:<6} M={m:<2} bf16 {pr('bf16')} | fp8 mm {pr('fp8_scaled_mm')} gemv {pr('fp8_gemv')} "
-        f"blk {pr('fp8_block_gemv')} | nvfp4 old {pr('nvfp4_old')} new {pr('nvfp4_new')} [{row.get('nvfp4_new_kernel')}]")
+        f"blk {pr('fp8_block_gemv')} | nvfp4 v1 {pr('nvfp4_old')} prev {pr('nvfp4_prev')} new {pr('nvfp4_new')} "
+        f"[{row.get('nvfp4_new_kernel')}]")
 
 
 # --------------------------------------------------------------------------- MoE
@@ -278,7 +281,7 @@ def moe_case(env: BenchEnv, model: str) -> None:
     G = lp.GemvConfig
     cfgs = [(G(16, 512, 4, asm=True), G(16, 512, 4, asm=True)), (G(32, 256, 4, asm=True), G(8, 1024, 4, asm=True)),
             (G(8, 1024, 4, asm=True), G(32, 256, 4, asm=True)), (G(64, 256, 4, grouped=True), G(64, 256, 4, grouped=True)),
-            (G(8, 1024, 4), G(8, 1024, 4)), (G(16, 512, 4, asm=True, prefetch=True), G(16, 512, 4, asm=True, prefetch=True))]
+            (G(8, 1024, 4), G(8, 1024, 4))]
     if not env.is_gpu or any(c["kernel"] == "grouped nvfp4-asm" and not c["ok"] for c in RESULTS["checks"]):
         cfgs = [c for c in cfgs if not c[0].asm]
     dcfgs = [(lp.DENSE_CONFIGS[0], lp.DENSE_CONFIGS[0]), (lp.DENSE_CONFIGS[1], lp.DENSE_CONFIGS[2]),
@@ -316,6 +319,25 @@ def moe_case(env: BenchEnv, model: str) -> None:
 
 
 # --------------------------------------------------------------------------- main
+
+
+def closing_table(res: dict) -> str:
+    """The NVFP4 rows as a markdown table: time and fraction of read bandwidth of v1 (the earlier kernel), the
+    previous session's M=1 CUDA-core forms and the fastest GEMV now, beside FP8 _scaled_mm and bf16."""
+    def cell(row, key):
+        us, fr = row.get(f"{key}_us"), row.get(f"{key}_of_read")
+        return f"{us:.1f} us, {fr:.2f}" if us and fr else "n/a"
+
+    lines = ["| model | N x K | M | nvfp4 v1 | nvfp4 previous | nvfp4 now (kernel) | fp8 _scaled_mm | bf16 |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in res["gemm"]:
+        lines.append(f"| {r['model']} | {r['N']}x{r['K']} | {r['M']} | {cell(r, 'nvfp4_old')} | {cell(r, 'nvfp4_prev')} | "
+                     f"{cell(r, 'nvfp4_new')} ({r.get('nvfp4_new_kernel')}) | {cell(r, 'fp8_scaled_mm')} | {cell(r, 'bf16')} |")
+    for r in res["moe"]:
+        if r.get("of_read") is not None:
+            lines.append(f"| {r['model']} MoE | {r['what']} | 1 | | | {r['us']:.1f} us, {r['of_read']:.2f} | | |")
+    return "\n".join(lines)
+
 
 
 def main() -> int:
@@ -367,8 +389,9 @@ def main() -> int:
     if "llama" in sections:
         for n, k in llama:
             run(f"llama {n}x{k} M=1", lambda n=n, k=k: dense_case(env, "llama-3.1-8b", n, k, 1, old=True, fp8_all=True))
-        for n, k in llama[:1] if env.is_gpu else []:
-            run(f"llama {n}x{k} M=16", lambda n=n, k=k: dense_case(env, "llama-3.1-8b", n, k, 16, old=False, fp8_all=False))
+        for (n, k), m in ((llama[0], 4), (llama[0], 16), (llama[2], 4), (llama[2], 8), (llama[2], 16)) if env.is_gpu else ():
+            run(f"llama {n}x{k} M={m}", lambda n=n, k=k, m=m: dense_case(env, "llama-3.1-8b", n, k, m, old=m == 4,
+                                                                         fp8_all=False))
     if "moe" in sections:
         for model in ("deepseek-v3", "glm-5") if env.is_gpu else ("deepseek-v3",):
             run(f"moe {model}", lambda model=model: moe_case(env, model))
@@ -397,6 +420,7 @@ def main() -> int:
 
         run("stage", do_stage)
     (out / "lowprec.json").write_text(json.dumps(RESULTS, indent=1, default=str))
+    print(closing_table(RESULTS), flush=True)
     bad = [c for c in RESULTS["checks"] if not c["ok"]]
     log(f"done: {len(RESULTS['gemm'])} shapes, {len(RESULTS['moe'])} moe rows, {len(bad)} failed checks, "
         f"errors {list(RESULTS['errors'])[:10]}")

@@ -22,6 +22,22 @@ def _interpret(code: str) -> str:
     return proc.stdout
 
 
+def test_tensor_core_layout_gives_each_lane_its_fragments():
+    """repack_mma: lane 4g+q of tile T at step i holds group 4i+q of rows 16T+g then 16T+8+g; scales likewise."""
+    q = nv.quantize_nvfp4(torch.randn(40, 256))
+    words, scales = lp.repack_mma(q)
+    assert words.shape == (3, 4, 32, 4) and scales.shape == (3, 4, 32)
+    packed = torch.cat([q.packed, q.packed.new_zeros(8, 128)])  # rows padded to whole 16-row tiles
+    sc = torch.cat([q.block_scales.view(torch.uint8), torch.zeros(8, 16, dtype=torch.uint8)])
+    for t, i, g, qq in ((0, 0, 0, 0), (1, 2, 5, 3), (2, 3, 7, 1)):
+        grp = 4 * i + qq
+        lane = words[t, i, 4 * g + qq].view(torch.uint8)
+        assert torch.equal(lane[:8], packed[16 * t + g, 8 * grp:8 * grp + 8])
+        assert torch.equal(lane[8:], packed[16 * t + 8 + g, 8 * grp:8 * grp + 8])
+        s2 = scales[t, i, 4 * g + qq].view(1).view(torch.uint8)
+        assert s2.tolist() == [sc[16 * t + g, grp].item(), sc[16 * t + 8 + g, grp].item()]
+
+
 def test_split_plan_fills_the_gpu_only_when_n_is_narrow():
     assert lp.split_for(n_tiles=2000, slots=1, k_blocks=8, sms=132) == 1
     s = lp.split_for(n_tiles=36, slots=1, k_blocks=14, sms=132)
@@ -41,27 +57,30 @@ def test_fp8_quantisation_round_trips_within_e4m3_precision():
 
 
 @pytest.mark.skipif(not lp.HAVE_TRITON, reason="Triton is not installed (pip install triton runs its CPU interpreter)")
-def test_nvfp4_gemv_fma_and_dot_match_the_reference_in_the_interpreter():
-    """The word decode (fp16 bit placement), the planes, the per-word scales, split-K atomics, ragged N and K."""
+def test_nvfp4_gemvs_match_the_reference_in_the_interpreter():
+    """The word decode (fp16 bit placement), the planes, the per-word scales, split-K atomics, ragged N and K; the
+    tensor-core form's repacked layout, its x rows in passes of 8 (its mma.sync asm needs a GPU: lowprec_device.py)."""
     out = _interpret(r'''
 import torch
 from decode_gap.kernels import nvfp4 as nv, lowprec as lp
 torch.manual_seed(0)
-cases = [(1, 48, 256, lp.GemvConfig(16, 128), False, None), (1, 40, 96, lp.GemvConfig(16, 64), False, 1),
-         (1, 64, 512, lp.GemvConfig(16, 128), False, 4), (3, 40, 128, lp.GemvConfig(16, 64), True, None),
-         (16, 33, 160, lp.GemvConfig(16, 128), True, 1), (1, 48, 256, lp.GemvConfig(16, 64, grouped=True), False, None),
-         (1, 40, 96, lp.GemvConfig(16, 64, grouped=True), False, 1), (1, 64, 512, lp.GemvConfig(32, 128, grouped=True), False, 3),
-         # the f16x2 asm form (its decode emulated in plain Triton here), with and without the prefetch
-         (1, 48, 256, lp.GemvConfig(16, 64, asm=True), False, None), (1, 40, 96, lp.GemvConfig(16, 64, asm=True), False, 1),
-         (1, 64, 512, lp.GemvConfig(16, 128, asm=True, prefetch=True), False, 1),
-         (1, 40, 512, lp.GemvConfig(16, 64, asm=True, prefetch=True), False, 3)]
-for m, n, k, cfg, dot, split in cases:
+G = lp.GemvConfig
+cases = [(1, 48, 256, G(16, 128), None), (1, 40, 96, G(16, 64), 1), (1, 64, 512, G(16, 128), 4),
+         (1, 48, 256, G(16, 64, grouped=True), None), (1, 40, 96, G(16, 64, grouped=True), 1),
+         (1, 64, 512, G(32, 128, grouped=True), 3),
+         # the f16x2 asm form (its decode emulated in plain Triton here)
+         (1, 48, 256, G(16, 64, asm=True), None), (1, 40, 96, G(16, 64, asm=True), 1),
+         (1, 64, 512, G(16, 128, asm=True), 1), (1, 40, 512, G(16, 64, asm=True), 3),
+         # the tensor-core form: ragged N (tiles of 16 rows), split-K, M in passes of 8 rows
+         (1, 48, 256, G(64, 128, 4, mma=True), None), (3, 40, 128, G(32, 64, 2, mma=True), None),
+         (12, 33, 256, G(64, 128, 4, mma=True), 2), (1, 100, 512, G(32, 128, 2, mma=True), 3)]
+for m, n, k, cfg, split in cases:
     q = nv.quantize_nvfp4(torch.randn(n, k) * 3)
     x = torch.randn(m, k).to(torch.bfloat16)
-    g = lp.Nvfp4Gemv(q, m, "cpu", cfg=cfg, out_dtype=torch.float32, use_dot=dot, split=split)
+    g = lp.Nvfp4Gemv(q, m, "cpu", cfg=cfg, out_dtype=torch.float32, split=split)
     g.out.fill_(float("nan"))  # every element must be written
     err = nv.relative_error(g(x), nv.reference_mm(x, q))
-    assert err < (2e-3 if cfg.asm else 1e-5), (m, n, k, cfg, split, err)  # asm: x rounded to fp16
+    assert err < (2e-3 if cfg.asm or cfg.mma else 1e-5), (m, n, k, cfg, split, err)  # asm, mma: x rounded to fp16
 # every E2M1 code and both nibbles: W = one row per code pair, x = ones
 codes = torch.arange(256, dtype=torch.int32)
 q = nv.NVFP4Tensor(torch.stack([codes.to(torch.uint8)] * 8, 1).reshape(256, 8), torch.ones(256, 1).to(torch.float8_e4m3fn),
@@ -70,10 +89,16 @@ x = torch.ones(1, 16).to(torch.bfloat16)
 for cfg in (lp.GemvConfig(16, 16), lp.GemvConfig(16, 16, grouped=True), lp.GemvConfig(16, 16, asm=True)):
     got = lp.Nvfp4Gemv(q, 1, "cpu", cfg=cfg, out_dtype=torch.float32)(x)
     assert torch.equal(got, nv.reference_mm(x, q)), (got, nv.reference_mm(x, q))
-# the weight-only class routes M=1 to the new GEMV
-w = nv.WeightOnlyGemm(nv.quantize_nvfp4(torch.randn(32, 64)), 1, "cpu", out_dtype=torch.float32)
-xx = torch.randn(1, 64).to(torch.bfloat16)
-assert nv.relative_error(w(xx), nv.reference_mm(xx, w.q)) < 1e-5 and w.variant == "gemv"
+q64 = nv.NVFP4Tensor(q.packed.repeat(1, 4), torch.ones(256, 4).to(torch.float8_e4m3fn), torch.tensor(1.0), (256, 64))
+x64 = torch.ones(2, 64).to(torch.bfloat16)
+got = lp.Nvfp4Gemv(q64, 2, "cpu", cfg=lp.GemvConfig(64, 64, 4, mma=True), out_dtype=torch.float32)(x64)
+assert torch.equal(got, nv.reference_mm(x64, q64))
+# the weight-only class routes M <= 16 to the GEMVs: tensor cores when K % 64 == 0, except small M=1 shapes
+for m in (1, 4):
+    w = nv.WeightOnlyGemm(nv.quantize_nvfp4(torch.randn(32, 128)), m, "cpu", out_dtype=torch.float32)
+    xx = torch.randn(m, 128).to(torch.bfloat16)
+    assert nv.relative_error(w(xx), nv.reference_mm(xx, w.q)) < 2e-3 and w.variant == "gemv" and w._gemv.mma == (m > 1)
+assert lp.fp4_config_for(1, 4096, "cpu", 28672).mma and not lp.fp4_config_for(1, 4096, "cpu", 4096).mma
 # the x packing for the f16x2 asm form (the asm itself needs a GPU): plane j holds (x[8w+3-j], x[8w+7-j]) as fp16
 x = torch.randn(1, 64).to(torch.bfloat16)
 xp = torch.empty((4, 8), dtype=torch.int32)
@@ -81,6 +106,10 @@ lp._fp4_xpack_kernel[(1, 1)](x, xp, 8, 0, 0, BLOCK=512)
 halves = xp.view(torch.int16).view(torch.float16).reshape(4, 8, 2).float()
 for j in range(4):
     assert torch.equal(halves[j, :, 0], x[0, 3 - j::8].half().float()) and torch.equal(halves[j, :, 1], x[0, 7 - j::8].half().float())
+# the tensor-core form's x packing: word-major, the four planes of a word together (the MMA's B pairs)
+xp4 = torch.empty((1, 8, 4), dtype=torch.int32)
+lp._fp4_xpack4_kernel[(1, 1)](x, xp4, 8, 0, 0, xp4, 0, BLOCK=512, ZERO=False)
+assert torch.equal(xp4[0].t(), xp)
 print("ok")
 ''')
     assert out.startswith("ok")
@@ -112,7 +141,7 @@ for fmt, c13, c2 in (("bf16", lp.GemvConfig(16, 64), lp.GemvConfig(16, 64)), ("f
                      ("fp8-block", lp.GemvConfig(16, 128), lp.GemvConfig(16, 128)),
                      ("nvfp4", lp.GemvConfig(16, 64), lp.GemvConfig(16, 64)),
                      ("nvfp4", lp.GemvConfig(16, 64, grouped=True), lp.GemvConfig(32, 32, grouped=True)),
-                     ("nvfp4", lp.GemvConfig(16, 64, asm=True), lp.GemvConfig(16, 32, asm=True, prefetch=True))):
+                     ("nvfp4", lp.GemvConfig(16, 64, asm=True), lp.GemvConfig(16, 32, asm=True))):
     g = lp.grouped_from_bf16(fmt, w13, w2, ids, rw, "cpu", c13, c2)
     d13, d2 = lp.dequantized_experts(g)
     err = nv.relative_error(g(x).float(), lp.reference_experts(x, d13, d2, ids, rw))

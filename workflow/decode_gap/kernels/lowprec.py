@@ -1,34 +1,38 @@
 """Low-precision decode GEMVs in Triton: NVFP4 weight-only, FP8 (per-tensor and 128x128 block scales) and bf16,
 dense or grouped over the top-k experts a token selected.
 
-Why hand-written: at M=1 a GEMV only has to stream the weight once, but the NVFP4 one has to decode ~8 values per
-read byte pair, so the instruction count per value, not the memory, decides whether it reaches the bandwidth.
-The design (read from vLLM's Marlin FP4 and CUTLASS' mixed-input GEMM, written anew here):
+Why hand-written: at M=1 a GEMV only has to stream the weight once, but the NVFP4 one has to decode every value,
+so the instruction count per value, the L1 traffic and the bytes in flight, not the memory, decide whether it
+reaches the bandwidth. Read from vLLM's Marlin FP4 and CUTLASS' mixed-input GEMM, written anew here.
 
-- the packed weight is read as int32 words (8 E2M1 values each), in [BLOCK_N, BLOCK_W] tiles whose rows are
-  contiguous, so each thread issues 16-byte loads; K is never masked when the tile divides it (masks along K
-  break the vectorisation);
-- E2M1 decodes with bit arithmetic on whole words, two values per 32-bit operation: the sign and the three
-  magnitude bits of a nibble are moved into an fp16 half (sign at bit 15, e1 e0 m at bits 11..9). That fp16 is
-  exactly the E2M1 value times 2^-14 (e = 0 lands on fp16 subnormals: 0 and 2^-15), so the factor 2^14 folds
-  into the per-tensor scale and no table or select is needed;
-- the 8 nibbles of a word are 8 "planes" (element 8w + t): each plane is multiplied with the matching strided
-  slice of x, so no interleave/reshape of the decoded values is needed; the E4M3 scale multiplies the per-word
-  partial sum (two words share one scale), not every value;
-- split-K (fp32 atomics) only when N is too narrow to give every SM work.
+NVFP4 tensor-core form (any M <= 16, the default where K % 64 == 0; `cfg.mma`):
+- the weight is repacked once (`repack_mma`, as servers repack at load time; the same bytes) so that one warp load is
+  512 contiguous bytes and one lane's 16 bytes are exactly its mma.sync fragments: group 4i+q of rows g and g+8 for
+  lane 4g+q; the scales likewise (2 bytes a lane);
+- E2M1 decodes with bit arithmetic, two values per 32-bit operation: sign and magnitude bits of a nibble pair are
+  placed in an f16x2 (sign at bit 15, e1 e0 m at bits 11..9), exactly the E2M1 value times 2^-14 (2^14 folds into
+  the tensor scale); one f16x2 multiply by the E4M3 block scale (exact: a 2-bit times a 4-bit significand);
+- the decoded pairs go straight into mma.sync.m16n8k16 (inline asm: Triton's own tl.dot put the decoded tile through
+  shared memory and reached 8-12% of read bandwidth), x packed once per call into fp16 pairs as the B operand, fp32
+  accumulators; M > 8 runs one pass per 8 rows of x (the weight is read again).
+NVFP4 CUDA-core forms (M=1): int32 words decoded in f16x2 inline asm (`asm`) or plain Triton, the 8 nibbles of a word
+as 8 "planes" against strided x; they still win the small, latency-bound shapes (one kernel, no x packing, no split).
+Under the CPU interpreter every form runs its decode in plain Triton (the asm needs a GPU).
 
-- the fastest form on an H200 (`asm=True`) does the decode and the multiply-add in f16x2 inline PTX, two values
-  per instruction, against x packed once per call into fp16 pairs per plane (`_fp4_xpack_kernel`); under the CPU
-  interpreter the same path runs with the decode in plain Triton.
+Measured on an H200 (benchmarks/lowprec_device.py, CUDA-graph replay, rotating weights; read bandwidth 4386 GB/s,
+NVFP4 bytes = packed values + scales), fraction of read bandwidth at M=1, tensor-core form (previous session's
+CUDA-core best in brackets): Llama-3.1-8B lm_head 68% (48%), gate_up 48% (40%), down 40% (30%); DeepSeek-V3
+129280x7168 71% (51%), 36864x7168 58% (45%), 7168x18432 45% (35%); GLM-5 154880x6144 71% (47%), 24576x6144 50%
+(38%); shapes under ~25M values stay at 20-33% (latency-bound, CUDA-core form). At M=4 / 8 / 16 on 28672x4096:
+45% / 42% / 23% (the earlier tl.dot form: 10%). Still short of the 85% target: ncu on 28672x4096 shows DRAM at 47%,
+L1 at 26%, 0.55 issued warps per scheduler with 37% achieved occupancy: bound by bytes in flight (about 3.5
+instructions a value leave each warp one or two 512-byte steps in flight). FP8 and bf16 GEMVs reach 90-104% on the
+large shapes. The grouped form (MoE) still uses the CUDA-core NVFP4 kernel (35% of read bandwidth on the selected
+experts). The grouped form takes the selected experts' ids and a shared or per-expert activation, and can pair the
+gate and up rows of an expert in one program to write silu(gate) * up directly.
 
-M=1 runs on CUDA cores; 2 <= M <= 16 runs the same decode into `tl.dot` (fp16 operands, x padded to 16 rows).
-Measured on an H200 (benchmarks/lowprec_device.py): the M=1 NVFP4 GEMV reaches 40-53% of read bandwidth on the
-large shapes (4-5x the earlier kernel, still short of the 85% target: it is issue-bound on the decode), the
-tensor-core form 8-9% (so the weight-only class uses the new GEMV at M=1 only); FP8 and bf16 GEMVs 90-104%. The grouped form takes the selected experts' ids and a shared or per-expert activation, and can pair
-the gate and up rows of an expert in one program to write silu(gate) * up directly.
-
-One module of about 900 lines on purpose: the dense, grouped, FP8 and NVFP4 kernels share the same decode helpers,
-tile configurations and launch wrappers, and a kernel and its wrapper are read (and tuned) together.
+One module on purpose: the dense, grouped, FP8 and NVFP4 kernels share the same decode helpers, tile
+configurations and launch wrappers, and a kernel and its wrapper are read (and tuned) together.
 """
 
 from __future__ import annotations
@@ -275,24 +279,12 @@ if HAVE_TRITON:
     @triton.jit
     def _fp4_rows_asm(xp_base, w_base, s_base, rows, nmask, w_start, w_end, KW, stride_wn, stride_sn,
                       BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
-                      USE_ASM: tl.constexpr, PREFETCH: tl.constexpr):
+                      USE_ASM: tl.constexpr):
         acc = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.float32)
-        if PREFETCH and EVEN_K:
-            # issue the next tile's loads before decoding this one (more bytes in flight per CTA); the last
-            # iteration reloads the final tile rather than masking along K
-            q, s, x0, x1, x2, x3 = _fp4_tile(xp_base, w_base, s_base, rows, nmask, w_start + tl.arange(0, BLOCK_W),
+        for w0 in range(w_start, w_end, BLOCK_W):
+            q, s, x0, x1, x2, x3 = _fp4_tile(xp_base, w_base, s_base, rows, nmask, w0 + tl.arange(0, BLOCK_W),
                                              w_end, KW, stride_wn, stride_sn, EVEN_K, EVEN_N)
-            for w0 in range(w_start, w_end, BLOCK_W):
-                nxt = tl.minimum(w0 + BLOCK_W, w_end - BLOCK_W) + tl.arange(0, BLOCK_W)
-                qn, sn, x0n, x1n, x2n, x3n = _fp4_tile(xp_base, w_base, s_base, rows, nmask, nxt, w_end, KW,
-                                                       stride_wn, stride_sn, EVEN_K, EVEN_N)
-                acc += _fp4_word_part(q, x0, x1, x2, x3, BLOCK_N, BLOCK_W, USE_ASM) * s.to(tl.float32)
-                q, s, x0, x1, x2, x3 = qn, sn, x0n, x1n, x2n, x3n
-        else:
-            for w0 in range(w_start, w_end, BLOCK_W):
-                q, s, x0, x1, x2, x3 = _fp4_tile(xp_base, w_base, s_base, rows, nmask, w0 + tl.arange(0, BLOCK_W),
-                                                 w_end, KW, stride_wn, stride_sn, EVEN_K, EVEN_N)
-                acc += _fp4_word_part(q, x0, x1, x2, x3, BLOCK_N, BLOCK_W, USE_ASM) * s.to(tl.float32)
+            acc += _fp4_word_part(q, x0, x1, x2, x3, BLOCK_N, BLOCK_W, USE_ASM) * s.to(tl.float32)
         return tl.sum(acc, axis=1)
 
     @triton.jit
@@ -303,7 +295,6 @@ if HAVE_TRITON:
         BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
         HAS_IDS: tl.constexpr, PAIRED: tl.constexpr, ATOMIC: tl.constexpr, ROW_WEIGHT: tl.constexpr,
         GROUPED: tl.constexpr = False, ASM: tl.constexpr = False, USE_ASM: tl.constexpr = True,
-        PREFETCH: tl.constexpr = False,
     ):
         """M=1 NVFP4 GEMV (GROUPED: w_ptr is int64, KW / w_per_split / BLOCK_W count 16-value groups). Program (n tile, k split, slot); slot picks an expert through ids when HAS_IDS."""
         pid_n = tl.program_id(0)
@@ -326,7 +317,7 @@ if HAVE_TRITON:
             scale = tl.load(ts_ptr + e) * 16384.0
         if ASM:
             y = _fp4_rows_asm(x_base, w_base, s_base, rows, nmask, w_start, w_end, KW, stride_wn, stride_sn,
-                              BLOCK_N, BLOCK_W, EVEN_K, EVEN_N, USE_ASM, PREFETCH) * scale
+                              BLOCK_N, BLOCK_W, EVEN_K, EVEN_N, USE_ASM) * scale
         elif GROUPED:
             y = _fp4_rows_g(x_base, w_base, s_base, rows, nmask, w_start, w_end, stride_wn, stride_sn,
                             BLOCK_N, BLOCK_W, EVEN_K, EVEN_N) * scale
@@ -336,7 +327,7 @@ if HAVE_TRITON:
         if PAIRED:  # gate rows r and up rows r + pair_off of the same expert: write silu(gate) * up
             if ASM:
                 u = _fp4_rows_asm(x_base, w_base, s_base, rows + pair_off, nmask, w_start, w_end, KW, stride_wn,
-                                  stride_sn, BLOCK_N, BLOCK_W, EVEN_K, EVEN_N, USE_ASM, PREFETCH) * scale
+                                  stride_sn, BLOCK_N, BLOCK_W, EVEN_K, EVEN_N, USE_ASM) * scale
             elif GROUPED:
                 u = _fp4_rows_g(x_base, w_base, s_base, rows + pair_off, nmask, w_start, w_end, stride_wn,
                                 stride_sn, BLOCK_N, BLOCK_W, EVEN_K, EVEN_N) * scale
@@ -352,54 +343,147 @@ if HAVE_TRITON:
         else:
             tl.store(op, y.to(out_ptr.dtype.element_ty), mask=nmask)
 
+    # The tensor-core form (any M <= 8 per pass): each warp owns a 16-row tile of the repacked weight (repack_mma);
+    # per K step (64 values) lane 4g+q holds 16 bytes = group 4i+q of rows g and g+8, decodes them in f16x2 (exact,
+    # scaled by the E4M3 block scale in fp16: exact too) straight into the A fragments of four mma.sync.m16n8k16
+    # and keeps fp32 accumulators in place. x (packed once per call by _fp4_xpack4_kernel) is the B operand: lane
+    # 4g+q reads x row g (row 0 when M=1) at its own group, so the decoded tile never goes through shared memory.
+    # Why asm: Triton cannot place a decoded tile in the mma operand layout without a shared-memory round trip
+    # (measured: 8-12% of read bandwidth), and has no f16x2 type.
+    def _fp4_mma_asm() -> str:
+        # $0-3, $4-7: two accumulator sets (in place, tied); $8-11 words (row g: 2G, 2G+1; row g+8: 2G, 2G+1);
+        # $12-13: scales (int16 x4 packed; low half of $12 = s[row g] | s[row g+8] << 8);
+        # $14-17: x planes 0-3 of word 2G, $18-21 of word 2G+1 (plane j = fp16 pair x[8w+3-j], x[8w+7-j])
+        lines = ["{", ".reg .b32 t, u, h, sg, sh, a0, a1, a2, a3;", ".reg .b16 l, z;",
+                 "prmt.b32 t, $12, 0, 0x0000;", "mov.b32 {l, z}, t;", "cvt.rn.f16x2.e4m3x2 sg, l;",
+                 "prmt.b32 t, $12, 0, 0x1111;", "mov.b32 {l, z}, t;", "cvt.rn.f16x2.e4m3x2 sh, l;"]
+        for mm in range(4):
+            wr, j0 = mm // 2, 2 * (mm % 2)
+            n = 0
+            for j in (j0, j0 + 1):
+                for r in (0, 1):
+                    qreg = f"${8 + 2 * r + wr}"
+                    lines.append(f"mov.b32 t, {qreg};" if j == 0 else f"shl.b32 t, {qreg}, {4 * j};")
+                    lines += ["shr.b32 h, t, 3;", "and.b32 h, h, 0x0E000E00;", "and.b32 u, t, 0x80008000;",
+                              "or.b32 h, h, u;", f"mul.rn.f16x2 a{n}, h, {'sg' if r == 0 else 'sh'};"]
+                    n += 1
+            c = "$0,$1,$2,$3" if mm % 2 == 0 else "$4,$5,$6,$7"
+            lines.append(f"mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {{{c}}}, {{a0,a1,a2,a3}}, "
+                         f"{{${14 + 4 * wr + j0},${15 + 4 * wr + j0}}}, {{{c}}};")
+        lines.append("}")
+        return "\n".join(lines)
+
+    _FP4_MMA_ASM = tl.constexpr(_fp4_mma_asm())
+    _FP4_MMA_CONS = tl.constexpr("=f,=f,=f,=f,=f,=f,=f,=f," + ",".join(["r"] * 14) + ",0,1,2,3,4,5,6,7")
+
     @triton.jit
-    def _fp4_gemm_dot_kernel(
-        x_ptr, w_ptr, s_ptr, ts_ptr, out_ptr,
-        M, N, KW, w_per_split,
-        stride_xm, stride_wn, stride_sn, stride_om,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, EVEN_K: tl.constexpr,
-        ATOMIC: tl.constexpr, DOT_F16: tl.constexpr,
-    ):
-        """2 <= M <= 16 NVFP4: the same word decode, scaled in fp16 (exact: 2-bit value x 4-bit scale), into
-        tl.dot with W as the left operand: acc^T[N, M] += W_plane[N, w] @ x_plane^T[w, M]."""
+    def _fp4_xpack4_kernel(x_ptr, xp_ptr, KW, stride_xs, stride_ps, z_ptr, NZ, BLOCK: tl.constexpr,
+                           ZERO: tl.constexpr):
+        """x [.., K] -> xp [.., K/8, 4] int32 (word w, plane j: fp16 pair x[8w+3-j], x[8w+7-j]); with ZERO it also
+        zeroes the NZ floats at z_ptr (the split-K accumulator: one launch fewer)."""
+        pid = tl.program_id(0)
+        slot = tl.program_id(1).to(tl.int64)
+        if ZERO:
+            if slot == 0:
+                zo = pid * 4 * BLOCK + tl.arange(0, 4 * BLOCK)
+                tl.store(z_ptr + zo, tl.zeros((4 * BLOCK,), dtype=z_ptr.dtype.element_ty), mask=zo < NZ)
+        w = pid * BLOCK + tl.arange(0, BLOCK)
+        m = w < KW
+        xb = x_ptr + slot * stride_xs + w * 8
+        for j in tl.static_range(4):
+            lo = tl.load(xb + (3 - j), mask=m, other=0.0).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
+            hi = tl.load(xb + (7 - j), mask=m, other=0.0).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
+            tl.store(xp_ptr + slot * stride_ps + w * 4 + j, (lo & 0xFFFF) | (hi << 16), mask=m)
+
+    @triton.jit
+    def _f16_half(v, HI: tl.constexpr):
+        v = (v >> 16) if HI else v
+        return v.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+    @triton.jit
+    def _fp4_mma_step(wb, sb, xb, i, T: tl.constexpr, acc0, acc1):
+        q = tl.load(wb + i * 128)
+        s = tl.broadcast_to(tl.load(sb + i * 32)[:, None], (T, 4))
+        xa = tl.load(xb + i * 32)
+        xc = tl.load(xb + i * 32 + 4)
+        return tl.inline_asm_elementwise(_FP4_MMA_ASM, _FP4_MMA_CONS, [q, s, xa, xc, acc0, acc1],
+                                         dtype=(tl.float32, tl.float32), is_pure=True, pack=4)
+
+    @triton.jit
+    def _fp4_mma_kernel(xp_ptr, w_ptr, s_ptr, ts_ptr, out_ptr, M, N, NT, steps_per_split, NSTEPS,
+                        stride_xm, stride_wt, stride_st, stride_om,
+                        WARPS: tl.constexpr, BLOCK_M: tl.constexpr, UNROLL: tl.constexpr, ATOMIC: tl.constexpr,
+                        USE_ASM: tl.constexpr):
+        """y[M<=8, N] = x W^T on tensor cores (see _fp4_mma_asm); program (group of WARPS 16-row tiles, K split).
+        Accumulator element e of lane 4g+q holds row g + 8 (e // 2), x row 2q + e % 2."""
+        T: tl.constexpr = 32 * WARPS
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
-        rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        ms = tl.arange(0, BLOCK_M)
-        nmask = rows < N
-        mmask = ms < M
-        w_start = pid_k * w_per_split
-        w_end = tl.minimum(w_start + w_per_split, KW)
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        for w0 in range(w_start, w_end, BLOCK_W):
-            offs = w0 + tl.arange(0, BLOCK_W)
-            if EVEN_K:
-                wm = nmask[:, None]
-                xm = mmask[None, :]
+        t = tl.arange(0, T)
+        tile = pid_n * WARPS + t // 32
+        lane = t % 32
+        g = lane // 4
+        qq = lane % 4
+        tile_c = tl.minimum(tile, NT - 1)
+        i0 = pid_k * steps_per_split
+        i1 = tl.minimum(i0 + steps_per_split, NSTEPS)
+        c4 = tl.arange(0, 4)
+        wb = w_ptr + tile_c.to(tl.int64)[:, None] * stride_wt + (lane * 4)[:, None] + c4[None, :]
+        sb = s_ptr + tile_c.to(tl.int64) * stride_st + lane
+        ts = tl.load(ts_ptr) * 16384.0
+        if USE_ASM:
+            if BLOCK_M == 1:
+                xrow = g * 0  # every column computes x row 0; only column 0 is kept
             else:
-                wm = nmask[:, None] & (offs < w_end)[None, :]
-                xm = mmask[None, :] & (offs < w_end)[:, None]
-            q = tl.load(w_ptr + rows[:, None] * stride_wn + offs[None, :], mask=wm, other=0)
-            s = tl.load(s_ptr + rows[:, None] * stride_sn + (offs // 2)[None, :], mask=wm, other=0.0)
-            s = s.to(tl.float32).to(tl.float16)
-            xb = x_ptr + ms[None, :] * stride_xm + (offs * 8)[:, None]  # [BLOCK_W, BLOCK_M]
-            for j in tl.static_range(4):
-                lo, hi = _fp4_pair(q, j)
-                xl = tl.load(xb + (3 - j), mask=xm, other=0.0)
-                xh = tl.load(xb + (7 - j), mask=xm, other=0.0)
-                if DOT_F16:
-                    acc += tl.dot(lo * s, xl.to(tl.float16))
-                    acc += tl.dot(hi * s, xh.to(tl.float16))
-                else:  # the CPU interpreter: fp32 operands, same indexing
-                    acc += tl.dot((lo * s).to(tl.float32), xl.to(tl.float32), input_precision="ieee")
-                    acc += tl.dot((hi * s).to(tl.float32), xh.to(tl.float32), input_precision="ieee")
-        acc = acc * (tl.load(ts_ptr) * 16384.0)
-        op = out_ptr + ms[None, :] * stride_om + rows[:, None]
-        om = nmask[:, None] & mmask[None, :]
-        if ATOMIC:
-            tl.atomic_add(op, acc, mask=om)
+                xrow = tl.minimum(g, M - 1)  # columns g >= M are computed and dropped
+            xb = xp_ptr + xrow[:, None] * stride_xm + (qq * 8)[:, None] + c4[None, :]
+            acc0 = tl.zeros((T, 4), dtype=tl.float32)
+            acc1 = tl.zeros((T, 4), dtype=tl.float32)
+            for i in range(i0, i1, UNROLL):  # UNROLL steps' loads are in flight together
+                acc0, acc1 = _fp4_mma_step(wb, sb, xb, i, T, acc0, acc1)
+                if UNROLL >= 2:
+                    acc0, acc1 = _fp4_mma_step(wb, sb, xb, i + 1, T, acc0, acc1)
+                if UNROLL >= 4:
+                    acc0, acc1 = _fp4_mma_step(wb, sb, xb, i + 2, T, acc0, acc1)
+                    acc0, acc1 = _fp4_mma_step(wb, sb, xb, i + 3, T, acc0, acc1)
+            y = (acc0 + acc1) * ts
+            e = c4[None, :]
+            rows = (tile * 16 + g)[:, None] + 8 * (e // 2)
+            ms = (2 * qq)[:, None] + e % 2
+            om = (rows < N) & (ms < M) & (tile < NT)[:, None]
+            op = out_ptr + ms * stride_om + rows
         else:
-            tl.store(op, acc.to(out_ptr.dtype.element_ty), mask=om)
+            # the CPU interpreter (no asm): the same repacked layout, decode and fp16 scaling; each lane's partial
+            # per (row half, x row), then the four lanes of a quad (four groups) summed
+            m8 = tl.arange(0, 8)
+            xm = (m8 < M)[None, :]
+            part = tl.zeros((T, 2, 8), dtype=tl.float32)
+            for i in range(i0, i1):
+                sv = tl.load(sb + i * 32).to(tl.int32)
+                for r in tl.static_range(2):
+                    sr = ((sv >> (8 * r)) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+                    acc_r = tl.zeros((T, 8), dtype=tl.float32)
+                    for wr in tl.static_range(2):
+                        word = tl.load(w_ptr + tile_c.to(tl.int64) * stride_wt + lane * 4 + i * 128 + 2 * r + wr)
+                        xw = xp_ptr + m8[None, :] * stride_xm + (((4 * i + qq) * 2 + wr) * 4)[:, None]
+                        for j in tl.static_range(4):
+                            xv = tl.load(xw + j, mask=xm, other=0)
+                            lo, hi = _fp4_pair(word, j)
+                            acc_r += ((lo * sr).to(tl.float32)[:, None] * _f16_half(xv, False)
+                                      + (hi * sr).to(tl.float32)[:, None] * _f16_half(xv, True))
+                    part += tl.where((tl.arange(0, 2) == r)[None, :, None], acc_r[:, None, :], 0.0)
+            y = tl.sum(tl.reshape(part, (WARPS, 8, 4, 2, 8)), axis=2) * ts  # [warp, g, half, x row]
+            wv = tl.arange(0, WARPS)[:, None, None, None]
+            gv = tl.arange(0, 8)[None, :, None, None]
+            hv = tl.arange(0, 2)[None, None, :, None]
+            mv = m8[None, None, None, :]
+            rows = (pid_n * WARPS + wv) * 16 + gv + 8 * hv
+            om = (rows < N) & (mv < M)
+            op = out_ptr + mv * stride_om + rows
+        if ATOMIC:
+            tl.atomic_add(op, y, mask=om)
+        else:
+            tl.store(op, y.to(out_ptr.dtype.element_ty), mask=om)
 
     @triton.jit
     def _dense_rows_m1(x_base, w_base, s_base, rows, nmask, k_start, k_end, stride_wn, stride_sn,
@@ -524,6 +608,25 @@ if HAVE_TRITON:
 # --------------------------------------------------------------------------- formats
 
 
+def repack_mma(q: nv.NVFP4Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tensor-core form's weight layout (done once, as servers repack at load time; the same bytes): words
+    [N/16, K/64, 32, 4] int32, where lane 4g+q of 16-row tile T at K step i holds the 8 bytes of group 4i+q of row
+    16T+g then those of row 16T+8+g, and scales [N/16, K/64, 32] int16 (low byte row g, high byte row g+8), so one
+    warp load is 512 contiguous bytes and one lane's 16 bytes are exactly its MMA fragments. N is padded to 16."""
+    n, k = q.shape
+    if k % 64:
+        raise DecodeGapError(f"nvfp4: the tensor-core layout needs K % 64 == 0 (K={k})")
+    packed, scales = q.packed, q.block_scales.view(torch.uint8)
+    kg, nt = k // 16, math.ceil(n / 16)
+    if nt * 16 != n:
+        packed = torch.cat([packed, packed.new_zeros((nt * 16 - n, k // 2))])
+        scales = torch.cat([scales, scales.new_zeros((nt * 16 - n, kg))])
+    w = packed.reshape(nt, 2, 8, kg // 4, 4, 8).permute(0, 3, 2, 4, 1, 5).contiguous().view(torch.int32)
+    sc = scales.reshape(nt, 2, 8, kg // 4, 4).permute(0, 3, 2, 4, 1).contiguous().view(torch.int16)
+    return w.view(nt, kg // 4, 32, 4), sc.view(nt, kg // 4, 32)
+
+
+
 @dataclass
 class Fp8Weight:
     """e4m3 weight [..., N, K] with one fp32 scale per tensor (scales [...]) or per 128x128 block
@@ -579,11 +682,12 @@ class GemvConfig:
     split: int | None = None  # K splits; None: enough to give every SM work (split_for)
     grouped: bool = False  # NVFP4 only: int64 words (16 values, one scale) instead of int32 words
     asm: bool = False  # NVFP4 only: f16x2 inline-asm decode and dot (emulated in plain Triton by the interpreter)
-    prefetch: bool = False  # NVFP4 asm form: load the next tile before decoding this one
+    mma: bool = False  # NVFP4 tensor-core form (M <= 16): block_n = 16 x warps, block_k = 64 x steps per iteration
 
     @property
     def name(self) -> str:
-        return (f"{'p,' if self.prefetch else ''}{'a,' if self.asm else ''}{'g,' if self.grouped else ''}BN={self.block_n},BK={self.block_k},w={self.warps}"
+        return (f"{'m,' if self.mma else ''}{'a,' if self.asm else ''}"
+                f"{'g,' if self.grouped else ''}BN={self.block_n},BK={self.block_k},w={self.warps}"
                 + (f",s={self.split}" if self.split else ""))
 
     @property
@@ -592,31 +696,50 @@ class GemvConfig:
         return 16 if self.grouped else 8
 
 
-# candidates timed on the device; the fastest correct one is kept per shape
-FP4_M1_CONFIGS = (GemvConfig(16, 512, 4, asm=True), GemvConfig(32, 256, 4, asm=True), GemvConfig(8, 1024, 4, asm=True),
-                  GemvConfig(64, 256, 8, asm=True), GemvConfig(16, 1024, 8, asm=True), GemvConfig(8, 512, 4, asm=True),
-                  GemvConfig(16, 512, 4, split=1, asm=True), GemvConfig(64, 256, 4, grouped=True),
-                  GemvConfig(128, 256, 8, grouped=True), GemvConfig(32, 256, 4, grouped=True),
-                  GemvConfig(8, 2048, 4, split=1), GemvConfig(8, 1024, 4), GemvConfig(4, 1024, 2, split=1),
-                  # not yet measured on a GPU (written after the last H200 run): the benchmark times them,
-                  # the gemm stage does not offer them until they win there
-                  GemvConfig(8, 512, 4, asm=True, prefetch=True), GemvConfig(16, 512, 4, asm=True, prefetch=True),
-                  GemvConfig(8, 256, 4, asm=True, prefetch=True), GemvConfig(16, 256, 4, asm=True, prefetch=True))
-# defaults (simulate, checks, the MoE stage): the fastest on most large shapes of the H200 sweep (lowprec_device.py)
+# the tensor-core form (M <= 16), in the order of the shapes they won on an H200 (lowprec_device.py): the 3-way
+# split with 4 steps an iteration on the widest N (lm_head, 24576+ rows), the 4-way split on 28672-36864 rows, the
+# 8-warp programs on narrow N, the default at M = 4..16, one split on K=512
+FP4_MMA_DEFAULT = GemvConfig(64, 128, 4, mma=True)
+FP4_MMA_CONFIGS = (GemvConfig(64, 256, 4, split=3, mma=True), GemvConfig(64, 128, 4, split=4, mma=True),
+                   GemvConfig(128, 128, 8, mma=True), GemvConfig(128, 64, 8, mma=True), FP4_MMA_DEFAULT,
+                   GemvConfig(64, 128, 4, split=1, mma=True), GemvConfig(64, 256, 4, mma=True))
+# the M=1 CUDA-core forms that still win small shapes (latency-bound: one kernel, no x packing, no split-K)
 FP4_DEFAULT_ASM = GemvConfig(8, 512, 4, asm=True)
 FP4_DEFAULT = GemvConfig(8, 2048, 4, split=1)
 FP4_GROUPED_ASM = GemvConfig(16, 512, 4, asm=True)
-# the candidates the gemm stage times per shape at M=1 (each won at least one shape on the H200)
-FP4_STAGE_CONFIGS = (FP4_DEFAULT_ASM, GemvConfig(8, 1024, 4, asm=True), GemvConfig(32, 256, 4, asm=True),
-                     GemvConfig(16, 512, 4, split=1, asm=True), FP4_DEFAULT, GemvConfig(4, 1024, 2, split=1),
-                     GemvConfig(8, 1024, 4))
+FP4_CUDA_CORE_CONFIGS = (FP4_DEFAULT, GemvConfig(4, 1024, 2, split=1), FP4_DEFAULT_ASM,
+                         GemvConfig(16, 512, 4, split=1, asm=True), GemvConfig(8, 1024, 4, asm=True))
+# every candidate the benchmark times at M=1; the gemm stage times these per shape and keeps the fastest
+FP4_M1_CONFIGS = FP4_MMA_CONFIGS + FP4_CUDA_CORE_CONFIGS
+FP4_STAGE_CONFIGS = FP4_MMA_CONFIGS[:4] + FP4_CUDA_CORE_CONFIGS[:3]
+FP4_STAGE_CONFIGS_M = (FP4_MMA_DEFAULT, FP4_MMA_CONFIGS[2], FP4_MMA_CONFIGS[0])  # M = 2..16
 
 
 def fp4_default(grouped: bool = False) -> GemvConfig:
     return FP4_GROUPED_ASM if grouped else FP4_DEFAULT_ASM
 
 
-FP4_DOT_CONFIGS = (GemvConfig(64, 512, 4), GemvConfig(32, 512, 4), GemvConfig(128, 256, 8), GemvConfig(64, 1024, 8))
+def mma_supported(device) -> bool:
+    """The tensor-core form's asm needs sm89+ (cvt.rn.f16x2.e4m3x2); the CPU interpreter emulates it."""
+    dev = torch.device(device)
+    return dev.type != "cuda" or torch.cuda.get_device_capability(dev) >= (8, 9)
+
+
+FP4_SMALL_M1 = 24_000_000  # N x K under which the plain M=1 form won most shapes on the H200 (latency-bound)
+
+
+def fp4_config_for(m: int, k: int, device="cuda", n: int | None = None) -> GemvConfig | None:
+    """The default NVFP4 GEMV form for an [M, K] x [K, N]: at M=1 under FP4_SMALL_M1 values the plain CUDA-core form;
+    else tensor cores when K is whole 64-value steps (sm89+), else the CUDA-core asm form at M=1 and None above."""
+    if m == 1 and n is not None and n * k < FP4_SMALL_M1:
+        return FP4_DEFAULT
+    if mma_supported(device) and k % FP4_MMA_DEFAULT.block_k == 0:
+        return FP4_MMA_DEFAULT
+    if mma_supported(device) and k % 64 == 0:
+        return GemvConfig(64, 64, 4, mma=True)
+    return FP4_DEFAULT_ASM if m == 1 else None
+
+
 # first three: the ones that won on the H200 sweep (what the gemm stage times); the rest only in the benchmark
 DENSE_CONFIGS = (GemvConfig(8, 2048, 4), GemvConfig(16, 1024, 4), GemvConfig(4, 2048, 4), GemvConfig(8, 1024, 4),
                  GemvConfig(8, 1024, 4, split=1))
@@ -648,22 +771,32 @@ def _pow2(m: int) -> int:
 
 
 class Nvfp4Gemv:
-    """y[M, N] = x[M, K] @ W^T with W in NVFP4 (M <= 16), Triton. Buffers are allocated once: graph-capturable."""
+    """y[M, N] = x[M, K] @ W^T with W in NVFP4 (M <= 16), Triton. Buffers are allocated once: graph-capturable.
+    The form follows the config: tensor cores (cfg.mma, any M; M > 8 runs one pass per 8 rows of x) or the M=1
+    CUDA-core forms (asm f16x2, int32 / int64 words)."""
 
     def __init__(self, q: nv.NVFP4Tensor, m: int, device, cfg: GemvConfig | None = None, out_dtype=torch.bfloat16,
-                 use_dot: bool | None = None, split: int | None = None):
+                 split: int | None = None):
         if not HAVE_TRITON:
             raise DecodeGapError("the NVFP4 GEMV needs Triton, which is not installed")
         n, k = q.shape
         if k % 16 or m < 1 or m > 16:
             raise DecodeGapError(f"nvfp4 gemv: needs K % 16 == 0 and 1 <= M <= 16 (M={m}, K={k})")
         self.q, self.m, self.n, self.k = q, m, n, k
-        self.use_dot = (m > 1) if use_dot is None else use_dot
-        if m > 1 and not self.use_dot:
-            raise DecodeGapError("nvfp4 gemv: the CUDA-core form handles M=1 only")
-        self.cfg = cfg or (FP4_DOT_CONFIGS[0] if self.use_dot else fp4_default())
-        grouped = self.cfg.grouped and not self.use_dot
-        self.asm = self.cfg.asm and not self.use_dot and not grouped
+        self.cfg = cfg or fp4_config_for(m, k, device, n)
+        if self.cfg is None:
+            raise DecodeGapError(f"nvfp4 gemv: M={m} > 1 needs K % 64 == 0 and sm89+ (K={k}); use the weight-only GEMM")
+        self.mma = self.cfg.mma
+        if self.mma and not mma_supported(device):
+            raise DecodeGapError("nvfp4 gemv: the tensor-core form needs sm89+ (cvt.rn.f16x2.e4m3x2)")
+        if m > 1 and not self.mma:
+            raise DecodeGapError("nvfp4 gemv: the CUDA-core forms handle M=1 only")
+        self.out = torch.empty((m, n), dtype=out_dtype, device=device)
+        if self.mma:
+            self._init_mma(device, split)
+            return
+        grouped = self.cfg.grouped
+        self.asm = self.cfg.asm and not grouped
         unit = 16 if grouped else 8
         self.grouped = grouped
         kw = k // unit
@@ -677,43 +810,74 @@ class Nvfp4Gemv:
             split = split_for(n_tiles, 1, math.ceil(kw / bw), sm_count(device))
         self.w_per_split, self.split, self.even_k = _k_plan(kw, bw, split)
         self.grid = (n_tiles, self.split, 1)
-        self.out = torch.empty((m, n), dtype=out_dtype, device=device)
         self.acc = torch.zeros((m, n), dtype=torch.float32, device=device) if self.split > 1 else None
         self.dummy = torch.zeros(1, dtype=torch.int32, device=device)
         self.rw = torch.ones(1, dtype=torch.float32, device=device)
         self.xp = torch.empty((4, kw), dtype=torch.int32, device=device) if self.asm else None
 
+    def _init_mma(self, device, split: int | None) -> None:
+        cfg, k = self.cfg, self.k
+        self.steps = cfg.block_k // 64
+        if cfg.block_k % 64 or cfg.block_n != 16 * cfg.warps or k % cfg.block_k:
+            raise DecodeGapError(f"nvfp4 gemv: the tensor-core form needs BLOCK_N = 16 x warps and K a multiple of "
+                                 f"BLOCK_K = 64 x steps ({cfg.name}, K={k})")
+        self.words, self.scales = repack_mma(self.q)
+        nt, nsteps = self.words.shape[0], self.words.shape[1]
+        ctas = math.ceil(nt / cfg.warps)
+        split = split or cfg.split
+        if split is None:
+            split = split_for(ctas, 1, nsteps // self.steps, sm_count(device))
+        per, self.split, _ = _k_plan(nsteps, self.steps, split)
+        self.per = per
+        self.grid = (ctas, self.split)
+        self.passes = math.ceil(self.m / 8)
+        self.kw = k // 8
+        self.xp = torch.empty((self.m, self.kw, 4), dtype=torch.int32, device=device)
+        self.acc = torch.zeros((self.m, self.n), dtype=torch.float32, device=device) if self.split > 1 else None
+
     @property
     def label(self) -> str:
-        kind = "dot" if self.use_dot else "asm f16x2" if self.asm else "fma"
+        kind = "mma" if self.mma else "asm f16x2" if self.asm else "fma"
         return f"triton nvfp4 gemv ({kind}, {self.cfg.name}, split={self.split})"
+
+    def _call_mma(self, x: torch.Tensor) -> torch.Tensor:
+        target = self.acc if self.acc is not None else self.out
+        zero = self.acc is not None
+        nz = self.m * self.n
+        grid0 = max(triton.cdiv(self.kw, 512), triton.cdiv(nz, 2048) if zero else 1)
+        _fp4_xpack4_kernel[(grid0, self.m)](x, self.xp, self.kw, x.stride(0), self.xp.stride(0), target, nz,
+                                            BLOCK=512, ZERO=zero)
+        for p in range(self.passes):  # 8 rows of x per pass (the MMA's N)
+            rows = min(8, self.m - 8 * p)
+            self.compiled = _fp4_mma_kernel[self.grid](
+                self.xp[8 * p:], self.words, self.scales, self.q.tensor_scale, target[8 * p:], rows, self.n,
+                self.words.shape[0], self.per, self.words.shape[1], self.xp.stride(0), self.words.stride(0),
+                self.scales.stride(0), target.stride(0), WARPS=self.cfg.warps, BLOCK_M=1 if rows == 1 else 8,
+                UNROLL=self.steps, ATOMIC=zero, USE_ASM=not interpreted(), num_warps=self.cfg.warps)
+        if self.acc is not None:
+            self.out.copy_(self.acc)
+        return self.out
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape != (self.m, self.k):
             raise DecodeGapError(f"nvfp4 gemv: x has shape {tuple(x.shape)}, expected {(self.m, self.k)}")
+        if self.mma:
+            return self._call_mma(x)
         target = self.acc if self.acc is not None else self.out
         if self.acc is not None:
             self.acc.zero_()
         q = self.q
         kw = self.k // (16 if self.grouped else 8)
-        if self.use_dot:
-            _fp4_gemm_dot_kernel[self.grid[:2]](
-                x, self.words, q.block_scales, q.tensor_scale, target,
-                self.m, self.n, kw, self.w_per_split,
-                x.stride(0), self.words.stride(0), q.block_scales.stride(0), target.stride(0),
-                BLOCK_M=16, BLOCK_N=self.cfg.block_n, BLOCK_W=self.bw, EVEN_K=self.even_k,
-                ATOMIC=self.acc is not None, DOT_F16=not interpreted(), num_warps=self.cfg.warps)
-        else:
-            if self.asm:
-                _fp4_xpack_kernel[(triton.cdiv(kw, 512), 1)](x, self.xp, kw, 0, 0, BLOCK=512)
-            self.compiled = _fp4_gemv_kernel[self.grid](
-                self.xp if self.asm else x, self.words, q.block_scales, q.tensor_scale, self.dummy, self.rw, target,
-                self.n, kw, self.w_per_split, 0,
-                0, 0, self.words.stride(0), 0, q.block_scales.stride(0), 0,
-                BLOCK_N=self.cfg.block_n, BLOCK_W=self.bw, EVEN_K=self.even_k,
-                EVEN_N=self.n % self.cfg.block_n == 0, HAS_IDS=False, PAIRED=False,
-                ATOMIC=self.acc is not None, ROW_WEIGHT=False, GROUPED=self.grouped, ASM=self.asm,
-                USE_ASM=not interpreted(), PREFETCH=self.cfg.prefetch, num_warps=self.cfg.warps)
+        if self.asm:
+            _fp4_xpack_kernel[(triton.cdiv(kw, 512), 1)](x, self.xp, kw, 0, 0, BLOCK=512)
+        self.compiled = _fp4_gemv_kernel[self.grid](
+            self.xp if self.asm else x, self.words, q.block_scales, q.tensor_scale, self.dummy, self.rw, target,
+            self.n, kw, self.w_per_split, 0,
+            0, 0, self.words.stride(0), 0, q.block_scales.stride(0), 0,
+            BLOCK_N=self.cfg.block_n, BLOCK_W=self.bw, EVEN_K=self.even_k,
+            EVEN_N=self.n % self.cfg.block_n == 0, HAS_IDS=False, PAIRED=False,
+            ATOMIC=self.acc is not None, ROW_WEIGHT=False, GROUPED=self.grouped, ASM=self.asm,
+            USE_ASM=not interpreted(), num_warps=self.cfg.warps)
         if self.acc is not None:
             self.out.copy_(self.acc)
         return self.out
@@ -842,7 +1006,7 @@ class GroupedExperts:
                 0 if final else out.stride(0),
                 BLOCK_N=cfg.block_n, BLOCK_W=bw, EVEN_K=kw % bw == 0, EVEN_N=n % cfg.block_n == 0,
                 HAS_IDS=True, PAIRED=paired, ATOMIC=final, ROW_WEIGHT=final, GROUPED=cfg.grouped, ASM=asm,
-                USE_ASM=not interpreted(), PREFETCH=cfg.prefetch, num_warps=cfg.warps)
+                USE_ASM=not interpreted(), num_warps=cfg.warps)
             return
         if isinstance(w, Fp8Weight):
             data, scales, kind = w.data, w.scales, 2 if w.block else 1

@@ -325,8 +325,8 @@ class WeightOnlyGemm:
 
     label = "nvfp4-weight-only"
 
-    # "gemv" (lowprec.Nvfp4Gemv, M=1) first: word-wise bit decode, 4-5x faster than v1 on an H200; then v1: measured on an H200, v1 ran
-    # 1.7-1.9x faster than v2 (18432x7168, M=1: 240 us vs 435 us)
+    # "gemv" (lowprec.Nvfp4Gemv, M <= 16) first: 5-7x faster than v1 on the large M=1 shapes of an H200; then v1:
+    # measured on an H200, v1 ran 1.7-1.9x faster than v2 (18432x7168, M=1: 240 us vs 435 us)
     VARIANTS = ("gemv", "v1", "v2")
     _broken: set[str] = set()  # variants that failed to compile on this host (the next one runs instead)
 
@@ -353,8 +353,8 @@ class WeightOnlyGemm:
             raise DecodeGapError(f"nvfp4-weight-only: x has shape {tuple(x.shape)}, expected {(self.m, self.k)}")
         if self.variant == "auto":
             for v in self.VARIANTS:
-                # the new GEMV only at M=1: its tensor-core form (M 2..16) measured 8-9% of read bandwidth
-                if v in self._broken or (v == "gemv" and self.m != 1):
+                # the GEMVs (lowprec.py) for M <= 16: tensor cores when K % 64 == 0, the CUDA-core asm form at M=1
+                if v in self._broken or (v == "gemv" and (self.m > 16 or (self.m > 1 and self.k % 64))):
                     continue
                 try:
                     self._launch(v, x)

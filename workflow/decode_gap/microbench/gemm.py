@@ -96,8 +96,7 @@ GEMV_WX = "torch.mm(W, x^T)"  # M=1 only: y^T = W @ x^T is the same memory as y,
 # our Triton GEMVs (lowprec.py), offered beside the library kernel for M <= 16 and kept only when faster
 FP8_GEMV = "triton fp8 gemv (per-tensor scale)"
 FP8_BLOCK_GEMV = "triton fp8 gemv (128x128 block scales)"
-FP4_FMA = "triton nvfp4 gemv (fma)"
-FP4_DOT = "triton nvfp4 gemv (dot)"
+FP4_GEMV = "triton nvfp4 gemv"  # + the config name: "m,..." is the tensor-core form, the rest M=1 CUDA-core forms
 
 
 def lowprec_variants(env: BenchEnv, be: Backend, m: int) -> list[str]:
@@ -108,9 +107,7 @@ def lowprec_variants(env: BenchEnv, be: Backend, m: int) -> list[str]:
         return ([f"{FP8_GEMV} {c.name}" for c in lp.DENSE_CONFIGS[:3]]
                 + [f"{FP8_BLOCK_GEMV} {c.name}" for c in lp.DENSE_BLOCK_CONFIGS[:3]])
     if be.dtype == NVFP4 and be.label == nv.WeightOnlyGemm.label:
-        if m == 1:
-            return [f"{FP4_FMA} {c.name}" for c in lp.FP4_STAGE_CONFIGS]
-        return [f"{FP4_DOT} {c.name}" for c in lp.FP4_DOT_CONFIGS]
+        return [f"{FP4_GEMV} {c.name}" for c in (lp.FP4_STAGE_CONFIGS if m == 1 else lp.FP4_STAGE_CONFIGS_M)]
     return []
 
 
@@ -163,10 +160,11 @@ def build_case(env: BenchEnv, be: Backend, m: int, n: int, k: int, seed: int = 0
             raise _Skip(f"NVFP4 needs K divisible by 16 (K={k})")
         q = nv.quantize_nvfp4(w)
         del w
-        if variant is not None and variant.startswith((FP4_FMA, FP4_DOT)):
-            dot = variant.startswith(FP4_DOT)
-            cfg = _variant_cfg(variant, FP4_DOT if dot else FP4_FMA, lp.FP4_DOT_CONFIGS if dot else lp.FP4_STAGE_CONFIGS)
-            gs = [lp.Nvfp4Gemv(q if i == 0 else _clone_q(q), m, dev, cfg, use_dot=dot) for i in range(copies)]
+        if variant is not None and variant.startswith(FP4_GEMV):
+            cfg = _variant_cfg(variant, FP4_GEMV, lp.FP4_M1_CONFIGS)
+            if cfg.mma and k % cfg.block_k:
+                raise _Skip(f"the tensor-core NVFP4 GEMV needs K % {cfg.block_k} == 0 (K={k})")
+            gs = [lp.Nvfp4Gemv(q if i == 0 else _clone_q(q), m, dev, cfg) for i in range(copies)]
             return [(lambda g=g: g(x)) for g in gs], copies, gs[0].label
         if be.label == nv.WeightOnlyGemm.label:
             # the earlier kernel (v1) as the baseline the Triton GEMVs are held against
@@ -238,11 +236,10 @@ def check_variant(env: BenchEnv, be: Backend, variant: str, m: int, n: int, k: i
         gen = torch.Generator(device=dev).manual_seed(seed)
         w = torch.randn((n, k), generator=gen, device=dev)
         x = torch.randn((m, k), generator=gen, device=dev).to(torch.bfloat16)
-        if variant.startswith((FP4_FMA, FP4_DOT)):
-            dot = variant.startswith(FP4_DOT)
-            cfg = _variant_cfg(variant, FP4_DOT if dot else FP4_FMA, lp.FP4_DOT_CONFIGS if dot else lp.FP4_STAGE_CONFIGS)
+        if variant.startswith(FP4_GEMV):
+            cfg = _variant_cfg(variant, FP4_GEMV, lp.FP4_M1_CONFIGS)
             q = nv.quantize_nvfp4(w)
-            out = lp.Nvfp4Gemv(q, m, dev, cfg, use_dot=dot)(x)
+            out = lp.Nvfp4Gemv(q, m, dev, cfg)(x)
             ref = nv.reference_mm(x, q)
         else:
             block = variant.startswith(FP8_BLOCK_GEMV)
