@@ -91,15 +91,30 @@ def checks(env: BenchEnv) -> None:
         if m == 1:
             _check("bf16", m, n, k, lambda: lp.DenseGemv(wb, m, dev, out_dtype=torch.float32)(x),
                    x.float() @ wb.float().t(), 1e-4)
-    e, h, i, s = (16, 7168, 256, 8) if env.is_gpu else (4, 64, 32, 2)
+    grouped_checks(env)
+
+
+def grouped_checks(env: BenchEnv) -> None:
+    """The grouped experts (every format and NVFP4 form) against the dequantised reference, awkward sizes."""
+    dev = env.device
+    gen = torch.Generator(device=dev).manual_seed(0)
+    e, h, i, s = (16, 7168, 256, 8) if env.is_gpu else (4, 128, 64, 2)
     w13 = torch.randn((e, 2 * i, h), generator=gen, device=dev).to(torch.bfloat16) * 0.05
     w2 = torch.randn((e, h, i), generator=gen, device=dev).to(torch.bfloat16) * 0.05
     ids = torch.randperm(e, generator=torch.Generator().manual_seed(1))[:s].to(dev)
     rw = torch.rand(s, generator=gen, device=dev)
     x = torch.randn((1, h), generator=gen, device=dev).to(torch.bfloat16)
-    for fmt in ("bf16", "fp8", "fp8-block", "nvfp4") + (("nvfp4-asm",) if env.is_gpu else ()):
-        cfg = lp.GemvConfig(16, 512, 4, asm=True) if fmt == "nvfp4-asm" else None
-        g = lp.grouped_from_bf16(fmt.replace("-asm", ""), w13, w2, ids, rw, dev, cfg, cfg)
+    G = lp.GemvConfig
+    forms = {"bf16": (None, None), "fp8": (None, None), "fp8-block": (None, None), "nvfp4": (None, None),
+             "nvfp4-mma": (G(64, 128, 4, mma=True), G(64, 128, 4, mma=True)),
+             "nvfp4-mma-split": (G(32, 256, 2, split=3, mma=True), G(128, 64, 8, split=2, mma=True))}
+    if not env.is_gpu:  # H = 128, I = 64 here: two steps and one
+        forms["nvfp4-mma"] = (G(32, 64, 2, mma=True), G(16, 64, 1, mma=True))
+        forms["nvfp4-mma-split"] = (G(16, 64, 1, split=2, mma=True), G(64, 64, 4, mma=True))
+    if env.is_gpu:
+        forms["nvfp4-asm"] = (G(16, 512, 4, asm=True), G(16, 512, 4, asm=True))
+    for fmt, (c13, c2) in forms.items():
+        g = lp.grouped_from_bf16(fmt.split("-")[0] if fmt.startswith("nvfp4") else fmt, w13, w2, ids, rw, dev, c13, c2)
         d13, d2 = lp.dequantized_experts(g)
         _check(f"grouped {fmt}", 1, e, h, lambda: g(x), lp.reference_experts(x, d13, d2, ids, rw), 1e-2)
 
@@ -247,11 +262,12 @@ def dense_case(env: BenchEnv, model: str, n: int, k: int, m: int, old: bool, fp8
 # --------------------------------------------------------------------------- MoE
 
 
-def moe_case(env: BenchEnv, model: str) -> None:
+def moe_case(env: BenchEnv, model: str, moe_fmts=("bf16", "fp8", "fp8-block", "nvfp4-prev", "nvfp4"),
+             baselines: bool = True) -> None:
     spec = load_model_card(REPO / "config" / "models" / f"{model}.json")
     shp = shapes.moe_shape(spec)
     if not env.is_gpu:
-        shp = shapes.MoeShape(hidden=64, experts_total=16, experts_local=16, top_k=2, inter=32, scoring=shp.scoring)
+        shp = shapes.MoeShape(hidden=64, experts_total=16, experts_local=16, top_k=2, inter=64, scoring=shp.scoring)
     es = moe.ExpertSet(env, shp, 1)
     read, copy = env.extra.get("read_gbps"), env.copy_gbps
     rows = []
@@ -269,6 +285,8 @@ def moe_case(env: BenchEnv, model: str) -> None:
     impls = {"per-expert loop bf16": (moe.loop_fn(es), sel16), "torch._grouped_mm bf16": (moe.grouped_fn(es), sel16)}
     if env.is_gpu and hasattr(torch, "_scaled_grouped_mm"):
         impls["torch._scaled_grouped_mm fp8 row-wise"] = (moe.scaled_grouped_fn(es), es.weight_elements)
+    if not baselines:
+        impls = {}
     for name, (fn, nb) in impls.items():
         try:
             fn()
@@ -284,31 +302,60 @@ def moe_case(env: BenchEnv, model: str) -> None:
             (G(8, 1024, 4), G(8, 1024, 4))]
     if not env.is_gpu or any(c["kernel"] == "grouped nvfp4-asm" and not c["ok"] for c in RESULTS["checks"]):
         cfgs = [c for c in cfgs if not c[0].asm]
+    # the tensor-core form: gate+up paired (SiLU fused) at 2 / 4 steps an iteration and 2 / 4 / 8 warps, or K split
+    # with a SiLU kernel after; down at 4 / 8 warps, split or not
+    mcfgs = [(G(64, 128, 4, mma=True), G(64, 128, 4, mma=True)), (G(64, 256, 4, mma=True), G(128, 128, 8, mma=True)),
+             (G(32, 256, 2, mma=True), G(64, 256, 4, mma=True)), (G(128, 128, 8, mma=True), G(64, 128, 4, split=2, mma=True)),
+             (G(64, 128, 4, split=2, mma=True), G(64, 128, 4, mma=True)),
+             (G(64, 256, 4, split=4, mma=True), G(128, 128, 8, mma=True))]
+    if not env.is_gpu:
+        mcfgs = [(G(32, 64, 2, mma=True), G(32, 64, 2, mma=True))]
+    if any(c["kernel"].startswith("grouped nvfp4-mma") and not c["ok"] for c in RESULTS["checks"]):
+        mcfgs = []
     dcfgs = [(lp.DENSE_CONFIGS[0], lp.DENSE_CONFIGS[0]), (lp.DENSE_CONFIGS[1], lp.DENSE_CONFIGS[2]),
              (lp.DENSE_CONFIGS[2], lp.DENSE_CONFIGS[1])]
     bcfgs = [(lp.DENSE_BLOCK_CONFIGS[0], lp.DENSE_BLOCK_CONFIGS[0]), (lp.DENSE_BLOCK_CONFIGS[1], lp.DENSE_BLOCK_CONFIGS[1]),
              (lp.DENSE_BLOCK_CONFIGS[3], lp.DENSE_BLOCK_CONFIGS[2])]
     sel_ids = torch.arange(es.experts_hit, dtype=torch.int32, device=env.device)
-    for fmt, pairs in (("bf16", dcfgs), ("fp8", dcfgs), ("fp8-block", bcfgs), ("nvfp4", cfgs)):
+    forms = {"bf16": ("bf16", dcfgs), "fp8": ("fp8", dcfgs), "fp8-block": ("fp8-block", bcfgs),
+             "nvfp4-prev": ("nvfp4", cfgs), "nvfp4": ("nvfp4", mcfgs)}
+    whats = {"nvfp4-prev": "grouped gemv nvfp4 previous (CUDA cores)", "nvfp4": "grouped gemv nvfp4 (tensor cores)"}
+    nvbase = None
+    for key in moe_fmts:
+        fmt, pairs = forms[key]
+        if not pairs:
+            continue
         best = None
         tried = {}
-        base = lp.grouped_from_bf16(fmt, es.w13, es.w2, sel_ids, es.row_weights, env.device, *pairs[0])
+        if fmt == "nvfp4" and nvbase is not None:  # the same quantised experts for both NVFP4 forms
+            base = nvbase
+        else:
+            base = lp.grouped_from_bf16(fmt, es.w13, es.w2, sel_ids, es.row_weights, env.device, *pairs[0])
+        if fmt == "nvfp4":
+            nvbase = base
+            d13, d2 = lp.dequantized_experts(base)
+            ref = lp.reference_experts(es.x, d13, d2, sel_ids, es.row_weights)
+            d13 = d2 = None
         for c13, c2 in (pairs if env.is_gpu else pairs[:1]):
             base.cfg13, base.cfg2 = c13, c2
             try:
-                base(es.x)
+                got = base(es.x)
+                err = nv.relative_error(got.float(), ref) if fmt == "nvfp4" else None
+                if err is not None and not err <= 1e-2:  # never time a wrong kernel
+                    raise RuntimeError(f"wrong result: relative error {err:.3g}")
                 us = gpu_us([lambda: base(es.x)], env)
             except Exception as exc:
                 RESULTS["errors"][f"{model} grouped {fmt} {c13.name}/{c2.name}"] = f"{type(exc).__name__}: {str(exc)[:200]}"
                 continue
-            tried[base.label] = us
+            tried[base.label] = {"us": us, "rel_err": err}
             if best is None or us < best[1]:
                 best = (base.label, us)
         nb = base.weight_bytes()
-        rows.append({"model": model, "what": f"grouped gemv {fmt}", "kernel": best[0] if best else None,
+        rows.append({"model": model, "what": whats.get(key, f"grouped gemv {fmt}"), "kernel": best[0] if best else None,
                      "us": best[1] if best else None, "bytes": nb, "of_read": frac(nb, best[1] if best else None, read),
                      "of_copy": frac(nb, best[1] if best else None, copy), "tried": tried})
         base = None
+    nvbase = ref = None
     for r in rows:
         log(f"moe {model:12s} {r['what']:42s} {r['us'] or float('nan'):8.1f} us  "
             + (f"{100 * (r.get('of_read') or 0):4.0f}% of read BW on the selected experts' bytes" if r.get("bytes") else ""))
@@ -345,7 +392,8 @@ def main() -> int:
     ap.add_argument("--out", default="out-lowprec")
     ap.add_argument("--budget-s", type=float, default=240.0)
     ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--sections", default="memory,checks,llama,moe,dsv3,glm5,stage")
+    ap.add_argument("--sections", default="memory,checks,llama,moe,dsv3,glm5,stage",
+                    help="also: stats, moechecks (grouped checks only), moe4 (the NVFP4 grouped forms only)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -392,9 +440,12 @@ def main() -> int:
         for (n, k), m in ((llama[0], 4), (llama[0], 16), (llama[2], 4), (llama[2], 8), (llama[2], 16)) if env.is_gpu else ():
             run(f"llama {n}x{k} M={m}", lambda n=n, k=k, m=m: dense_case(env, "llama-3.1-8b", n, k, m, old=m == 4,
                                                                          fp8_all=False))
-    if "moe" in sections:
+    if "moechecks" in sections:  # the grouped experts' checks only
+        run("moechecks", lambda: grouped_checks(env))
+    if "moe" in sections or "moe4" in sections:  # moe4: the two NVFP4 grouped forms only (no baselines)
+        fmts = ("nvfp4-prev", "nvfp4") if "moe4" in sections else ("bf16", "fp8", "fp8-block", "nvfp4-prev", "nvfp4")
         for model in ("deepseek-v3", "glm-5") if env.is_gpu else ("deepseek-v3",):
-            run(f"moe {model}", lambda model=model: moe_case(env, model))
+            run(f"moe {model}", lambda model=model: moe_case(env, model, fmts, baselines="moe" in sections))
     for key, model in (("dsv3", "deepseek-v3"), ("glm5", "glm-5")):
         if key not in sections or not env.is_gpu:
             continue

@@ -152,3 +152,52 @@ for fmt, c13, c2 in (("bf16", lp.GemvConfig(16, 64), lp.GemvConfig(16, 64)), ("f
 print("ok")
 ''')
     assert out.startswith("ok")
+
+
+@pytest.mark.skipif(not lp.HAVE_TRITON, reason="Triton is not installed (pip install triton runs its CPU interpreter)")
+def test_grouped_nvfp4_tensor_core_form_matches_the_reference_in_the_interpreter():
+    """The grouped tensor-core form (its mma.sync asm needs a GPU; the interpreter runs the same repacked layout and
+    decode): expert ids pick the repacked weight, gate and up paired with the SiLU fused and the activation written
+    straight into the down GEMV's packed x, or gate_up split over K with the SiLU kernel after; down weighted and
+    summed with fp32 atomics; tiles masked where the warps outnumber them."""
+    out = _interpret(r'''
+import torch
+from decode_gap.kernels import nvfp4 as nv, lowprec as lp
+torch.manual_seed(0)
+G = lp.GemvConfig
+E, H, I = 5, 128, 64
+ids = torch.tensor([3, 0, 4, 3]); rw = torch.rand(4)
+x = torch.randn(1, H).to(torch.bfloat16)
+w13 = (torch.randn(E, 2 * I, H) * 0.1).to(torch.bfloat16); w2 = (torch.randn(E, H, I) * 0.1).to(torch.bfloat16)
+g = lp.grouped_from_bf16("nvfp4", w13, w2, ids, rw, "cpu")
+assert g.mma13[0].shape == (E, 2 * I // 16, H // 64, 32, 4) and g.mma2[1].shape == (E, H // 16, I // 64, 32)
+d13, d2 = lp.dequantized_experts(g)
+ref = lp.reference_experts(x, d13, d2, ids, rw)
+for c13, c2 in ((G(32, 64, 2, mma=True), G(64, 64, 4, mma=True)),  # paired, no split
+                (G(128, 128, 8, mma=True), G(16, 64, 1, split=1, mma=True)),  # 4 gate tiles in 8 warps, 2 steps
+                (G(16, 64, 1, split=2, mma=True), G(32, 64, 2, mma=True)),  # gate_up split: partials, SiLU kernel
+                (G(64, 64, 4, mma=True), G(32, 64, 2, split=3, mma=True))):  # down K=64: one step, split capped
+    g.cfg13, g.cfg2 = c13, c2
+    g.out.fill_(float("nan"))
+    err = nv.relative_error(g(x).float(), ref)
+    assert err < 1e-2, (c13, c2, err)  # fp16 x and activation, bf16 output
+g.cfg13, g.cfg2 = G(16, 64, 4, asm=True), G(16, 64, 4, asm=True)  # the previous (CUDA-core) form still runs
+assert nv.relative_error(g(x).float(), ref) < 1e-2
+# the activation the gate_up kernel packs is silu(gate) * up at the down GEMV's packed-x positions
+g.cfg13, g.cfg2 = G(32, 64, 2, mma=True), G(32, 64, 2, mma=True)
+g(x)
+h = x.float() @ d13[3].t()
+act = torch.nn.functional.silu(h[:, :I]) * h[:, I:]
+xp = torch.empty((1, I // 8, 4), dtype=torch.int32)
+lp._fp4_xpack4_kernel[(1, 1)](act, xp, I // 8, 0, 0, xp, 0, BLOCK=512, ZERO=False)
+got = g.xq2[0].view(torch.int16).view(torch.float16).float()
+assert torch.allclose(got, xp[0].view(torch.int16).view(torch.float16).float(), rtol=1e-2, atol=1e-3)
+try:
+    g.cfg13, g.cfg2 = G(32, 64, 2, mma=True), G(16, 64, 4, asm=True)
+    g(x)
+    raise AssertionError("mixed forms must be refused")
+except lp.DecodeGapError:
+    pass
+print("ok")
+''')
+    assert out.startswith("ok")

@@ -486,6 +486,129 @@ if HAVE_TRITON:
             tl.store(op, y.to(out_ptr.dtype.element_ty), mask=om)
 
     @triton.jit
+    def _fp4_mma_emul_m1(xb, w_base, s_base, tile_c, lane, qq, i0, i1, stride_wt, stride_st, T: tl.constexpr,
+                         WARPS: tl.constexpr):
+        """The CPU interpreter's M=1 stand-in for the mma loop (no asm): the same repacked layout, decode and fp16
+        scaling against x row 0; [WARPS, 8 (g), 2 (row half)] = rows 16 tile + g + 8 half."""
+        part = tl.zeros((T, 2), dtype=tl.float32)
+        for i in range(i0, i1):
+            sv = tl.load(s_base + tile_c * stride_st + lane + i * 32).to(tl.int32)
+            for r in tl.static_range(2):
+                sr = ((sv >> (8 * r)) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+                acc_r = tl.zeros((T,), dtype=tl.float32)
+                for wr in tl.static_range(2):
+                    word = tl.load(w_base + tile_c * stride_wt + lane * 4 + i * 128 + 2 * r + wr)
+                    xw = xb + ((4 * i + qq) * 2 + wr) * 4
+                    for j in tl.static_range(4):
+                        xv = tl.load(xw + j)
+                        lo, hi = _fp4_pair(word, j)
+                        acc_r += ((lo * sr).to(tl.float32) * _f16_half(xv, False)
+                                  + (hi * sr).to(tl.float32) * _f16_half(xv, True))
+                part += tl.where((tl.arange(0, 2) == r)[None, :], acc_r[:, None], 0.0)
+        return tl.sum(tl.reshape(part, (WARPS, 8, 4, 2)), axis=2)
+
+    @triton.jit
+    def _fp4_mma_grouped_kernel(xp_ptr, w_ptr, s_ptr, ts_ptr, ids_ptr, rw_ptr, out_ptr, N, NT, steps_per_split,
+                                NSTEPS, up_off, stride_xs, stride_we, stride_wt, stride_se, stride_st, stride_os,
+                                WARPS: tl.constexpr, UNROLL: tl.constexpr, PAIRED: tl.constexpr,
+                                ROW_WEIGHT: tl.constexpr, USE_ASM: tl.constexpr):
+        """Grouped M=1 form of _fp4_mma_kernel: program (group of WARPS 16-row tiles, K split, slot) on the
+        repacked weight of expert ids[slot], x = packed row `slot` (stride_xs 0: one shared x).
+        PAIRED (no K split): tiles t (gate) and t + up_off (up) of the same expert in the same warp, and
+        silu(gate) * up stored as fp16 straight into the next call's packed x (out_ptr: int16 view of an xp
+        [slots, N/8, 4] int32), so the down GEMV needs no packing kernel. Else y (times weights[slot] when
+        ROW_WEIGHT) is added to out[slot * stride_os + row] with fp32 atomics (the sum over slots, or K splits)."""
+        T: tl.constexpr = 32 * WARPS
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        slot = tl.program_id(2)
+        e = tl.load(ids_ptr + slot).to(tl.int64)
+        t = tl.arange(0, T)
+        tile = pid_n * WARPS + t // 32
+        lane = t % 32
+        g = lane // 4
+        qq = lane % 4
+        tile_c = tl.minimum(tile, NT - 1).to(tl.int64)
+        i0 = pid_k * steps_per_split
+        i1 = tl.minimum(i0 + steps_per_split, NSTEPS)
+        w_base = w_ptr + e * stride_we
+        s_base = s_ptr + e * stride_se
+        x_base = xp_ptr + slot.to(tl.int64) * stride_xs
+        ts = tl.load(ts_ptr + e) * 16384.0
+        c4 = tl.arange(0, 4)
+        if USE_ASM:
+            wb = w_base + tile_c[:, None] * stride_wt + (lane * 4)[:, None] + c4[None, :]
+            sb = s_base + tile_c * stride_st + lane
+            xb = x_base + (qq * 8)[:, None] + c4[None, :]  # every column computes x row 0; column 0 is kept
+            acc0 = tl.zeros((T, 4), dtype=tl.float32)
+            acc1 = tl.zeros((T, 4), dtype=tl.float32)
+            if PAIRED:
+                wu = wb + up_off * stride_wt
+                su = sb + up_off * stride_st
+                up0 = tl.zeros((T, 4), dtype=tl.float32)
+                up1 = tl.zeros((T, 4), dtype=tl.float32)
+                for i in range(i0, i1, UNROLL):  # gate and up steps' loads in flight together
+                    acc0, acc1 = _fp4_mma_step(wb, sb, xb, i, T, acc0, acc1)
+                    up0, up1 = _fp4_mma_step(wu, su, xb, i, T, up0, up1)
+                    if UNROLL >= 2:
+                        acc0, acc1 = _fp4_mma_step(wb, sb, xb, i + 1, T, acc0, acc1)
+                        up0, up1 = _fp4_mma_step(wu, su, xb, i + 1, T, up0, up1)
+                    if UNROLL >= 4:
+                        acc0, acc1 = _fp4_mma_step(wb, sb, xb, i + 2, T, acc0, acc1)
+                        up0, up1 = _fp4_mma_step(wu, su, xb, i + 2, T, up0, up1)
+                        acc0, acc1 = _fp4_mma_step(wb, sb, xb, i + 3, T, acc0, acc1)
+                        up0, up1 = _fp4_mma_step(wu, su, xb, i + 3, T, up0, up1)
+                u = (up0 + up1) * ts
+            else:
+                for i in range(i0, i1, UNROLL):
+                    acc0, acc1 = _fp4_mma_step(wb, sb, xb, i, T, acc0, acc1)
+                    if UNROLL >= 2:
+                        acc0, acc1 = _fp4_mma_step(wb, sb, xb, i + 1, T, acc0, acc1)
+                    if UNROLL >= 4:
+                        acc0, acc1 = _fp4_mma_step(wb, sb, xb, i + 2, T, acc0, acc1)
+                        acc0, acc1 = _fp4_mma_step(wb, sb, xb, i + 3, T, acc0, acc1)
+            y = (acc0 + acc1) * ts
+            # accumulator element c of lane 4g+q: row g + 8 (c // 2), x column 2q + c % 2; keep column 0
+            rows = (tile * 16 + g)[:, None] + 8 * (c4[None, :] // 2)
+            om = (rows < N) & (tile < NT)[:, None] & (qq == 0)[:, None] & (c4 % 2 == 0)[None, :]
+        else:
+            y = _fp4_mma_emul_m1(x_base, w_base, s_base, tile_c, lane, qq, i0, i1, stride_wt, stride_st, T,
+                                 WARPS) * ts
+            if PAIRED:
+                u = _fp4_mma_emul_m1(x_base, w_base, s_base, tile_c + up_off, lane, qq, i0, i1, stride_wt,
+                                     stride_st, T, WARPS) * ts
+            wv = tl.arange(0, WARPS)[:, None, None]
+            rows = (pid_n * WARPS + wv) * 16 + tl.arange(0, 8)[None, :, None] + 8 * tl.arange(0, 2)[None, None, :]
+            om = (rows < N) & (pid_n * WARPS + wv < NT)
+        if PAIRED:
+            y = y / (1.0 + tl.exp(-y)) * u
+            # value k of the packed x sits at int16 8 (k // 8) + 2 (3 - k % 8) (low half) or
+            # 8 (k // 8) + 2 (7 - k % 8) + 1 (high half): plane j = (x[8w + 3 - j], x[8w + 7 - j])
+            kk = rows % 8
+            idx = (rows // 8) * 8 + tl.where(kk < 4, 2 * (3 - kk), 2 * (7 - kk) + 1)
+            op = out_ptr + slot.to(tl.int64) * stride_os + idx
+            tl.store(op, y.to(tl.float16).to(tl.int16, bitcast=True), mask=om)
+        else:
+            if ROW_WEIGHT:
+                y = y * tl.load(rw_ptr + slot)
+            tl.atomic_add(out_ptr + slot.to(tl.int64) * stride_os + rows, y, mask=om)
+
+    @triton.jit
+    def _silu_pack_kernel(gu_ptr, xp_ptr, I, stride_gs, stride_ps, BLOCK: tl.constexpr):
+        """Split-K gate_up epilogue: gu [slots, 2I] fp32 (gate then up) -> silu(gate) * up as the packed fp16 x
+        (int16 view of [slots, I/8, 4] int32) of the down GEMV."""
+        pid = tl.program_id(0)
+        slot = tl.program_id(1).to(tl.int64)
+        k = pid * BLOCK + tl.arange(0, BLOCK)
+        m = k < I
+        gt = tl.load(gu_ptr + slot * stride_gs + k, mask=m, other=0.0)
+        up = tl.load(gu_ptr + slot * stride_gs + I + k, mask=m, other=0.0)
+        y = gt / (1.0 + tl.exp(-gt)) * up
+        kk = k % 8
+        idx = (k // 8) * 8 + tl.where(kk < 4, 2 * (3 - kk), 2 * (7 - kk) + 1)
+        tl.store(xp_ptr + slot * stride_ps + idx, y.to(tl.float16).to(tl.int16, bitcast=True), mask=m)
+
+    @triton.jit
     def _dense_rows_m1(x_base, w_base, s_base, rows, nmask, k_start, k_end, stride_wn, stride_sn,
                        SCALE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
                        EVEN_N: tl.constexpr):
@@ -713,6 +836,12 @@ FP4_CUDA_CORE_CONFIGS = (FP4_DEFAULT, GemvConfig(4, 1024, 2, split=1), FP4_DEFAU
 FP4_M1_CONFIGS = FP4_MMA_CONFIGS + FP4_CUDA_CORE_CONFIGS
 FP4_STAGE_CONFIGS = FP4_MMA_CONFIGS[:4] + FP4_CUDA_CORE_CONFIGS[:3]
 FP4_STAGE_CONFIGS_M = (FP4_MMA_DEFAULT, FP4_MMA_CONFIGS[2], FP4_MMA_CONFIGS[0])  # M = 2..16
+
+
+# the grouped (MoE) tensor-core form: gate+up paired in each warp with the SiLU fused, then down; the default for
+# the grouped NVFP4 GEMV only once the H200 has shown it faster and correct (FP4_GROUPED_USE_MMA)
+FP4_GROUPED_MMA_DEFAULT = GemvConfig(64, 128, 4, mma=True)
+FP4_GROUPED_USE_MMA = False
 
 
 def fp4_default(grouped: bool = False) -> GemvConfig:
@@ -974,11 +1103,22 @@ class GroupedExperts:
         if two_i != 2 * i or hh != h:
             raise DecodeGapError(f"grouped experts: w13 {two_i}x{h} and w2 {hh}x{i} do not fit together")
         self.h, self.i = h, i
+        self.mma13 = self.mma2 = None
+        if fmt == "nvfp4" and grouped_mma_fits(h, i, device):  # repacked once (both layouts kept: either form runs)
+            self.mma13, self.mma2 = _stack_mma(w13), _stack_mma(w2)
+            if cfg13 is None and cfg2 is None:
+                configs = (FP4_GROUPED_MMA_DEFAULT,) if FP4_GROUPED_USE_MMA else configs
         self.cfg13, self.cfg2 = cfg13 or configs[0], cfg2 or configs[0]
         self.act = torch.empty((self.slots, i), dtype=torch.bfloat16, device=device)
         self.xp13 = torch.empty((1, 4, h // 8), dtype=torch.int32, device=device)  # packed x for the asm form
         self.xp2 = torch.empty((self.slots, 4, i // 8), dtype=torch.int32, device=device)
-        self.acc = torch.zeros((h,), dtype=torch.float32, device=device)
+        # tensor-core form: x packed word-major; the activation written packed by the gate_up kernel; one fp32
+        # buffer for the output sum and the split-K gate_up partials, zeroed by the x packing kernel
+        self.xq13 = torch.empty((1, h // 8, 4), dtype=torch.int32, device=device)
+        self.xq2 = torch.empty((self.slots, i // 8, 4), dtype=torch.int32, device=device)
+        self.zbuf = torch.zeros((h + self.slots * 2 * i,), dtype=torch.float32, device=device)
+        self.acc = self.zbuf[:h]
+        self.gu = self.zbuf[h:].view(self.slots, 2 * i)
         self.out = torch.empty((1, h), dtype=torch.bfloat16, device=device)
 
     @property
@@ -1022,9 +1162,59 @@ class GroupedExperts:
             EVEN_N=n % cfg.block_n == 0, HAS_IDS=True, PAIRED=paired, ATOMIC=final, ROW_WEIGHT=final,
             num_warps=cfg.warps)
 
+    def _mma_plan(self, cfg: GemvConfig, k: int) -> tuple[int, int, int]:
+        """(steps a loop iteration, steps per K split, splits) of the tensor-core form for K = k."""
+        unroll = cfg.block_k // 64
+        if cfg.block_k % 64 or cfg.block_n != 16 * cfg.warps or k % cfg.block_k:
+            raise DecodeGapError(f"grouped experts: the tensor-core form needs BLOCK_N = 16 x warps and K a multiple "
+                                 f"of BLOCK_K = 64 x steps ({cfg.name}, K={k})")
+        per, split, _ = _k_plan(k // 64, unroll, cfg.split or 1)
+        return unroll, per, split
+
+    def _call_mma(self, x: torch.Tensor) -> torch.Tensor:
+        h, i, c13, c2 = self.h, self.i, self.cfg13, self.cfg2
+        if self.mma13 is None:
+            raise DecodeGapError(f"grouped experts: the tensor-core form needs H and I multiples of 64 and sm89+ "
+                                 f"(H={h}, I={i})")
+        u13, per13, split13 = self._mma_plan(c13, h)
+        u2, per2, split2 = self._mma_plan(c2, i)
+        use_asm = not interpreted()
+        nz = h + (self.slots * 2 * i if split13 > 1 else 0)
+        grid0 = max(triton.cdiv(h // 8, 512), triton.cdiv(nz, 2048))
+        _fp4_xpack4_kernel[(grid0, 1)](x, self.xq13, h // 8, 0, 0, self.zbuf, nz, BLOCK=512, ZERO=True)
+        xq2 = self.xq2.view(torch.int16).view(self.slots, i)
+        words, scales, ts = self.mma13
+        ntg = i // 16  # gate tiles; the up tiles follow
+        if split13 == 1:  # gate and up in one program, silu(gate) * up written packed
+            grid = (triton.cdiv(ntg, c13.warps), 1, self.slots)
+            out, n, nt, stride_os = xq2, i, ntg, xq2.stride(0)
+        else:  # K split: gate and up partials summed in fp32, then a tiny SiLU kernel
+            grid = (triton.cdiv(2 * ntg, c13.warps), split13, self.slots)
+            out, n, nt, stride_os = self.gu, 2 * i, 2 * ntg, self.gu.stride(0)
+        _fp4_mma_grouped_kernel[grid](
+            self.xq13, words, scales, ts, self.ids, self.rw, out, n, nt, per13, h // 64, ntg,
+            0, words.stride(0), words.stride(1), scales.stride(0), scales.stride(1), stride_os,
+            WARPS=c13.warps, UNROLL=u13, PAIRED=split13 == 1, ROW_WEIGHT=False, USE_ASM=use_asm,
+            num_warps=c13.warps)
+        if split13 > 1:
+            _silu_pack_kernel[(triton.cdiv(i, 1024), self.slots)](self.gu, xq2, i, self.gu.stride(0), xq2.stride(0),
+                                                                 BLOCK=1024)
+        words, scales, ts = self.mma2
+        nt2 = words.shape[1]
+        _fp4_mma_grouped_kernel[(triton.cdiv(nt2, c2.warps), split2, self.slots)](
+            self.xq2, words, scales, ts, self.ids, self.rw, self.acc, h, nt2, per2, i // 64, 0,
+            self.xq2.stride(0), words.stride(0), words.stride(1), scales.stride(0), scales.stride(1), 0,
+            WARPS=c2.warps, UNROLL=u2, PAIRED=False, ROW_WEIGHT=True, USE_ASM=use_asm, num_warps=c2.warps)
+        self.out.copy_(self.acc[None, :])
+        return self.out
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape != (1, self.h):
             raise DecodeGapError(f"grouped experts: x has shape {tuple(x.shape)}, expected (1, {self.h})")
+        if self.fmt == "nvfp4" and (self.cfg13.mma or self.cfg2.mma):
+            if not (self.cfg13.mma and self.cfg2.mma):
+                raise DecodeGapError("grouped experts: gate_up and down must both use the tensor-core form or neither")
+            return self._call_mma(x)
         self.acc.zero_()
         self._launch(x, self.w13, self.cfg13, self.i, self.h, self.act, paired=True, final=False, stride_xs=0)
         self._launch(self.act, self.w2, self.cfg2, self.h, self.i, self.acc, paired=False, final=True,
@@ -1075,6 +1265,20 @@ def dequantized_experts(g: GroupedExperts) -> tuple[torch.Tensor, torch.Tensor]:
     if isinstance(g.w13, Fp8Weight):
         return dequantize_fp8(g.w13), dequantize_fp8(g.w2)
     return g.w13.float(), g.w2.float()
+
+
+def grouped_mma_fits(h: int, i: int, device) -> bool:
+    """The grouped tensor-core form needs whole 64-value K steps in both GEMVs (and sm89+)."""
+    return h % 64 == 0 and i % 64 == 0 and mma_supported(device)
+
+
+def _stack_mma(qs: list[nv.NVFP4Tensor]):
+    """Per-expert repack_mma layouts stacked: words [E, N/16, K/64, 32, 4], scales [E, N/16, K/64, 32], ts [E]."""
+    packs = [repack_mma(q) for q in qs]
+    words = torch.stack([w for w, _ in packs]).contiguous()
+    scales = torch.stack([sc for _, sc in packs]).contiguous()
+    ts = torch.stack([q.tensor_scale.reshape(()) for q in qs]).float().contiguous()
+    return words, scales, ts
 
 
 def _stack_fp4(qs: list[nv.NVFP4Tensor]):
