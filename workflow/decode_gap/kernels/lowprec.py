@@ -1172,12 +1172,18 @@ class GroupedExperts:
         return unroll, per, split
 
     def _call_mma(self, x: torch.Tensor) -> torch.Tensor:
-        h, i, c13, c2 = self.h, self.i, self.cfg13, self.cfg2
         if self.mma13 is None:
             raise DecodeGapError(f"grouped experts: the tensor-core form needs H and I multiples of 64 and sm89+ "
-                                 f"(H={h}, I={i})")
+                                 f"(H={self.h}, I={self.i})")
+        self.mma_gate_up(x)
+        self.mma_down()
+        self.out.copy_(self.acc[None, :])
+        return self.out
+
+    def mma_gate_up(self, x: torch.Tensor) -> None:
+        """Tensor-core form, first half: pack x (zeroing the fp32 sums), gate_up (+ the SiLU kernel when split)."""
+        h, i, c13 = self.h, self.i, self.cfg13
         u13, per13, split13 = self._mma_plan(c13, h)
-        u2, per2, split2 = self._mma_plan(c2, i)
         use_asm = not interpreted()
         nz = h + (self.slots * 2 * i if split13 > 1 else 0)
         grid0 = max(triton.cdiv(h // 8, 512), triton.cdiv(nz, 2048))
@@ -1199,14 +1205,17 @@ class GroupedExperts:
         if split13 > 1:
             _silu_pack_kernel[(triton.cdiv(i, 1024), self.slots)](self.gu, xq2, i, self.gu.stride(0), xq2.stride(0),
                                                                  BLOCK=1024)
+
+    def mma_down(self) -> None:
+        """Tensor-core form, second half: down on the packed activation, weighted and summed into self.acc."""
+        h, i, c2 = self.h, self.i, self.cfg2
+        u2, per2, split2 = self._mma_plan(c2, i)
         words, scales, ts = self.mma2
         nt2 = words.shape[1]
         _fp4_mma_grouped_kernel[(triton.cdiv(nt2, c2.warps), split2, self.slots)](
             self.xq2, words, scales, ts, self.ids, self.rw, self.acc, h, nt2, per2, i // 64, 0,
             self.xq2.stride(0), words.stride(0), words.stride(1), scales.stride(0), scales.stride(1), 0,
-            WARPS=c2.warps, UNROLL=u2, PAIRED=False, ROW_WEIGHT=True, USE_ASM=use_asm, num_warps=c2.warps)
-        self.out.copy_(self.acc[None, :])
-        return self.out
+            WARPS=c2.warps, UNROLL=u2, PAIRED=False, ROW_WEIGHT=True, USE_ASM=not interpreted(), num_warps=c2.warps)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape != (1, self.h):
