@@ -431,7 +431,7 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=240.0)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--sections", default="memory,checks,llama,moe,dsv3,glm5,stage",
-                    help="also: stats, moechecks (grouped checks only), moe4 (the NVFP4 grouped forms only)")
+                    help="also: bw (bandwidths only), stats, moechecks (grouped checks only), moe4 (the NVFP4 grouped forms only)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -461,9 +461,23 @@ def main() -> int:
         RESULTS["latency_floor"] = {k: v.get("value") for k, v in launch.latency_floor(env).items()}
         log(f"copy {m['copy_gbps']:.0f} GB/s, read {m['read_gbps']:.0f} GB/s, floor {RESULTS['latency_floor']}")
 
+    def do_bw():  # read and copy bandwidth only, timed as microbench.memory times them (no peak matmuls)
+        from decode_gap.microbench.timing import gbps, time_events
+
+        nbytes = 2 * 2**30 if env.is_gpu else 8 * 2**20
+        src = torch.rand(nbytes // 4, device=env.device)
+        dst = torch.empty_like(src)
+        t = (lambda fn: time_events(fn, 2, env.iters, env.device).median_us) if env.is_gpu else (lambda fn: gpu_us([fn], env))
+        env.copy_gbps = gbps(2 * nbytes, t(lambda: dst.copy_(src)))
+        env.extra["read_gbps"] = gbps(nbytes, t(lambda: src.sum()))
+        RESULTS["memory"] = {"copy_gbps": env.copy_gbps, "read_gbps": env.extra["read_gbps"]}
+        log(f"copy {env.copy_gbps:.0f} GB/s, read {env.extra['read_gbps']:.0f} GB/s")
+
     llama = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)]
     if "memory" in sections:
         run("memory", do_memory)
+    elif "bw" in sections:
+        run("bw", do_bw)
     if "stats" in sections:
         run("stats", lambda: kernel_stats(env, out))
     if "checks" in sections:
