@@ -170,15 +170,21 @@ ids = torch.tensor([3, 0, 4, 3]); rw = torch.rand(4)
 x = torch.randn(1, H).to(torch.bfloat16)
 w13 = (torch.randn(E, 2 * I, H) * 0.1).to(torch.bfloat16); w2 = (torch.randn(E, H, I) * 0.1).to(torch.bfloat16)
 g = lp.grouped_from_bf16("nvfp4", w13, w2, ids, rw, "cpu")
+# the default where it fits: gate_up split 4 ways (here H = 128 is one K block: not split, no SiLU kernel); down
+# one step an iteration as I = 64
+assert g.cfg13 == lp.FP4_GROUPED_MMA_13 and g.cfg2.mma and g.cfg2.block_k == 64 and g.kernels == 4
+dflt = (g.cfg13, g.cfg2)
 assert g.mma13[0].shape == (E, 2 * I // 16, H // 64, 32, 4) and g.mma2[1].shape == (E, H // 16, I // 64, 32)
 d13, d2 = lp.dequantized_experts(g)
 ref = lp.reference_experts(x, d13, d2, ids, rw)
 for c13, c2 in ((G(32, 64, 2, mma=True), G(64, 64, 4, mma=True)),  # paired, no split
                 (G(128, 128, 8, mma=True), G(16, 64, 1, split=1, mma=True)),  # 4 gate tiles in 8 warps, 2 steps
                 (G(16, 64, 1, split=2, mma=True), G(32, 64, 2, mma=True)),  # gate_up split: partials, SiLU kernel
+                dflt,
                 (G(64, 64, 4, mma=True), G(32, 64, 2, split=3, mma=True))):  # down K=64: one step, split capped
     g.cfg13, g.cfg2 = c13, c2
     g.out.fill_(float("nan"))
+    assert g.kernels == (5 if c13.split == 2 else 4)
     err = nv.relative_error(g(x).float(), ref)
     assert err < 1e-2, (c13, c2, err)  # fp16 x and activation, bf16 output
 g.cfg13, g.cfg2 = G(16, 64, 4, asm=True), G(16, 64, 4, asm=True)  # the previous (CUDA-core) form still runs

@@ -27,9 +27,17 @@ CUDA-core best in brackets): Llama-3.1-8B lm_head 68% (48%), gate_up 48% (40%), 
 45% / 42% / 23% (the earlier tl.dot form: 10%). Still short of the 85% target: ncu on 28672x4096 shows DRAM at 47%,
 L1 at 26%, 0.55 issued warps per scheduler with 37% achieved occupancy: bound by bytes in flight (about 3.5
 instructions a value leave each warp one or two 512-byte steps in flight). FP8 and bf16 GEMVs reach 90-104% on the
-large shapes. The grouped form (MoE) still uses the CUDA-core NVFP4 kernel (35% of read bandwidth on the selected
-experts). The grouped form takes the selected experts' ids and a shared or per-expert activation, and can pair the
-gate and up rows of an expert in one program to write silu(gate) * up directly.
+large shapes.
+
+Grouped form (MoE at M=1, `GroupedExperts`): a third grid axis is the expert slot, whose id picks the expert's
+repacked weight (repacked once at construction). NVFP4 tensor-core form (`_fp4_mma_grouped_kernel`, the default where
+H and I are whole 64-value steps on sm89+): gate_up split over K into fp32 partials, then a tiny kernel writes
+silu(gate) * up as fp16 straight into the down GEMV's packed x; down weighs and sums into fp32 with atomics; x packing
+also zeroes the sums (5 launches with the bf16 cast). Gate and up paired in one warp with the SiLU fused (no split,
+kept as a form) left too few warps in flight (8 experts x 128 tiles) and was 1.7x slower. Measured on an H200 (read
+bandwidth 4329 GB/s, 8 of 256 experts, fraction of read bandwidth on the selected experts' bytes): DeepSeek-V3
+(2048x7168 experts) 82 us, 56% (the CUDA-core form: 130 us, 35%), GLM-5 (2048x6144) 74 us, 53% (131 us, 30%); the
+halves apart: gate_up 53 / 47 us (56-58%), down 28 / 26 us (51-55%). bf16 / fp8 grouped: 98% / 84% (previous session).
 
 One module on purpose: the dense, grouped, FP8 and NVFP4 kernels share the same decode helpers, tile
 configurations and launch wrappers, and a kernel and its wrapper are read (and tuned) together.
@@ -39,7 +47,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -838,10 +846,12 @@ FP4_STAGE_CONFIGS = FP4_MMA_CONFIGS[:4] + FP4_CUDA_CORE_CONFIGS[:3]
 FP4_STAGE_CONFIGS_M = (FP4_MMA_DEFAULT, FP4_MMA_CONFIGS[2], FP4_MMA_CONFIGS[0])  # M = 2..16
 
 
-# the grouped (MoE) tensor-core form: gate+up paired in each warp with the SiLU fused, then down; the default for
-# the grouped NVFP4 GEMV only once the H200 has shown it faster and correct (FP4_GROUPED_USE_MMA)
-FP4_GROUPED_MMA_DEFAULT = GemvConfig(64, 128, 4, mma=True)
-FP4_GROUPED_USE_MMA = False
+# the grouped (MoE) tensor-core form, the default where it fits (H200, 8 of 256 experts, DeepSeek-V3 / GLM-5: 82 / 74 us
+# against 130 / 131 us for the CUDA-core form): gate_up split 4 ways over K (fp32 partials, then the SiLU kernel:
+# 53 / 47 us, where gate+up paired in one warp with the SiLU fused took 92-120 / 79-105 us, too few warps in flight
+# with 8 x 128 tiles), down split 2 ways (28 / 26 us)
+FP4_GROUPED_MMA_13 = GemvConfig(64, 128, 4, split=4, mma=True)
+FP4_GROUPED_MMA_2 = GemvConfig(64, 128, 4, split=2, mma=True)
 
 
 def fp4_default(grouped: bool = False) -> GemvConfig:
@@ -1073,8 +1083,10 @@ class DenseGemv:
 
 class GroupedExperts:
     """One token's routed experts at M=1: silu(x W_gate^T) * (x W_up^T), then (.) W_down^T, weighted and summed,
-    reading only the selected experts' weights. Two kernels (gate+up paired with the SiLU fused, then down with the
-    routing weight and the sum fused through fp32 atomics), a zero-fill and a cast.
+    reading only the selected experts' weights. NVFP4 on sm89+ (H, I multiples of 64): the tensor-core form by
+    default (x packing + zero-fill, gate_up split over K, a SiLU kernel writing the packed activation, down with the
+    routing weight and the sum fused through fp32 atomics, a cast); else two kernels (gate+up paired with the SiLU
+    fused, then down, weighted and summed through fp32 atomics), a zero-fill and a cast.
 
     `w13` is [E, 2I, H] (gate rows then up rows) and `w2` [E, H, I], in bf16, as `Fp8Weight`s, or as lists of
     per-expert `NVFP4Tensor`s stacked here; `ids` [S] selects experts and `weights` [S] weighs them."""
@@ -1104,11 +1116,13 @@ class GroupedExperts:
             raise DecodeGapError(f"grouped experts: w13 {two_i}x{h} and w2 {hh}x{i} do not fit together")
         self.h, self.i = h, i
         self.mma13 = self.mma2 = None
+        defaults = (configs[0], configs[0])
         if fmt == "nvfp4" and grouped_mma_fits(h, i, device):  # repacked once (both layouts kept: either form runs)
             self.mma13, self.mma2 = _stack_mma(w13), _stack_mma(w2)
-            if cfg13 is None and cfg2 is None:
-                configs = (FP4_GROUPED_MMA_DEFAULT,) if FP4_GROUPED_USE_MMA else configs
-        self.cfg13, self.cfg2 = cfg13 or configs[0], cfg2 or configs[0]
+            if cfg13 is None and cfg2 is None:  # one step an iteration where K is not whole 2-step blocks
+                defaults = tuple(c if k % c.block_k == 0 else replace(c, block_k=64)
+                                 for c, k in ((FP4_GROUPED_MMA_13, h), (FP4_GROUPED_MMA_2, i)))
+        self.cfg13, self.cfg2 = cfg13 or defaults[0], cfg2 or defaults[1]
         self.act = torch.empty((self.slots, i), dtype=torch.bfloat16, device=device)
         self.xp13 = torch.empty((1, 4, h // 8), dtype=torch.int32, device=device)  # packed x for the asm form
         self.xp2 = torch.empty((self.slots, 4, i // 8), dtype=torch.int32, device=device)
@@ -1124,6 +1138,15 @@ class GroupedExperts:
     @property
     def label(self) -> str:
         return f"triton grouped gemv {self.fmt} (gate_up {self.cfg13.name}, down {self.cfg2.name})"
+
+    @property
+    def kernels(self) -> int:
+        """Kernel launches a call makes."""
+        if self.fmt == "nvfp4" and self.cfg13.mma:  # x packing (+ zeroing), gate_up, [SiLU], down, cast
+            return 5 if self._mma_plan(self.cfg13, self.h)[2] > 1 else 4
+        if self.fmt == "nvfp4" and self.cfg13.asm and not self.cfg13.grouped:
+            return 6  # zero, x packing, gate_up, activation packing, down, cast
+        return 4  # zero, gate_up, down, cast
 
     def _launch(self, x, w, cfg, n, k, out, paired: bool, final: bool, stride_xs: int):
         grid = (math.ceil(n / cfg.block_n), 1, self.slots)

@@ -251,7 +251,7 @@ def run_moe_bench(env: BenchEnv, shape: MoeShape | None, m_values: list[int], lo
                 row = _time_row(env, flush, "moe.experts", "grouped_gemv", fmt, g.label, lambda g=g: g(es.x), nb,
                                 _expert_flops(es), base, skipped, log)
                 if row:
-                    row["kernels"] = 4
+                    row["kernels"] = g.kernels
                     rows.append(row)
                 g = None
         for impl in impls:
