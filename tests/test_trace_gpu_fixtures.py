@@ -48,3 +48,21 @@ def test_capture_summary_matches_the_fixtures():
     graph = summary["captures"]["graph"]["analysis"]
     r, _ = stage_result(str(GPU / "h200_llama1b_graph.json.gz"), "file")
     assert math.isclose(r["step_ms_median"], graph["step_ms"], rel_tol=1e-3)
+
+
+def test_engine_level_trace_names_the_dtype_of_gemms_whose_kernels_do_not(tmp_path):
+    """cuBLAS' nvjet GEMMs carry no dtype in their names and graph-replayed kernels have no CPU op: a user's trace
+    leaves them 'GEMM dtype?', while an engine-level trace knows its model's one dtype from its own metadata."""
+    import gzip
+
+    plain, _ = stage_result(str(GPU / "h200_llama1b_graph.json.gz"), "file")
+    assert plain["categories"].get("GEMM dtype?", 0) > 0.5
+    data = json.loads(gzip.decompress((GPU / "h200_llama1b_graph.json.gz").read_bytes()))
+    data["decode_gap_engine"] = {"mode": "graph", "dtype": "bfloat16"}
+    marked = tmp_path / "engine_trace.json.gz"
+    marked.write_bytes(gzip.compress(json.dumps(data).encode()))
+    r, _ = stage_result(str(marked), "engine-level")
+    assert "GEMM dtype?" not in r["categories"]
+    gemm = lambda cats: sum(v for k, v in cats.items() if k.startswith("GEMM"))  # noqa: E731
+    assert math.isclose(gemm(r["categories"]), gemm(plain["categories"]), rel_tol=1e-6)
+    assert r["categories"]["GEMM bf16"] >= plain["categories"].get("GEMM bf16", 0) + plain["categories"]["GEMM dtype?"] - 1e-6

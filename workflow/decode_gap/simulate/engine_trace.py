@@ -239,6 +239,7 @@ def record_engine_trace(card: str | Path | dict[str, Any], out_path: str | Path,
               "unprofiled_step_ms": percentiles(samples),
               "unprofiled_gpu_span_ms": percentiles(spans) if spans else None,
               "profiler_calibration": calibration, "torch": torch.__version__,
+              "dtype": dtype,  # the model's one dtype: names the GEMMs whose kernel names carry none (nvjet)
               "note": "unprofiled figures timed in the same process before any profiling"}
     with profile(activities=acts, record_shapes=not cuda_only) as prof:
         for _ in range(steps):

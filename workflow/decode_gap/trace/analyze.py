@@ -60,6 +60,12 @@ def _work(tr: Trace) -> tuple[pd.DataFrame, str]:
         k["launch_ts"] = k["corr"].map(launch)
         types = tr.meta.get("_input_types", {})
         k["types"] = k["ext"].map(types) if types else ""
+        # A graph-replayed kernel has no CPU op, and cuBLAS' nvjet GEMMs carry no dtype in their names: an
+        # engine-level trace knows the one dtype its model was built in (its metadata says so), a server's does not.
+        engine = tr.meta.get("decode_gap_engine")
+        weights = str(engine.get("dtype") or "") if isinstance(engine, dict) else ""
+        if weights:
+            k["types"] = k["types"].fillna("").replace("", weights) if types else weights
         cat = C.classify_frame(k["name"], k["types"])
         memc = k["cat"].isin({"gpu_memcpy", "gpu_memset", "memcpy", "memset"})
         k["category"] = cat.where(~memc, C.MEMCPY)
