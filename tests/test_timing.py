@@ -66,3 +66,21 @@ def test_back_to_back_us_brackets_each_call_and_syncs_once(monkeypatch):
     out = core.back_to_back_us(lambda: log.append("call"), 3, "cuda:0", before_each=lambda: log.append("flush"))
     assert log == ["flush", "record", "call", "record"] * 3 + ["sync"]
     assert out == [2000.0, 2000.0, 2000.0]  # start..end spans the call only (the flush is outside): 2 steps -> µs
+
+
+def test_graph_spans_us_queues_a_sleep_ahead_of_each_replay(monkeypatch):
+    """The calibration clock: sync, a sleep kernel, then the event pair around the replay only, for each replay."""
+    import decode_gap.timing as core
+
+    log: list[str] = []
+    double = _FakeCudaDouble(log)
+    double.cuda._sleep = lambda cycles: log.append(f"sleep {cycles}")
+    monkeypatch.setattr(core, "_torch", lambda: double)
+
+    class Graph:
+        def replay(self):
+            log.append("replay")
+
+    out = core.graph_spans_us(Graph(), 2, 100)
+    assert log == ["sync", "sleep 100", "record", "replay", "record"] * 2 + ["sync"]
+    assert out == [2000.0, 2000.0]

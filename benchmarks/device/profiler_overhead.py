@@ -39,13 +39,10 @@ def save() -> None:
 
 
 def pct(xs):
-    import numpy as np
+    from decode_gap.timing import percentiles
 
-    a = np.asarray([x for x in xs if x is not None], float)
-    if not a.size:
-        return None
-    return {"n": int(a.size), "min": float(a.min()), "median": float(np.median(a)), "mean": float(a.mean()),
-            "p99": float(np.percentile(a, 99)), "max": float(a.max())}
+    vals = [x for x in xs if x is not None]
+    return percentiles(vals) if vals else None
 
 
 def guarded(name):
@@ -95,6 +92,7 @@ def graph_part(card: str, out: Path) -> dict:
     from torch.profiler import ProfilerActivity, profile, record_function
 
     from decode_gap.simulate.engine_trace import _Graph, build_model
+    from decode_gap.timing import back_to_back_us
 
     model, cfg = build_model(card, None, "cuda", torch.bfloat16)
     # a cache far longer than the steps run here: a position past its end trips index_copy_'s bound check
@@ -103,18 +101,12 @@ def graph_part(card: str, out: Path) -> dict:
         raise RuntimeError(f"no manual CUDA graph: {g.backend}")
     res: dict = {"backend": g.backend, "layers": cfg.num_hidden_layers}
 
-    def step(ev=None):
-        with torch.inference_mode():
-            if ev is not None:
-                ev[0].record()
-            g.graph.replay()
-            if ev is not None:
-                ev[1].record()
-            g.ids.copy_(g.out)
-            if g.at + 2 < g.max_len:
-                g.at += 1
-                g.pos.add_(1)
-        return int(g.ids.item())
+    step = g.step  # the engine level's own graph step (CUDA events around the replay when given)
+
+    def queued_ms(m):  # replays queued back to back behind a sleep kernel: the graph's own GPU span, in ms
+        torch.cuda.synchronize()
+        torch.cuda._sleep(SLEEP_CYCLES)
+        return [u / 1e3 for u in back_to_back_us(g.graph.replay, m)]
 
     def timed(n, annotate=False):
         walls, evs = [], []
@@ -137,15 +129,7 @@ def graph_part(card: str, out: Path) -> dict:
     w, e = timed(200)
     res["unprofiled"] = {"step_wall_ms": pct(w), "graph_gpu_ms": pct(e)}
     # back-to-back replays (no host step between): the graph's own GPU span
-    torch.cuda.synchronize()
-    evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(100)]
-    torch.cuda._sleep(SLEEP_CYCLES)
-    for a, b in evs:
-        a.record()
-        g.graph.replay()
-        b.record()
-    torch.cuda.synchronize()
-    res["unprofiled"]["graph_b2b_gpu_ms"] = pct([a.elapsed_time(b) for a, b in evs])
+    res["unprofiled"]["graph_b2b_gpu_ms"] = pct(queued_ms(100))
     save()
 
     variants = {
@@ -169,22 +153,14 @@ def graph_part(card: str, out: Path) -> dict:
                 b2b = []
                 # queued replays: the graph's own GPU span under the profiler
                 if "CUDA" in v["acts"] and v["annotate"] and not v.get("keep"):
-                    torch.cuda.synchronize()
-                    b2b = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                           for _ in range(20)]
-                    torch.cuda._sleep(SLEEP_CYCLES)
-                    for a, b in b2b:
-                        a.record()
-                        g.graph.replay()
-                        b.record()
-                    torch.cuda.synchronize()
+                    b2b = queued_ms(20)
                 if v.get("keep"):
                     prof.add_metadata_json("decode_gap_unprofiled", json.dumps(res["unprofiled"]))
             path = out / f"{v.get('keep') or 'tmp_' + name}.json.gz"
             prof.export_chrome_trace(str(path))
             row = {"step_wall_ms": pct(w), "graph_gpu_ms": pct(e), "trace_mb": round(path.stat().st_size / 1e6, 3)}
             if b2b:
-                row["graph_b2b_gpu_ms"] = pct([a.elapsed_time(b) for a, b in b2b])
+                row["graph_b2b_gpu_ms"] = pct(b2b)
             if "CUDA" in v["acts"]:
                 try:
                     row["trace"] = trace_stats(path)
@@ -226,22 +202,14 @@ def calib_part(out: Path) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    from decode_gap.timing import graph_spans_us
+
     res = {}
     for kind, n in (("tiny", 1000), ("tiny", 200), ("medium", 400)):
         g, _x = _calib_graph(kind, n)
 
-        def spans(m):
-            # a sleep kernel first keeps the GPU busy while the host launches the graph: the event pair then
-            # times the graph's own GPU span, not the (profiled, slower) cudaGraphLaunch call
-            evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(m)]
-            for a, b in evs:
-                torch.cuda.synchronize()
-                torch.cuda._sleep(SLEEP_CYCLES)
-                a.record()
-                g.replay()
-                b.record()
-            torch.cuda.synchronize()
-            return [a.elapsed_time(b) for a, b in evs]
+        def spans(m):  # ms: the graph's own GPU span, not the (profiled, slower) cudaGraphLaunch call
+            return [u / 1e3 for u in graph_spans_us(g, m, SLEEP_CYCLES)]
 
         spans(5)
         row = {"n": n, "unprofiled_ms": pct(spans(30))}

@@ -157,6 +157,22 @@ def back_to_back_us(fn: Callable[[], object], n: int, device: Any = None,
     return [float(s.elapsed_time(e)) * 1e3 for s, e in zip(starts, ends)]
 
 
+def graph_spans_us(graph: Any, n: int, sleep_cycles: int) -> list[float]:
+    """GPU span of each of `n` replays of a captured CUDA graph, in µs. A sleep kernel queued ahead of each
+    replay keeps the GPU busy while the host launches the graph, so the event pair times the graph's own span
+    and not cudaGraphLaunch (which a profiler slows by far more than the graph runs)."""
+    torch = _torch()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+    for start, end in events:
+        torch.cuda.synchronize()
+        torch.cuda._sleep(sleep_cycles)
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    return [float(s.elapsed_time(e)) * 1e3 for s, e in events]
+
+
 def time_from_idle_us(fn: Callable[[], object], warmup: int, iters: int, flush: Callable[[], None] | None,
                       before: Callable[[], None] | None = None) -> list[float]:
     """GPU time (CUDA events) of each call of fn (an eager step or a graph replay), each from an idle GPU,

@@ -150,18 +150,10 @@ def profiler_calibration(n: int = CALIBRATION_KERNELS, reps: int = 20) -> dict[s
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from ..timing import capture_graph, percentiles
+    from ..timing import capture_graph, graph_spans_us, percentiles
 
-    def spans(g, m):
-        evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(m)]
-        for a, b in evs:
-            torch.cuda.synchronize()
-            torch.cuda._sleep(_SLEEP_CYCLES)
-            a.record()
-            g.replay()
-            b.record()
-        torch.cuda.synchronize()
-        return [a.elapsed_time(b) for a, b in evs]
+    def spans(g, m):  # ms
+        return [u / 1e3 for u in graph_spans_us(g, m, _SLEEP_CYCLES)]
 
     cases: dict[str, Any] = {}
     for kind in ("tiny", "medium"):
