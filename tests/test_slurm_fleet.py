@@ -22,6 +22,7 @@ sys.path.insert(0, str(REPO / "workflow"))
 
 from decode_gap import fleet  # noqa: E402
 from decode_gap.errors import ConfigError, DecodeGapError  # noqa: E402
+from decode_gap.host import free_port  # noqa: E402
 
 PROFILE = REPO / "workflow" / "profiles" / "slurm" / "config.v8+.yaml"
 LOCAL_RULES = ("render_report", "archive_report", "attribute_gap", "merge_simulation", "assemble_gguf", "compare_runs")
@@ -261,12 +262,6 @@ def test_rendezvous_check_dry_run_inside_an_allocation(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------- one-node torchrun
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _isolated_net() -> list[str] | None:
     """`unshare --net` with loopback up, when this host allows it (root, a kernel with network namespaces)."""
     if not (shutil.which("unshare") and shutil.which("ip")):
@@ -281,7 +276,7 @@ def test_one_node_torchrun_rendezvous_allreduce():
     cmd = fleet.torchrun_command(
         nodes=1,
         nproc_per_node=2,
-        endpoint=f"127.0.0.1:{_free_port()}",
+        endpoint=f"127.0.0.1:{free_port()}",
         rdzv_id="decode-gap-test",
         module="decode_gap.fleet",
         module_args=["rendezvous-worker"],

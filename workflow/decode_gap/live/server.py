@@ -33,7 +33,7 @@ from typing import Any
 import httpx
 
 from ..errors import DecodeGapError
-from ..host import free_port, usable_cores  # noqa: F401  (free_port: the loopback server and its tests)
+from ..host import free_port, usable_cores
 
 
 def llama_cpp_available() -> bool:

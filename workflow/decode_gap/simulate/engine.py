@@ -27,7 +27,6 @@ from .engine_common import (  # noqa: F401 - re-exported
     NOT_MEASURED,
     EngineSettings,
     not_measured,
-    usable_cores,
 )
 from .engine_hf import measure_transformers
 from .engine_llama import measure_llama_cpp

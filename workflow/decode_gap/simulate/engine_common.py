@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import schema_defaults
-from ..host import usable_cores  # noqa: F401  (re-exported for engine.py and the engine modules)
 from ..settings import LiveSettings
 from .timing import spread
 

@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DecodeGapError
+from ..host import usable_cores
 from .engine_common import (
     EngineSettings,
     _cpu_device,
     _per_token,
     _pool,
     not_measured,
-    usable_cores,
 )
 from .timing import spread
 

@@ -22,6 +22,8 @@ from .load import GPU_CATS, RUNTIME_CATS, Trace, read_traces
 from .steps import annotated_steps, periodic_steps
 
 SOURCES = ("file", "engine-level", "server-profile")
+# busy + idle against the unprofiled step: within this fraction, the trace accounts for the whole step
+STEP_TOLERANCE = 0.05
 GRAPH_NOTE = ("CUDA graphs under torch.profiler (CUPTI): cudaGraphLaunch takes far longer than unprofiled "
               "(graph_launch_ms) and the graph starts only as it returns, and each graph kernel costs ~0.2 µs more "
               "on the GPU; the GPU span and profiler_overhead separate these from the step's own idle time")
@@ -62,8 +64,7 @@ def _work(tr: Trace) -> tuple[pd.DataFrame, str]:
         k["types"] = k["ext"].map(types) if types else ""
         # A graph-replayed kernel has no CPU op, and cuBLAS' nvjet GEMMs carry no dtype in their names: an
         # engine-level trace knows the one dtype its model was built in (its metadata says so), a server's does not.
-        engine = tr.meta.get("decode_gap_engine")
-        weights = str(engine.get("dtype") or "") if isinstance(engine, dict) else ""
+        weights = str(_engine_meta(tr).get("dtype") or "")
         if weights:
             k["types"] = k["types"].fillna("").replace("", weights) if types else weights
         cat = C.classify_frame(k["name"], k["types"])
@@ -228,13 +229,19 @@ def analyze_trace(tr: Trace, opts: Options | None = None) -> tuple[dict[str, Any
         "kernel_level_groups": {k: _r(v) for k, v in sorted(groups.items(), key=lambda kv: -kv[1])},
         "top_kernels": top, "steps": step_rows, "timeline": tl,
     }
-    out["profiler_overhead"] = profiler_overhead(out, tr.meta.get("decode_gap_engine"))
+    out["profiler_overhead"] = profiler_overhead(out, _engine_meta(tr))
     table = per_name.assign(rank=tr.rank)[["rank", "name", "category", "count", "per_step", "total_us", "mean_us",
                                            "ms_per_step", "share"]]
     return out, table
 
 
-def profiler_overhead(res: dict[str, Any], engine: Any) -> dict[str, Any]:
+def _engine_meta(tr: Trace) -> dict[str, Any]:
+    """What the engine level wrote into its own trace (`decode_gap_engine`); empty for a user's or server's."""
+    engine = tr.meta.get("decode_gap_engine")
+    return engine if isinstance(engine, dict) else {}
+
+
+def profiler_overhead(res: dict[str, Any], engine: dict[str, Any]) -> dict[str, Any]:
     """The traced step against the unprofiled step of the same process, raw and corrected for the profiler.
 
     `engine` is the trace's `decode_gap_engine` metadata (the engine level writes it): the unprofiled step wall
@@ -247,8 +254,8 @@ def profiler_overhead(res: dict[str, Any], engine: Any) -> dict[str, Any]:
     span, kernels = res.get("gpu_span_ms_median"), res.get("kernels_per_step_median")
     raw = busy + idle if busy is not None and idle is not None else None
     out: dict[str, Any] = {"busy_plus_idle_ms": _r(raw), "launch_wait_ms": res.get("launch_wait_ms_median"),
-                           "graph_launch_ms": res.get("graph_launch_ms_median"), "tolerance": 0.05}
-    un = ((engine or {}).get("unprofiled_step_ms") or {}).get("median") if isinstance(engine, dict) else None
+                           "graph_launch_ms": res.get("graph_launch_ms_median"), "tolerance": STEP_TOLERANCE}
+    un = (engine.get("unprofiled_step_ms") or {}).get("median")
     if raw is None or not un:
         out.update(status="unavailable", why="the trace carries no unprofiled reference step (the engine level "
                    "records one under 'decode_gap_engine'); a user's or server's trace cannot be compared")
@@ -275,7 +282,8 @@ def profiler_overhead(res: dict[str, Any], engine: Any) -> dict[str, Any]:
         "kernel_cost_ms_range": [_r(kernels * v / 1e3) for v in rng] if rng and kernels else None,
         "gpu_idle_ms_corrected": _r(idle_c), "busy_plus_corrected_idle_ms": _r(corrected),
         "ratio_raw": _r(ratio_raw), "ratio_corrected": _r(ratio),
-        "within_tolerance_raw": bool(abs(ratio_raw - 1) <= 0.05), "within_tolerance": bool(abs(ratio - 1) <= 0.05),
+        "within_tolerance_raw": bool(abs(ratio_raw - 1) <= STEP_TOLERANCE),
+        "within_tolerance": bool(abs(ratio - 1) <= STEP_TOLERANCE),
         "calibration": {k: cal.get(k) for k in ("per_kernel_us", "per_kernel_us_range", "kernels", "method",
                                                  "cases", "error") if k in cal} or None,
         "corrections": applied,
