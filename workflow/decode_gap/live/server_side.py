@@ -21,8 +21,10 @@ from .server_profile import ENGINES, ServerProfiler
 
 class ServerSideWindow:
     def __init__(self, endpoint: str, engine: str, headers: dict[str, str] | None = None, *,
-                 profile: dict[str, Any] | None = None, client: httpx.Client | None = None) -> None:
-        self.metrics = MetricsWindow(endpoint, headers=headers, client=client)
+                 profile: dict[str, Any] | None = None, client: httpx.Client | None = None,
+                 metrics: bool = True) -> None:
+        # metrics=False: a profile window alone (the live stage runs it apart from the timed levels)
+        self.metrics = MetricsWindow(endpoint, headers=headers, client=client) if metrics else None
         self.profile_cfg = profile or {}
         self.profiler: ServerProfiler | None = None
         self.profile_result: dict[str, Any] = {"status": "unavailable", "why": "not requested (live.server_profile)"}
@@ -36,7 +38,8 @@ class ServerSideWindow:
                                                client=client)
 
     def start(self) -> None:
-        self.metrics.start()
+        if self.metrics is not None:
+            self.metrics.start()
         if self.profiler is not None:
             try:
                 self.profile_result = {"status": "started", **self.profiler.start()}
@@ -45,7 +48,7 @@ class ServerSideWindow:
                 self.profiler = None
 
     def stop(self, client_itl_ms: float | None = None) -> dict[str, Any]:
-        out: dict[str, Any] = {"metrics": self.metrics.stop(client_itl_ms)}
+        out: dict[str, Any] = {} if self.metrics is None else {"metrics": self.metrics.stop(client_itl_ms)}
         if self.profiler is not None:
             try:
                 r = self.profiler.stop()

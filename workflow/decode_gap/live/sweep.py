@@ -182,7 +182,7 @@ async def _sweep(s: LiveSettings, endpoint: str, api_key: str, server: EmbeddedS
                     rid += 1
                 ok = sum(1 for r in results if r.ok)
                 log(f"live: concurrency {c}: {ok}/{len(results)} requests streamed in {durations[c]:.2f} s")
-            if (s.server_profile or {}).get("enabled"):
+            if s.server_profile.get("enabled"):
                 profile = await _profile_window(s, client, url, endpoint, headers, model, dropped,
                                                 detect_engine(identity, s.engine, server is not None)[0],
                                                 [p for p, _ in prompts[1 + s.warmup_requests:]], log)
@@ -219,7 +219,7 @@ async def _profile_window(s: LiveSettings, client: Any, url: str, endpoint: str,
     """A vLLM/SGLang profile window of its own, after the timed levels: a profiled server decodes slower
     (CUPTI, CPU-op recording), so no timed request may run under it. One request at a time, enough of them to
     cover `num_steps` decode steps; their timings are not kept."""
-    window = ServerSideWindow(endpoint, engine, headers, profile=s.server_profile)
+    window = ServerSideWindow(endpoint, engine, headers, profile=s.server_profile, metrics=False)
     window.start()
     steps = int(s.server_profile.get("num_steps") or 20)
     n = max(1, min(len(prompts), -(-steps // max(1, s.max_tokens - 1)) + 1))
