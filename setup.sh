@@ -15,6 +15,7 @@ WHEEL_CACHE=${DECODE_GAP_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/decode-gap
 APT_PACKAGES=(
   build-essential cmake pkg-config              # llama-cpp-python compiles llama.cpp at install time
   libpango-1.0-0 libpangoft2-1.0-0 libharfbuzz0b libharfbuzz-subset0 fonts-dejavu-core  # weasyprint
+  fonts-liberation   # the charts' font: the PDF draws their labels in the font vl-convert measured them with
   poppler-utils                                 # pdftoppm / pdftotext to look at the rendered report
   pciutils                                      # lspci for the audit's MaxReadReq / link checks
   slurm-wlm munge                               # the fleet test's one-node SLURM cluster
