@@ -31,11 +31,33 @@ def test_tensor_core_layout_gives_each_lane_its_fragments():
     sc = torch.cat([q.block_scales.view(torch.uint8), torch.zeros(8, 16, dtype=torch.uint8)])
     for t, i, g, qq in ((0, 0, 0, 0), (1, 2, 5, 3), (2, 3, 7, 1)):
         grp = 4 * i + qq
-        lane = words[t, i, 4 * g + qq].view(torch.uint8)
+        lane = lp.mma_nibbles(words[t, i, 4 * g + qq]).view(torch.uint8)
         assert torch.equal(lane[:8], packed[16 * t + g, 8 * grp:8 * grp + 8])
         assert torch.equal(lane[8:], packed[16 * t + 8 + g, 8 * grp:8 * grp + 8])
         s2 = scales[t, i, 4 * g + qq].view(1).view(torch.uint8)
         assert s2.tolist() == [sc[16 * t + g, grp].item(), sc[16 * t + 8 + g, grp].item()]
+
+
+def test_tensor_core_bit_layout_decodes_each_plane_with_its_shifts():
+    """mma_bit_layout moves bits within each 16-bit half only (mma_nibbles undoes it), and plane j decoded as the asm
+    does (shift by 9 - MMA_MAG_BITS[j] and 15 - MMA_SIGN_BITS[j], mask) equals the nibble-order decode."""
+    w = torch.randint(-2**31, 2**31 - 1, (4096,), dtype=torch.int64).to(torch.int32)
+    moved = lp.mma_bit_layout(w)
+    assert torch.equal(lp.mma_nibbles(moved), w)
+    v0, v1 = (t.to(torch.int64) & 0xFFFFFFFF for t in (w, moved))
+    for j in range(4):
+        t = (v0 << (4 * j)) & 0xFFFFFFFF
+        want = ((t >> 3) & 0x0E000E00) | (t & 0x80008000)
+        mag = ((v1 << (9 - lp.MMA_MAG_BITS[j])) & 0xFFFFFFFF) & 0x0E000E00
+        sign = ((v1 << (15 - lp.MMA_SIGN_BITS[j])) & 0xFFFFFFFF) & 0x80008000
+        assert torch.equal(mag | sign, want), j
+
+
+def test_tensor_core_split_aims_at_warps_per_sm():
+    assert lp.mma_split(n_tiles=8016, k_blocks=32, warps_per_sm=18, sms=132) == 1  # lm_head: no split
+    assert lp.mma_split(n_tiles=1792, k_blocks=32, warps_per_sm=27, sms=132) == 2  # gate_up
+    assert lp.mma_split(n_tiles=448, k_blocks=144, warps_per_sm=27, sms=132) == 8  # 7168 x 18432
+    assert lp.mma_split(n_tiles=1, k_blocks=3, warps_per_sm=27, sms=132) == 3  # never more than the K blocks
 
 
 def test_split_plan_fills_the_gpu_only_when_n_is_narrow():
@@ -98,7 +120,7 @@ for m in (1, 4):
     w = nv.WeightOnlyGemm(nv.quantize_nvfp4(torch.randn(32, 128)), m, "cpu", out_dtype=torch.float32)
     xx = torch.randn(m, 128).to(torch.bfloat16)
     assert nv.relative_error(w(xx), nv.reference_mm(xx, w.q)) < 2e-3 and w.variant == "gemv" and w._gemv.mma == (m > 1)
-assert lp.fp4_config_for(1, 4096, "cpu", 28672).mma and not lp.fp4_config_for(1, 4096, "cpu", 4096).mma
+assert lp.fp4_config_for(1, 4096, "cpu", 28672).mma and not lp.fp4_config_for(1, 4096, "cpu", 2048).mma
 # the x packing for the f16x2 asm form (the asm itself needs a GPU): plane j holds (x[8w+3-j], x[8w+7-j]) as fp16
 x = torch.randn(1, 64).to(torch.bfloat16)
 xp = torch.empty((4, 8), dtype=torch.int32)
