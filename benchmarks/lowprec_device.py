@@ -303,7 +303,7 @@ def moe_case(env: BenchEnv, model: str, moe_fmts=("bf16", "fp8", "fp8-block", "n
     if not env.is_gpu or any(c["kernel"] == "grouped nvfp4-asm" and not c["ok"] for c in RESULTS["checks"]):
         cfgs = [c for c in cfgs if not c[0].asm]
     # the tensor-core form: its two halves swept apart (sweep_mma), then the best pair timed whole
-    mcfgs = [(G(64, 128, 4, mma=True), G(64, 128, 4, mma=True))] if env.is_gpu else [
+    mcfgs = [(lp.FP4_GROUPED_MMA_13, lp.FP4_GROUPED_MMA_2)] if env.is_gpu else [
         (G(32, 64, 2, mma=True), G(32, 64, 2, mma=True))]
     if any(c["kernel"].startswith("grouped nvfp4-mma") and not c["ok"] for c in RESULTS["checks"]):
         mcfgs = []
@@ -362,25 +362,26 @@ def moe_case(env: BenchEnv, model: str, moe_fmts=("bf16", "fp8", "fp8-block", "n
         torch.cuda.empty_cache()
 
 
-# gate_up (K = H): paired with the SiLU fused at 2 / 4 steps an iteration and 2 / 4 / 8 warps, or split over K
-# (fp32 partials, then the SiLU kernel); down (K = I = 2048): 1 / 2 / 4 warps-steps, split or not
-MMA13 = [(64, 128, 4, None), (64, 256, 4, None), (32, 256, 2, None), (128, 128, 8, None), (128, 256, 8, None),
-         (64, 128, 4, 2), (64, 128, 4, 4), (64, 256, 4, 4), (128, 128, 8, 4), (64, 128, 4, 8)]
-MMA2 = [(64, 128, 4, None), (128, 128, 8, None), (64, 256, 4, None), (32, 128, 2, None), (64, 128, 4, 2),
-        (128, 256, 8, None), (64, 64, 4, None)]
+# gate_up (K = H): paired with the SiLU fused (no split), or split over K (fp32 partials, then the SiLU kernel);
+# down (K = I = 2048): split or not; evict-first weight loads except where marked
+_G = lp.GemvConfig
+MMA13 = [_G(64, 128, 4, mma=True, evict=True), _G(128, 128, 8, mma=True, evict=True)] + [
+    _G(64, 128, 4, split=sp, mma=True, evict=True) for sp in (2, 3, 4, 6, 8)] + [
+    _G(64, 256, 4, split=4, mma=True, evict=True), _G(128, 128, 8, split=4, mma=True, evict=True),
+    _G(64, 128, 4, split=4, mma=True)]
+MMA2 = [_G(64, 128, 4, split=sp, mma=True, evict=True) for sp in (None, 2, 3, 4)] + [
+    _G(128, 128, 8, mma=True, evict=True), _G(64, 256, 4, mma=True, evict=True), _G(64, 128, 4, split=2, mma=True)]
 
 
 def sweep_mma(env: BenchEnv, model: str, base, x, ref, read, tried: dict) -> list:
     """The grouped tensor-core form's halves timed apart (gate_up with x packing, down), every candidate checked
     whole against the reference first; returns the best pair (and the default) to time whole."""
-    G = lp.GemvConfig
-    d13, d2 = G(64, 128, 4, mma=True), G(64, 128, 4, mma=True)
+    d13, d2 = lp.FP4_GROUPED_MMA_13, lp.FP4_GROUPED_MMA_2
     h, i, sl = base.h, base.i, base.slots
     b13, b2 = sl * nv.nvfp4_bytes(2 * i, h), sl * nv.nvfp4_bytes(h, i)
     best = {}
     for half, cands, nb in (("gate_up", MMA13, b13), ("down", MMA2, b2)):
-        for bn, bk, w, sp in cands:
-            c = G(bn, bk, w, split=sp, mma=True)
+        for c in cands:
             base.cfg13, base.cfg2 = (c, d2) if half == "gate_up" else (d13, c)
             try:
                 err = nv.relative_error(base(x).float(), ref)

@@ -8,36 +8,44 @@ reaches the bandwidth. Read from vLLM's Marlin FP4 and CUTLASS' mixed-input GEMM
 NVFP4 tensor-core form (any M <= 16, the default where K % 64 == 0; `cfg.mma`):
 - the weight is repacked once (`repack_mma`, as servers repack at load time; the same bytes) so that one warp load is
   512 contiguous bytes and one lane's 16 bytes are exactly its mma.sync fragments: group 4i+q of rows g and g+8 for
-  lane 4g+q; the scales likewise (2 bytes a lane);
-- E2M1 decodes with bit arithmetic, two values per 32-bit operation: sign and magnitude bits of a nibble pair are
-  placed in an f16x2 (sign at bit 15, e1 e0 m at bits 11..9), exactly the E2M1 value times 2^-14 (2^14 folds into
-  the tensor scale); one f16x2 multiply by the E4M3 block scale (exact: a 2-bit times a 4-bit significand);
+  lane 4g+q; the scales likewise (2 bytes a lane); within each 16-bit half the bits then move (`mma_bit_layout`) so
+  that plane 0 sits where fp16 wants it and the others need one or two shifts: 11 integer operations decode a word's
+  8 values (nibbles in place took 15);
+- E2M1 decodes two values per 32-bit operation into an f16x2 (sign at bit 15, e1 e0 m at bits 11..9), exactly the E2M1
+  value times 2^-14 (2^14 folds into the tensor scale); one f16x2 multiply by the E4M3 block scale (exact: a 2-bit
+  times a 4-bit significand);
 - the decoded pairs go straight into mma.sync.m16n8k16 (inline asm: Triton's own tl.dot put the decoded tile through
   shared memory and reached 8-12% of read bandwidth), x packed once per call into fp16 pairs as the B operand, fp32
-  accumulators; M > 8 runs one pass per 8 rows of x (the weight is read again).
+  accumulators; M > 8 runs one pass per 8 rows of x (the weight is read again);
+- a register double buffer keeps the next 2 or 4 steps' loads in flight during this step's math; weight loads are
+  evict-first; K is split until there are about 27 warps an SM (18 with 4 steps an iteration); the GEMV launches as a
+  programmatic dependent of the x packing (sm90+), so its launch overlaps it.
 NVFP4 CUDA-core forms (M=1): int32 words decoded in f16x2 inline asm (`asm`) or plain Triton, the 8 nibbles of a word
-as 8 "planes" against strided x; they still win the small, latency-bound shapes (one kernel, no x packing, no split).
-Under the CPU interpreter every form runs its decode in plain Triton (the asm needs a GPU).
+as 8 "planes" against strided x; kept where K is not whole 64-value steps (and timed by the gemm stage, which keeps the
+fastest form per shape). Under the CPU interpreter every form runs its decode in plain Triton (the asm needs a GPU).
 
-Measured on an H200 (benchmarks/lowprec_device.py, CUDA-graph replay, rotating weights; read bandwidth 4386 GB/s,
-NVFP4 bytes = packed values + scales), fraction of read bandwidth at M=1, tensor-core form (previous session's
-CUDA-core best in brackets): Llama-3.1-8B lm_head 68% (48%), gate_up 48% (40%), down 40% (30%); DeepSeek-V3
-129280x7168 71% (51%), 36864x7168 58% (45%), 7168x18432 45% (35%); GLM-5 154880x6144 71% (47%), 24576x6144 50%
-(38%); shapes under ~25M values stay at 20-33% (latency-bound, CUDA-core form). At M=4 / 8 / 16 on 28672x4096:
-45% / 42% / 23% (the earlier tl.dot form: 10%). Still short of the 85% target: ncu on 28672x4096 shows DRAM at 47%,
-L1 at 26%, 0.55 issued warps per scheduler with 37% achieved occupancy: bound by bytes in flight (about 3.5
-instructions a value leave each warp one or two 512-byte steps in flight). FP8 and bf16 GEMVs reach 90-104% on the
-large shapes.
+Measured on an H200 (benchmarks/lowprec_device.py, CUDA-graph replay, rotating weights; read bandwidth 4391 GB/s,
+NVFP4 bytes = packed values + scales), fraction of read bandwidth at M=1 (the previous session's tensor-core form in
+brackets): Llama-3.1-8B lm_head 86% (68%), gate_up 67% (48%), down 54% (40%), qkv 36% (27%); DeepSeek-V3
+129280x7168 90% (71%), 36864x7168 81% (58%), 7168x18432 70% (45%); GLM-5 154880x6144 87% (71%), 24576x6144 73%
+(50%). At M = 4 / 8 / 16 on 28672x4096: 67% / 61% / 31%. What is left on the mid-sized shapes: the x packing and the
+split-K cast are two more kernels (2.0 and 1.1 us a call beside a 19.9 us GEMV on 28672x4096), and the GEMV itself
+issues about 87 instructions per 512-byte warp step (72% of them the decode and its scale multiply): ncu shows 0.62
+issued warps per scheduler at 64% DRAM throughput there (0.66 and 78% on the lm_head). A register cap for more
+resident warps (spills) and one step an iteration (more instructions a step) were both slower; so was casting the
+split sums in the GEMV's last split (counter and fences) once the launch overlapped the packing. FP8 and bf16 GEMVs
+reach 90-104% on the large shapes.
 
 Grouped form (MoE at M=1, `GroupedExperts`): a third grid axis is the expert slot, whose id picks the expert's
 repacked weight (repacked once at construction). NVFP4 tensor-core form (`_fp4_mma_grouped_kernel`, the default where
 H and I are whole 64-value steps on sm89+): gate_up split over K into fp32 partials, then a tiny kernel writes
 silu(gate) * up as fp16 straight into the down GEMV's packed x; down weighs and sums into fp32 with atomics; x packing
-also zeroes the sums (5 launches with the bf16 cast). Gate and up paired in one warp with the SiLU fused (no split,
-kept as a form) left too few warps in flight (8 experts x 128 tiles) and was 1.7x slower. Measured on an H200 (read
-bandwidth 4329 GB/s, 8 of 256 experts, fraction of read bandwidth on the selected experts' bytes): DeepSeek-V3
-(2048x7168 experts) 82 us, 56% (the CUDA-core form: 130 us, 35%), GLM-5 (2048x6144) 74 us, 53% (131 us, 30%); the
-halves apart: gate_up 53 / 47 us (56-58%), down 28 / 26 us (51-55%). bf16 / fp8 grouped: 98% / 84% (previous session).
+also zeroes the sums (5 launches with the bf16 cast, each after the packing a programmatic dependent of the one
+before). Gate and up paired in one warp with the SiLU fused (no split, kept as a form) left too few warps in flight
+(8 experts x 128 tiles) and was 2.5x slower. Measured on an H200 (8 of 256 experts, fraction of read bandwidth on the
+selected experts' bytes): DeepSeek-V3 (2048x7168 experts) 61 us, 74% (the CUDA-core form: 130 us, 35%), GLM-5
+(2048x6144) 54 us, 72% (131 us, 30%); the halves apart: gate_up 40 / 35 us (74-75%), down 21 / 19 us (67-72%).
+bf16 / fp8 grouped: 98% / 84%.
 
 One module on purpose: the dense, grouped, FP8 and NVFP4 kernels share the same decode helpers, tile
 configurations and launch wrappers, and a kernel and its wrapper are read (and tuned) together.
@@ -415,9 +423,12 @@ if HAVE_TRITON:
 
     @triton.jit
     def _fp4_xpack4_kernel(x_ptr, xp_ptr, KW, stride_xs, stride_ps, z_ptr, NZ, BLOCK: tl.constexpr,
-                           ZERO: tl.constexpr):
+                           ZERO: tl.constexpr, DEPS: tl.constexpr = False):
         """x [.., K] -> xp [.., K/8, 4] int32 (word w, plane j: fp16 pair x[8w+3-j], x[8w+7-j]); with ZERO it also
-        zeroes the NZ floats at z_ptr (the split-K accumulator: one launch fewer)."""
+        zeroes the NZ floats at z_ptr (the split-K accumulator: one launch fewer). DEPS: the GEMV launched after it
+        as a programmatic dependent may start now (it loads its first weights, then waits for this grid)."""
+        if DEPS:
+            tl.extra.cuda.gdc_launch_dependents()
         pid = tl.program_id(0)
         slot = tl.program_id(1).to(tl.int64)
         if ZERO:
@@ -438,11 +449,16 @@ if HAVE_TRITON:
         return v.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
 
     @triton.jit
+    def _fp4_mma_wload(wb, sb, i, EV: tl.constexpr):
+        """Step i's weight operands: the lane's 16 bytes (streamed once: EV "evict_first" keeps them from pushing x
+        and the scales out of L2) and its two block scales."""
+        return tl.load(wb + i * 128, eviction_policy=EV), tl.load(sb + i * 32)
+
+    @triton.jit
     def _fp4_mma_load(wb, sb, xb, i, EV: tl.constexpr):
-        """Step i's operands: the lane's 16 weight bytes (streamed once: EV "evict_first" keeps them from pushing x
-        and the scales out of L2), its two block scales and its 32 bytes of packed x."""
-        return (tl.load(wb + i * 128, eviction_policy=EV), tl.load(sb + i * 32), tl.load(xb + i * 32),
-                tl.load(xb + i * 32 + 4))
+        """Step i's operands: the weight's (_fp4_mma_wload) and the lane's 32 bytes of packed x."""
+        q, s = _fp4_mma_wload(wb, sb, i, EV)
+        return q, s, tl.load(xb + i * 32), tl.load(xb + i * 32 + 4)
 
     @triton.jit
     def _fp4_mma_math(op, T: tl.constexpr, acc0, acc1):
@@ -455,16 +471,28 @@ if HAVE_TRITON:
         return _fp4_mma_math(_fp4_mma_load(wb, sb, xb, i, ""), T, acc0, acc1)
 
     @triton.jit
-    def _fp4_mma_loop(wb, sb, xb, i0, i1, T: tl.constexpr, U: tl.constexpr, EV: tl.constexpr, acc0, acc1):
+    def _fp4_mma_loop(wb, sb, xb, i0, i1, T: tl.constexpr, U: tl.constexpr, EV: tl.constexpr, acc0, acc1,
+                      PDL: tl.constexpr = False):
         """Steps [i0, i1) (a multiple of U) with a register double buffer: the next U steps' loads are issued
         before this U steps' math, so 2U steps' bytes are in flight a warp (on the H200 this, with the decode's
-        fewer operations, took Llama-3.1-8B lm_head from 64% to 86% of read bandwidth; unrolling alone: 72%)."""
-        a = _fp4_mma_load(wb, sb, xb, i0, EV)
+        fewer operations, took Llama-3.1-8B lm_head from 64% to 86% of read bandwidth; unrolling alone: 72%).
+        PDL: launched as a programmatic dependent of the kernel before it, so the launch overlaps that kernel;
+        wait for it (gdc_wait) before the first load. (Loading the first weights before the wait, which do not depend
+        on it, put 16 more instructions in the loop and was 4-8% slower on the H200.)"""
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+        wa = _fp4_mma_wload(wb, sb, i0, EV)
         if U >= 2:
-            b = _fp4_mma_load(wb, sb, xb, i0 + 1, EV)
+            wb1 = _fp4_mma_wload(wb, sb, i0 + 1, EV)
         if U >= 4:
-            c = _fp4_mma_load(wb, sb, xb, i0 + 2, EV)
-            d = _fp4_mma_load(wb, sb, xb, i0 + 3, EV)
+            wc = _fp4_mma_wload(wb, sb, i0 + 2, EV)
+            wd = _fp4_mma_wload(wb, sb, i0 + 3, EV)
+        a = (wa[0], wa[1], tl.load(xb + i0 * 32), tl.load(xb + i0 * 32 + 4))
+        if U >= 2:
+            b = (wb1[0], wb1[1], tl.load(xb + (i0 + 1) * 32), tl.load(xb + (i0 + 1) * 32 + 4))
+        if U >= 4:
+            c = (wc[0], wc[1], tl.load(xb + (i0 + 2) * 32), tl.load(xb + (i0 + 2) * 32 + 4))
+            d = (wd[0], wd[1], tl.load(xb + (i0 + 3) * 32), tl.load(xb + (i0 + 3) * 32 + 4))
         for i in range(i0, i1, U):
             j = tl.minimum(i + U, i1 - U)  # the last iteration loads its own steps again (in bounds, unused)
             an = _fp4_mma_load(wb, sb, xb, j, EV)
@@ -489,9 +517,11 @@ if HAVE_TRITON:
     def _fp4_mma_kernel(xp_ptr, w_ptr, s_ptr, ts_ptr, out_ptr, M, N, NT, steps_per_split, NSTEPS,
                         stride_xm, stride_wt, stride_st, stride_om,
                         WARPS: tl.constexpr, BLOCK_M: tl.constexpr, UNROLL: tl.constexpr, ATOMIC: tl.constexpr,
-                        USE_ASM: tl.constexpr, EV: tl.constexpr = ""):
+                        USE_ASM: tl.constexpr, EV: tl.constexpr = "", PDL: tl.constexpr = False):
         """y[M<=8, N] = x W^T on tensor cores (see _fp4_mma_asm); program (group of WARPS 16-row tiles, K split).
-        Accumulator element e of lane 4g+q holds row g + 8 (e // 2), x row 2q + e % 2."""
+        Accumulator element e of lane 4g+q holds row g + 8 (e // 2), x row 2q + e % 2. ATOMIC: fp32 partial sums
+        added into out_ptr (K split; the last split casting the sums in-kernel, with a counter and fences, was no
+        faster on the H200 than the separate cast once the GEMV launches as a programmatic dependent)."""
         T: tl.constexpr = 32 * WARPS
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -515,7 +545,7 @@ if HAVE_TRITON:
             xb = xp_ptr + xrow[:, None] * stride_xm + (qq * 8)[:, None] + c4[None, :]
             acc0 = tl.zeros((T, 4), dtype=tl.float32)
             acc1 = tl.zeros((T, 4), dtype=tl.float32)
-            acc0, acc1 = _fp4_mma_loop(wb, sb, xb, i0, i1, T, UNROLL, EV, acc0, acc1)
+            acc0, acc1 = _fp4_mma_loop(wb, sb, xb, i0, i1, T, UNROLL, EV, acc0, acc1, PDL)
             y = (acc0 + acc1) * ts
             e = c4[None, :]
             rows = (tile * 16 + g)[:, None] + 8 * (e // 2)
@@ -551,7 +581,7 @@ if HAVE_TRITON:
             om = (rows < N) & (mv < M)
             op = out_ptr + mv * stride_om + rows
         if ATOMIC:
-            tl.atomic_add(op, y, mask=om)
+            tl.atomic_add(op, y, mask=om, sem="relaxed")
         else:
             tl.store(op, y.to(out_ptr.dtype.element_ty), mask=om)
 
@@ -581,7 +611,8 @@ if HAVE_TRITON:
     def _fp4_mma_grouped_kernel(xp_ptr, w_ptr, s_ptr, ts_ptr, ids_ptr, rw_ptr, out_ptr, N, NT, steps_per_split,
                                 NSTEPS, up_off, stride_xs, stride_we, stride_wt, stride_se, stride_st, stride_os,
                                 WARPS: tl.constexpr, UNROLL: tl.constexpr, PAIRED: tl.constexpr,
-                                ROW_WEIGHT: tl.constexpr, USE_ASM: tl.constexpr, EV: tl.constexpr = ""):
+                                ROW_WEIGHT: tl.constexpr, USE_ASM: tl.constexpr, EV: tl.constexpr = "",
+                                PDL: tl.constexpr = False):
         """Grouped M=1 form of _fp4_mma_kernel: program (group of WARPS 16-row tiles, K split, slot) on the
         repacked weight of expert ids[slot], x = packed row `slot` (stride_xs 0: one shared x).
         PAIRED (no K split): tiles t (gate) and t + up_off (up) of the same expert in the same warp, and
@@ -617,6 +648,8 @@ if HAVE_TRITON:
                 su = sb + up_off * stride_st
                 up0 = tl.zeros((T, 4), dtype=tl.float32)
                 up1 = tl.zeros((T, 4), dtype=tl.float32)
+                if PDL:
+                    tl.extra.cuda.gdc_wait()
                 for i in range(i0, i1, UNROLL):  # gate and up steps' loads in flight together
                     acc0, acc1 = _fp4_mma_step(wb, sb, xb, i, T, acc0, acc1)
                     up0, up1 = _fp4_mma_step(wu, su, xb, i, T, up0, up1)
@@ -630,7 +663,7 @@ if HAVE_TRITON:
                         up0, up1 = _fp4_mma_step(wu, su, xb, i + 3, T, up0, up1)
                 u = (up0 + up1) * ts
             else:
-                acc0, acc1 = _fp4_mma_loop(wb, sb, xb, i0, i1, T, UNROLL, EV, acc0, acc1)
+                acc0, acc1 = _fp4_mma_loop(wb, sb, xb, i0, i1, T, UNROLL, EV, acc0, acc1, PDL)
             y = (acc0 + acc1) * ts
             # accumulator element c of lane 4g+q: row g + 8 (c // 2), x column 2q + c % 2; keep column 0
             rows = (tile * 16 + g)[:, None] + 8 * (c4[None, :] // 2)
@@ -658,9 +691,11 @@ if HAVE_TRITON:
             tl.atomic_add(out_ptr + slot.to(tl.int64) * stride_os + rows, y, mask=om)
 
     @triton.jit
-    def _silu_pack_kernel(gu_ptr, xp_ptr, I, stride_gs, stride_ps, BLOCK: tl.constexpr):
+    def _silu_pack_kernel(gu_ptr, xp_ptr, I, stride_gs, stride_ps, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
         """Split-K gate_up epilogue: gu [slots, 2I] fp32 (gate then up) -> silu(gate) * up as the packed fp16 x
-        (int16 view of [slots, I/8, 4] int32) of the down GEMV."""
+        (int16 view of [slots, I/8, 4] int32) of the down GEMV. PDL: launched as a programmatic dependent."""
+        if PDL:
+            tl.extra.cuda.gdc_wait()
         pid = tl.program_id(0)
         slot = tl.program_id(1).to(tl.int64)
         k = pid * BLOCK + tl.arange(0, BLOCK)
@@ -910,10 +945,10 @@ class GemvConfig:
         return 16 if self.grouped else 8
 
 
-# the tensor-core form (M <= 16), in the order of the shapes they won on an H200 (.kern sweeps and lowprec_device.py):
-# 2 steps an iteration, evict-first, about 27 warps an SM (gate_up, down, o/qkv, the 24576-36864-row MoE-free
-# projections, M = 4..16); 4 steps an iteration, about 18 warps an SM (the lm_heads: 128256-154880 rows, split 1);
-# the same with evict-first; 8-warp programs; more K splits (narrow N)
+# the tensor-core form (M <= 16), in the order of the shapes they won on an H200 (benchmarks/lowprec_device.py): 2 steps
+# an iteration, evict-first, about 27 warps an SM (every shape but the lm_heads, M = 1..16); 4 steps an iteration,
+# about 18 warps an SM (the lm_heads, 128256-154880 rows: no split); the same with evict-first; 8-warp programs (M = 4,
+# 8 on some shapes); more K splits (narrow N)
 FP4_MMA_DEFAULT = GemvConfig(64, 128, 4, mma=True, evict=True, warps_per_sm=27)
 FP4_MMA_CONFIGS = (FP4_MMA_DEFAULT, GemvConfig(64, 256, 4, mma=True, warps_per_sm=18),
                    GemvConfig(64, 256, 4, mma=True, evict=True, warps_per_sm=18),
@@ -931,16 +966,28 @@ FP4_STAGE_CONFIGS = FP4_MMA_CONFIGS[:3] + FP4_CUDA_CORE_CONFIGS[:2]
 FP4_STAGE_CONFIGS_M = (FP4_MMA_DEFAULT, FP4_MMA_CONFIGS[4])  # M = 2..16
 
 
-# the grouped (MoE) tensor-core form, the default where it fits (H200, 8 of 256 experts, DeepSeek-V3 / GLM-5: 82 / 74 us
-# against 130 / 131 us for the CUDA-core form): gate_up split 4 ways over K (fp32 partials, then the SiLU kernel:
-# 53 / 47 us, where gate+up paired in one warp with the SiLU fused took 92-120 / 79-105 us, too few warps in flight
-# with 8 x 128 tiles), down split 2 ways (28 / 26 us)
-FP4_GROUPED_MMA_13 = GemvConfig(64, 128, 4, split=4, mma=True, evict=True)
-FP4_GROUPED_MMA_2 = GemvConfig(64, 128, 4, split=2, mma=True, evict=True)
+# the grouped (MoE) tensor-core form, the default where it fits (H200, 8 of 256 experts, DeepSeek-V3 / GLM-5: 61 / 54 us,
+# 73% / 70% of read bandwidth, against 130 / 131 us for the CUDA-core form): gate_up split 2 ways over K (fp32 partials,
+# then the SiLU kernel: 40 / 35 us, where gate+up paired in one warp with the SiLU fused took 102 / 88 us, too few
+# warps in flight with 8 x 128 tiles), down unsplit (21 / 19 us); evict-first weights, each kernel a programmatic
+# dependent of the one before
+FP4_GROUPED_MMA_13 = GemvConfig(64, 128, 4, split=2, mma=True, evict=True)
+FP4_GROUPED_MMA_2 = GemvConfig(64, 128, 4, mma=True, evict=True)
 
 
 def fp4_default(grouped: bool = False) -> GemvConfig:
     return FP4_GROUPED_ASM if grouped else FP4_DEFAULT_ASM
+
+
+def _pdl_launch(pdl: bool) -> dict:
+    return {"launch_pdl": True} if pdl else {}
+
+
+def pdl_supported(device) -> bool:
+    """Programmatic dependent launch (griddepcontrol) needs sm90+ and a GPU (the interpreter has none)."""
+    dev = torch.device(device)
+    return (dev.type == "cuda" and not interpreted() and hasattr(getattr(tl.extra, "cuda", None), "gdc_wait")
+            and torch.cuda.get_device_capability(dev) >= (9, 0))
 
 
 def mma_supported(device) -> bool:
@@ -949,14 +996,10 @@ def mma_supported(device) -> bool:
     return dev.type != "cuda" or torch.cuda.get_device_capability(dev) >= (8, 9)
 
 
-FP4_SMALL_M1 = 16_000_000  # N x K under which the plain M=1 form won or tied on the H200 (latency-bound)
-
-
-def fp4_config_for(m: int, k: int, device="cuda", n: int | None = None) -> GemvConfig | None:
-    """The default NVFP4 GEMV form for an [M, K] x [K, N]: at M=1 under FP4_SMALL_M1 values the plain CUDA-core form;
-    else tensor cores when K is whole 64-value steps (sm89+), else the CUDA-core asm form at M=1 and None above."""
-    if m == 1 and n is not None and n * k < FP4_SMALL_M1:
-        return FP4_DEFAULT
+def fp4_config_for(m: int, k: int, device="cuda") -> GemvConfig | None:
+    """The default NVFP4 GEMV form for an [M, K] x [K, N]: tensor cores where K is whole 64-value steps (sm89+; on the
+    H200 they won every M=1 shape from 32x6144 to 154880x6144 but 4096x2048, by 8%), else the CUDA-core asm form at
+    M=1 and None above."""
     if mma_supported(device) and k % FP4_MMA_DEFAULT.block_k == 0:
         return FP4_MMA_DEFAULT
     if mma_supported(device) and k % 64 == 0:
@@ -1010,14 +1053,14 @@ class Nvfp4Gemv:
     CUDA-core forms (asm f16x2, int32 / int64 words)."""
 
     def __init__(self, q: nv.NVFP4Tensor, m: int, device, cfg: GemvConfig | None = None, out_dtype=torch.bfloat16,
-                 split: int | None = None):
+                 split: int | None = None, pdl: bool | None = None):
         if not HAVE_TRITON:
             raise DecodeGapError("the NVFP4 GEMV needs Triton, which is not installed")
         n, k = q.shape
         if k % 16 or m < 1 or m > 16:
             raise DecodeGapError(f"nvfp4 gemv: needs K % 16 == 0 and 1 <= M <= 16 (M={m}, K={k})")
         self.q, self.m, self.n, self.k = q, m, n, k
-        self.cfg = cfg or fp4_config_for(m, k, device, n)
+        self.cfg = cfg or fp4_config_for(m, k, device)
         if self.cfg is None:
             raise DecodeGapError(f"nvfp4 gemv: M={m} > 1 needs K % 64 == 0 and sm89+ (K={k}); use the weight-only GEMM")
         self.mma = self.cfg.mma
@@ -1027,7 +1070,7 @@ class Nvfp4Gemv:
             raise DecodeGapError("nvfp4 gemv: the CUDA-core forms handle M=1 only")
         self.out = torch.empty((m, n), dtype=out_dtype, device=device)
         if self.mma:
-            self._init_mma(device, split)
+            self._init_mma(device, split, pdl)
             return
         grouped = self.cfg.grouped
         self.asm = self.cfg.asm and not grouped
@@ -1049,7 +1092,7 @@ class Nvfp4Gemv:
         self.rw = torch.ones(1, dtype=torch.float32, device=device)
         self.xp = torch.empty((4, kw), dtype=torch.int32, device=device) if self.asm else None
 
-    def _init_mma(self, device, split: int | None) -> None:
+    def _init_mma(self, device, split: int | None, pdl: bool | None) -> None:
         cfg, k = self.cfg, self.k
         self.steps = cfg.block_k // 64
         if cfg.block_k % 64 or cfg.block_n != 16 * cfg.warps or k % cfg.block_k:
@@ -1070,6 +1113,8 @@ class Nvfp4Gemv:
         self.kw = k // 8
         self.xp = torch.empty((self.m, self.kw, 4), dtype=torch.int32, device=device)
         self.acc = torch.zeros((self.m, self.n), dtype=torch.float32, device=device) if self.split > 1 else None
+        # the GEMV as a programmatic dependent of the x packing (sm90+): its launch overlaps the packing
+        self.pdl = pdl_supported(device) if pdl is None else pdl and pdl_supported(device)
 
     @property
     def label(self) -> str:
@@ -1082,18 +1127,26 @@ class Nvfp4Gemv:
         nz = self.m * self.n
         grid0 = max(triton.cdiv(self.kw, 512), triton.cdiv(nz, 2048) if zero else 1)
         _fp4_xpack4_kernel[(grid0, self.m)](x, self.xp, self.kw, x.stride(0), self.xp.stride(0), target, nz,
-                                            BLOCK=512, ZERO=zero)
+                                            BLOCK=512, ZERO=zero, DEPS=self.pdl)
         for p in range(self.passes):  # 8 rows of x per pass (the MMA's N)
             rows = min(8, self.m - 8 * p)
+            pdl = self.pdl and p == 0  # later passes as dependents of the pass before: 7% slower at M=16
             self.compiled = _fp4_mma_kernel[self.grid](
                 self.xp[8 * p:], self.words, self.scales, self.q.tensor_scale, target[8 * p:], rows, self.n,
                 self.words.shape[0], self.per, self.words.shape[1], self.xp.stride(0), self.words.stride(0),
                 self.scales.stride(0), target.stride(0), WARPS=self.cfg.warps, BLOCK_M=1 if rows == 1 else 8,
-                UNROLL=self.steps, ATOMIC=zero, USE_ASM=not interpreted(), EV=_evict(self.cfg),
-                num_warps=self.cfg.warps)
+                UNROLL=self.steps, ATOMIC=zero, USE_ASM=not interpreted(), EV=_evict(self.cfg), PDL=pdl,
+                num_warps=self.cfg.warps, **_pdl_launch(pdl))
         if self.acc is not None:
             self.out.copy_(self.acc)
         return self.out
+
+    @property
+    def kernels(self) -> int:
+        """Kernel launches a call makes (tensor-core form: x packing, one GEMV a pass of 8 rows, [a cast])."""
+        if not self.mma:  # [zeroing,] [x packing,] the GEMV[, cast]
+            return 1 + (2 if self.acc is not None else 0) + (1 if self.asm else 0)
+        return 1 + self.passes + (1 if self.acc is not None else 0)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape != (self.m, self.k):
@@ -1190,9 +1243,11 @@ class GroupedExperts:
     per-expert `NVFP4Tensor`s stacked here; `ids` [S] selects experts and `weights` [S] weighs them."""
 
     def __init__(self, fmt: str, w13: Any, w2: Any, ids: torch.Tensor, weights: torch.Tensor, device,
-                 cfg13: GemvConfig | None = None, cfg2: GemvConfig | None = None):
+                 cfg13: GemvConfig | None = None, cfg2: GemvConfig | None = None, pdl: bool | None = None):
         if not HAVE_TRITON:
             raise DecodeGapError("the grouped GEMV needs Triton, which is not installed")
+        # tensor-core form: each kernel after the x packing launched as a programmatic dependent of the one before
+        self.pdl = pdl_supported(device) if pdl is None else pdl and pdl_supported(device)
         self.fmt = fmt
         self.ids = ids.to(torch.int32).contiguous()
         self.rw = weights.float().contiguous()
@@ -1308,7 +1363,8 @@ class GroupedExperts:
         use_asm = not interpreted()
         nz = h + (self.slots * 2 * i if split13 > 1 else 0)
         grid0 = max(triton.cdiv(h // 8, 512), triton.cdiv(nz, 2048))
-        _fp4_xpack4_kernel[(grid0, 1)](x, self.xq13, h // 8, 0, 0, self.zbuf, nz, BLOCK=512, ZERO=True)
+        _fp4_xpack4_kernel[(grid0, 1)](x, self.xq13, h // 8, 0, 0, self.zbuf, nz, BLOCK=512, ZERO=True,
+                                       DEPS=self.pdl)
         xq2 = self.xq2.view(torch.int16).view(self.slots, i)
         words, scales, ts = self.mma13
         ntg = i // 16  # gate tiles; the up tiles follow
@@ -1322,10 +1378,10 @@ class GroupedExperts:
             self.xq13, words, scales, ts, self.ids, self.rw, out, n, nt, per13, h // 64, ntg,
             0, words.stride(0), words.stride(1), scales.stride(0), scales.stride(1), stride_os,
             WARPS=c13.warps, UNROLL=u13, PAIRED=split13 == 1, ROW_WEIGHT=False, USE_ASM=use_asm, EV=_evict(c13),
-            num_warps=c13.warps)
+            PDL=self.pdl, num_warps=c13.warps, **_pdl_launch(self.pdl))
         if split13 > 1:
             _silu_pack_kernel[(triton.cdiv(i, 1024), self.slots)](self.gu, xq2, i, self.gu.stride(0), xq2.stride(0),
-                                                                 BLOCK=1024)
+                                                                 BLOCK=1024, PDL=self.pdl, **_pdl_launch(self.pdl))
 
     def mma_down(self) -> None:
         """Tensor-core form, second half: down on the packed activation, weighted and summed into self.acc."""
@@ -1337,7 +1393,7 @@ class GroupedExperts:
             self.xq2, words, scales, ts, self.ids, self.rw, self.acc, h, nt2, per2, i // 64, 0,
             self.xq2.stride(0), words.stride(0), words.stride(1), scales.stride(0), scales.stride(1), 0,
             WARPS=c2.warps, UNROLL=u2, PAIRED=False, ROW_WEIGHT=True, USE_ASM=not interpreted(), EV=_evict(c2),
-            num_warps=c2.warps)
+            PDL=self.pdl, num_warps=c2.warps, **_pdl_launch(self.pdl))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape != (1, self.h):
