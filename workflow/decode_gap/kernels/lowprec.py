@@ -782,15 +782,33 @@ if HAVE_TRITON:
         return acc
 
     @triton.jit
+    def _split_finish(op, fp, om, cnt, splits, anchor, USE_ASM: tl.constexpr):
+        """Split-K epilogue without kernels of its own (no zeroing before, no cast after): every thread fences its
+        fp32 partial sums (added at op), the program counts itself in at cnt (acq_rel), and the last of the `splits`
+        programs reads the sums from L2, writes them cast at fp and leaves zeros (and the counter) for the next
+        call. `anchor`: any int32 tensor, to run the fence once a thread (the CPU interpreter needs none)."""
+        if USE_ASM:
+            tl.inline_asm_elementwise("fence.acq_rel.gpu;\nmov.b32 $0, $1;", "=r,r", [anchor], dtype=tl.int32,
+                                      is_pure=False, pack=1)
+        tl.debug_barrier()
+        if tl.atomic_add(cnt, 1, sem="acq_rel") == splits - 1:
+            tot = tl.load(op, mask=om, other=0.0, cache_modifier=".cg")
+            tl.store(fp, tot.to(fp.dtype.element_ty), mask=om)
+            tl.store(op, tl.zeros_like(tot), mask=om)
+            tl.store(cnt, 0)
+
+    @triton.jit
     def _dense_gemv_kernel(
         x_ptr, w_ptr, s_ptr, ids_ptr, rw_ptr, out_ptr,
         M, N, K, k_per_split, pair_off,
         stride_xs, stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_os, stride_om,
+        fin_ptr, stride_fm, cnt_ptr,
         SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, HAS_IDS: tl.constexpr, PAIRED: tl.constexpr,
-        ATOMIC: tl.constexpr, ROW_WEIGHT: tl.constexpr,
+        ATOMIC: tl.constexpr, ROW_WEIGHT: tl.constexpr, FINISH: tl.constexpr = False, USE_ASM: tl.constexpr = False,
     ):
-        """bf16 or fp8 weight (SCALE 0: none, 1: one fp32 per tensor/expert, 2: 128x128 blocks), bf16 x, M <= 16."""
+        """bf16 or fp8 weight (SCALE 0: none, 1: one fp32 per tensor/expert, 2: 128x128 blocks), bf16 x, M <= 16.
+        FINISH (dense, ATOMIC): the last K split casts the sums into fin_ptr (_split_finish)."""
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         slot = tl.program_id(2)
@@ -822,7 +840,10 @@ if HAVE_TRITON:
         op = out_ptr + slot.to(tl.int64) * stride_os + ms[:, None] * stride_om + rows[None, :]
         om = mmask[:, None] & nmask[None, :]
         if ATOMIC:
-            tl.atomic_add(op, y, mask=om)
+            tl.atomic_add(op, y, mask=om, sem="relaxed")
+            if FINISH:
+                fp = fin_ptr + ms[:, None] * stride_fm + rows[None, :]
+                _split_finish(op, fp, om, cnt_ptr + pid_n, tl.num_programs(1), rows, USE_ASM)
         else:
             tl.store(op, y.to(out_ptr.dtype.element_ty), mask=om)
 
@@ -1177,7 +1198,7 @@ class DenseGemv:
     """y[M, N] = x[M, K] @ W^T for bf16 W, or fp8 W with per-tensor / 128x128 block scales (M <= 16, Triton)."""
 
     def __init__(self, w: torch.Tensor | Fp8Weight, m: int, device, cfg: GemvConfig | None = None,
-                 out_dtype=torch.bfloat16, split: int | None = None):
+                 out_dtype=torch.bfloat16, split: int | None = None, finish: bool = True):
         if not HAVE_TRITON:
             raise DecodeGapError("the Triton GEMV needs Triton, which is not installed")
         if isinstance(w, Fp8Weight):
@@ -1202,8 +1223,16 @@ class DenseGemv:
         self.grid = (n_tiles, self.split, 1)
         self.out = torch.empty((m, n), dtype=out_dtype, device=device)
         self.acc = torch.zeros((m, n), dtype=torch.float32, device=device) if self.split > 1 else None
+        # split K: the last split casts the sums and leaves zeros (one kernel a call instead of three)
+        self.finish = finish and self.acc is not None
+        self.cnt = torch.zeros((n_tiles,), dtype=torch.int32, device=device)
         self.dummy = torch.zeros(1, dtype=torch.int32, device=device)
         self.rw = torch.ones(1, dtype=torch.float32, device=device)
+
+    @property
+    def kernels(self) -> int:
+        """Kernel launches a call makes: [zeroing,] the GEMV[, cast]."""
+        return 3 if self.acc is not None and not self.finish else 1
 
     @property
     def label(self) -> str:
@@ -1214,17 +1243,18 @@ class DenseGemv:
         if x.shape != (self.m, self.k):
             raise DecodeGapError(f"dense gemv: x has shape {tuple(x.shape)}, expected {(self.m, self.k)}")
         target = self.acc if self.acc is not None else self.out
-        if self.acc is not None:
+        if self.acc is not None and not self.finish:
             self.acc.zero_()
         s_sn = self.scales.stride(0) if self.scale_kind == 2 else 0
         _dense_gemv_kernel[self.grid](
             x, self.data, self.scales, self.dummy, self.rw, target,
             self.m, self.n, self.k, self.k_per_split, 0,
-            0, x.stride(0), 0, self.data.stride(0), 0, s_sn, 0, target.stride(0),
-            SCALE=self.scale_kind, BLOCK_M=_pow2(self.m), BLOCK_N=self.cfg.block_n, BLOCK_K=self.cfg.block_k,
-            EVEN_K=self.even_k, EVEN_N=self.n % self.cfg.block_n == 0, HAS_IDS=False, PAIRED=False,
-            ATOMIC=self.acc is not None, ROW_WEIGHT=False, num_warps=self.cfg.warps)
-        if self.acc is not None:
+            0, x.stride(0), 0, self.data.stride(0), 0, s_sn, 0, target.stride(0), self.out, self.out.stride(0),
+            self.cnt, SCALE=self.scale_kind, BLOCK_M=_pow2(self.m), BLOCK_N=self.cfg.block_n,
+            BLOCK_K=self.cfg.block_k, EVEN_K=self.even_k, EVEN_N=self.n % self.cfg.block_n == 0, HAS_IDS=False,
+            PAIRED=False, ATOMIC=self.acc is not None, ROW_WEIGHT=False, FINISH=self.finish,
+            USE_ASM=not interpreted(), num_warps=self.cfg.warps)
+        if self.acc is not None and not self.finish:
             self.out.copy_(self.acc)
         return self.out
 
@@ -1334,7 +1364,7 @@ class GroupedExperts:
             x, data, scales, self.ids, self.rw, out,
             1, n, k, k, n if paired else 0,
             stride_xs, 0, data.stride(0), data.stride(1), s_se, s_sn, 0 if final else out.stride(0), 0,
-            SCALE=kind, BLOCK_M=1, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0,
+            out, 0, self.ids, SCALE=kind, BLOCK_M=1, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0,
             EVEN_N=n % cfg.block_n == 0, HAS_IDS=True, PAIRED=paired, ATOMIC=final, ROW_WEIGHT=final,
             num_warps=cfg.warps)
 
