@@ -24,17 +24,19 @@ NVFP4 CUDA-core forms (M=1): int32 words decoded in f16x2 inline asm (`asm`) or 
 as 8 "planes" against strided x; kept where K is not whole 64-value steps (and timed by the gemm stage, which keeps the
 fastest form per shape). Under the CPU interpreter every form runs its decode in plain Triton (the asm needs a GPU).
 
-Measured on an H200 (benchmarks/lowprec_device.py, CUDA-graph replay, rotating weights; read bandwidth 4391 GB/s,
+Measured on an H200 (benchmarks/lowprec_device.py, CUDA-graph replay, rotating weights; read bandwidth 4465 GB/s,
 NVFP4 bytes = packed values + scales), fraction of read bandwidth at M=1 (the previous session's tensor-core form in
-brackets): Llama-3.1-8B lm_head 86% (68%), gate_up 67% (48%), down 54% (40%), qkv 36% (27%); DeepSeek-V3
-129280x7168 90% (71%), 36864x7168 81% (58%), 7168x18432 70% (45%); GLM-5 154880x6144 87% (71%), 24576x6144 73%
-(50%). At M = 4 / 8 / 16 on 28672x4096: 67% / 61% / 31%. What is left on the mid-sized shapes: the x packing and the
+brackets): Llama-3.1-8B lm_head 86% (68%), gate_up 67% (48%), down 53% (40%), qkv 35% (27%); DeepSeek-V3
+129280x7168 90% (71%), 36864x7168 80% (58%), 7168x18432 68% (45%); GLM-5 154880x6144 88% (71%), 24576x6144 72%
+(50%). At M = 4 / 8 / 16 on 28672x4096: 66% / 60% / 31%. What is left on the mid-sized shapes: the x packing and the
 split-K cast are two more kernels (2.0 and 1.1 us a call beside a 19.9 us GEMV on 28672x4096), and the GEMV itself
 issues about 87 instructions per 512-byte warp step (72% of them the decode and its scale multiply): ncu shows 0.62
 issued warps per scheduler at 64% DRAM throughput there (0.66 and 78% on the lm_head). A register cap for more
 resident warps (spills) and one step an iteration (more instructions a step) were both slower; so was casting the
-split sums in the GEMV's last split (counter and fences) once the launch overlapped the packing. FP8 and bf16 GEMVs
-reach 90-104% on the large shapes.
+split sums in the GEMV's last split (counter and fences) once the launch overlapped the packing (the FP8 and bf16
+GEMV, with no packing kernel to overlap, does: `_split_finish`). FP8 per-tensor GEMVs reach 87-103% on the large
+shapes (against 77-100% for `_scaled_mm`), 80% on Llama-3.1-8B down (4096 rows: more K splits were slower); bf16
+91-103%.
 
 Grouped form (MoE at M=1, `GroupedExperts`): a third grid axis is the expert slot, whose id picks the expert's
 repacked weight (repacked once at construction). NVFP4 tensor-core form (`_fp4_mma_grouped_kernel`, the default where
@@ -43,9 +45,9 @@ silu(gate) * up as fp16 straight into the down GEMV's packed x; down weighs and 
 also zeroes the sums (5 launches with the bf16 cast, each after the packing a programmatic dependent of the one
 before). Gate and up paired in one warp with the SiLU fused (no split, kept as a form) left too few warps in flight
 (8 experts x 128 tiles) and was 2.5x slower. Measured on an H200 (8 of 256 experts, fraction of read bandwidth on the
-selected experts' bytes): DeepSeek-V3 (2048x7168 experts) 61 us, 74% (the CUDA-core form: 130 us, 35%), GLM-5
-(2048x6144) 54 us, 72% (131 us, 30%); the halves apart: gate_up 40 / 35 us (74-75%), down 21 / 19 us (67-72%).
-bf16 / fp8 grouped: 98% / 84%.
+selected experts' bytes): DeepSeek-V3 (2048x7168 experts) 61 us, 73% (the CUDA-core form: 130 us, 34%), GLM-5
+(2048x6144) 54 us, 71% (131 us, 29%); the halves apart: gate_up 40 / 35 us (74-75%), down 21 / 19 us (67-72%).
+bf16 / fp8 / fp8-block grouped: 97-98% / 86-87% / 81-82%.
 
 One module on purpose: the dense, grouped, FP8 and NVFP4 kernels share the same decode helpers, tile
 configurations and launch wrappers, and a kernel and its wrapper are read (and tuned) together.
@@ -988,7 +990,7 @@ FP4_STAGE_CONFIGS_M = (FP4_MMA_DEFAULT, FP4_MMA_CONFIGS[4])  # M = 2..16
 
 
 # the grouped (MoE) tensor-core form, the default where it fits (H200, 8 of 256 experts, DeepSeek-V3 / GLM-5: 61 / 54 us,
-# 73% / 70% of read bandwidth, against 130 / 131 us for the CUDA-core form): gate_up split 2 ways over K (fp32 partials,
+# 73% / 71% of read bandwidth, against 130 / 131 us for the CUDA-core form): gate_up split 2 ways over K (fp32 partials,
 # then the SiLU kernel: 40 / 35 us, where gate+up paired in one warp with the SiLU fused took 102 / 88 us, too few
 # warps in flight with 8 x 128 tiles), down unsplit (21 / 19 us); evict-first weights, each kernel a programmatic
 # dependent of the one before
