@@ -230,3 +230,24 @@ except lp.DecodeGapError:
 print("ok")
 ''')
     assert out.startswith("ok")
+
+
+@pytest.mark.skipif(not lp.HAVE_TRITON, reason="Triton is not installed (pip install triton runs its CPU interpreter)")
+def test_block_scaled_gemv_reads_no_scale_past_k_in_the_interpreter():
+    """K = 64 under BLOCK_K = 1024: the tile spans 8 scale columns and the tensor has 1. The columns past K must not
+    be read (0 x a stray NaN there was NaN: the grouped fp8-block smoke run's NaN at a tiny shape)."""
+    out = _interpret(r'''
+import torch
+from decode_gap.kernels import lowprec as lp
+torch.manual_seed(0)
+fw = lp.quantize_fp8(torch.randn(40, 64), True)
+padded = torch.full((fw.scales.shape[0], 8), float("nan"))
+padded[:, :1] = fw.scales
+fw.scales = padded[:, :1]  # the memory past the one scale column holds NaN
+x = torch.randn(1, 64).to(torch.bfloat16)
+got = lp.DenseGemv(fw, 1, "cpu", cfg=lp.GemvConfig(8, 1024, 4), out_dtype=torch.float32)(x)
+ref = x.float() @ lp.dequantize_fp8(lp.Fp8Weight(fw.data, fw.scales.contiguous(), True)).t()
+assert not got.isnan().any() and torch.allclose(got, ref, atol=1e-4), (got, ref)
+print("ok")
+''')
+    assert out.startswith("ok")

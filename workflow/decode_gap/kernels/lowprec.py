@@ -732,7 +732,9 @@ if HAVE_TRITON:
                     x = tl.load(x_base + kk, mask=kk < k_end, other=0.0)
                 p = tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :, :], axis=2)  # [BN, NB]
                 kb = k0 // 128 + tl.arange(0, NB)
-                sb = tl.load(s_base + (rows // 128)[:, None] * stride_sn + kb[None, :], mask=nmask[:, None], other=0.0)
+                # scale columns past K are not read: 0 x (a stray NaN past the scales) would be NaN
+                sb = tl.load(s_base + (rows // 128)[:, None] * stride_sn + kb[None, :],
+                             mask=nmask[:, None] & (kb * 128 < k_end)[None, :], other=0.0)
                 acc += tl.sum(p * sb, axis=1)
             else:
                 offs = k0 + tl.arange(0, BLOCK_K)
