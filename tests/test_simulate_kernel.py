@@ -118,3 +118,37 @@ def test_linear_attention_layers_are_a_labelled_stand_in():
     r = simulate_kernel(spec, KernelSettings(weight_format="bf16", layers=2, **FAST))
     assert r["format_match"] is False and "linear attention layers run standard attention" in r["stand_in"]
     assert any(s["case"].endswith("kernels") for s in r["skipped"])
+
+
+def test_nvfp4_routed_experts_run_the_grouped_gemv_in_the_interpreter():
+    """NVFP4 experts at the kernel level: the grouped NVFP4 GEMV over each token's selected experts (ids and routing
+    weights copied into its buffers), against dequantise-then-matmul; its asm needs a GPU, so the CPU interpreter
+    runs the same layout and decode (lowprec_device.py checks the GPU)."""
+    import os
+    import subprocess
+    import sys
+
+    code = r'''
+import torch
+from decode_gap.kernels import lowprec as lp
+from decode_gap.simulate.formats import _probe_grouped
+from decode_gap.simulate.layers import Experts
+torch.manual_seed(0)
+assert _probe_grouped("cpu", "nvfp4") == "grouped_gemv"
+E, I, H, k = 6, 64, 128, 2
+ex = Experts(E, I, H, "nvfp4", "fp32", "cpu", "grouped_gemv", top_k=k)
+assert ex.per_expert_bytes == (2 * I * H + H * I) // 2 + (2 * I * H + H * I) // 16 + 8
+x = torch.randn(3, H)
+ids = torch.tensor([[4, 1], [0, 5], [4, 4]])
+w = torch.rand(3, k)
+got = ex(x, ids, w, None)
+d13, d2 = lp.dequantized_experts(ex.grouped)
+for m in range(3):
+    ref = lp.reference_experts(x[m:m + 1].to(torch.bfloat16), d13, d2, ids[m].to(torch.int32), w[m])
+    err = ((got[m:m + 1] - ref).norm() / ref.norm()).item()
+    assert err < 1e-2, (m, err)
+print("ok")
+'''
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "workflow")}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stderr[-3000:]

@@ -47,6 +47,13 @@ def probe_formats(weight_format: str, device: str) -> dict[str, Any]:
             q = nv.quantize_nvfp4(torch.randn(64, 64, device=device))
             nv.WeightOnlyGemm(q, 1, device)(torch.randn(1, 64, device=device, dtype=torch.bfloat16))
             info["linear"] = "nvfp4-wo"
+            grouped = _probe_grouped_nvfp4(device)
+            if grouped:
+                info["experts"] = "nvfp4"
+                info["note"] = ("nvfp4 linears run the micro-benchmarks' nvfp4-weight-only Triton kernel "
+                                "(decode_gap.kernels.nvfp4); routed experts the grouped NVFP4 GEMV over the experts "
+                                "each token selects (decode_gap.kernels.lowprec.GroupedExperts, one call a token)")
+                return info
             info["experts"] = "bf16"
             info["note"] = ("nvfp4 linears run the micro-benchmarks' nvfp4-weight-only Triton kernel "
                             "(decode_gap.kernels.nvfp4); routed experts run bf16")
@@ -62,9 +69,30 @@ def probe_formats(weight_format: str, device: str) -> dict[str, Any]:
     return info
 
 
-def _probe_grouped(device: str, linear: str) -> str:
-    """MoE expert kernel: grouped GEMM (reads only the experts hit) where it runs, else gather + bmm."""
+def _probe_grouped_nvfp4(device: str) -> bool:
+    """Whether the grouped NVFP4 GEMV (tensor-core form, sm89+) runs here: four experts of 64 x 64, two selected."""
     torch = _torch()
+    try:
+        from ..kernels import lowprec as lp
+        from ..kernels import nvfp4 as nv
+
+        if not (lp.available(device) and lp.grouped_mma_fits(64, 64, device)):
+            return False
+        w13 = [nv.quantize_nvfp4(torch.randn(128, 64, device=device)) for _ in range(4)]
+        w2 = [nv.quantize_nvfp4(torch.randn(64, 64, device=device)) for _ in range(4)]
+        g = lp.GroupedExperts("nvfp4", w13, w2, torch.tensor([0, 2], device=device), torch.ones(2, device=device),
+                              device)
+        return bool(torch.isfinite(g(torch.randn(1, 64, device=device, dtype=torch.bfloat16))).all())
+    except Exception:  # no Triton, an older GPU, or no kernel
+        return False
+
+
+def _probe_grouped(device: str, linear: str) -> str:
+    """MoE expert kernel: grouped GEMM (reads only the experts hit) where it runs, else gather + bmm; NVFP4 experts
+    (probe_formats found the grouped NVFP4 GEMV) run it."""
+    torch = _torch()
+    if linear == "nvfp4":
+        return "grouped_gemv"
     if not device.startswith("cuda"):
         return "loop"
     try:

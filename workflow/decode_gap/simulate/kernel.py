@@ -16,9 +16,11 @@ the step (torch.distributed). With one rank and tp > 1 the measured all-reduce t
 (microbench/allreduce.json) times the collectives per token is added as a `modelled` component.
 
 Weight formats: bf16 runs as bf16; fp8 and fp8-block run `torch._scaled_mm` / `torch._scaled_grouped_mm` where
-the device has them (per-tensor scales; block scales are not simulated, their bytes are negligible). A format the
-kernel level cannot run here (GGUF quants, NVFP4 without a kernel, fp8 on a CPU) runs a stand-in dtype and says so
-(`format_match: false`); the gap attribution then keeps the kernel level off its chain.
+the device has them (per-tensor scales; block scales are not simulated, their bytes are negligible). NVFP4 runs the
+micro-benchmarks' weight-only Triton kernels: the linears through `kernels.nvfp4.WeightOnlyGemm`, the routed experts
+through the grouped NVFP4 GEMV over the experts each token selects (`kernels.lowprec.GroupedExperts`, one call a
+token, sm89+). A format the kernel level cannot run here (GGUF quants, NVFP4 without a kernel, fp8 on a CPU) runs a
+stand-in dtype and says so (`format_match: false`); the gap attribution then keeps the kernel level off its chain.
 
 Modules: formats.py (capability probes), layers.py (tensors, linear and expert layers), step.py (the op list of
 one decode step); this one measures the step and is the entry point (`simulate_kernel`, one process per rank).

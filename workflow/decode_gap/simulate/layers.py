@@ -65,14 +65,27 @@ class Linear:
 class Experts:
     """The routed experts of one MoE layer: all of them are allocated, the top-k chosen by the router run."""
 
-    def __init__(self, E: int, inter: int, hidden: int, kind: str, act: str, device: str, backend: str) -> None:
+    def __init__(self, E: int, inter: int, hidden: int, kind: str, act: str, device: str, backend: str,
+                 top_k: int = 1) -> None:
         torch = _torch()
         self.backend, self.kind, self.E = backend, kind, E
+        self.act_dtype = _tdtype(act)
+        if kind == "nvfp4":  # the grouped NVFP4 GEMV: weights quantised an expert at a time, repacked once
+            from ..kernels import lowprec as lp
+            from ..kernels import nvfp4 as nv
+
+            w13 = [nv.quantize_nvfp4(torch.randn(2 * inter, hidden, device=device) * 0.02) for _ in range(E)]
+            w2 = [nv.quantize_nvfp4(torch.randn(hidden, inter, device=device) * 0.02) for _ in range(E)]
+            self.per_expert_bytes = nv.nvfp4_bytes(2 * inter, hidden) + nv.nvfp4_bytes(hidden, inter)
+            self.nbytes = self.per_expert_bytes * E
+            # ids and routing weights are buffers the step copies each token's choice into (graph-safe)
+            self.grouped = lp.GroupedExperts("nvfp4", w13, w2, torch.zeros(top_k, dtype=torch.int32, device=device),
+                                             torch.ones(top_k, device=device), device)
+            return
         self.gu = _rand((E, 2 * inter, hidden), kind, device)
         self.down = _rand((E, hidden, inter), kind, device)
         self.nbytes = (self.gu.numel() + self.down.numel()) * self.gu.element_size()
         self.per_expert_bytes = self.nbytes / E
-        self.act_dtype = _tdtype(act)
         if kind == "fp8":
             self.scale_gu = torch.ones(E, 2 * inter, device=device)
             self.scale_down = torch.ones(E, hidden, device=device)
@@ -81,6 +94,14 @@ class Experts:
         """x [M, h], ids/weights [M, k] -> [M, h]."""
         torch = _torch()
         M, k = ids.shape
+        if self.kind == "nvfp4":  # one grouped call a token: its k experts' ids and weights copied in (graph-safe)
+            g = self.grouped
+            rows = []
+            for m in range(M):
+                g.ids.copy_(ids[m])
+                g.rw.copy_(weights[m])
+                rows.append(g(x[m:m + 1]).to(self.act_dtype) if M == 1 else g(x[m:m + 1]).to(self.act_dtype).clone())
+            return rows[0] if M == 1 else torch.cat(rows)
         if self.backend == "loop":  # CPU: the experts hit, one after another (indices read on the host)
             out = torch.zeros_like(x)
             for m, row in enumerate(ids.tolist()):

@@ -347,7 +347,8 @@ class DecodeStep:
         shared = None
         if sh.shared_inter:
             shared = (self._lin("moe.shared.gate_up_proj"), self._lin("moe.shared.down_proj"))
-        experts = Experts(E, sh.moe_inter, spec.hidden, self.experts_kind, self.act, self.device, self.moe_backend)
+        experts = Experts(E, sh.moe_inter, spec.hidden, self.experts_kind, self.act, self.device, self.moe_backend,
+                          top_k=k)
         # only the experts a token hits are read; count those bytes (all of them are allocated)
         self.weight_bytes += experts.per_expert_bytes * min(E, k * sh.batch)
         act = self.act_fn
