@@ -16,7 +16,8 @@ NVFP4 tensor-core form (any M <= 16, the default where K % 64 == 0; `cfg.mma`):
   times a 4-bit significand);
 - the decoded pairs go straight into mma.sync.m16n8k16 (inline asm: Triton's own tl.dot put the decoded tile through
   shared memory and reached 8-12% of read bandwidth), x packed once per call into fp16 pairs as the B operand, fp32
-  accumulators; M > 8 runs one pass per 8 rows of x (the weight is read again);
+  accumulators; M > 8 puts x rows 8-15 into a second MMA against the same decoded tile (one pass: on the H200 M=16
+  on 28672x4096 went from 48.9 us, two passes reading the weight twice, to 34.6 us);
 - a register double buffer keeps the next 2 or 4 steps' loads in flight during this step's math; weight loads are
   evict-first; K is split until there are about 27 warps an SM (18 with 4 steps an iteration); the GEMV launches as a
   programmatic dependent of the x packing (sm90+), so its launch overlaps it.
@@ -26,17 +27,16 @@ fastest form per shape). Under the CPU interpreter every form runs its decode in
 
 Measured on an H200 (benchmarks/lowprec_device.py, CUDA-graph replay, rotating weights; read bandwidth 4465 GB/s,
 NVFP4 bytes = packed values + scales), fraction of read bandwidth at M=1 (the previous session's tensor-core form in
-brackets): Llama-3.1-8B lm_head 86% (68%), gate_up 67% (48%), down 53% (40%), qkv 35% (27%); DeepSeek-V3
-129280x7168 90% (71%), 36864x7168 80% (58%), 7168x18432 68% (45%); GLM-5 154880x6144 88% (71%), 24576x6144 72%
-(50%). At M = 4 / 8 / 16 on 28672x4096: 66% / 60% / 31%. What is left on the mid-sized shapes: the x packing and the
-split-K cast are two more kernels (2.0 and 1.1 us a call beside a 19.9 us GEMV on 28672x4096), and the GEMV itself
-issues about 87 instructions per 512-byte warp step (72% of them the decode and its scale multiply): ncu shows 0.62
-issued warps per scheduler at 64% DRAM throughput there (0.66 and 78% on the lm_head). A register cap for more
-resident warps (spills) and one step an iteration (more instructions a step) were both slower; so was casting the
-split sums in the GEMV's last split (counter and fences) once the launch overlapped the packing (the FP8 and bf16
-GEMV, with no packing kernel to overlap, does: `_split_finish`). FP8 per-tensor GEMVs reach 87-103% on the large
-shapes (against 77-100% for `_scaled_mm`), 80% on Llama-3.1-8B down (4096 rows: more K splits were slower); bf16
-91-103%.
+brackets): Llama-3.1-8B lm_head 86% (68%), gate_up 67% (48%), down 53% (40%), qkv 35% (27%); DeepSeek-V3 129280x7168
+90% (71%), 36864x7168 80% (58%), 7168x18432 68% (45%); GLM-5 154880x6144 88% (71%), 24576x6144 72% (50%). At M = 4 / 8
+/ 12 / 16 on 28672x4096: 66% / 65% / 50% / 45%. What is left on the mid-sized shapes: the x packing and the split-K
+cast are two more kernels (2.0 and 1.1 us a call beside a 19.9 us GEMV on 28672x4096), and the GEMV itself issues
+about 87 instructions per 512-byte warp step (72% of them the decode and its scale multiply): ncu shows 0.62 issued
+warps per scheduler at 64% DRAM throughput there (0.66 and 78% on the lm_head). A register cap for more resident warps
+(spills) and one step an iteration (more instructions a step) were both slower; so was casting the split sums in the
+GEMV's last split (counter and fences) once the launch overlapped the packing (the FP8 and bf16 GEMV, with no packing
+kernel to overlap, does: `_split_finish`). FP8 per-tensor GEMVs reach 87-103% on the large shapes (against 77-100% for
+`_scaled_mm`), 80% on Llama-3.1-8B down (4096 rows: more K splits were slower); bf16 91-103%.
 
 Grouped form (MoE at M=1, `GroupedExperts`): a third grid axis is the expert slot, whose id picks the expert's
 repacked weight (repacked once at construction). NVFP4 tensor-core form (`_fp4_mma_grouped_kernel`, the default where
@@ -389,21 +389,25 @@ if HAVE_TRITON:
     # 4g+q reads x row g (row 0 when M=1) at its own group, so the decoded tile never goes through shared memory.
     # Why asm: Triton cannot place a decoded tile in the mma operand layout without a shared-memory round trip
     # (measured: 8-12% of read bandwidth), and has no f16x2 type.
-    def _fp4_mma_asm() -> str:
-        # $0-3, $4-7: two accumulator sets (in place, tied); $8-11 words (row g: 2G, 2G+1; row g+8: 2G, 2G+1);
-        # $12-13: scales (int16 x4 packed; low half of $12 = s[row g] | s[row g+8] << 8);
-        # $14-17: x planes 0-3 of word 2G, $18-21 of word 2G+1 (plane j = fp16 pair x[8w+3-j], x[8w+7-j]).
+    def _fp4_mma_asm(nb: int = 1) -> str:
+        # with nb x sets (nb = 2: x rows 0-7 and 8-15, M up to 16 in one pass, the decoded tile used twice):
+        # $0..8nb-1 accumulators, set 2b + (mma parity) for x set b (in place, tied); then 4 words (row g: 2G,
+        # 2G+1; row g+8: 2G, 2G+1); 2 scale registers (int16 x4 packed; low half of the first = s[row g] |
+        # s[row g+8] << 8); then per x set 8 registers: planes 0-3 of word 2G, then of word 2G+1 (plane j = fp16
+        # pair x[8w+3-j], x[8w+7-j]).
         # Plane j of a word (repack_mma's bit layout): one AND for plane 0, a shift and an AND for plane 1, two
         # shifts, two ANDs and an OR for planes 2 and 3 (11 operations a word, where nibbles in place took 15)
+        w0 = 8 * nb
+        s0, x0 = w0 + 4, w0 + 6
         lines = ["{", ".reg .b32 t, u, h, sg, sh, a0, a1, a2, a3;", ".reg .b16 l, z;",
-                 "prmt.b32 t, $12, 0, 0x0000;", "mov.b32 {l, z}, t;", "cvt.rn.f16x2.e4m3x2 sg, l;",
-                 "prmt.b32 t, $12, 0, 0x1111;", "mov.b32 {l, z}, t;", "cvt.rn.f16x2.e4m3x2 sh, l;"]
+                 f"prmt.b32 t, ${s0}, 0, 0x0000;", "mov.b32 {l, z}, t;", "cvt.rn.f16x2.e4m3x2 sg, l;",
+                 f"prmt.b32 t, ${s0}, 0, 0x1111;", "mov.b32 {l, z}, t;", "cvt.rn.f16x2.e4m3x2 sh, l;"]
         for mm in range(4):
             wr, j0 = mm // 2, 2 * (mm % 2)
             n = 0
             for j in (j0, j0 + 1):
                 for r in (0, 1):
-                    word = f"${8 + 2 * r + wr}"
+                    word = f"${w0 + 2 * r + wr}"
                     if j == 0:
                         lines.append(f"and.b32 h, {word}, 0x8E008E00;")
                     elif j == 1:
@@ -414,14 +418,23 @@ if HAVE_TRITON:
                                   "or.b32 h, h, u;"]
                     lines.append(f"mul.rn.f16x2 a{n}, h, {'sg' if r == 0 else 'sh'};")
                     n += 1
-            c = "$0,$1,$2,$3" if mm % 2 == 0 else "$4,$5,$6,$7"
-            lines.append(f"mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {{{c}}}, {{a0,a1,a2,a3}}, "
-                         f"{{${14 + 4 * wr + j0},${15 + 4 * wr + j0}}}, {{{c}}};")
+            for xs in range(nb):
+                acc = 4 * (2 * xs + mm % 2)
+                c = ",".join(f"${acc + e}" for e in range(4))
+                xr = x0 + 8 * xs + 4 * wr + j0
+                lines.append(f"mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {{{c}}}, {{a0,a1,a2,a3}}, "
+                             f"{{${xr},${xr + 1}}}, {{{c}}};")
         lines.append("}")
         return "\n".join(lines)
 
+    def _fp4_mma_cons(nb: int) -> str:
+        n = 8 * nb
+        return ",".join(["=f"] * n + ["r"] * (6 + 8 * nb) + [str(i) for i in range(n)])
+
     _FP4_MMA_ASM = tl.constexpr(_fp4_mma_asm())
-    _FP4_MMA_CONS = tl.constexpr("=f,=f,=f,=f,=f,=f,=f,=f," + ",".join(["r"] * 14) + ",0,1,2,3,4,5,6,7")
+    _FP4_MMA_CONS = tl.constexpr(_fp4_mma_cons(1))
+    _FP4_MMA_ASM2 = tl.constexpr(_fp4_mma_asm(2))
+    _FP4_MMA_CONS2 = tl.constexpr(_fp4_mma_cons(2))
 
     @triton.jit
     def _fp4_xpack4_kernel(x_ptr, xp_ptr, KW, stride_xs, stride_ps, z_ptr, NZ, BLOCK: tl.constexpr,
@@ -457,71 +470,87 @@ if HAVE_TRITON:
         return tl.load(wb + i * 128, eviction_policy=EV), tl.load(sb + i * 32)
 
     @triton.jit
-    def _fp4_mma_load(wb, sb, xb, i, EV: tl.constexpr):
-        """Step i's operands: the weight's (_fp4_mma_wload) and the lane's 32 bytes of packed x."""
-        q, s = _fp4_mma_wload(wb, sb, i, EV)
-        return q, s, tl.load(xb + i * 32), tl.load(xb + i * 32 + 4)
+    def _fp4_mma_xload(xb, xb2, i, TWO: tl.constexpr):
+        """Step i's packed x: the lane's 32 bytes of x rows 0-7 (and of rows 8-15 at xb2 when TWO)."""
+        xa = tl.load(xb + i * 32)
+        xc = tl.load(xb + i * 32 + 4)
+        xa2 = xa
+        xc2 = xc
+        if TWO:
+            xa2 = tl.load(xb2 + i * 32)
+            xc2 = tl.load(xb2 + i * 32 + 4)
+        return xa, xc, xa2, xc2
 
     @triton.jit
-    def _fp4_mma_math(op, T: tl.constexpr, acc0, acc1):
+    def _fp4_mma_load(wb, sb, xb, xb2, i, EV: tl.constexpr, TWO: tl.constexpr):
+        """Step i's operands: the weight's (_fp4_mma_wload) and x's (_fp4_mma_xload)."""
+        q, s = _fp4_mma_wload(wb, sb, i, EV)
+        x = _fp4_mma_xload(xb, xb2, i, TWO)
+        return q, s, x[0], x[1], x[2], x[3]
+
+    @triton.jit
+    def _fp4_mma_math(op, T: tl.constexpr, TWO: tl.constexpr, acc0, acc1, acc2, acc3):
         s = tl.broadcast_to(op[1][:, None], (T, 4))
-        return tl.inline_asm_elementwise(_FP4_MMA_ASM, _FP4_MMA_CONS, [op[0], s, op[2], op[3], acc0, acc1],
-                                         dtype=(tl.float32, tl.float32), is_pure=True, pack=4)
+        if TWO:  # the decoded tile into two MMAs: x rows 0-7 (acc0, acc1) and 8-15 (acc2, acc3)
+            acc0, acc1, acc2, acc3 = tl.inline_asm_elementwise(
+                _FP4_MMA_ASM2, _FP4_MMA_CONS2, [op[0], s, op[2], op[3], op[4], op[5], acc0, acc1, acc2, acc3],
+                dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=4)
+        else:
+            acc0, acc1 = tl.inline_asm_elementwise(_FP4_MMA_ASM, _FP4_MMA_CONS, [op[0], s, op[2], op[3], acc0, acc1],
+                                                   dtype=(tl.float32, tl.float32), is_pure=True, pack=4)
+        return acc0, acc1, acc2, acc3
 
     @triton.jit
     def _fp4_mma_step(wb, sb, xb, i, T: tl.constexpr, acc0, acc1):
-        return _fp4_mma_math(_fp4_mma_load(wb, sb, xb, i, ""), T, acc0, acc1)
+        a0, a1, _, _ = _fp4_mma_math(_fp4_mma_load(wb, sb, xb, xb, i, "", False), T, False, acc0, acc1, acc0, acc1)
+        return a0, a1
 
     @triton.jit
-    def _fp4_mma_loop(wb, sb, xb, i0, i1, T: tl.constexpr, U: tl.constexpr, EV: tl.constexpr, acc0, acc1,
-                      PDL: tl.constexpr = False):
+    def _fp4_mma_loop(wb, sb, xb, xb2, i0, i1, T: tl.constexpr, U: tl.constexpr, EV: tl.constexpr,
+                      TWO: tl.constexpr, acc0, acc1, acc2, acc3, PDL: tl.constexpr = False):
         """Steps [i0, i1) (a multiple of U) with a register double buffer: the next U steps' loads are issued
         before this U steps' math, so 2U steps' bytes are in flight a warp (on the H200 this, with the decode's
         fewer operations, took Llama-3.1-8B lm_head from 64% to 86% of read bandwidth; unrolling alone: 72%).
+        TWO: x rows 0-7 and 8-15 against the same decoded tile (acc2, acc3 the second set).
         PDL: launched as a programmatic dependent of the kernel before it, so the launch overlaps that kernel;
         wait for it (gdc_wait) before the first load. (Loading the first weights before the wait, which do not depend
         on it, put 16 more instructions in the loop and was 4-8% slower on the H200.)"""
         if PDL:
             tl.extra.cuda.gdc_wait()
-        wa = _fp4_mma_wload(wb, sb, i0, EV)
+        a = _fp4_mma_load(wb, sb, xb, xb2, i0, EV, TWO)
         if U >= 2:
-            wb1 = _fp4_mma_wload(wb, sb, i0 + 1, EV)
+            b = _fp4_mma_load(wb, sb, xb, xb2, i0 + 1, EV, TWO)
         if U >= 4:
-            wc = _fp4_mma_wload(wb, sb, i0 + 2, EV)
-            wd = _fp4_mma_wload(wb, sb, i0 + 3, EV)
-        a = (wa[0], wa[1], tl.load(xb + i0 * 32), tl.load(xb + i0 * 32 + 4))
-        if U >= 2:
-            b = (wb1[0], wb1[1], tl.load(xb + (i0 + 1) * 32), tl.load(xb + (i0 + 1) * 32 + 4))
-        if U >= 4:
-            c = (wc[0], wc[1], tl.load(xb + (i0 + 2) * 32), tl.load(xb + (i0 + 2) * 32 + 4))
-            d = (wd[0], wd[1], tl.load(xb + (i0 + 3) * 32), tl.load(xb + (i0 + 3) * 32 + 4))
+            c = _fp4_mma_load(wb, sb, xb, xb2, i0 + 2, EV, TWO)
+            d = _fp4_mma_load(wb, sb, xb, xb2, i0 + 3, EV, TWO)
         for i in range(i0, i1, U):
             j = tl.minimum(i + U, i1 - U)  # the last iteration loads its own steps again (in bounds, unused)
-            an = _fp4_mma_load(wb, sb, xb, j, EV)
+            an = _fp4_mma_load(wb, sb, xb, xb2, j, EV, TWO)
             if U >= 2:
-                bn = _fp4_mma_load(wb, sb, xb, j + 1, EV)
+                bn = _fp4_mma_load(wb, sb, xb, xb2, j + 1, EV, TWO)
             if U >= 4:
-                cn = _fp4_mma_load(wb, sb, xb, j + 2, EV)
-                dn = _fp4_mma_load(wb, sb, xb, j + 3, EV)
-            acc0, acc1 = _fp4_mma_math(a, T, acc0, acc1)
+                cn = _fp4_mma_load(wb, sb, xb, xb2, j + 2, EV, TWO)
+                dn = _fp4_mma_load(wb, sb, xb, xb2, j + 3, EV, TWO)
+            acc0, acc1, acc2, acc3 = _fp4_mma_math(a, T, TWO, acc0, acc1, acc2, acc3)
             a = an
             if U >= 2:
-                acc0, acc1 = _fp4_mma_math(b, T, acc0, acc1)
+                acc0, acc1, acc2, acc3 = _fp4_mma_math(b, T, TWO, acc0, acc1, acc2, acc3)
                 b = bn
             if U >= 4:
-                acc0, acc1 = _fp4_mma_math(c, T, acc0, acc1)
-                acc0, acc1 = _fp4_mma_math(d, T, acc0, acc1)
+                acc0, acc1, acc2, acc3 = _fp4_mma_math(c, T, TWO, acc0, acc1, acc2, acc3)
+                acc0, acc1, acc2, acc3 = _fp4_mma_math(d, T, TWO, acc0, acc1, acc2, acc3)
                 c = cn
                 d = dn
-        return acc0, acc1
+        return acc0, acc1, acc2, acc3
 
     @triton.jit
     def _fp4_mma_kernel(xp_ptr, w_ptr, s_ptr, ts_ptr, out_ptr, M, N, NT, steps_per_split, NSTEPS,
                         stride_xm, stride_wt, stride_st, stride_om,
                         WARPS: tl.constexpr, BLOCK_M: tl.constexpr, UNROLL: tl.constexpr, ATOMIC: tl.constexpr,
                         USE_ASM: tl.constexpr, EV: tl.constexpr = "", PDL: tl.constexpr = False):
-        """y[M<=8, N] = x W^T on tensor cores (see _fp4_mma_asm); program (group of WARPS 16-row tiles, K split).
-        Accumulator element e of lane 4g+q holds row g + 8 (e // 2), x row 2q + e % 2. ATOMIC: fp32 partial sums
+        """y[M<=16, N] = x W^T on tensor cores (see _fp4_mma_asm); program (group of WARPS 16-row tiles, K split).
+        Accumulator element e of lane 4g+q holds row g + 8 (e // 2), x row 2q + e % 2 (+ 8 in the second set of
+        BLOCK_M = 16: x rows 8-15 against the same decoded tile, so the weight is read once). ATOMIC: fp32 partial sums
         added into out_ptr (K split; the last split casting the sums in-kernel, with a counter and fences, was no
         faster on the H200 than the separate cast once the GEMV launches as a programmatic dependent)."""
         T: tl.constexpr = 32 * WARPS
@@ -545,26 +574,36 @@ if HAVE_TRITON:
             else:
                 xrow = tl.minimum(g, M - 1)  # columns g >= M are computed and dropped
             xb = xp_ptr + xrow[:, None] * stride_xm + (qq * 8)[:, None] + c4[None, :]
+            xb2 = xp_ptr + tl.minimum(g + 8, M - 1)[:, None] * stride_xm + (qq * 8)[:, None] + c4[None, :]
             acc0 = tl.zeros((T, 4), dtype=tl.float32)
             acc1 = tl.zeros((T, 4), dtype=tl.float32)
-            acc0, acc1 = _fp4_mma_loop(wb, sb, xb, i0, i1, T, UNROLL, EV, acc0, acc1, PDL)
+            acc0, acc1, acc2, acc3 = _fp4_mma_loop(wb, sb, xb, xb2, i0, i1, T, UNROLL, EV, BLOCK_M == 16, acc0, acc1,
+                                                   acc0, acc1, PDL)
             y = (acc0 + acc1) * ts
             e = c4[None, :]
             rows = (tile * 16 + g)[:, None] + 8 * (e // 2)
             ms = (2 * qq)[:, None] + e % 2
             om = (rows < N) & (ms < M) & (tile < NT)[:, None]
             op = out_ptr + ms * stride_om + rows
+            if BLOCK_M == 16:  # x rows 8-15
+                y2 = (acc2 + acc3) * ts
+                om2 = (rows < N) & (ms + 8 < M) & (tile < NT)[:, None]
+                if ATOMIC:
+                    tl.atomic_add(op + 8 * stride_om, y2, mask=om2, sem="relaxed")
+                else:
+                    tl.store(op + 8 * stride_om, y2.to(out_ptr.dtype.element_ty), mask=om2)
         else:
             # the CPU interpreter (no asm): the same repacked layout, decode and fp16 scaling; each lane's partial
             # per (row half, x row), then the four lanes of a quad (four groups) summed
-            m8 = tl.arange(0, 8)
+            XR: tl.constexpr = 16 if BLOCK_M == 16 else 8
+            m8 = tl.arange(0, XR)
             xm = (m8 < M)[None, :]
-            part = tl.zeros((T, 2, 8), dtype=tl.float32)
+            part = tl.zeros((T, 2, XR), dtype=tl.float32)
             for i in range(i0, i1):
                 sv = tl.load(sb + i * 32).to(tl.int32)
                 for r in tl.static_range(2):
                     sr = ((sv >> (8 * r)) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
-                    acc_r = tl.zeros((T, 8), dtype=tl.float32)
+                    acc_r = tl.zeros((T, XR), dtype=tl.float32)
                     for wr in tl.static_range(2):
                         word = tl.load(w_ptr + tile_c.to(tl.int64) * stride_wt + lane * 4 + i * 128 + 2 * r + wr)
                         xw = xp_ptr + m8[None, :] * stride_xm + (((4 * i + qq) * 2 + wr) * 4)[:, None]
@@ -574,7 +613,7 @@ if HAVE_TRITON:
                             acc_r += ((lo * sr).to(tl.float32)[:, None] * _f16_half(xv, False)
                                       + (hi * sr).to(tl.float32)[:, None] * _f16_half(xv, True))
                     part += tl.where((tl.arange(0, 2) == r)[None, :, None], acc_r[:, None, :], 0.0)
-            y = tl.sum(tl.reshape(part, (WARPS, 8, 4, 2, 8)), axis=2) * ts  # [warp, g, half, x row]
+            y = tl.sum(tl.reshape(part, (WARPS, 8, 4, 2, XR)), axis=2) * ts  # [warp, g, half, x row]
             wv = tl.arange(0, WARPS)[:, None, None, None]
             gv = tl.arange(0, 8)[None, :, None, None]
             hv = tl.arange(0, 2)[None, None, :, None]
@@ -665,7 +704,8 @@ if HAVE_TRITON:
                         up0, up1 = _fp4_mma_step(wu, su, xb, i + 3, T, up0, up1)
                 u = (up0 + up1) * ts
             else:
-                acc0, acc1 = _fp4_mma_loop(wb, sb, xb, i0, i1, T, UNROLL, EV, acc0, acc1, PDL)
+                acc0, acc1, _, _ = _fp4_mma_loop(wb, sb, xb, xb, i0, i1, T, UNROLL, EV, False, acc0, acc1, acc0, acc1,
+                                                 PDL)
             y = (acc0 + acc1) * ts
             # accumulator element c of lane 4g+q: row g + 8 (c // 2), x column 2q + c % 2; keep column 0
             rows = (tile * 16 + g)[:, None] + 8 * (c4[None, :] // 2)
@@ -1074,8 +1114,8 @@ def _pow2(m: int) -> int:
 
 class Nvfp4Gemv:
     """y[M, N] = x[M, K] @ W^T with W in NVFP4 (M <= 16), Triton. Buffers are allocated once: graph-capturable.
-    The form follows the config: tensor cores (cfg.mma, any M; M > 8 runs one pass per 8 rows of x) or the M=1
-    CUDA-core forms (asm f16x2, int32 / int64 words)."""
+    The form follows the config: tensor cores (cfg.mma, any M <= 16 in one pass: two MMAs a decoded tile above 8) or
+    the M=1 CUDA-core forms (asm f16x2, int32 / int64 words)."""
 
     def __init__(self, q: nv.NVFP4Tensor, m: int, device, cfg: GemvConfig | None = None, out_dtype=torch.bfloat16,
                  split: int | None = None, pdl: bool | None = None):
@@ -1134,7 +1174,7 @@ class Nvfp4Gemv:
         per, self.split, _ = _k_plan(nsteps, self.steps, split)
         self.per = per
         self.grid = (ctas, self.split)
-        self.passes = math.ceil(self.m / 8)
+        self.block_m = 1 if self.m == 1 else 8 if self.m <= 8 else 16  # one pass: M <= 16 rows of x
         self.kw = k // 8
         self.xp = torch.empty((self.m, self.kw, 4), dtype=torch.int32, device=device)
         self.acc = torch.zeros((self.m, self.n), dtype=torch.float32, device=device) if self.split > 1 else None
@@ -1153,25 +1193,22 @@ class Nvfp4Gemv:
         grid0 = max(triton.cdiv(self.kw, 512), triton.cdiv(nz, 2048) if zero else 1)
         _fp4_xpack4_kernel[(grid0, self.m)](x, self.xp, self.kw, x.stride(0), self.xp.stride(0), target, nz,
                                             BLOCK=512, ZERO=zero, DEPS=self.pdl)
-        for p in range(self.passes):  # 8 rows of x per pass (the MMA's N)
-            rows = min(8, self.m - 8 * p)
-            pdl = self.pdl and p == 0  # later passes as dependents of the pass before: 7% slower at M=16
-            self.compiled = _fp4_mma_kernel[self.grid](
-                self.xp[8 * p:], self.words, self.scales, self.q.tensor_scale, target[8 * p:], rows, self.n,
-                self.words.shape[0], self.per, self.words.shape[1], self.xp.stride(0), self.words.stride(0),
-                self.scales.stride(0), target.stride(0), WARPS=self.cfg.warps, BLOCK_M=1 if rows == 1 else 8,
-                UNROLL=self.steps, ATOMIC=zero, USE_ASM=not interpreted(), EV=_evict(self.cfg), PDL=pdl,
-                num_warps=self.cfg.warps, **_pdl_launch(pdl))
+        self.compiled = _fp4_mma_kernel[self.grid](
+            self.xp, self.words, self.scales, self.q.tensor_scale, target, self.m, self.n, self.words.shape[0],
+            self.per, self.words.shape[1], self.xp.stride(0), self.words.stride(0), self.scales.stride(0),
+            target.stride(0), WARPS=self.cfg.warps, BLOCK_M=self.block_m, UNROLL=self.steps, ATOMIC=zero,
+            USE_ASM=not interpreted(), EV=_evict(self.cfg), PDL=self.pdl, num_warps=self.cfg.warps,
+            **_pdl_launch(self.pdl))
         if self.acc is not None:
             self.out.copy_(self.acc)
         return self.out
 
     @property
     def kernels(self) -> int:
-        """Kernel launches a call makes (tensor-core form: x packing, one GEMV a pass of 8 rows, [a cast])."""
-        if not self.mma:  # [zeroing,] [x packing,] the GEMV[, cast]
+        """Kernel launches a call makes: [zeroing,] [x packing,] the GEMV[, cast]."""
+        if not self.mma:
             return 1 + (2 if self.acc is not None else 0) + (1 if self.asm else 0)
-        return 1 + self.passes + (1 if self.acc is not None else 0)
+        return 2 + (1 if self.acc is not None else 0)  # the x packing zeroes the split-K sums
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape != (self.m, self.k):
