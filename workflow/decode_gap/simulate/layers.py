@@ -94,7 +94,9 @@ class Experts:
         """x [M, h], ids/weights [M, k] -> [M, h]."""
         torch = _torch()
         M, k = ids.shape
-        if self.kind == "nvfp4":  # one grouped call a token: its k experts' ids and weights copied in (graph-safe)
+        # NVFP4: one grouped call a token, its k experts' ids and weights copied in (graph-safe); the kernel fuses
+        # SiLU-and-mul whatever act_fn is (every MoE card here is SiLU; another GLU reads the same bytes)
+        if self.kind == "nvfp4":
             g = self.grouped
             rows = []
             for m in range(M):
