@@ -95,7 +95,8 @@ cases = [(1, 48, 256, G(16, 128), None), (1, 40, 96, G(16, 64), 1), (1, 64, 512,
          (1, 64, 512, G(16, 128, asm=True), 1), (1, 40, 512, G(16, 64, asm=True), 3),
          # the tensor-core form: ragged N (tiles of 16 rows), split-K, M in passes of 8 rows
          (1, 48, 256, G(64, 128, 4, mma=True), None), (3, 40, 128, G(32, 64, 2, mma=True), None),
-         (12, 33, 256, G(64, 128, 4, mma=True), 2), (1, 100, 512, G(32, 128, 2, mma=True), 3)]
+         (12, 33, 256, G(64, 128, 4, mma=True), 2), (1, 100, 512, G(32, 128, 2, mma=True), 3),
+         (1, 80, 512, lp.FP4_MMA_WIDE, None)]
 for m, n, k, cfg, split in cases:
     q = nv.quantize_nvfp4(torch.randn(n, k) * 3)
     x = torch.randn(m, k).to(torch.bfloat16)
@@ -122,6 +123,11 @@ for m, k in ((1, 128), (4, 128), (1, 80)):
     assert nv.relative_error(w(xx), nv.reference_mm(xx, w.q)) < 2e-3 and w.variant == "gemv" and w._gemv.mma == (k == 128)
 assert lp.fp4_config_for(1, 4096, "cpu").mma and lp.fp4_config_for(1, 64, "cpu").block_k == 64
 assert not lp.fp4_config_for(1, 48, "cpu").mma and lp.fp4_config_for(4, 48, "cpu") is None
+# an lm_head at M=1 (N >= FP4_WIDE_ROWS, K whole 256-value steps) gets the 4-step form that won the lm_heads
+assert lp.fp4_config_for(1, 4096, "cpu", n=128256) is lp.FP4_MMA_WIDE
+assert lp.fp4_config_for(1, 4096, "cpu", n=36864) is lp.FP4_MMA_DEFAULT
+assert lp.fp4_config_for(4, 4096, "cpu", n=128256) is lp.FP4_MMA_DEFAULT
+assert lp.fp4_config_for(1, 4224, "cpu", n=128256) is lp.FP4_MMA_DEFAULT  # K not whole 256-value steps
 # the x packing for the f16x2 asm form (the asm itself needs a GPU): plane j holds (x[8w+3-j], x[8w+7-j]) as fp16
 x = torch.randn(1, 64).to(torch.bfloat16)
 xp = torch.empty((4, 8), dtype=torch.int32)

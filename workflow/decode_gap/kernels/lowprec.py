@@ -1015,7 +1015,9 @@ class GemvConfig:
 # about 18 warps an SM (the lm_heads, 128256-154880 rows: no split); the same with evict-first; 8-warp programs (M = 4,
 # 8 on some shapes); more K splits (narrow N)
 FP4_MMA_DEFAULT = GemvConfig(64, 128, 4, mma=True, evict=True, warps_per_sm=27)
-FP4_MMA_CONFIGS = (FP4_MMA_DEFAULT, GemvConfig(64, 256, 4, mma=True, warps_per_sm=18),
+FP4_MMA_WIDE = GemvConfig(64, 256, 4, mma=True, warps_per_sm=18)  # M=1, N >= FP4_WIDE_ROWS: the lm_heads' winner
+FP4_WIDE_ROWS = 65536  # the H200 sweep: the lm_heads (128256-154880 rows) won with FP4_MMA_WIDE, 36864 rows and fewer not
+FP4_MMA_CONFIGS = (FP4_MMA_DEFAULT, FP4_MMA_WIDE,
                    GemvConfig(64, 256, 4, mma=True, evict=True, warps_per_sm=18),
                    GemvConfig(128, 128, 8, mma=True, evict=True, warps_per_sm=27),
                    GemvConfig(64, 128, 4, mma=True, evict=True, warps_per_sm=40))
@@ -1061,10 +1063,13 @@ def mma_supported(device) -> bool:
     return dev.type != "cuda" or torch.cuda.get_device_capability(dev) >= (8, 9)
 
 
-def fp4_config_for(m: int, k: int, device="cuda") -> GemvConfig | None:
+def fp4_config_for(m: int, k: int, device="cuda", n: int = 0) -> GemvConfig | None:
     """The default NVFP4 GEMV form for an [M, K] x [K, N]: tensor cores where K is whole 64-value steps (sm89+; on the
-    H200 they won every M=1 shape from 32x6144 to 154880x6144 but 4096x2048, by 8%), else the CUDA-core asm form at
-    M=1 and None above."""
+    H200 they won every M=1 shape from 32x6144 to 154880x6144 but 4096x2048, by 8%), with 4 steps an iteration at
+    M=1 on N >= FP4_WIDE_ROWS (an lm_head), else the CUDA-core asm form at M=1 and None above. Callers that time
+    the forms (the gemm stage, the benchmark) keep the fastest; this is what the simulated step runs."""
+    if mma_supported(device) and m == 1 and n >= FP4_WIDE_ROWS and k % FP4_MMA_WIDE.block_k == 0:
+        return FP4_MMA_WIDE
     if mma_supported(device) and k % FP4_MMA_DEFAULT.block_k == 0:
         return FP4_MMA_DEFAULT
     if mma_supported(device) and k % 64 == 0:
@@ -1125,7 +1130,7 @@ class Nvfp4Gemv:
         if k % 16 or m < 1 or m > 16:
             raise DecodeGapError(f"nvfp4 gemv: needs K % 16 == 0 and 1 <= M <= 16 (M={m}, K={k})")
         self.q, self.m, self.n, self.k = q, m, n, k
-        self.cfg = cfg or fp4_config_for(m, k, device)
+        self.cfg = cfg or fp4_config_for(m, k, device, n)
         if self.cfg is None:
             raise DecodeGapError(f"nvfp4 gemv: M={m} > 1 needs K % 64 == 0 and sm89+ (K={k}); use the weight-only GEMM")
         self.mma = self.cfg.mma
