@@ -1015,7 +1015,7 @@ class GemvConfig:
 # about 18 warps an SM (the lm_heads, 128256-154880 rows: no split); the same with evict-first; 8-warp programs (M = 4,
 # 8 on some shapes); more K splits (narrow N)
 FP4_MMA_DEFAULT = GemvConfig(64, 128, 4, mma=True, evict=True, warps_per_sm=27)
-FP4_MMA_WIDE = GemvConfig(64, 256, 4, mma=True, warps_per_sm=18)  # M=1, N >= FP4_WIDE_ROWS: 4 steps, as won the lm_heads
+FP4_MMA_WIDE = GemvConfig(64, 256, 4, mma=True, warps_per_sm=18)  # M=1, N >= FP4_WIDE_ROWS (lm_heads)
 FP4_WIDE_ROWS = 65536  # H200 sweep: the lm_heads (128256-154880 rows) won with 4 steps, 36864 rows and fewer with 2
 FP4_MMA_CONFIGS = (FP4_MMA_DEFAULT, FP4_MMA_WIDE,
                    GemvConfig(64, 256, 4, mma=True, evict=True, warps_per_sm=18),
