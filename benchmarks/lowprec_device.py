@@ -38,6 +38,7 @@ from decode_gap.kernels import nvfp4 as nv  # noqa: E402
 from decode_gap.microbench.common import BenchEnv, pick_device  # noqa: E402
 from decode_gap.microbench.timing import rotating_copies, time_graph  # noqa: E402
 from decode_gap.model import load_model_card  # noqa: E402
+from decode_gap.metrics import floor_bound_fraction  # noqa: E402
 
 T0 = time.time()
 RESULTS: dict = {"checks": [], "gemm": [], "moe": [], "errors": {}}
@@ -230,6 +231,7 @@ def dense_case(env: BenchEnv, model: str, n: int, k: int, m: int, old: bool, fp8
     q = nv.quantize_nvfp4(w)
     w = None
     nb4 = nv.nvfp4_bytes(n, k) + 2 * m * k + 2 * m * n
+    row["nvfp4_bytes"] = nb4
     c4 = rotating_copies(nv.nvfp4_bytes(n, k), dev)
     qs = [q] + [nv.NVFP4Tensor(q.packed.clone(), q.block_scales.clone(), q.tensor_scale.clone(), q.shape)
                 for _ in range(c4 - 1)]
@@ -416,14 +418,20 @@ def closing_table(res: dict) -> str:
         us, fr = row.get(f"{key}_us"), row.get(f"{key}_of_read")
         return f"{us:.1f} us, {fr:.2f}" if us and fr else "n/a"
 
-    lines = ["| model | N x K | M | nvfp4 v1 | nvfp4 previous | nvfp4 now (kernel) | fp8 _scaled_mm | bf16 |",
-             "|---|---|---|---|---|---|---|---|"]
+    def bound(row):  # the most of read bandwidth an NVFP4 call can show with the one-row GEMV floor (modelled)
+        b = floor_bound_fraction(row.get("nvfp4_bytes"), (res.get("memory") or {}).get("read_gbps"),
+                                 (res.get("latency_floor") or {}).get("one_row_gemv_us"))
+        return f"{b:.2f}" if b is not None else "n/a"
+
+    lines = ["| model | N x K | M | nvfp4 v1 | nvfp4 previous | nvfp4 now (kernel) | bound at floor | fp8 _scaled_mm | bf16 |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in res["gemm"]:
         lines.append(f"| {r['model']} | {r['N']}x{r['K']} | {r['M']} | {cell(r, 'nvfp4_old')} | {cell(r, 'nvfp4_prev')} | "
-                     f"{cell(r, 'nvfp4_new')} ({r.get('nvfp4_new_kernel')}) | {cell(r, 'fp8_scaled_mm')} | {cell(r, 'bf16')} |")
+                     f"{cell(r, 'nvfp4_new')} ({r.get('nvfp4_new_kernel')}) | {bound(r)} | {cell(r, 'fp8_scaled_mm')} | "
+                     f"{cell(r, 'bf16')} |")
     for r in res["moe"]:
         if r.get("of_read") is not None:
-            lines.append(f"| {r['model']} MoE | {r['what']} | 1 | | | {r['us']:.1f} us, {r['of_read']:.2f} | | |")
+            lines.append(f"| {r['model']} MoE | {r['what']} | 1 | | | {r['us']:.1f} us, {r['of_read']:.2f} | | | |")
     return "\n".join(lines)
 
 

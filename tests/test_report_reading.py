@@ -13,7 +13,20 @@ def test_below_half_the_bandwidth_is_our_kernel_not_the_ceiling():
 def test_a_small_kernel_under_the_latency_floor_is_latency_bound():
     # 8.3 MB at 4250 GB/s is 1.95 us, under a 2.5 us per-kernel floor: the shape cannot reach half the bandwidth
     assert kernel_reading(0.24, 7.9, 2.47, 8_300_000, 4250.0).startswith("small kernel, latency bound (floor 2.47 µs")
-    # 235 MB takes 55 us at full bandwidth: far above the floor, so a low fraction is our kernel
-    assert kernel_reading(0.4, 140.0, 2.47, 235_000_000, 4250.0) == "our kernel is slow here (40% of bandwidth)"
+    # 235 MB takes 55 us at full bandwidth: far above the floor, so a low fraction is our kernel; the floor would
+    # still allow 96% (55.3 / (55.3 + 2.47))
+    assert kernel_reading(0.4, 140.0, 2.47, 235_000_000, 4250.0) == (
+        "our kernel is slow here (40% of bandwidth; at most 96% with the 2.47 µs floor, modelled)")
+    # a mid-sized call (an NVFP4 6144x4096, 14.2 MB: 3.3 us at full bandwidth): ours still, but capped at 57%
+    assert kernel_reading(0.35, 9.5, 2.47, 14_200_000, 4250.0) == (
+        "our kernel is slow here (35% of bandwidth; at most 57% with the 2.47 µs floor, modelled)")
     # no floor measured (CPU host, older gemm.csv): the 50% rule alone
     assert kernel_reading(0.24, 7.9, None, 8_300_000, 4250.0) == "our kernel is slow here (24% of bandwidth)"
+
+
+def test_the_floor_bound_is_the_transfer_over_transfer_plus_floor():
+    from decode_gap.metrics import floor_bound_fraction
+
+    assert floor_bound_fraction(4_250_000, 4250.0, 1.0) == 0.5  # 1 us of transfer, 1 us of floor
+    assert floor_bound_fraction(4_250_000, 4250.0, 0.0) == 1.0
+    assert floor_bound_fraction(None, 4250.0, 1.0) is None and floor_bound_fraction(1e6, 4250.0, None) is None

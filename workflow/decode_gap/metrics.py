@@ -19,3 +19,13 @@ def live_itl(level: dict[str, Any], number: Callable[[Any], float | None]) -> tu
         if value is not None:
             return value, key
     return None, ""
+
+
+def floor_bound_fraction(nbytes: float | None, gbps: float | None, floor_us: float | None) -> float | None:
+    """The most of `gbps` that one call moving `nbytes` can show when it also pays the measured per-kernel latency
+    floor once (latency plus bytes over bandwidth, the alpha-beta model): a modelled bound that tells a small
+    kernel's latency from a slow kernel (issue 14); None when a figure is missing."""
+    if not nbytes or not gbps or floor_us is None or floor_us < 0:
+        return None
+    transfer_us = nbytes / gbps / 1e3
+    return transfer_us / (transfer_us + floor_us)

@@ -6,6 +6,7 @@ from typing import Any
 
 import pandas as pd
 
+from ...metrics import floor_bound_fraction
 from ...provenance import MEASURED
 from .. import charts as ch
 from ..data import Bundle, Doc, Table, dig, fig_field, find_col, fmt_num, fmt_size, num
@@ -79,6 +80,9 @@ def kernel_reading(frac: Any, gpu_us: Any = None, floor_us: Any = None, nbytes: 
     floor, nb = num(floor_us), num(nbytes)
     if floor is not None and nb is not None and copy_gbps and nb / copy_gbps / 1e3 < floor:
         return f"small kernel, latency bound (floor {fmt_num(floor)} µs; {pct})"
+    bound = floor_bound_fraction(nb, copy_gbps, floor)
+    if bound is not None:  # the floor still caps a mid-sized call: say how far, so the user sees what is ours
+        return f"our kernel is slow here ({pct}; at most {bound * 100:.0f}% with the {fmt_num(floor)} µs floor, modelled)"
     return f"our kernel is slow here ({pct})"
 
 
