@@ -257,3 +257,33 @@ assert not got.isnan().any() and torch.allclose(got, ref, atol=1e-4), (got, ref)
 print("ok")
 ''')
     assert out.startswith("ok")
+
+
+@pytest.mark.skipif(not lp.HAVE_TRITON, reason="Triton is not installed (pip install triton runs its CPU interpreter)")
+def test_one_kernel_nvfp4_form_packs_its_own_x_and_leaves_zeroed_sums():
+    """The one-kernel candidate (cfg.one_kernel): each program packs its own x words, and the last K split casts the
+    sums and leaves them (and the counters) at zero, so a second call is right too; M = 1, 3 and 12, split and not."""
+    out = _interpret(r'''
+from dataclasses import replace
+import torch
+from decode_gap.kernels import nvfp4 as nv, lowprec as lp
+torch.manual_seed(0)
+G = lp.GemvConfig
+for m, n, k, cfg, split in [(1, 48, 256, G(64, 128, 4, mma=True, one_kernel=True), None),
+                            (1, 100, 512, G(64, 128, 4, mma=True, one_kernel=True), 4),
+                            (3, 40, 256, G(32, 64, 2, mma=True, one_kernel=True), 3),
+                            (12, 33, 256, G(64, 128, 4, mma=True, one_kernel=True), 2),
+                            (1, 80, 512, replace(lp.FP4_MMA_WIDE, one_kernel=True), None)]:
+    q = nv.quantize_nvfp4(torch.randn(n, k) * 3)
+    g = lp.Nvfp4Gemv(q, m, "cpu", cfg=cfg, out_dtype=torch.float32, split=split)
+    assert g.kernels == 1
+    for call in range(2):  # the second call sees the zeros (and counters) the first left
+        x = torch.randn(m, k).to(torch.bfloat16)
+        g.out.fill_(float("nan"))
+        err = nv.relative_error(g(x), nv.reference_mm(x, q))
+        assert err < 2e-3, (m, n, k, cfg, split, call, err)
+    if g.acc is not None:
+        assert not g.acc.any() and not g.cnt.any()
+    print("ok", m, n, k, cfg.name, g.split, err)
+''')
+    assert out.count("ok") == 5, out

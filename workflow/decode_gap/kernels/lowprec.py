@@ -35,7 +35,8 @@ about 87 instructions per 512-byte warp step (72% of them the decode and its sca
 warps per scheduler at 64% DRAM throughput there (0.66 and 78% on the lm_head). A register cap for more resident warps
 (spills) and one step an iteration (more instructions a step) were both slower; so was casting the split sums in the
 GEMV's last split (counter and fences) once the launch overlapped the packing (the FP8 and bf16 GEMV, with no packing
-kernel to overlap, does: `_split_finish`). FP8 per-tensor GEMVs reach 87-103% on the large shapes (against 77-100% for
+kernel to overlap, does: `_split_finish`). The one-kernel form (`one_kernel`: each program packs its own x words, the
+last split casts) is a candidate the benchmark times beside the others; not measured yet. FP8 per-tensor GEMVs reach 87-103% on the large shapes (against 77-100% for
 `_scaled_mm`), 80% on Llama-3.1-8B down (4096 rows: more K splits were slower); bf16 91-103%.
 
 Grouped form (MoE at M=1, `GroupedExperts`): a third grid axis is the expert slot, whose id picks the expert's
@@ -459,6 +460,22 @@ if HAVE_TRITON:
             tl.store(xp_ptr + slot * stride_ps + w * 4 + j, (lo & 0xFFFF) | (hi << 16), mask=m)
 
     @triton.jit
+    def _fp4_xpack_range(x_ptr, xp_ptr, stride_x, stride_p, M, w0, w1, t, T: tl.constexpr):
+        """Words [w0, w1) of x rows 0..M-1 packed as _fp4_xpack4_kernel packs them, one word a thread a pass, then a
+        barrier: the program's own loads of xp come after its threads' stores."""
+        for r in range(0, M):
+            for wb in range(w0, w1, T):
+                w = wb + t
+                m = w < w1
+                xb = x_ptr + r * stride_x + w * 8
+                for j in tl.static_range(4):
+                    lo = tl.load(xb + (3 - j), mask=m, other=0.0).to(tl.float16).to(tl.int16, bitcast=True)
+                    hi = tl.load(xb + (7 - j), mask=m, other=0.0).to(tl.float16).to(tl.int16, bitcast=True)
+                    tl.store(xp_ptr + r * stride_p + w * 4 + j, (lo.to(tl.int32) & 0xFFFF) | (hi.to(tl.int32) << 16),
+                             mask=m)
+        tl.debug_barrier()
+
+    @triton.jit
     def _f16_half(v, HI: tl.constexpr):
         v = (v >> 16) if HI else v
         return v.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
@@ -545,14 +562,19 @@ if HAVE_TRITON:
 
     @triton.jit
     def _fp4_mma_kernel(xp_ptr, w_ptr, s_ptr, ts_ptr, out_ptr, M, N, NT, steps_per_split, NSTEPS,
-                        stride_xm, stride_wt, stride_st, stride_om,
+                        stride_xm, stride_wt, stride_st, stride_om, x_ptr, stride_x, fin_ptr, stride_fm, cnt_ptr,
                         WARPS: tl.constexpr, BLOCK_M: tl.constexpr, UNROLL: tl.constexpr, ATOMIC: tl.constexpr,
-                        USE_ASM: tl.constexpr, EV: tl.constexpr = "", PDL: tl.constexpr = False):
+                        USE_ASM: tl.constexpr, EV: tl.constexpr = "", PDL: tl.constexpr = False,
+                        SELF_PACK: tl.constexpr = False, FINISH: tl.constexpr = False):
         """y[M<=16, N] = x W^T on tensor cores (see _fp4_mma_asm); program (group of WARPS 16-row tiles, K split).
         Accumulator element e of lane 4g+q holds row g + 8 (e // 2), x row 2q + e % 2 (+ 8 in the second set of
         BLOCK_M = 16: x rows 8-15 against the same decoded tile, so the weight is read once). ATOMIC: fp32 partial sums
         added into out_ptr (K split; the last split casting the sums in-kernel, with a counter and fences, was no
-        faster on the H200 than the separate cast once the GEMV launches as a programmatic dependent)."""
+        faster on the H200 than the separate cast once the GEMV launches as a programmatic dependent).
+        One call, one kernel (a candidate the benchmark times; not measured yet): SELF_PACK, each program packs the
+        x words of its own K range from x_ptr into xp_ptr (every program of that range writes the same values) and
+        reads them back after a barrier, instead of a packing kernel before it; FINISH (with ATOMIC), the last K
+        split casts the sums into fin_ptr and leaves zeros (_split_finish), instead of a cast after it."""
         T: tl.constexpr = 32 * WARPS
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -564,6 +586,8 @@ if HAVE_TRITON:
         tile_c = tl.minimum(tile, NT - 1)
         i0 = pid_k * steps_per_split
         i1 = tl.minimum(i0 + steps_per_split, NSTEPS)
+        if SELF_PACK:
+            _fp4_xpack_range(x_ptr, xp_ptr, stride_x, stride_xm, M, i0 * 8, i1 * 8, t, T)
         c4 = tl.arange(0, 4)
         wb = w_ptr + tile_c.to(tl.int64)[:, None] * stride_wt + (lane * 4)[:, None] + c4[None, :]
         sb = s_ptr + tile_c.to(tl.int64) * stride_st + lane
@@ -585,6 +609,7 @@ if HAVE_TRITON:
             ms = (2 * qq)[:, None] + e % 2
             om = (rows < N) & (ms < M) & (tile < NT)[:, None]
             op = out_ptr + ms * stride_om + rows
+            om2 = om
             if BLOCK_M == 16:  # x rows 8-15
                 y2 = (acc2 + acc3) * ts
                 om2 = (rows < N) & (ms + 8 < M) & (tile < NT)[:, None]
@@ -592,6 +617,7 @@ if HAVE_TRITON:
                     tl.atomic_add(op + 8 * stride_om, y2, mask=om2, sem="relaxed")
                 else:
                     tl.store(op + 8 * stride_om, y2.to(out_ptr.dtype.element_ty), mask=om2)
+            fp = fin_ptr + ms * stride_fm + rows
         else:
             # the CPU interpreter (no asm): the same repacked layout, decode and fp16 scaling; each lane's partial
             # per (row half, x row), then the four lanes of a quad (four groups) summed
@@ -620,9 +646,14 @@ if HAVE_TRITON:
             mv = m8[None, None, None, :]
             rows = (pid_n * WARPS + wv) * 16 + gv + 8 * hv
             om = (rows < N) & (mv < M)
+            om2 = om
             op = out_ptr + mv * stride_om + rows
+            fp = fin_ptr + mv * stride_fm + rows
         if ATOMIC:
             tl.atomic_add(op, y, mask=om, sem="relaxed")
+            if FINISH:
+                _split_finish(op, fp, om, cnt_ptr + pid_n, tl.num_programs(1), t, USE_ASM,
+                              USE_ASM and BLOCK_M == 16, 8 * stride_om, om2)
         else:
             tl.store(op, y.to(out_ptr.dtype.element_ty), mask=om)
 
@@ -826,11 +857,13 @@ if HAVE_TRITON:
         return acc
 
     @triton.jit
-    def _split_finish(op, fp, om, cnt, splits, anchor, USE_ASM: tl.constexpr):
+    def _split_finish(op, fp, om, cnt, splits, anchor, USE_ASM: tl.constexpr, TWO: tl.constexpr = False, off2=0,
+                      om2=None):
         """Split-K epilogue without kernels of its own (no zeroing before, no cast after): every thread fences its
         fp32 partial sums (added at op), the program counts itself in at cnt (acq_rel), and the last of the `splits`
         programs reads the sums from L2, writes them cast at fp and leaves zeros (and the counter) for the next
-        call. `anchor`: any int32 tensor, to run the fence once a thread (the CPU interpreter needs none)."""
+        call. `anchor`: any int32 tensor, to run the fence once a thread (the CPU interpreter needs none).
+        TWO: a second set of sums at op + off2 (cast to fp + off2) under om2."""
         if USE_ASM:
             tl.inline_asm_elementwise("fence.acq_rel.gpu;\nmov.b32 $0, $1;", "=r,r", [anchor], dtype=tl.int32,
                                       is_pure=False, pack=1)
@@ -839,6 +872,10 @@ if HAVE_TRITON:
             tot = tl.load(op, mask=om, other=0.0, cache_modifier=".cg")
             tl.store(fp, tot.to(fp.dtype.element_ty), mask=om)
             tl.store(op, tl.zeros_like(tot), mask=om)
+            if TWO:
+                tot2 = tl.load(op + off2, mask=om2, other=0.0, cache_modifier=".cg")
+                tl.store(fp + off2, tot2.to(fp.dtype.element_ty), mask=om2)
+                tl.store(op + off2, tl.zeros_like(tot2), mask=om2)
             tl.store(cnt, 0)
 
     @triton.jit
@@ -996,13 +1033,15 @@ class GemvConfig:
     mma: bool = False  # NVFP4 tensor-core form (M <= 16): block_n = 16 x warps, block_k = 64 x steps per iteration
     evict: bool = False  # tensor-core form: weight loads marked evict-first (streamed once)
     warps_per_sm: int = 0  # tensor-core form, split None: split K until there are about this many warps per SM
+    one_kernel: bool = False  # tensor-core form: each program packs its own x slice, the last K split casts the sums
 
     @property
     def name(self) -> str:
         return (f"{'m,' if self.mma else ''}{'a,' if self.asm else ''}"
                 f"{'g,' if self.grouped else ''}BN={self.block_n},BK={self.block_k},w={self.warps}"
                 + (f",s={self.split}" if self.split else "") + (",ef" if self.evict else "")
-                + (f",t={self.warps_per_sm}" if self.warps_per_sm and not self.split else ""))
+                + (f",t={self.warps_per_sm}" if self.warps_per_sm and not self.split else "")
+                + (",1k" if self.one_kernel else ""))
 
     @property
     def unit(self) -> int:
@@ -1020,7 +1059,10 @@ FP4_WIDE_ROWS = 65536  # H200 sweep: the lm_heads (128256-154880 rows) won with 
 FP4_MMA_CONFIGS = (FP4_MMA_DEFAULT, FP4_MMA_WIDE,
                    GemvConfig(64, 256, 4, mma=True, evict=True, warps_per_sm=18),
                    GemvConfig(128, 128, 8, mma=True, evict=True, warps_per_sm=27),
-                   GemvConfig(64, 128, 4, mma=True, evict=True, warps_per_sm=40))
+                   GemvConfig(64, 128, 4, mma=True, evict=True, warps_per_sm=40),
+                   # one kernel a call (x packed by each program, the split-K cast in the last split): candidates
+                   # for the mid-sized shapes, where the packing and the cast cost ~3 us a call; not yet measured
+                   replace(FP4_MMA_DEFAULT, one_kernel=True), replace(FP4_MMA_WIDE, one_kernel=True))
 # the M=1 CUDA-core forms that still win small shapes (latency-bound: one kernel, no x packing, no split-K)
 FP4_DEFAULT_ASM = GemvConfig(8, 512, 4, asm=True)
 FP4_DEFAULT = GemvConfig(8, 2048, 4, split=1)
@@ -1185,6 +1227,10 @@ class Nvfp4Gemv:
         self.acc = torch.zeros((self.m, self.n), dtype=torch.float32, device=device) if self.split > 1 else None
         # the GEMV as a programmatic dependent of the x packing (sm90+): its launch overlaps the packing
         self.pdl = pdl_supported(device) if pdl is None else pdl and pdl_supported(device)
+        self.one_kernel = cfg.one_kernel
+        if self.one_kernel:  # no packing kernel to depend on; the split-K counters start (and are left) at zero
+            self.pdl = False
+            self.cnt = torch.zeros((self.grid[0],), dtype=torch.int32, device=device)
 
     @property
     def label(self) -> str:
@@ -1193,18 +1239,21 @@ class Nvfp4Gemv:
 
     def _call_mma(self, x: torch.Tensor) -> torch.Tensor:
         target = self.acc if self.acc is not None else self.out
-        zero = self.acc is not None
-        nz = self.m * self.n
-        grid0 = max(triton.cdiv(self.kw, 512), triton.cdiv(nz, 2048) if zero else 1)
-        _fp4_xpack4_kernel[(grid0, self.m)](x, self.xp, self.kw, x.stride(0), self.xp.stride(0), target, nz,
-                                            BLOCK=512, ZERO=zero, DEPS=self.pdl)
+        split_sums = self.acc is not None
+        if not self.one_kernel:
+            nz = self.m * self.n
+            grid0 = max(triton.cdiv(self.kw, 512), triton.cdiv(nz, 2048) if split_sums else 1)
+            _fp4_xpack4_kernel[(grid0, self.m)](x, self.xp, self.kw, x.stride(0), self.xp.stride(0), target, nz,
+                                                BLOCK=512, ZERO=split_sums, DEPS=self.pdl)
+        finish = self.one_kernel and split_sums
         self.compiled = _fp4_mma_kernel[self.grid](
             self.xp, self.words, self.scales, self.q.tensor_scale, target, self.m, self.n, self.words.shape[0],
             self.per, self.words.shape[1], self.xp.stride(0), self.words.stride(0), self.scales.stride(0),
-            target.stride(0), WARPS=self.cfg.warps, BLOCK_M=self.block_m, UNROLL=self.steps, ATOMIC=zero,
-            USE_ASM=not interpreted(), EV=_evict(self.cfg), PDL=self.pdl, num_warps=self.cfg.warps,
-            **_pdl_launch(self.pdl))
-        if self.acc is not None:
+            target.stride(0), x, x.stride(0), self.out, self.out.stride(0), self.cnt if finish else target,
+            WARPS=self.cfg.warps, BLOCK_M=self.block_m, UNROLL=self.steps, ATOMIC=split_sums,
+            USE_ASM=not interpreted(), EV=_evict(self.cfg), PDL=self.pdl, SELF_PACK=self.one_kernel, FINISH=finish,
+            num_warps=self.cfg.warps, **_pdl_launch(self.pdl))
+        if split_sums and not finish:
             self.out.copy_(self.acc)
         return self.out
 
@@ -1213,6 +1262,8 @@ class Nvfp4Gemv:
         """Kernel launches a call makes: [zeroing,] [x packing,] the GEMV[, cast]."""
         if not self.mma:
             return 1 + (2 if self.acc is not None else 0) + (1 if self.asm else 0)
+        if self.one_kernel:
+            return 1
         return 2 + (1 if self.acc is not None else 0)  # the x packing zeroes the split-K sums
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
