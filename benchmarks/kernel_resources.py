@@ -1,0 +1,80 @@
+"""Registers, spills, shared memory and SASS length of the NVFP4 tensor-core GEMV forms, compiled for a GPU
+architecture without a GPU (Triton's own ptxas and cuobjdump, from its wheel).
+
+What a kernel change does to the compiled code, checked on a CPU host before spending device time: a form that
+spills or grows its SASS is unlikely to be faster; a change meant to leave a form alone must leave these figures
+alone. This is not a timing: the device benchmark (lowprec_device.py) measures.
+
+    python benchmarks/kernel_resources.py [--arch 90]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow"))
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton's default; set so that it does not warn
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from decode_gap.kernels import lowprec as lp  # noqa: E402
+
+POINTERS = {"xp_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*i16", "ts_ptr": "*fp32", "out_ptr": "*fp32",
+            "x_ptr": "*bf16", "fin_ptr": "*bf16", "cnt_ptr": "*i32"}
+
+
+def forms() -> dict[str, dict]:
+    """The constexprs of each form as Nvfp4Gemv launches it on the shapes it won (M=1, and M=9-16 with its second MMA
+    set): K split (ATOMIC) but for the 4-step lm_head forms; a one-kernel form packs x itself and finishes its split."""
+    out = {}
+    for cfg in lp.FP4_MMA_CONFIGS:
+        for block_m in (1, 16):
+            out[f"{cfg.name} M={'1' if block_m == 1 else '9-16'}"] = dict(
+                WARPS=cfg.warps, BLOCK_M=block_m, UNROLL=cfg.block_k // 64, ATOMIC=cfg.warps_per_sm != 18,
+                USE_ASM=True, EV="evict_first" if cfg.evict else "", PDL=not cfg.one_kernel,
+                SELF_PACK=cfg.one_kernel, FINISH=cfg.one_kernel and cfg.warps_per_sm != 18)
+    return out
+
+
+def compile_form(const: dict, arch: int) -> dict:
+    fn = lp._fp4_mma_kernel
+    sig = {n: POINTERS.get(n, "i32") for n in fn.arg_names}
+    sig.update({k: "constexpr" for k in const})
+    src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
+    kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": const["WARPS"]})
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+        sass = subprocess.run([str(tool), "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    field = lambda key: int(re.search(rf"{key}:(\d+)", usage).group(1))  # noqa: E731
+    return {"registers": field("REG"), "stack": field("STACK"), "shared": field("SHARED"),
+            "sass_instructions": sum(1 for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", line))}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: Hopper)")
+    args = ap.parse_args()
+    print(f"triton {triton.__version__}, sm_{args.arch}")
+    print(f"{'form':44s} {'regs':>5s} {'stack':>6s} {'shared':>7s} {'SASS':>6s}")
+    for name, const in forms().items():
+        try:
+            r = compile_form(const, args.arch)
+            print(f"{name:44s} {r['registers']:5d} {r['stack']:6d} {r['shared']:7d} {r['sass_instructions']:6d}")
+        except Exception as exc:  # one form failing to compile is a finding, not the end of the listing
+            print(f"{name:44s} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
