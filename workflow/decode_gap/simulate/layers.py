@@ -102,7 +102,8 @@ class Experts:
             for m in range(M):
                 g.ids.copy_(ids[m])
                 g.rw.copy_(weights[m])
-                rows.append(g(x[m:m + 1]).to(self.act_dtype) if M == 1 else g(x[m:m + 1]).to(self.act_dtype).clone())
+                y = g(x[m:m + 1]).to(self.act_dtype)
+                rows.append(y if M == 1 else y.clone())  # the next call rewrites g's output buffer
             return rows[0] if M == 1 else torch.cat(rows)
         if self.backend == "loop":  # CPU: the experts hit, one after another (indices read on the host)
             out = torch.zeros_like(x)

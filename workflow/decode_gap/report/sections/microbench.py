@@ -77,13 +77,14 @@ def kernel_reading(frac: Any, gpu_us: Any = None, floor_us: Any = None, nbytes: 
     pct = f"{f * 100:.0f}% of bandwidth"
     if f >= SLOW_BELOW:
         return f"ceiling ({pct})"
-    floor, nb = num(floor_us), num(nbytes)
-    if floor is not None and nb is not None and copy_gbps and nb / copy_gbps / 1e3 < floor:
+    floor = num(floor_us)
+    bound = floor_bound_fraction(num(nbytes), copy_gbps, floor)
+    if bound is None:
+        return f"our kernel is slow here ({pct})"
+    if bound < 0.5:  # moving the bytes at copy bandwidth takes less than the floor
         return f"small kernel, latency bound (floor {fmt_num(floor)} µs; {pct})"
-    bound = floor_bound_fraction(nb, copy_gbps, floor)
-    if bound is not None:  # the floor still caps a mid-sized call: say how far, so the user sees what is ours
-        return f"our kernel is slow here ({pct}; at most {bound * 100:.0f}% with the {fmt_num(floor)} µs floor, modelled)"
-    return f"our kernel is slow here ({pct})"
+    # the floor still caps a mid-sized call: say how far, so the user sees what is ours
+    return f"our kernel is slow here ({pct}; at most {bound * 100:.0f}% with the {fmt_num(floor)} µs floor, modelled)"
 
 
 def gemm_frame(bundle: Bundle) -> pd.DataFrame | None:
