@@ -128,6 +128,10 @@ assert lp.fp4_config_for(1, 4096, "cpu", n=128256) is lp.FP4_MMA_WIDE
 assert lp.fp4_config_for(1, 4096, "cpu", n=36864) is lp.FP4_MMA_DEFAULT
 assert lp.fp4_config_for(4, 4096, "cpu", n=128256) is lp.FP4_MMA_DEFAULT
 assert lp.fp4_config_for(1, 4224, "cpu", n=128256) is lp.FP4_MMA_DEFAULT  # K not whole 256-value steps
+# a narrow shape at M=1 (a router, an MLA down-projection) runs in one kernel, which won only there on the H200
+assert lp.fp4_config_for(1, 7168, "cpu", n=576) is lp.FP4_MMA_ONE_KERNEL
+assert lp.fp4_config_for(1, 7168, "cpu", n=1536) is lp.FP4_MMA_DEFAULT
+assert lp.fp4_config_for(4, 7168, "cpu", n=576) is lp.FP4_MMA_DEFAULT
 # the x packing for the f16x2 asm form (the asm itself needs a GPU): plane j holds (x[8w+3-j], x[8w+7-j]) as fp16
 x = torch.randn(1, 64).to(torch.bfloat16)
 xp = torch.empty((4, 8), dtype=torch.int32)

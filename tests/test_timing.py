@@ -84,3 +84,32 @@ def test_graph_spans_us_queues_a_sleep_ahead_of_each_replay(monkeypatch):
     out = core.graph_spans_us(Graph(), 2, 100)
     assert log == ["sync", "sleep 100", "record", "replay", "record"] * 2 + ["sync"]
     assert out == [2000.0, 2000.0]
+
+
+def test_measuring_rules_take_turns_on_the_host_lock(tmp_path, monkeypatch):
+    """A second measurement waits while another process holds the host's lock, and says so in its log."""
+    import subprocess
+    import sys
+    import textwrap
+
+    lock = tmp_path / "measure.lock"
+    monkeypatch.setenv(timing.MEASURE_LOCK_ENV, str(lock))
+    assert timing.measure_lock_path() == lock
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time
+        from filelock import FileLock
+        with FileLock({str(lock)!r}):
+            print("held", flush=True)
+            time.sleep(1.0)
+        """)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    lines = []
+    with timing.exclusive_measurement("rule bench_gemm", log=lines.append) as waited:
+        assert waited > 0.3
+    holder.wait(timeout=30)
+    assert "rule bench_gemm waits for the host's measurement lock" in lines[0] and str(lock) in lines[0]
+    assert "waited" in lines[1]
+    lines.clear()
+    with timing.exclusive_measurement("rule bench_moe", log=lines.append) as waited:  # free: no wait, no line
+        assert waited < 0.1
+    assert lines == []

@@ -8,10 +8,13 @@ import traceback
 from typing import Any, Callable
 
 from .errors import DecodeGapError
+from .timing import exclusive_measurement
 
 
-def run_script(snakemake: Any, body: Callable[[], Any]) -> None:
+def run_script(snakemake: Any, body: Callable[[], Any], measures: bool = False) -> None:
     """Run `body` with stdout/stderr sent to the rule's log; on error the log (and the console) end with one line.
+    measures: the rule times something, so `body` runs holding the host's measurement lock (timing.py); the
+    rules that only read or merge files run at once.
 
     A DecodeGapError is a user-facing error: one line, no traceback. Anything else is a bug: the traceback
     goes to the log, then the same one-line summary.
@@ -26,7 +29,11 @@ def run_script(snakemake: Any, body: Callable[[], Any]) -> None:
         sys.stdout = os.fdopen(os.dup(1), "w", buffering=1)
         sys.stderr = os.fdopen(os.dup(2), "w", buffering=1)
     try:
-        body()
+        if measures:
+            with exclusive_measurement(f"rule {snakemake.rule}"):
+                body()
+        else:
+            body()
     except DecodeGapError as exc:
         line = f"decode-gap: error in rule {snakemake.rule}: {exc}"
     except Exception as exc:  # a bug: keep the traceback in the log

@@ -16,10 +16,15 @@ Clocks:
 
 from __future__ import annotations
 
+import contextlib
+import os
+import tempfile
 import time
-from typing import Any, Callable, Sequence
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
+from filelock import FileLock, Timeout
 
 # At least 256 MiB, as triton.testing.do_bench flushes; 4x L2 so that a GPU with a larger L2 is flushed too.
 FLUSH_MIN_BYTES = 256 * 2**20
@@ -196,3 +201,33 @@ def time_from_idle_us(fn: Callable[[], object], warmup: int, iters: int, flush: 
         end.synchronize()
         out.append(float(start.elapsed_time(end)) * 1e3)
     return out
+
+
+MEASURE_LOCK_ENV = "DECODE_GAP_MEASURE_LOCK"
+
+
+def measure_lock_path() -> Path:
+    """The host's measurement lock: $DECODE_GAP_MEASURE_LOCK, else decode-gap-measure.lock in the temp folder (one
+    per host, so two runs of different configs on one host take turns too)."""
+    return Path(os.environ.get(MEASURE_LOCK_ENV) or Path(tempfile.gettempdir()) / "decode-gap-measure.lock")
+
+
+@contextlib.contextmanager
+def exclusive_measurement(what: str, log: Callable[[str], None] = print) -> Iterator[float]:
+    """Hold the host's measurement lock while `what` times anything, so that `snakemake --cores all` never times two
+    benchmarks against each other on one GPU (or on the CPU's cores); yields the seconds waited for it. An OS file
+    lock (filelock: flock), so a killed rule never leaves it held."""
+    lock = FileLock(str(measure_lock_path()))
+    t0 = time.monotonic()
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        log(f"decode-gap: {what} waits for the host's measurement lock ({lock.lock_file}): another rule is timing")
+        lock.acquire()
+    waited = time.monotonic() - t0
+    if waited >= 0.1:
+        log(f"decode-gap: {what} waited {waited:.1f} s for the measurement lock")
+    try:
+        yield waited
+    finally:
+        lock.release()

@@ -21,4 +21,4 @@ def body():
     run_stage("allreduce", config, snakemake.output.csv, snakemake.output.json, memory_json=None)
 
 
-run_script(snakemake, body)
+run_script(snakemake, body, measures=True)

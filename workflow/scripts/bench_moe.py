@@ -9,4 +9,4 @@ def body():
     run_stage("moe", snakemake.config, snakemake.output.csv, snakemake.output.json, memory_json=snakemake.input.memory)
 
 
-run_script(snakemake, body)
+run_script(snakemake, body, measures=True)

@@ -10,4 +10,4 @@ def body():
     server_stage(params, snakemake.output.json)  # noqa: F821
 
 
-run_script(snakemake, body)  # noqa: F821
+run_script(snakemake, body, measures=True)  # noqa: F821

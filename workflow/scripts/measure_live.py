@@ -9,4 +9,4 @@ def body():
     run_live(LiveSettings.from_params(snakemake.params.run), outputs)  # noqa: F821
 
 
-run_script(snakemake, body)  # noqa: F821
+run_script(snakemake, body, measures=True)  # noqa: F821

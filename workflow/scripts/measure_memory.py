@@ -9,4 +9,4 @@ def body():
     run_stage("memory", snakemake.config, None, snakemake.output.json)
 
 
-run_script(snakemake, body)
+run_script(snakemake, body, measures=True)

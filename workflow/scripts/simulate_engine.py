@@ -11,4 +11,4 @@ def body():
     engine_stage(params, str(gguf) if gguf else None, snakemake.output.json)  # noqa: F821
 
 
-run_script(snakemake, body)  # noqa: F821
+run_script(snakemake, body, measures=True)  # noqa: F821

@@ -8,4 +8,4 @@ def body():
     kernel_stage(dict(snakemake.params.run), snakemake.input.get("allreduce"), snakemake.output.json)  # noqa: F821
 
 
-run_script(snakemake, body)  # noqa: F821
+run_script(snakemake, body, measures=True)  # noqa: F821

@@ -36,7 +36,8 @@ warps per scheduler at 64% DRAM throughput there (0.66 and 78% on the lm_head). 
 (spills) and one step an iteration (more instructions a step) were both slower; so was casting the split sums in the
 GEMV's last split (counter and fences) once the launch overlapped the packing (the FP8 and bf16 GEMV, with no packing
 kernel to overlap, does: `_split_finish`). The one-kernel form (`one_kernel`: each program packs its own x words, the
-last split casts) is a candidate the benchmark times beside the others; not measured yet. FP8 per-tensor GEMVs reach 87-103% on the large shapes (against 77-100% for
+last split casts) wins only on narrow shapes (H200, 32-576 rows: 3.3-4.7 us against 4.4-5.6 us), where it is the
+default at M=1; from 1536 rows up it is 1.5-2.2x slower, hundreds of programs storing the same x words. FP8 per-tensor GEMVs reach 87-103% on the large shapes (against 77-100% for
 `_scaled_mm`), 80% on Llama-3.1-8B down (4096 rows: more K splits were slower); bf16 91-103%.
 
 Grouped form (MoE at M=1, `GroupedExperts`): a third grid axis is the expert slot, whose id picks the expert's
@@ -571,7 +572,7 @@ if HAVE_TRITON:
         BLOCK_M = 16: x rows 8-15 against the same decoded tile, so the weight is read once). ATOMIC: fp32 partial sums
         added into out_ptr (K split; the last split casting the sums in-kernel, with a counter and fences, was no
         faster on the H200 than the separate cast once the GEMV launches as a programmatic dependent).
-        One call, one kernel (a candidate the benchmark times; not measured yet): SELF_PACK, each program packs the
+        One call, one kernel (the M=1 default on narrow N, see FP4_ONE_KERNEL_ROWS): SELF_PACK, each program packs the
         x words of its own K range from x_ptr into xp_ptr (every program of that range writes the same values) and
         reads them back after a barrier, instead of a packing kernel before it; FINISH (with ATOMIC), the last K
         split casts the sums into fin_ptr and leaves zeros (_split_finish), instead of a cast after it."""
@@ -1055,14 +1056,18 @@ class GemvConfig:
 # 8 on some shapes); more K splits (narrow N)
 FP4_MMA_DEFAULT = GemvConfig(64, 128, 4, mma=True, evict=True, warps_per_sm=27)
 FP4_MMA_WIDE = GemvConfig(64, 256, 4, mma=True, warps_per_sm=18)  # M=1, N >= FP4_WIDE_ROWS (lm_heads)
+FP4_MMA_ONE_KERNEL = replace(FP4_MMA_DEFAULT, one_kernel=True)  # M=1, N <= FP4_ONE_KERNEL_ROWS
 FP4_WIDE_ROWS = 65536  # H200 sweep: the lm_heads (128256-154880 rows) won with 4 steps, 36864 rows and fewer with 2
 FP4_MMA_CONFIGS = (FP4_MMA_DEFAULT, FP4_MMA_WIDE,
                    GemvConfig(64, 256, 4, mma=True, evict=True, warps_per_sm=18),
                    GemvConfig(128, 128, 8, mma=True, evict=True, warps_per_sm=27),
                    GemvConfig(64, 128, 4, mma=True, evict=True, warps_per_sm=40),
-                   # one kernel a call (x packed by each program, the split-K cast in the last split): candidates
-                   # for the mid-sized shapes, where the packing and the cast cost ~3 us a call; not yet measured
-                   replace(FP4_MMA_DEFAULT, one_kernel=True), replace(FP4_MMA_WIDE, one_kernel=True))
+                   # one kernel a call (x packed by each program, the split-K cast in the last split); on the H200
+                   # it won only the narrow shapes (32-576 rows: 3.3-4.7 against 4.4-5.6 us) and lost 1.5-2.2x from
+                   # 1536 rows up, where hundreds of programs store the same x words into L2
+                   FP4_MMA_ONE_KERNEL, replace(FP4_MMA_WIDE, one_kernel=True),
+                   GemvConfig(64, 128, 4, mma=True, evict=True, warps_per_sm=40, one_kernel=True))
+FP4_ONE_KERNEL_ROWS = 1024  # M=1, N up to this: FP4_MMA_ONE_KERNEL (576 rows won, 1536 lost by 3%)
 # the M=1 CUDA-core forms that still win small shapes (latency-bound: one kernel, no x packing, no split-K)
 FP4_DEFAULT_ASM = GemvConfig(8, 512, 4, asm=True)
 FP4_DEFAULT = GemvConfig(8, 2048, 4, split=1)
@@ -1071,7 +1076,7 @@ FP4_CUDA_CORE_CONFIGS = (FP4_DEFAULT, GemvConfig(4, 1024, 2, split=1), FP4_DEFAU
                          GemvConfig(16, 512, 4, split=1, asm=True), GemvConfig(8, 1024, 4, asm=True))
 # every candidate the benchmark times at M=1; the gemm stage times these per shape and keeps the fastest
 FP4_M1_CONFIGS = FP4_MMA_CONFIGS + FP4_CUDA_CORE_CONFIGS
-FP4_STAGE_CONFIGS = FP4_MMA_CONFIGS[:3] + FP4_CUDA_CORE_CONFIGS[:2]
+FP4_STAGE_CONFIGS = FP4_MMA_CONFIGS[:3] + (FP4_MMA_ONE_KERNEL,) + FP4_CUDA_CORE_CONFIGS[:2]
 FP4_STAGE_CONFIGS_M = (FP4_MMA_DEFAULT, FP4_MMA_CONFIGS[4])  # M = 2..16
 
 
@@ -1108,10 +1113,13 @@ def mma_supported(device) -> bool:
 def fp4_config_for(m: int, k: int, device="cuda", n: int = 0) -> GemvConfig | None:
     """The default NVFP4 GEMV form for an [M, K] x [K, N]: tensor cores where K is whole 64-value steps (sm89+; on the
     H200 they won every M=1 shape from 32x6144 to 154880x6144 but 4096x2048, by 8%), with 4 steps an iteration at
-    M=1 on N >= FP4_WIDE_ROWS (an lm_head), else the CUDA-core asm form at M=1 and None above. Callers that time
+    M=1 on N >= FP4_WIDE_ROWS (an lm_head) and in one kernel at M=1 on N <= FP4_ONE_KERNEL_ROWS (a router, an MLA
+    down-projection), else the CUDA-core asm form at M=1 and None above. Callers that time
     the forms (the gemm stage, the benchmark) keep the fastest; this is what the simulated step runs."""
     if mma_supported(device) and m == 1 and n >= FP4_WIDE_ROWS and k % FP4_MMA_WIDE.block_k == 0:
         return FP4_MMA_WIDE
+    if mma_supported(device) and m == 1 and 0 < n <= FP4_ONE_KERNEL_ROWS and k % FP4_MMA_ONE_KERNEL.block_k == 0:
+        return FP4_MMA_ONE_KERNEL
     if mma_supported(device) and k % FP4_MMA_DEFAULT.block_k == 0:
         return FP4_MMA_DEFAULT
     if mma_supported(device) and k % 64 == 0:
