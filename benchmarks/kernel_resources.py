@@ -33,14 +33,15 @@ POINTERS = {"xp_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*i16", "ts_ptr": "*fp32
 
 def forms() -> dict[str, dict]:
     """The constexprs of each form as Nvfp4Gemv launches it on the shapes it won (M=1, and M=9-16 with its second MMA
-    set): K split (ATOMIC) but for the 4-step lm_head forms; a one-kernel form packs x itself and finishes its split."""
+    set): K split (ATOMIC) but for the 4-step lm_head forms; a one-kernel form packs x itself and finishes its split,
+    a bf16 form (bx) reads x as it is and finishes its split."""
     out = {}
     for cfg in lp.FP4_MMA_CONFIGS:
         for block_m in (1, 16):
             out[f"{cfg.name} M={'1' if block_m == 1 else '9-16'}"] = dict(
                 WARPS=cfg.warps, BLOCK_M=block_m, UNROLL=cfg.block_k // 64, ATOMIC=cfg.warps_per_sm != 18,
-                USE_ASM=True, EV="evict_first" if cfg.evict else "", PDL=not cfg.one_kernel,
-                SELF_PACK=cfg.one_kernel, FINISH=cfg.one_kernel and cfg.warps_per_sm != 18)
+                USE_ASM=True, EV="evict_first" if cfg.evict else "", PDL=not (cfg.one_kernel or cfg.bx),
+                SELF_PACK=cfg.one_kernel, FINISH=(cfg.one_kernel or cfg.bx) and cfg.warps_per_sm != 18, BX=cfg.bx)
     return out
 
 

@@ -128,10 +128,11 @@ assert lp.fp4_config_for(1, 4096, "cpu", n=128256) is lp.FP4_MMA_WIDE
 assert lp.fp4_config_for(1, 4096, "cpu", n=36864) is lp.FP4_MMA_DEFAULT
 assert lp.fp4_config_for(4, 4096, "cpu", n=128256) is lp.FP4_MMA_DEFAULT
 assert lp.fp4_config_for(1, 4224, "cpu", n=128256) is lp.FP4_MMA_DEFAULT  # K not whole 256-value steps
-# a narrow shape at M=1 (a router, an MLA down-projection) runs in one kernel, which won only there on the H200
-assert lp.fp4_config_for(1, 7168, "cpu", n=576) is lp.FP4_MMA_ONE_KERNEL
-assert lp.fp4_config_for(1, 7168, "cpu", n=1536) is lp.FP4_MMA_DEFAULT
-assert lp.fp4_config_for(4, 7168, "cpu", n=576) is lp.FP4_MMA_DEFAULT
+# below the lm_heads, and at M > 1, the bf16 form on x as it is (one kernel a call), which won there on the H200
+assert lp.FP4_MMA_DEFAULT.bx and not lp.FP4_MMA_WIDE.bx
+assert lp.fp4_config_for(1, 7168, "cpu", n=576) is lp.FP4_MMA_DEFAULT
+assert lp.fp4_config_for(4, 4096, "cpu", n=128256) is lp.FP4_MMA_DEFAULT
+assert lp.fp4_config_for(1, 192, "cpu", n=576).bx  # K whole 64-value steps only
 # the x packing for the f16x2 asm form (the asm itself needs a GPU): plane j holds (x[8w+3-j], x[8w+7-j]) as fp16
 x = torch.randn(1, 64).to(torch.bfloat16)
 xp = torch.empty((4, 8), dtype=torch.int32)
@@ -283,6 +284,58 @@ for m, n, k, cfg, split in [(1, 48, 256, G(64, 128, 4, mma=True, one_kernel=True
     assert g.kernels == 1
     for call in range(2):  # the second call sees the zeros (and counters) the first left
         x = torch.randn(m, k).to(torch.bfloat16)
+        g.out.fill_(float("nan"))
+        err = nv.relative_error(g(x), nv.reference_mm(x, q))
+        assert err < 2e-3, (m, n, k, cfg, split, call, err)
+    if g.acc is not None:
+        assert not g.acc.any() and not g.cnt.any()
+    print("ok", m, n, k, cfg.name, g.split, err)
+''')
+    assert out.count("ok") == 5, out
+
+
+def test_bf16_form_reorders_each_word_so_plane_j_pairs_values_2j_and_2j_plus_1():
+    """repack_mma(bx=True): within each word the 8 values move so that plane j of the bf16 bit layout holds values 2j
+    (low half) and 2j+1 (high half), the pair x holds in its own int32 word j; zero-scale blocks keep only zeros."""
+    q = nv.quantize_nvfp4(torch.randn(16, 64))
+    q.block_scales.view(torch.uint8)[3, 1] = 0  # a block whose scale is 0: its values are 0 whatever the codes
+    words, _ = lp.repack_mma(q, bx=True)
+    codes = torch.stack([q.packed & 0xF, q.packed >> 4], dim=-1).reshape(16, 64)
+    codes[3, 16:32] = 0
+    lane = lp.mma_nibbles(words[0, 0, 4 * 2 + 1], bx=True)  # row g=2, group q=1: values 8..15 of row 2, then of row 10
+    for r, row in enumerate((2, 10)):
+        for w in range(2):
+            v = (lane[2 * r + w].item() & 0xFFFFFFFF)
+            nib = [(v >> (4 * p)) & 0xF for p in range(8)]  # packed position p
+            want = codes[row, 16 + 8 * w: 24 + 8 * w].tolist()  # group 4i+q = 1 (values 16..31) of the row
+            assert [nib[3 - j] for j in range(4)] == want[0::2] and [nib[7 - j] for j in range(4)] == want[1::2]
+    # the bit layout round-trips with the bf16 places
+    w32 = torch.randint(-2**31, 2**31 - 1, (64,), dtype=torch.int64).to(torch.int32)
+    assert torch.equal(lp.mma_nibbles(lp.mma_bit_layout(w32, bx=True), bx=True), w32)
+
+
+@pytest.mark.skipif(not lp.HAVE_TRITON, reason="Triton is not installed (pip install triton runs its CPU interpreter)")
+def test_bf16_nvfp4_form_reads_x_as_it_is_in_one_kernel():
+    """The bf16 form (cfg.bx): x's own bf16 pairs are the B operand (no packing kernel), the last K split casts and
+    leaves zeros; M = 1, 3 and 12, split and not, two calls each; its x is not rounded to fp16 (a 1e5 value is kept)."""
+    out = _interpret(r'''
+from dataclasses import replace
+import torch
+from decode_gap.kernels import nvfp4 as nv, lowprec as lp
+torch.manual_seed(0)
+G = lp.GemvConfig
+for m, n, k, cfg, split in [(1, 48, 256, lp.FP4_MMA_DEFAULT, None),
+                            (1, 100, 512, G(64, 128, 4, mma=True, bx=True), 4),
+                            (3, 40, 256, G(32, 64, 2, mma=True, bx=True), 3),
+                            (12, 33, 256, G(64, 128, 4, mma=True, bx=True), 2),
+                            (1, 80, 512, replace(lp.FP4_MMA_WIDE, bx=True), None)]:
+    q = nv.quantize_nvfp4(torch.randn(n, k) * 3)
+    g = lp.Nvfp4Gemv(q, m, "cpu", cfg=cfg, out_dtype=torch.float32, split=split)
+    assert g.kernels == 1 and g.xp is None
+    for call in range(2):  # the second call sees the zeros (and counters) the first left
+        x = torch.randn(m, k).to(torch.bfloat16)
+        if call:
+            x[0, 5] = 1e5  # past fp16's range: the fp16 form would make it inf
         g.out.fill_(float("nan"))
         err = nv.relative_error(g(x), nv.reference_mm(x, q))
         assert err < 2e-3, (m, n, k, cfg, split, call, err)

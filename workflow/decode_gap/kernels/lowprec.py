@@ -20,24 +20,32 @@ NVFP4 tensor-core form (any M <= 16, the default where K % 64 == 0; `cfg.mma`):
   on 28672x4096 went from 48.9 us, two passes reading the weight twice, to 34.6 us);
 - a register double buffer keeps the next 2 or 4 steps' loads in flight during this step's math; weight loads are
   evict-first; K is split until there are about 27 warps an SM (18 with 4 steps an iteration); the GEMV launches as a
-  programmatic dependent of the x packing (sm90+), so its launch overlaps it.
+  programmatic dependent of the x packing (sm90+), so its launch overlaps it;
+- the bf16 form (`cfg.bx`, the default but on the lm_heads): x as it is, its own bf16 pairs, is the B operand, so no
+  packing kernel runs. The weight's values are reordered within each word at repack time (`bx_order`) so that plane j
+  pairs values 2j and 2j+1, as x's word j does. The planes decode into bf16 (e1 e0 m at bits 8..6: E2M1 x 2^-126,
+  e = 0 being bf16's subnormal), the block scale goes to bf16 x 2^112 (from the fp16 conversion: shift, mask, add),
+  and one fma.rn.bf16x2 multiplies them exactly. The MMA runs in bf16, and the last K split casts the sums and leaves
+  zeros (`_split_finish`): one kernel a call. x is not rounded to fp16 either.
 NVFP4 CUDA-core forms (M=1): int32 words decoded in f16x2 inline asm (`asm`) or plain Triton, the 8 nibbles of a word
 as 8 "planes" against strided x; kept where K is not whole 64-value steps (and timed by the gemm stage, which keeps the
 fastest form per shape). Under the CPU interpreter every form runs its decode in plain Triton (the asm needs a GPU).
 
-Measured on an H200 (benchmarks/lowprec_device.py, CUDA-graph replay, rotating weights; read bandwidth 4465 GB/s,
-NVFP4 bytes = packed values + scales), fraction of read bandwidth at M=1 (the previous session's tensor-core form in
-brackets): Llama-3.1-8B lm_head 86% (68%), gate_up 67% (48%), down 53% (40%), qkv 35% (27%); DeepSeek-V3 129280x7168
-90% (71%), 36864x7168 80% (58%), 7168x18432 68% (45%); GLM-5 154880x6144 88% (71%), 24576x6144 72% (50%). At M = 4 / 8
-/ 12 / 16 on 28672x4096: 66% / 65% / 50% / 45%. What is left on the mid-sized shapes: the x packing and the split-K
-cast are two more kernels (2.0 and 1.1 us a call beside a 19.9 us GEMV on 28672x4096), and the GEMV itself issues
+Measured on an H200 (benchmarks/lowprec_device.py, CUDA-graph replay, rotating weights; read bandwidth 4300 GB/s,
+NVFP4 bytes = packed values + scales), fraction of read bandwidth at M=1, with the bf16 form: Llama-3.1-8B lm_head
+88% (fp16 form), gate_up 70%, down 59%, qkv 42%, o_proj 34%; DeepSeek-V3 129280x7168 92% (fp16 form), 36864x7168
+79%, 7168x18432 72%; GLM-5 154880x6144 89%, 24576x6144 75%. At M = 4 / 8 / 16 on 28672x4096: 70% / 68% / 46%.
+What is left on the mid-sized shapes (measured before the bf16 form, which removed the packing kernel and the cast):
+the x packing and the split-K cast were two more kernels (2.0 and 1.1 us a call beside a 19.9 us GEMV on
+28672x4096), and the GEMV itself issues
 about 87 instructions per 512-byte warp step (72% of them the decode and its scale multiply): ncu shows 0.62 issued
 warps per scheduler at 64% DRAM throughput there (0.66 and 78% on the lm_head). A register cap for more resident warps
 (spills) and one step an iteration (more instructions a step) were both slower; so was casting the split sums in the
 GEMV's last split (counter and fences) once the launch overlapped the packing (the FP8 and bf16 GEMV, with no packing
-kernel to overlap, does: `_split_finish`). The one-kernel form (`one_kernel`: each program packs its own x words, the
-last split casts) wins only on narrow shapes (H200, 32-576 rows: 3.3-4.7 us against 4.4-5.6 us), where it is the
-default at M=1; from 1536 rows up it is 1.5-2.2x slower, hundreds of programs storing the same x words. FP8 per-tensor GEMVs reach 87-103% on the large shapes (against 77-100% for
+kernel to overlap, does: `_split_finish`). The fp16 one-kernel form (`one_kernel`: each program packs its own x
+words, the last split casts) beat the fp16 form only on narrow shapes (H200, 32-576 rows: 3.3-4.7 us against 4.4-5.6
+us) and the bf16 form beats both there; from 1536 rows up it is 1.5-2.2x slower, hundreds of programs storing the
+same x words. FP8 per-tensor GEMVs reach 87-103% on the large shapes (against 77-100% for
 `_scaled_mm`), 80% on Llama-3.1-8B down (4096 rows: more K splits were slower); bf16 91-103%.
 
 Grouped form (MoE at M=1, `GroupedExperts`): a third grid axis is the expert slot, whose id picks the expert's
@@ -83,6 +91,15 @@ FP4_UNSCALE = 16384.0  # 2^14: the decoded fp16 is the E2M1 value times 2^-14
 # planes 2 and 3 fill the rest (no four 7-bit-wide "s...eem" shapes fit in 16 bits, so those two take two shifts)
 MMA_MAG_BITS = (9, 6, 3, 0)
 MMA_SIGN_BITS = (15, 12, 13, 14)
+# the bf16 form (GemvConfig.bx: x read as it is, its own bf16 pairs as the MMA's B operand, so no packing kernel):
+# plane 0's magnitude where bf16 wants it (e1 e0 m at 8-6), plane 1 three bits lower, plane 2 at 2-0, plane 3 at
+# 11-9 (the same operation count as the fp16 form); the signs as there. Within each word the values are reordered
+# (BX_ORDER) so that plane j holds values 2j (low half) and 2j+1 (high half), the pair x holds in its word j.
+BX_MAG_BITS = (6, 3, 0, 9)
+BX_ORDER = (6, 4, 2, 0, 7, 5, 3, 1)  # packed position p holds value BX_ORDER[p] of the word's 8
+# decoded bf16 = E2M1 x 2^-126 (bits in place: e = 0 is bf16's subnormal), block scale = E4M3 x 2^112, so their
+# product is the value x 2^-14, as in the fp16 form (FP4_UNSCALE), and exact (at most 6 significant bits)
+BX_SCALE_EXP = 112
 FP8_BLOCK = 128
 
 
@@ -129,6 +146,25 @@ if HAVE_TRITON:
         lo = h.to(tl.int16).to(tl.float16, bitcast=True)
         hi = (h >> 16).to(tl.int16).to(tl.float16, bitcast=True)
         return lo, hi
+
+    @triton.jit
+    def _fp4_pair_bx(q, J: tl.constexpr):
+        # plane J of a bf16-form word (BX_MAG_BITS / MMA_SIGN_BITS) as fp32 = E2M1 * 2^-126 (the bf16 bits the asm
+        # makes, widened: a bf16 is the top half of an fp32), with the same shifts and masks as the asm
+        if J == 0:
+            h = q & -2118090304  # 0x81C081C0
+        elif J == 1:
+            h = (q << 3) & -2118090304
+        elif J == 2:
+            h = ((q << 6) & 0x01C001C0) | ((q << 2) & -2147450880)  # 0x80008000
+        else:
+            h = ((q >> 3) & 0x01C001C0) | ((q << 1) & -2147450880)
+        return (h << 16).to(tl.float32, bitcast=True), (h & -65536).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _bf16_half(v, HI: tl.constexpr):
+        """The low (HI False) or high bf16 of an int32 word of x, as fp32."""
+        return (v & -65536).to(tl.float32, bitcast=True) if HI else (v << 16).to(tl.float32, bitcast=True)
 
     @triton.jit
     def _fp4_rows(x_base, w_base, s_base, rows, nmask, w_start, w_end, stride_wn, stride_sn,
@@ -391,7 +427,7 @@ if HAVE_TRITON:
     # 4g+q reads x row g (row 0 when M=1) at its own group, so the decoded tile never goes through shared memory.
     # Why asm: Triton cannot place a decoded tile in the mma operand layout without a shared-memory round trip
     # (measured: 8-12% of read bandwidth), and has no f16x2 type.
-    def _fp4_mma_asm(nb: int = 1) -> str:
+    def _fp4_mma_asm(nb: int = 1, bx: bool = False) -> str:
         # with nb x sets (nb = 2: x rows 0-7 and 8-15, M up to 16 in one pass, the decoded tile used twice):
         # $0..8nb-1 accumulators, set 2b + (mma parity) for x set b (in place, tied); then 4 words (row g: 2G,
         # 2G+1; row g+8: 2G, 2G+1); 2 scale registers (int16 x4 packed; low half of the first = s[row g] |
@@ -399,32 +435,48 @@ if HAVE_TRITON:
         # pair x[8w+3-j], x[8w+7-j]).
         # Plane j of a word (repack_mma's bit layout): one AND for plane 0, a shift and an AND for plane 1, two
         # shifts, two ANDs and an OR for planes 2 and 3 (11 operations a word, where nibbles in place took 15)
+        # bx (the bf16 form): the planes of BX_MAG_BITS, the scales moved from fp16 to bf16 times 2^BX_SCALE_EXP
+        # (every E4M3 is an fp16 normal: shift, mask, add the exponent difference), fma.rn.bf16x2 (sm80+) with -0,
+        # and a bf16 MMA on x's own bf16 pairs
         w0 = 8 * nb
         s0, x0 = w0 + 4, w0 + 6
-        lines = ["{", ".reg .b32 t, u, h, sg, sh, a0, a1, a2, a3;", ".reg .b16 l, z;",
+        mag_bits, top = (BX_MAG_BITS, 6) if bx else (MMA_MAG_BITS, 9)
+        both = "0x81C081C0" if bx else "0x8E008E00"  # sign and plane-0 magnitude
+        mag = "0x01C001C0" if bx else "0x0E000E00"
+        lines = ["{", f".reg .b32 t, u, h, sg, sh, {'nz, ' if bx else ''}a0, a1, a2, a3;", ".reg .b16 l, z;",
                  f"prmt.b32 t, ${s0}, 0, 0x0000;", "mov.b32 {l, z}, t;", "cvt.rn.f16x2.e4m3x2 sg, l;",
                  f"prmt.b32 t, ${s0}, 0, 0x1111;", "mov.b32 {l, z}, t;", "cvt.rn.f16x2.e4m3x2 sh, l;"]
+        if bx:
+            exp = f"0x{((127 - 15 + BX_SCALE_EXP) << 7) * 0x10001:08X}"
+            for reg in ("sg", "sh"):
+                lines += [f"shr.b32 {reg}, {reg}, 3;", f"and.b32 {reg}, {reg}, 0x0FFF0FFF;",
+                          f"add.u32 {reg}, {reg}, {exp};"]
+            lines.append("mov.b32 nz, 0x80008000;")
         for mm in range(4):
             wr, j0 = mm // 2, 2 * (mm % 2)
             n = 0
             for j in (j0, j0 + 1):
                 for r in (0, 1):
                     word = f"${w0 + 2 * r + wr}"
+                    shift = top - mag_bits[j]
+                    move = f"shl.b32 t, {word}, {shift};" if shift >= 0 else f"shr.b32 t, {word}, {-shift};"
                     if j == 0:
-                        lines.append(f"and.b32 h, {word}, 0x8E008E00;")
-                    elif j == 1:
-                        lines += [f"shl.b32 t, {word}, 3;", "and.b32 h, t, 0x8E008E00;"]
+                        lines.append(f"and.b32 h, {word}, {both};")
+                    elif shift == 15 - MMA_SIGN_BITS[j]:  # sign and magnitude move together
+                        lines += [move, f"and.b32 h, t, {both};"]
                     else:
-                        lines += [f"shl.b32 t, {word}, {9 - MMA_MAG_BITS[j]};", "and.b32 h, t, 0x0E000E00;",
+                        lines += [move, f"and.b32 h, t, {mag};",
                                   f"shl.b32 u, {word}, {15 - MMA_SIGN_BITS[j]};", "and.b32 u, u, 0x80008000;",
                                   "or.b32 h, h, u;"]
-                    lines.append(f"mul.rn.f16x2 a{n}, h, {'sg' if r == 0 else 'sh'};")
+                    sc = "sg" if r == 0 else "sh"
+                    lines.append(f"fma.rn.bf16x2 a{n}, h, {sc}, nz;" if bx else f"mul.rn.f16x2 a{n}, h, {sc};")
                     n += 1
+            kind = "bf16.bf16" if bx else "f16.f16"
             for xs in range(nb):
                 acc = 4 * (2 * xs + mm % 2)
                 c = ",".join(f"${acc + e}" for e in range(4))
                 xr = x0 + 8 * xs + 4 * wr + j0
-                lines.append(f"mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {{{c}}}, {{a0,a1,a2,a3}}, "
+                lines.append(f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.f32 {{{c}}}, {{a0,a1,a2,a3}}, "
                              f"{{${xr},${xr + 1}}}, {{{c}}};")
         lines.append("}")
         return "\n".join(lines)
@@ -437,6 +489,8 @@ if HAVE_TRITON:
     _FP4_MMA_CONS = tl.constexpr(_fp4_mma_cons(1))
     _FP4_MMA_ASM2 = tl.constexpr(_fp4_mma_asm(2))
     _FP4_MMA_CONS2 = tl.constexpr(_fp4_mma_cons(2))
+    _BX_MMA_ASM = tl.constexpr(_fp4_mma_asm(1, bx=True))
+    _BX_MMA_ASM2 = tl.constexpr(_fp4_mma_asm(2, bx=True))
 
     @triton.jit
     def _fp4_xpack4_kernel(x_ptr, xp_ptr, KW, stride_xs, stride_ps, z_ptr, NZ, BLOCK: tl.constexpr,
@@ -507,12 +561,20 @@ if HAVE_TRITON:
         return q, s, x[0], x[1], x[2], x[3]
 
     @triton.jit
-    def _fp4_mma_math(op, T: tl.constexpr, TWO: tl.constexpr, acc0, acc1, acc2, acc3):
+    def _fp4_mma_math(op, T: tl.constexpr, TWO: tl.constexpr, acc0, acc1, acc2, acc3, BX: tl.constexpr = False):
         s = tl.broadcast_to(op[1][:, None], (T, 4))
         if TWO:  # the decoded tile into two MMAs: x rows 0-7 (acc0, acc1) and 8-15 (acc2, acc3)
-            acc0, acc1, acc2, acc3 = tl.inline_asm_elementwise(
-                _FP4_MMA_ASM2, _FP4_MMA_CONS2, [op[0], s, op[2], op[3], op[4], op[5], acc0, acc1, acc2, acc3],
-                dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=4)
+            if BX:
+                acc0, acc1, acc2, acc3 = tl.inline_asm_elementwise(
+                    _BX_MMA_ASM2, _FP4_MMA_CONS2, [op[0], s, op[2], op[3], op[4], op[5], acc0, acc1, acc2, acc3],
+                    dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=4)
+            else:
+                acc0, acc1, acc2, acc3 = tl.inline_asm_elementwise(
+                    _FP4_MMA_ASM2, _FP4_MMA_CONS2, [op[0], s, op[2], op[3], op[4], op[5], acc0, acc1, acc2, acc3],
+                    dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=4)
+        elif BX:
+            acc0, acc1 = tl.inline_asm_elementwise(_BX_MMA_ASM, _FP4_MMA_CONS, [op[0], s, op[2], op[3], acc0, acc1],
+                                                   dtype=(tl.float32, tl.float32), is_pure=True, pack=4)
         else:
             acc0, acc1 = tl.inline_asm_elementwise(_FP4_MMA_ASM, _FP4_MMA_CONS, [op[0], s, op[2], op[3], acc0, acc1],
                                                    dtype=(tl.float32, tl.float32), is_pure=True, pack=4)
@@ -525,14 +587,15 @@ if HAVE_TRITON:
 
     @triton.jit
     def _fp4_mma_loop(wb, sb, xb, xb2, i0, i1, T: tl.constexpr, U: tl.constexpr, EV: tl.constexpr,
-                      TWO: tl.constexpr, acc0, acc1, acc2, acc3, PDL: tl.constexpr = False):
+                      TWO: tl.constexpr, acc0, acc1, acc2, acc3, PDL: tl.constexpr = False,
+                      BX: tl.constexpr = False):
         """Steps [i0, i1) (a multiple of U) with a register double buffer: the next U steps' loads are issued
         before this U steps' math, so 2U steps' bytes are in flight a warp (on the H200 this, with the decode's
         fewer operations, took Llama-3.1-8B lm_head from 64% to 86% of read bandwidth; unrolling alone: 72%).
         TWO: x rows 0-7 and 8-15 against the same decoded tile (acc2, acc3 the second set).
         PDL: launched as a programmatic dependent of the kernel before it, so the launch overlaps that kernel;
         wait for it (gdc_wait) before the first load. (Loading the first weights before the wait, which do not depend
-        on it, put 16 more instructions in the loop and was 4-8% slower on the H200.)"""
+        on it, put 16 more instructions in the loop and was 4-8% slower on the H200.) BX: the bf16 form's asm."""
         if PDL:
             tl.extra.cuda.gdc_wait()
         a = _fp4_mma_load(wb, sb, xb, xb2, i0, EV, TWO)
@@ -549,14 +612,14 @@ if HAVE_TRITON:
             if U >= 4:
                 cn = _fp4_mma_load(wb, sb, xb, xb2, j + 2, EV, TWO)
                 dn = _fp4_mma_load(wb, sb, xb, xb2, j + 3, EV, TWO)
-            acc0, acc1, acc2, acc3 = _fp4_mma_math(a, T, TWO, acc0, acc1, acc2, acc3)
+            acc0, acc1, acc2, acc3 = _fp4_mma_math(a, T, TWO, acc0, acc1, acc2, acc3, BX)
             a = an
             if U >= 2:
-                acc0, acc1, acc2, acc3 = _fp4_mma_math(b, T, TWO, acc0, acc1, acc2, acc3)
+                acc0, acc1, acc2, acc3 = _fp4_mma_math(b, T, TWO, acc0, acc1, acc2, acc3, BX)
                 b = bn
             if U >= 4:
-                acc0, acc1, acc2, acc3 = _fp4_mma_math(c, T, TWO, acc0, acc1, acc2, acc3)
-                acc0, acc1, acc2, acc3 = _fp4_mma_math(d, T, TWO, acc0, acc1, acc2, acc3)
+                acc0, acc1, acc2, acc3 = _fp4_mma_math(c, T, TWO, acc0, acc1, acc2, acc3, BX)
+                acc0, acc1, acc2, acc3 = _fp4_mma_math(d, T, TWO, acc0, acc1, acc2, acc3, BX)
                 c = cn
                 d = dn
         return acc0, acc1, acc2, acc3
@@ -566,16 +629,18 @@ if HAVE_TRITON:
                         stride_xm, stride_wt, stride_st, stride_om, x_ptr, stride_x, fin_ptr, stride_fm, cnt_ptr,
                         WARPS: tl.constexpr, BLOCK_M: tl.constexpr, UNROLL: tl.constexpr, ATOMIC: tl.constexpr,
                         USE_ASM: tl.constexpr, EV: tl.constexpr = "", PDL: tl.constexpr = False,
-                        SELF_PACK: tl.constexpr = False, FINISH: tl.constexpr = False):
+                        SELF_PACK: tl.constexpr = False, FINISH: tl.constexpr = False, BX: tl.constexpr = False):
         """y[M<=16, N] = x W^T on tensor cores (see _fp4_mma_asm); program (group of WARPS 16-row tiles, K split).
         Accumulator element e of lane 4g+q holds row g + 8 (e // 2), x row 2q + e % 2 (+ 8 in the second set of
         BLOCK_M = 16: x rows 8-15 against the same decoded tile, so the weight is read once). ATOMIC: fp32 partial sums
         added into out_ptr (K split; the last split casting the sums in-kernel, with a counter and fences, was no
         faster on the H200 than the separate cast once the GEMV launches as a programmatic dependent).
-        One call, one kernel (the M=1 default on narrow N, see FP4_ONE_KERNEL_ROWS): SELF_PACK, each program packs the
+        One call, one kernel in fp16 (a candidate the benchmark times): SELF_PACK, each program packs the
         x words of its own K range from x_ptr into xp_ptr (every program of that range writes the same values) and
         reads them back after a barrier, instead of a packing kernel before it; FINISH (with ATOMIC), the last K
-        split casts the sums into fin_ptr and leaves zeros (_split_finish), instead of a cast after it."""
+        split casts the sums into fin_ptr and leaves zeros (_split_finish), instead of a cast after it.
+        BX (the bf16 form, repack_mma(bx=True)): xp_ptr is x itself, an int32 view of its bf16 pairs, so no
+        program packs anything; with FINISH a call is this one kernel."""
         T: tl.constexpr = 32 * WARPS
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -603,7 +668,7 @@ if HAVE_TRITON:
             acc0 = tl.zeros((T, 4), dtype=tl.float32)
             acc1 = tl.zeros((T, 4), dtype=tl.float32)
             acc0, acc1, acc2, acc3 = _fp4_mma_loop(wb, sb, xb, xb2, i0, i1, T, UNROLL, EV, BLOCK_M == 16, acc0, acc1,
-                                                   acc0, acc1, PDL)
+                                                   acc0, acc1, PDL, BX)
             y = (acc0 + acc1) * ts
             e = c4[None, :]
             rows = (tile * 16 + g)[:, None] + 8 * (e // 2)
@@ -630,15 +695,21 @@ if HAVE_TRITON:
                 sv = tl.load(sb + i * 32).to(tl.int32)
                 for r in tl.static_range(2):
                     sr = ((sv >> (8 * r)) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+                    sb16 = sr.to(tl.float32) * 5.192296858534828e33  # BX: the scale x 2^112, as the asm makes it
                     acc_r = tl.zeros((T, XR), dtype=tl.float32)
                     for wr in tl.static_range(2):
                         word = tl.load(w_ptr + tile_c.to(tl.int64) * stride_wt + lane * 4 + i * 128 + 2 * r + wr)
                         xw = xp_ptr + m8[None, :] * stride_xm + (((4 * i + qq) * 2 + wr) * 4)[:, None]
                         for j in tl.static_range(4):
                             xv = tl.load(xw + j, mask=xm, other=0)
-                            lo, hi = _fp4_pair_mma(word, j)
-                            acc_r += ((lo * sr).to(tl.float32)[:, None] * _f16_half(xv, False)
-                                      + (hi * sr).to(tl.float32)[:, None] * _f16_half(xv, True))
+                            if BX:  # decoded x scale is exact in fp32, as in bf16
+                                lo, hi = _fp4_pair_bx(word, j)
+                                acc_r += ((lo * sb16)[:, None] * _bf16_half(xv, False)
+                                          + (hi * sb16)[:, None] * _bf16_half(xv, True))
+                            else:
+                                lo, hi = _fp4_pair_mma(word, j)
+                                acc_r += ((lo * sr).to(tl.float32)[:, None] * _f16_half(xv, False)
+                                          + (hi * sr).to(tl.float32)[:, None] * _f16_half(xv, True))
                     part += tl.where((tl.arange(0, 2) == r)[None, :, None], acc_r[:, None, :], 0.0)
             y = tl.sum(tl.reshape(part, (WARPS, 8, 4, 2, XR)), axis=2) * ts  # [warp, g, half, x row]
             wv = tl.arange(0, WARPS)[:, None, None, None]
@@ -933,44 +1004,61 @@ if HAVE_TRITON:
 # --------------------------------------------------------------------------- formats
 
 
-def repack_mma(q: nv.NVFP4Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def repack_mma(q: nv.NVFP4Tensor, bx: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The tensor-core form's weight layout (done once, as servers repack at load time; the same bytes): words
     [N/16, K/64, 32, 4] int32, where lane 4g+q of 16-row tile T at K step i holds the 8 bytes of group 4i+q of row
     16T+g then those of row 16T+8+g, and scales [N/16, K/64, 32] int16 (low byte row g, high byte row g+8), so one
     warp load is 512 contiguous bytes and one lane's 16 bytes are exactly its MMA fragments; the bits of each 16-bit
-    half then move to mma_bit_layout's places (fewer decode operations). N is padded to 16."""
+    half then move to mma_bit_layout's places (fewer decode operations). N is padded to 16.
+    bx (the bf16 form): the values of each word reordered first (bx_order), and the bf16 bit places."""
     n, k = q.shape
     if k % 64:
         raise DecodeGapError(f"nvfp4: the tensor-core layout needs K % 64 == 0 (K={k})")
     packed, scales = q.packed, q.block_scales.view(torch.uint8)
+    if bx:
+        packed = bx_order(packed, scales)
     kg, nt = k // 16, math.ceil(n / 16)
     if nt * 16 != n:
         packed = torch.cat([packed, packed.new_zeros((nt * 16 - n, k // 2))])
         scales = torch.cat([scales, scales.new_zeros((nt * 16 - n, kg))])
     w = packed.reshape(nt, 2, 8, kg // 4, 4, 8).permute(0, 3, 2, 4, 1, 5).contiguous().view(torch.int32)
     sc = scales.reshape(nt, 2, 8, kg // 4, 4).permute(0, 3, 2, 4, 1).contiguous().view(torch.int16)
-    return mma_bit_layout(w).view(nt, kg // 4, 32, 4), sc.view(nt, kg // 4, 32)
+    return mma_bit_layout(w, bx).view(nt, kg // 4, 32, 4), sc.view(nt, kg // 4, 32)
 
 
-def mma_bit_layout(words: torch.Tensor) -> torch.Tensor:
+def bx_order(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """[N, K/2] packed nibbles -> the same values with each word's 8 in BX_ORDER (so plane j of the bit layout
+    holds values 2j and 2j+1, x's own bf16 pair j) and the codes of blocks whose E4M3 scale is 0 set to 0 (their
+    values are 0 either way; the bf16 form's scale conversion does not keep a zero scale zero)."""
+    n = packed.shape[0]
+    codes = torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(n, -1, 16)
+    codes = torch.where((scales == 0)[..., None], torch.zeros_like(codes), codes)
+    codes = codes.reshape(n, -1, 8)[..., list(BX_ORDER)].reshape(n, -1, 2)
+    return (codes[..., 0] | (codes[..., 1] << 4)).to(torch.uint8)
+
+
+def mma_bit_layout(words: torch.Tensor, bx: bool = False) -> torch.Tensor:
     """int32 words of 8 nibbles (plane j of half h at bits 16h + 12 - 4j, sign on top, as packed) -> the tensor-core
-    form's bit layout (MMA_MAG_BITS, MMA_SIGN_BITS): the same 32 bits, moved within each half."""
+    form's bit layout (MMA_MAG_BITS, or BX_MAG_BITS for the bf16 form; MMA_SIGN_BITS): the same 32 bits, moved
+    within each half."""
+    mag_bits = BX_MAG_BITS if bx else MMA_MAG_BITS
     v = words.to(torch.int64) & 0xFFFFFFFF
     out = torch.zeros_like(v)
     for h in (0, 1):
         for j in range(4):
             nib = (v >> (16 * h + 12 - 4 * j)) & 0xF
-            out |= ((nib & 7) << (16 * h + MMA_MAG_BITS[j])) | ((nib >> 3) << (16 * h + MMA_SIGN_BITS[j]))
+            out |= ((nib & 7) << (16 * h + mag_bits[j])) | ((nib >> 3) << (16 * h + MMA_SIGN_BITS[j]))
     return torch.where(out >= 2**31, out - 2**32, out).to(torch.int32)
 
 
-def mma_nibbles(words: torch.Tensor) -> torch.Tensor:
+def mma_nibbles(words: torch.Tensor, bx: bool = False) -> torch.Tensor:
     """The inverse of mma_bit_layout: back to packed nibble order (for tests and dequantisation)."""
+    mag_bits = BX_MAG_BITS if bx else MMA_MAG_BITS
     v = words.to(torch.int64) & 0xFFFFFFFF
     out = torch.zeros_like(v)
     for h in (0, 1):
         for j in range(4):
-            nib = ((v >> (16 * h + MMA_MAG_BITS[j])) & 7) | (((v >> (16 * h + MMA_SIGN_BITS[j])) & 1) << 3)
+            nib = ((v >> (16 * h + mag_bits[j])) & 7) | (((v >> (16 * h + MMA_SIGN_BITS[j])) & 1) << 3)
             out |= nib << (16 * h + 12 - 4 * j)
     return torch.where(out >= 2**31, out - 2**32, out).to(torch.int32)
 
@@ -1035,6 +1123,7 @@ class GemvConfig:
     evict: bool = False  # tensor-core form: weight loads marked evict-first (streamed once)
     warps_per_sm: int = 0  # tensor-core form, split None: split K until there are about this many warps per SM
     one_kernel: bool = False  # tensor-core form: each program packs its own x slice, the last K split casts the sums
+    bx: bool = False  # tensor-core form in bf16 on x as it is (no packing kernel); the last K split casts the sums
 
     @property
     def name(self) -> str:
@@ -1042,7 +1131,7 @@ class GemvConfig:
                 f"{'g,' if self.grouped else ''}BN={self.block_n},BK={self.block_k},w={self.warps}"
                 + (f",s={self.split}" if self.split else "") + (",ef" if self.evict else "")
                 + (f",t={self.warps_per_sm}" if self.warps_per_sm and not self.split else "")
-                + (",1k" if self.one_kernel else ""))
+                + (",1k" if self.one_kernel else "") + (",bx" if self.bx else ""))
 
     @property
     def unit(self) -> int:
@@ -1050,24 +1139,23 @@ class GemvConfig:
         return 16 if self.grouped else 8
 
 
-# the tensor-core form (M <= 16), in the order of the shapes they won on an H200 (benchmarks/lowprec_device.py): 2 steps
-# an iteration, evict-first, about 27 warps an SM (every shape but the lm_heads, M = 1..16); 4 steps an iteration,
-# about 18 warps an SM (the lm_heads, 128256-154880 rows: no split); the same with evict-first; 8-warp programs (M = 4,
-# 8 on some shapes); more K splits (narrow N)
-FP4_MMA_DEFAULT = GemvConfig(64, 128, 4, mma=True, evict=True, warps_per_sm=27)
+# the tensor-core forms (M <= 16). H200 sweep (benchmarks/lowprec_device.py, M = 1, 4, 8, 16): the bf16 form (bx: x
+# read as it is, one kernel a call) won every shape but the lm_heads, by 0.3-1.4 us a call (Llama-3.1-8B qkv 9.1 ->
+# 7.9 us, o_proj 7.8 -> 6.6, down 14.1 -> 13.1, DeepSeek-V3 576x7168 5.7 -> 4.3); on the lm_heads (128256-154880 rows)
+# the fp16 form with 4 steps an iteration, about 18 warps an SM and no split was as fast or 2% faster
+FP4_MMA_FP16 = GemvConfig(64, 128, 4, mma=True, evict=True, warps_per_sm=27)  # x packed to fp16 by a kernel first
+FP4_MMA_DEFAULT = replace(FP4_MMA_FP16, bx=True)  # 2 steps an iteration, evict-first, about 27 warps an SM
 FP4_MMA_WIDE = GemvConfig(64, 256, 4, mma=True, warps_per_sm=18)  # M=1, N >= FP4_WIDE_ROWS (lm_heads)
-FP4_MMA_ONE_KERNEL = replace(FP4_MMA_DEFAULT, one_kernel=True)  # M=1, N <= FP4_ONE_KERNEL_ROWS
 FP4_WIDE_ROWS = 65536  # H200 sweep: the lm_heads (128256-154880 rows) won with 4 steps, 36864 rows and fewer with 2
-FP4_MMA_CONFIGS = (FP4_MMA_DEFAULT, FP4_MMA_WIDE,
+FP4_MMA_BX_40 = GemvConfig(64, 128, 4, mma=True, evict=True, warps_per_sm=40, bx=True)  # more K splits: narrow N
+FP4_MMA_CONFIGS = (FP4_MMA_DEFAULT, FP4_MMA_WIDE, FP4_MMA_BX_40, replace(FP4_MMA_WIDE, bx=True), FP4_MMA_FP16,
                    GemvConfig(64, 256, 4, mma=True, evict=True, warps_per_sm=18),
                    GemvConfig(128, 128, 8, mma=True, evict=True, warps_per_sm=27),
                    GemvConfig(64, 128, 4, mma=True, evict=True, warps_per_sm=40),
-                   # one kernel a call (x packed by each program, the split-K cast in the last split); on the H200
-                   # it won only the narrow shapes (32-576 rows: 3.3-4.7 against 4.4-5.6 us) and lost 1.5-2.2x from
-                   # 1536 rows up, where hundreds of programs store the same x words into L2
-                   FP4_MMA_ONE_KERNEL, replace(FP4_MMA_WIDE, one_kernel=True),
-                   GemvConfig(64, 128, 4, mma=True, evict=True, warps_per_sm=40, one_kernel=True))
-FP4_ONE_KERNEL_ROWS = 1024  # M=1, N up to this: FP4_MMA_ONE_KERNEL (576 rows won, 1536 lost by 3%)
+                   # fp16 in one kernel a call (each program packs its own x, the last K split casts): on the H200
+                   # it won the narrow shapes (32-576 rows) over the fp16 form but not over bx, and lost 1.5-2.2x
+                   # from 1536 rows up, where hundreds of programs store the same x words into L2
+                   replace(FP4_MMA_FP16, one_kernel=True), replace(FP4_MMA_WIDE, one_kernel=True))
 # the M=1 CUDA-core forms that still win small shapes (latency-bound: one kernel, no x packing, no split-K)
 FP4_DEFAULT_ASM = GemvConfig(8, 512, 4, asm=True)
 FP4_DEFAULT = GemvConfig(8, 2048, 4, split=1)
@@ -1076,8 +1164,8 @@ FP4_CUDA_CORE_CONFIGS = (FP4_DEFAULT, GemvConfig(4, 1024, 2, split=1), FP4_DEFAU
                          GemvConfig(16, 512, 4, split=1, asm=True), GemvConfig(8, 1024, 4, asm=True))
 # every candidate the benchmark times at M=1; the gemm stage times these per shape and keeps the fastest
 FP4_M1_CONFIGS = FP4_MMA_CONFIGS + FP4_CUDA_CORE_CONFIGS
-FP4_STAGE_CONFIGS = FP4_MMA_CONFIGS[:3] + (FP4_MMA_ONE_KERNEL,) + FP4_CUDA_CORE_CONFIGS[:2]
-FP4_STAGE_CONFIGS_M = (FP4_MMA_DEFAULT, FP4_MMA_CONFIGS[4])  # M = 2..16
+FP4_STAGE_CONFIGS = FP4_MMA_CONFIGS[:5] + FP4_CUDA_CORE_CONFIGS[:2]
+FP4_STAGE_CONFIGS_M = (FP4_MMA_DEFAULT, FP4_MMA_BX_40, FP4_MMA_FP16)  # M = 2..16
 
 
 # the grouped (MoE) tensor-core form, the default where it fits (H200, 8 of 256 experts, DeepSeek-V3 / GLM-5: 61 / 54 us,
@@ -1111,19 +1199,17 @@ def mma_supported(device) -> bool:
 
 
 def fp4_config_for(m: int, k: int, device="cuda", n: int = 0) -> GemvConfig | None:
-    """The default NVFP4 GEMV form for an [M, K] x [K, N]: tensor cores where K is whole 64-value steps (sm89+; on the
-    H200 they won every M=1 shape from 32x6144 to 154880x6144 but 4096x2048, by 8%), with 4 steps an iteration at
-    M=1 on N >= FP4_WIDE_ROWS (an lm_head) and in one kernel at M=1 on N <= FP4_ONE_KERNEL_ROWS (a router, an MLA
-    down-projection), else the CUDA-core asm form at M=1 and None above. Callers that time
-    the forms (the gemm stage, the benchmark) keep the fastest; this is what the simulated step runs."""
+    """The default NVFP4 GEMV form for an [M, K] x [K, N]: tensor cores in bf16 on x as it is (bx) where K is whole
+    64-value steps (sm89+; on the H200 the tensor-core forms won every M=1 shape from 32x6144 to 154880x6144, the
+    bf16 one all but the lm_heads), the fp16 form with 4 steps an iteration at M=1 on N >= FP4_WIDE_ROWS (an
+    lm_head), else the CUDA-core asm form at M=1 and None above. Callers that time the forms (the gemm stage, the
+    benchmark) keep the fastest; this is what the simulated step runs."""
     if mma_supported(device) and m == 1 and n >= FP4_WIDE_ROWS and k % FP4_MMA_WIDE.block_k == 0:
         return FP4_MMA_WIDE
-    if mma_supported(device) and m == 1 and 0 < n <= FP4_ONE_KERNEL_ROWS and k % FP4_MMA_ONE_KERNEL.block_k == 0:
-        return FP4_MMA_ONE_KERNEL
     if mma_supported(device) and k % FP4_MMA_DEFAULT.block_k == 0:
         return FP4_MMA_DEFAULT
     if mma_supported(device) and k % 64 == 0:
-        return GemvConfig(64, 64, 4, mma=True, evict=True, warps_per_sm=27)
+        return GemvConfig(64, 64, 4, mma=True, evict=True, warps_per_sm=27, bx=True)
     return FP4_DEFAULT_ASM if m == 1 else None
 
 
@@ -1218,7 +1304,9 @@ class Nvfp4Gemv:
         if cfg.block_k % 64 or cfg.block_n != 16 * cfg.warps or k % cfg.block_k:
             raise DecodeGapError(f"nvfp4 gemv: the tensor-core form needs BLOCK_N = 16 x warps and K a multiple of "
                                  f"BLOCK_K = 64 x steps ({cfg.name}, K={k})")
-        self.words, self.scales = repack_mma(self.q)
+        if cfg.bx and cfg.one_kernel:
+            raise DecodeGapError(f"nvfp4 gemv: the bf16 form packs no x, so it has no one-kernel variant ({cfg.name})")
+        self.words, self.scales = repack_mma(self.q, bx=cfg.bx)
         nt, nsteps = self.words.shape[0], self.words.shape[1]
         ctas = math.ceil(nt / cfg.warps)
         split = split or cfg.split
@@ -1231,11 +1319,12 @@ class Nvfp4Gemv:
         self.grid = (ctas, self.split)
         self.block_m = 1 if self.m == 1 else 8 if self.m <= 8 else 16  # one pass: M <= 16 rows of x
         self.kw = k // 8
-        self.xp = torch.empty((self.m, self.kw, 4), dtype=torch.int32, device=device)
+        self.bx = cfg.bx
+        self.xp = None if self.bx else torch.empty((self.m, self.kw, 4), dtype=torch.int32, device=device)
         self.acc = torch.zeros((self.m, self.n), dtype=torch.float32, device=device) if self.split > 1 else None
         # the GEMV as a programmatic dependent of the x packing (sm90+): its launch overlaps the packing
         self.pdl = pdl_supported(device) if pdl is None else pdl and pdl_supported(device)
-        self.one_kernel = cfg.one_kernel
+        self.one_kernel = cfg.one_kernel or cfg.bx  # one kernel a call
         if self.one_kernel:  # no packing kernel to depend on; the split-K counters start (and are left) at zero
             self.pdl = False
             self.cnt = torch.zeros((self.grid[0],), dtype=torch.int32, device=device)
@@ -1248,19 +1337,24 @@ class Nvfp4Gemv:
     def _call_mma(self, x: torch.Tensor) -> torch.Tensor:
         target = self.acc if self.acc is not None else self.out
         split_sums = self.acc is not None
-        if not self.one_kernel:
+        xp = self.xp
+        if self.bx:  # x's own bf16 pairs are the B operand: an int32 view, no copy when x is bf16 already
+            xb = x if x.dtype == torch.bfloat16 and x.stride(-1) == 1 and x.stride(0) % 2 == 0 else \
+                x.to(torch.bfloat16).contiguous()
+            xp = xb.view(torch.int32)
+        elif not self.one_kernel:
             nz = self.m * self.n
             grid0 = max(triton.cdiv(self.kw, 512), triton.cdiv(nz, 2048) if split_sums else 1)
             _fp4_xpack4_kernel[(grid0, self.m)](x, self.xp, self.kw, x.stride(0), self.xp.stride(0), target, nz,
                                                 BLOCK=512, ZERO=split_sums, DEPS=self.pdl)
         finish = self.one_kernel and split_sums
         self.compiled = _fp4_mma_kernel[self.grid](
-            self.xp, self.words, self.scales, self.q.tensor_scale, target, self.m, self.n, self.words.shape[0],
-            self.per, self.words.shape[1], self.xp.stride(0), self.words.stride(0), self.scales.stride(0),
+            xp, self.words, self.scales, self.q.tensor_scale, target, self.m, self.n, self.words.shape[0],
+            self.per, self.words.shape[1], xp.stride(0), self.words.stride(0), self.scales.stride(0),
             target.stride(0), x, x.stride(0), self.out, self.out.stride(0), self.cnt if finish else target,
             WARPS=self.cfg.warps, BLOCK_M=self.block_m, UNROLL=self.steps, ATOMIC=split_sums,
-            USE_ASM=not interpreted(), EV=_evict(self.cfg), PDL=self.pdl, SELF_PACK=self.one_kernel, FINISH=finish,
-            num_warps=self.cfg.warps, **_pdl_launch(self.pdl))
+            USE_ASM=not interpreted(), EV=_evict(self.cfg), PDL=self.pdl, SELF_PACK=self.one_kernel and not self.bx,
+            FINISH=finish, BX=self.bx, num_warps=self.cfg.warps, **_pdl_launch(self.pdl))
         if split_sums and not finish:
             self.out.copy_(self.acc)
         return self.out
