@@ -30,3 +30,15 @@ def test_the_floor_bound_is_the_transfer_over_transfer_plus_floor():
     assert floor_bound_fraction(4_250_000, 4250.0, 1.0) == 0.5  # 1 us of transfer, 1 us of floor
     assert floor_bound_fraction(4_250_000, 4250.0, 0.0) == 1.0
     assert floor_bound_fraction(None, 4250.0, 1.0) is None and floor_bound_fraction(1e6, 4250.0, None) is None
+
+
+def test_gemm_clock_note_names_the_cases_under_the_power_cap():
+    import pandas as pd
+
+    from decode_gap.report.sections.microbench import clock_note
+
+    df = pd.DataFrame({"dtype": ["bf16", "nvfp4", "nvfp4"], "clock_capped_frac": [0.0, 0.6, None],
+                       "clock_capped_by": ["", "power", ""], "sm_clock_mhz": [1980, 1740, None]})
+    note = clock_note(df)
+    assert note.startswith("1 of 3 cases (1 nvfp4)") and "power cap" in note and "1740 MHz" in note
+    assert clock_note(df.assign(clock_capped_frac=0.0)) == "" and clock_note(df.drop(columns="clock_capped_frac")) == ""

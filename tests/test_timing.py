@@ -113,3 +113,27 @@ def test_measuring_rules_take_turns_on_the_host_lock(tmp_path, monkeypatch):
     with timing.exclusive_measurement("rule bench_moe", log=lines.append) as waited:  # free: no wait, no line
         assert waited < 0.1
     assert lines == []
+
+
+def test_clock_watch_is_empty_on_a_cpu_host():
+    with timing.ClockWatch("cpu") as w:
+        pass
+    assert w.columns() == {"clock_capped_frac": None, "clock_capped_by": "", "sm_clock_mhz": None}
+
+
+def test_clock_watch_reads_the_share_of_time_under_the_power_cap(monkeypatch):
+    """NVML replaced by a test double (no GPU here): 30 ms of power-cap violation over the watched interval."""
+    import types
+
+    import pynvml
+
+    counters = {pynvml.NVML_PERF_POLICY_POWER: 0, pynvml.NVML_PERF_POLICY_THERMAL: 0}
+    monkeypatch.setattr(timing, "_nvml_handle", lambda device: "gpu0")
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetViolationStatus",
+                        lambda h, policy: types.SimpleNamespace(violationTime=counters[policy]))
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetClockInfo", lambda h, kind: 1740)
+    clock = iter([0, 100_000_000])  # the watch's wall clock, ns: 100 ms
+    w = timing.ClockWatch("cuda", clock=lambda: next(clock)).start()
+    counters[pynvml.NVML_PERF_POLICY_POWER] = 30_000_000
+    w.stop()
+    assert w.columns() == {"clock_capped_frac": pytest.approx(0.3), "clock_capped_by": "power", "sm_clock_mhz": 1740}

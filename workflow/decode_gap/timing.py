@@ -231,3 +231,87 @@ def exclusive_measurement(what: str, log: Callable[[str], None] = print) -> Iter
         yield waited
     finally:
         lock.release()
+
+
+# NVML's clock-limit counters (nvmlDeviceGetViolationStatus): cumulative ns the GPU's clocks were held down by
+_CAPS = (("power", "NVML_PERF_POLICY_POWER"), ("thermal", "NVML_PERF_POLICY_THERMAL"))
+
+
+def _nvml_handle(device: Any) -> Any:
+    """The NVML handle of a torch CUDA device, matched by PCI bus id (CUDA and NVML may order GPUs differently);
+    None on a CPU host or without the driver's NVML."""
+    if not is_cuda(device):
+        return None
+    try:
+        import pynvml  # nvidia-ml-py
+
+        torch = _torch()
+        pynvml.nvmlInit()  # reference-counted by NVML: cheap after the first
+        index = torch.device(device).index
+        index = torch.cuda.current_device() if index is None else index
+        p = torch.cuda.get_device_properties(index)
+        if all(hasattr(p, a) for a in ("pci_domain_id", "pci_bus_id", "pci_device_id")):
+            bus = f"{p.pci_domain_id:08x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
+            return pynvml.nvmlDeviceGetHandleByPciBusId(bus)
+        return pynvml.nvmlDeviceGetHandleByIndex(index)
+    except Exception:  # no NVML (a container without the driver library): the clock columns stay empty
+        return None
+
+
+class ClockWatch:
+    """What the GPU's clocks did while a case was timed, from NVML: the share of the wall time its clocks were held
+    down by the power or thermal cap (the driver's violation counters) and the SM clock when it ended. A kernel
+    that reads memory at full bandwidth and decodes (NVFP4) can hit an H200's power cap where a plain copy does not:
+    its figure then includes the lower clock, as a server's would under the same load. Every figure is None where
+    NVML cannot say (a CPU host, no driver library, a GPU that does not count)."""
+
+    def __init__(self, device: Any, clock: Callable[[], int] = time.monotonic_ns):
+        self._h = _nvml_handle(device)
+        self._clock = clock
+        self._start: tuple[int, dict[str, int | None]] | None = None
+        self.capped_frac: float | None = None
+        self.capped_by = ""
+        self.sm_clock_mhz: int | None = None
+
+    def _violations(self) -> dict[str, int | None]:
+        import pynvml
+
+        out: dict[str, int | None] = {}
+        for name, policy in _CAPS:
+            try:
+                out[name] = int(pynvml.nvmlDeviceGetViolationStatus(self._h, getattr(pynvml, policy)).violationTime)
+            except Exception:
+                out[name] = None
+        return out
+
+    def __enter__(self) -> "ClockWatch":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def start(self) -> "ClockWatch":
+        if self._h is not None:
+            self._start = (self._clock(), self._violations())
+        return self
+
+    def stop(self) -> None:
+        if self._h is None or self._start is None:
+            return
+        import pynvml
+
+        t0, v0 = self._start
+        wall = self._clock() - t0
+        v1 = self._violations()
+        shares = {k: (v1[k] - v0[k]) / wall for k in v0 if v0[k] is not None and v1[k] is not None and wall > 0}
+        if shares:
+            self.capped_frac = min(1.0, max(shares.values()))
+            self.capped_by = "+".join(k for k, f in shares.items() if f >= 0.01)
+        try:
+            self.sm_clock_mhz = int(pynvml.nvmlDeviceGetClockInfo(self._h, pynvml.NVML_CLOCK_SM))
+        except Exception:
+            self.sm_clock_mhz = None
+
+    def columns(self) -> dict[str, Any]:
+        return {"clock_capped_frac": self.capped_frac, "clock_capped_by": self.capped_by,
+                "sm_clock_mhz": self.sm_clock_mhz}

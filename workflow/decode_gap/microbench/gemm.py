@@ -21,12 +21,13 @@ from ..kernels import lowprec as lp
 from ..kernels import nvfp4 as nv
 from .common import BenchEnv, short_error, skip, summary
 from .shapes import GemmShape, unique_shapes
-from .timing import L2Flusher, fraction, gbps, measure, rotating_copies, tflops
+from .timing import ClockWatch, L2Flusher, fraction, gbps, measure, rotating_copies, tflops
 
 COLUMNS = [
     "name", "dtype", "backend", "M", "N", "K", "gpu_us", "eager_us", "gbps", "tflops", "frac_of_copy_bw",
     "gpu_min_us", "gpu_p99_us", "eager_min_us", "eager_p99_us", "eager_loop_us", "timing", "iters",
     "bytes", "flops", "group", "layers", "per_layer", "quantizable", "copies", "note", "latency_floor_us",
+    "clock_capped_frac", "clock_capped_by", "sm_clock_mhz",
 ]
 
 BF16 = "bf16"
@@ -294,6 +295,7 @@ def run_gemm_bench(env: BenchEnv, shapes: list[GemmShape], m_values: list[int], 
             for m in m_values:
                 case = f"{names[0].name} {be.dtype} M={m} ({n}x{k})"
                 label = be.label
+                watch = ClockWatch(env.device).start()  # the case's candidates, timed under which clocks
                 try:
                     fns, copies, note = build_case(env, be, m, n, k)
                     t = measure(fns, env.device, env.warmup, env.iters, flush=flush, cpu_budget_s=env.cpu_budget_s,
@@ -339,6 +341,7 @@ def run_gemm_bench(env: BenchEnv, shapes: list[GemmShape], m_values: list[int], 
                         torch.cuda.synchronize()
                     continue
                 del fns
+                watch.stop()
                 nb = bytes_moved(be.dtype, m, n, k, be.label)
                 fl = flops(m, n, k)
                 bw = gbps(nb, t.device_us)
@@ -349,6 +352,7 @@ def run_gemm_bench(env: BenchEnv, shapes: list[GemmShape], m_values: list[int], 
                         "frac_of_copy_bw": fraction(bw, env.copy_gbps), "bytes": nb, "flops": fl, "group": s.group,
                         "layers": s.layers, "per_layer": s.per_layer, "quantizable": s.quantizable, "copies": copies,
                         "note": "; ".join(x for x in (note, t.note) if x), "latency_floor_us": floor_us,
+                        **watch.columns(),
                     })
                 log(f"gemm {case}: {t.device_us:.2f} us ({t.method}), eager {t.eager.median_us:.2f} us, "
                     f"{bw or 0:.0f} GB/s")

@@ -29,7 +29,7 @@ except ImportError:  # pragma: no cover
     torch = None  # type: ignore[assignment]
 
 from .. import timing as _core
-from ..timing import L2Flusher, is_cuda, l2_bytes, percentiles  # noqa: F401 - one flusher, one spread (core)
+from ..timing import ClockWatch, L2Flusher, is_cuda, l2_bytes, percentiles  # noqa: F401 - shared with the core
 
 GRAPH = "graph-replay"
 MIN_GRAPH_CALLS = 16

@@ -87,6 +87,29 @@ def kernel_reading(frac: Any, gpu_us: Any = None, floor_us: Any = None, nbytes: 
     return f"our kernel is slow here ({pct}; at most {bound * 100:.0f}% with the {fmt_num(floor)} µs floor, modelled)"
 
 
+CAPPED_FROM = 0.1  # a case held down by its GPU's power or thermal cap for at least this share of its time
+
+
+def clock_note(df: pd.DataFrame) -> str:
+    """Which GEMM cases ran with the GPU's clocks held down by its power or thermal cap (NVML's violation counters,
+    gemm.csv `clock_capped_frac`): their times include the lower clock, and a compute-heavy kernel (an NVFP4 decode)
+    loses more to it than a plain read."""
+    if "clock_capped_frac" not in df.columns:
+        return ""
+    frac = pd.to_numeric(df["clock_capped_frac"], errors="coerce")
+    capped = df[frac >= CAPPED_FROM]
+    if capped.empty:
+        return ""
+    by = sorted({str(v) for v in capped.get("clock_capped_by", pd.Series(dtype=str)).dropna() if str(v)}) or ["power"]
+    per = capped.groupby("dtype").size().to_dict() if "dtype" in capped.columns else {}
+    which = ", ".join(f"{n} {d}" for d, n in per.items())
+    mhz = pd.to_numeric(capped.get("sm_clock_mhz", pd.Series(dtype=float)), errors="coerce").dropna()
+    low = f"; SM clock as low as {mhz.min():.0f} MHz after a case" if len(mhz) else ""
+    return (f"{len(capped)} of {len(df)} cases ({which}) ran at least {CAPPED_FROM:.0%} of their time with the GPU's "
+            f"clocks held down by its {' and '.join(by)} cap (NVML){low}, measured: their times include the lower "
+            "clock, as a server's would under the same load; a kernel that decodes as it reads (NVFP4) loses most.")
+
+
 def gemm_frame(bundle: Bundle) -> pd.DataFrame | None:
     t = bundle.table("gemm")
     if not t.usable:
@@ -129,6 +152,7 @@ def gemm_sub(b: Builder, bundle: Bundle, copy_gbps: float | None) -> dict[str, A
                "K": lambda v: f"{int(num(v)):,}" if num(v) is not None else "—"}
         s["table_m1"] = df_table(m1, cols, formats=pct)
         s["m_min"] = fmt_num(m_min)
+        s["clock_note"] = clock_note(df)
         s["table_all"] = df_table(df.drop(columns=["shape"]), formats=pct)
     else:
         s["table_all"] = df_table(df.drop(columns=["shape"]))
