@@ -104,10 +104,11 @@ def clock_note(df: pd.DataFrame) -> str:
     per = capped.groupby("dtype").size().to_dict() if "dtype" in capped.columns else {}
     which = ", ".join(f"{n} {d}" for d, n in per.items())
     mhz = pd.to_numeric(capped.get("sm_clock_mhz", pd.Series(dtype=float)), errors="coerce").dropna()
-    low = f"; SM clock as low as {mhz.min():.0f} MHz after a case" if len(mhz) else ""
+    low = f" The SM clock was as low as {mhz.min():.0f} MHz after a case." if len(mhz) else ""
     return (f"{len(capped)} of {len(df)} cases ({which}) ran at least {CAPPED_FROM:.0%} of their time with the GPU's "
-            f"clocks held down by its {' and '.join(by)} cap (NVML){low}, measured: their times include the lower "
-            "clock, as a server's would under the same load; a kernel that decodes as it reads (NVFP4) loses most.")
+            f"clocks held down by its {' and '.join(by)} cap (measured: NVML's violation counters).{low} Their times "
+            "include the lower clock, as a server's would under the same load; a kernel that decodes as it reads "
+            "(NVFP4) loses more to it than a plain read.")
 
 
 def gemm_frame(bundle: Bundle) -> pd.DataFrame | None:
