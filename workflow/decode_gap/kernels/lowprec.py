@@ -563,6 +563,7 @@ if HAVE_TRITON:
     @triton.jit
     def _fp4_mma_math(op, T: tl.constexpr, TWO: tl.constexpr, acc0, acc1, acc2, acc3, BX: tl.constexpr = False):
         s = tl.broadcast_to(op[1][:, None], (T, 4))
+        # one call per asm string: Triton takes it as a constexpr, not as a value a conditional expression picks
         if TWO:  # the decoded tile into two MMAs: x rows 0-7 (acc0, acc1) and 8-15 (acc2, acc3)
             if BX:
                 acc0, acc1, acc2, acc3 = tl.inline_asm_elementwise(
