@@ -1157,6 +1157,8 @@ FP4_MMA_CONFIGS = (FP4_MMA_DEFAULT, FP4_MMA_WIDE, FP4_MMA_BX_40, replace(FP4_MMA
                    # it won the narrow shapes (32-576 rows) over the fp16 form but not over bx, and lost 1.5-2.2x
                    # from 1536 rows up, where hundreds of programs store the same x words into L2
                    replace(FP4_MMA_FP16, one_kernel=True), replace(FP4_MMA_WIDE, one_kernel=True))
+# tried on the H200 and left out (within 0.2 us of the bf16 default below the lm_heads, or slower): bf16 with about
+# 20 warps an SM, 4 steps an iteration split for 27 or 18 warps an SM, 8-warp programs
 # the M=1 CUDA-core forms that still win small shapes (latency-bound: one kernel, no x packing, no split-K)
 FP4_DEFAULT_ASM = GemvConfig(8, 512, 4, asm=True)
 FP4_DEFAULT = GemvConfig(8, 2048, 4, split=1)
