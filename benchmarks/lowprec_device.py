@@ -116,16 +116,21 @@ def grouped_checks(env: BenchEnv) -> None:
     G = lp.GemvConfig
     forms = {"bf16": (None, None), "fp8": (None, None), "fp8-block": (None, None), "nvfp4": (None, None),
              "nvfp4-mma": (G(64, 128, 4, mma=True), G(64, 128, 4, mma=True)),
-             "nvfp4-mma-split": (G(32, 256, 2, split=3, mma=True), G(128, 64, 8, split=2, mma=True))}
+             "nvfp4-mma-split": (G(32, 256, 2, split=3, mma=True), G(128, 64, 8, split=2, mma=True)),
+             "nvfp4-mma-bx": (lp.FP4_GROUPED_BX_13, lp.FP4_GROUPED_BX_2),
+             "nvfp4-mma-bx-paired": (G(64, 128, 4, mma=True, bx=True), G(128, 64, 8, split=2, mma=True, bx=True))}
     if not env.is_gpu:  # H = 128, I = 64 here: two steps and one
         forms["nvfp4-mma"] = (G(32, 64, 2, mma=True), G(16, 64, 1, mma=True))
         forms["nvfp4-mma-split"] = (G(16, 64, 1, split=2, mma=True), G(64, 64, 4, mma=True))
+        forms["nvfp4-mma-bx"] = (G(16, 64, 1, split=2, mma=True, bx=True), G(64, 64, 4, mma=True, bx=True))
+        forms["nvfp4-mma-bx-paired"] = (G(32, 64, 2, mma=True, bx=True), G(16, 64, 1, mma=True, bx=True))
     if env.is_gpu:
         forms["nvfp4-asm"] = (G(16, 512, 4, asm=True), G(16, 512, 4, asm=True))
     for fmt, (c13, c2) in forms.items():
         g = lp.grouped_from_bf16(fmt.split("-")[0] if fmt.startswith("nvfp4") else fmt, w13, w2, ids, rw, dev, c13, c2)
         d13, d2 = lp.dequantized_experts(g)
-        _check(f"grouped {fmt}", 1, e, h, lambda: g(x), lp.reference_experts(x, d13, d2, ids, rw), 1e-2)
+        call = (lambda: (g(x), g(x))[1]) if g.bx else (lambda: g(x))  # bx: the second call sees the zeros left
+        _check(f"grouped {fmt}", 1, e, h, call, lp.reference_experts(x, d13, d2, ids, rw), 1e-2)
 
 
 def kernel_stats(env: BenchEnv, out: Path) -> None:
@@ -274,7 +279,7 @@ def dense_case(env: BenchEnv, model: str, n: int, k: int, m: int, old: bool, fp8
 # --------------------------------------------------------------------------- MoE
 
 
-def moe_case(env: BenchEnv, model: str, moe_fmts=("bf16", "fp8", "fp8-block", "nvfp4-prev", "nvfp4"),
+def moe_case(env: BenchEnv, model: str, moe_fmts=("bf16", "fp8", "fp8-block", "nvfp4-prev", "nvfp4", "nvfp4-bx"),
              baselines: bool = True) -> None:
     spec = load_model_card(REPO / "config" / "models" / f"{model}.json")
     shp = shapes.moe_shape(spec)
@@ -325,8 +330,13 @@ def moe_case(env: BenchEnv, model: str, moe_fmts=("bf16", "fp8", "fp8-block", "n
              (lp.DENSE_BLOCK_CONFIGS[3], lp.DENSE_BLOCK_CONFIGS[2])]
     sel_ids = torch.arange(es.experts_hit, dtype=torch.int32, device=env.device)
     forms = {"bf16": ("bf16", dcfgs), "fp8": ("fp8", dcfgs), "fp8-block": ("fp8-block", bcfgs),
-             "nvfp4-prev": ("nvfp4", cfgs), "nvfp4": ("nvfp4", mcfgs)}
-    whats = {"nvfp4-prev": "grouped gemv nvfp4 previous (CUDA cores)", "nvfp4": "grouped gemv nvfp4 (tensor cores)"}
+             "nvfp4-prev": ("nvfp4", cfgs), "nvfp4": ("nvfp4", mcfgs),
+             "nvfp4-bx": ("nvfp4", [(lp.FP4_GROUPED_BX_13, lp.FP4_GROUPED_BX_2)] if env.is_gpu else
+                          [(G(32, 64, 2, mma=True, bx=True), G(32, 64, 2, mma=True, bx=True))])}
+    if any(c["kernel"].startswith("grouped nvfp4-mma-bx") and not c["ok"] for c in RESULTS["checks"]):
+        forms["nvfp4-bx"] = ("nvfp4", [])
+    whats = {"nvfp4-prev": "grouped gemv nvfp4 previous (CUDA cores)", "nvfp4": "grouped gemv nvfp4 (tensor cores)",
+             "nvfp4-bx": "grouped gemv nvfp4 (tensor cores, bf16 on x as it is)"}
     nvbase = None
     for key in moe_fmts:
         fmt, pairs = forms[key]
@@ -334,7 +344,7 @@ def moe_case(env: BenchEnv, model: str, moe_fmts=("bf16", "fp8", "fp8-block", "n
             continue
         best = None
         tried = {}
-        if fmt == "nvfp4" and nvbase is not None:  # the same quantised experts for both NVFP4 forms
+        if fmt == "nvfp4" and nvbase is not None and key != "nvfp4-bx":  # the same quantised experts for both
             base = nvbase
         else:
             base = lp.grouped_from_bf16(fmt, es.w13, es.w2, sel_ids, es.row_weights, env.device, *pairs[0])
@@ -512,7 +522,8 @@ def main() -> int:
             run(f"llama {n}x{k} M={m}", lambda n=n, k=k, m=m: dense_case(env, "llama-3.1-8b", n, k, m, old=m == 4,
                                                                          fp8_all=False))
     if "moe" in sections or "moe4" in sections:  # moe4: the two NVFP4 grouped forms only (no baselines)
-        fmts = ("nvfp4-prev", "nvfp4") if "moe4" in sections else ("bf16", "fp8", "fp8-block", "nvfp4-prev", "nvfp4")
+        fmts = ("nvfp4-prev", "nvfp4", "nvfp4-bx") if "moe4" in sections else \
+            ("bf16", "fp8", "fp8-block", "nvfp4-prev", "nvfp4", "nvfp4-bx")
         for model in ("deepseek-v3", "glm-5") if env.is_gpu else ("deepseek-v3",):
             run(f"moe {model}", lambda model=model: moe_case(env, model, fmts, baselines="moe" in sections))
     if "moechecks" in sections:  # the grouped experts' checks only (awkward sizes)

@@ -344,3 +344,40 @@ for m, n, k, cfg, split in [(1, 48, 256, lp.FP4_MMA_DEFAULT, None),
     print("ok", m, n, k, cfg.name, g.split, err)
 ''')
     assert out.count("ok") == 5, out
+
+
+@pytest.mark.skipif(not lp.HAVE_TRITON, reason="Triton is not installed (pip install triton runs its CPU interpreter)")
+def test_grouped_bf16_form_reads_x_and_the_activation_as_they_are():
+    """The grouped bf16 form (bx): no packing kernel, the activation written as bf16 at its own index, the SiLU kernel
+    and the final cast leave the fp32 sums at zero, so a second call is right too; paired and split gate_up."""
+    out = _interpret(r'''
+import torch
+from dataclasses import replace
+from decode_gap.kernels import nvfp4 as nv, lowprec as lp
+torch.manual_seed(0)
+G = lp.GemvConfig
+E, H, I = 5, 128, 64
+ids = torch.tensor([3, 0, 4, 3]); rw = torch.rand(4)
+w13 = (torch.randn(E, 2 * I, H) * 0.1).to(torch.bfloat16); w2 = (torch.randn(E, H, I) * 0.1).to(torch.bfloat16)
+for c13, c2, launches in ((G(32, 64, 2, mma=True, bx=True), G(64, 64, 4, mma=True, bx=True), 3),  # paired
+                          (G(16, 64, 1, split=2, mma=True, bx=True), G(32, 64, 2, mma=True, bx=True), 4)):  # split
+    g = lp.grouped_from_bf16("nvfp4", w13, w2, ids, rw, "cpu", c13, c2)
+    assert g.bx and g.kernels == launches
+    d13, d2 = lp.dequantized_experts(g)
+    for call in range(2):
+        x = torch.randn(1, H).to(torch.bfloat16)
+        g.out.fill_(float("nan"))
+        err = nv.relative_error(g(x).float(), lp.reference_experts(x, d13, d2, ids, rw))
+        assert err < 1e-2, (c13, c2, call, err)
+        assert not g.zbuf.any()  # the sums and the split partials are left at zero
+    h = x.float() @ d13[0].t()  # slot 1 is expert 0: its activation, as bf16 at its own index
+    act = torch.nn.functional.silu(h[:, :I]) * h[:, I:]
+    assert torch.allclose(g.act[1].float(), act[0], rtol=2e-2, atol=1e-3)
+    print("ok", launches, err)
+try:
+    lp.grouped_from_bf16("nvfp4", w13, w2, ids, rw, "cpu", G(32, 64, 2, mma=True, bx=True), G(32, 64, 2, mma=True))
+    raise AssertionError("a bf16 gate_up with an fp16 down must be refused")
+except lp.DecodeGapError:
+    pass
+''')
+    assert out.count("ok") == 2, out

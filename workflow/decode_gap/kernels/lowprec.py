@@ -582,8 +582,9 @@ if HAVE_TRITON:
         return acc0, acc1, acc2, acc3
 
     @triton.jit
-    def _fp4_mma_step(wb, sb, xb, i, T: tl.constexpr, acc0, acc1):
-        a0, a1, _, _ = _fp4_mma_math(_fp4_mma_load(wb, sb, xb, xb, i, "", False), T, False, acc0, acc1, acc0, acc1)
+    def _fp4_mma_step(wb, sb, xb, i, T: tl.constexpr, acc0, acc1, BX: tl.constexpr = False):
+        a0, a1, _, _ = _fp4_mma_math(_fp4_mma_load(wb, sb, xb, xb, i, "", False), T, False, acc0, acc1, acc0, acc1,
+                                     BX)
         return a0, a1
 
     @triton.jit
@@ -732,23 +733,29 @@ if HAVE_TRITON:
 
     @triton.jit
     def _fp4_mma_emul_m1(xb, w_base, s_base, tile_c, lane, qq, i0, i1, stride_wt, stride_st, T: tl.constexpr,
-                         WARPS: tl.constexpr):
+                         WARPS: tl.constexpr, BX: tl.constexpr = False):
         """The CPU interpreter's M=1 stand-in for the mma loop (no asm): the same repacked layout, decode and fp16
-        scaling against x row 0; [WARPS, 8 (g), 2 (row half)] = rows 16 tile + g + 8 half."""
+        scaling against x row 0 (BX: the bf16 form's, as in _fp4_mma_kernel); [WARPS, 8 (g), 2 (row half)] = rows
+        16 tile + g + 8 half."""
         part = tl.zeros((T, 2), dtype=tl.float32)
         for i in range(i0, i1):
             sv = tl.load(s_base + tile_c * stride_st + lane + i * 32).to(tl.int32)
             for r in tl.static_range(2):
                 sr = ((sv >> (8 * r)) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+                sb16 = sr.to(tl.float32) * 5.192296858534828e33  # BX: the scale x 2^112
                 acc_r = tl.zeros((T,), dtype=tl.float32)
                 for wr in tl.static_range(2):
                     word = tl.load(w_base + tile_c * stride_wt + lane * 4 + i * 128 + 2 * r + wr)
                     xw = xb + ((4 * i + qq) * 2 + wr) * 4
                     for j in tl.static_range(4):
                         xv = tl.load(xw + j)
-                        lo, hi = _fp4_pair_mma(word, j)
-                        acc_r += ((lo * sr).to(tl.float32) * _f16_half(xv, False)
-                                  + (hi * sr).to(tl.float32) * _f16_half(xv, True))
+                        if BX:
+                            lo, hi = _fp4_pair_bx(word, j)
+                            acc_r += lo * sb16 * _bf16_half(xv, False) + hi * sb16 * _bf16_half(xv, True)
+                        else:
+                            lo, hi = _fp4_pair_mma(word, j)
+                            acc_r += ((lo * sr).to(tl.float32) * _f16_half(xv, False)
+                                      + (hi * sr).to(tl.float32) * _f16_half(xv, True))
                 part += tl.where((tl.arange(0, 2) == r)[None, :], acc_r[:, None], 0.0)
         return tl.sum(tl.reshape(part, (WARPS, 8, 4, 2)), axis=2)
 
@@ -757,13 +764,15 @@ if HAVE_TRITON:
                                 NSTEPS, up_off, stride_xs, stride_we, stride_wt, stride_se, stride_st, stride_os,
                                 WARPS: tl.constexpr, UNROLL: tl.constexpr, PAIRED: tl.constexpr,
                                 ROW_WEIGHT: tl.constexpr, USE_ASM: tl.constexpr, EV: tl.constexpr = "",
-                                PDL: tl.constexpr = False):
+                                PDL: tl.constexpr = False, BX: tl.constexpr = False):
         """Grouped M=1 form of _fp4_mma_kernel: program (group of WARPS 16-row tiles, K split, slot) on the
         repacked weight of expert ids[slot], x = packed row `slot` (stride_xs 0: one shared x).
         PAIRED (no K split): tiles t (gate) and t + up_off (up) of the same expert in the same warp, and
         silu(gate) * up stored as fp16 straight into the next call's packed x (out_ptr: int16 view of an xp
         [slots, N/8, 4] int32), so the down GEMV needs no packing kernel. Else y (times weights[slot] when
-        ROW_WEIGHT) is added to out[slot * stride_os + row] with fp32 atomics (the sum over slots, or K splits)."""
+        ROW_WEIGHT) is added to out[slot * stride_os + row] with fp32 atomics (the sum over slots, or K splits).
+        BX (the bf16 form): xp_ptr is x (or the activation) itself as int32 pairs of bf16, and PAIRED stores
+        silu(gate) * up as bf16 at its own index (out_ptr: the bf16 activation [slots, N])."""
         T: tl.constexpr = 32 * WARPS
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -796,50 +805,56 @@ if HAVE_TRITON:
                 if PDL:
                     tl.extra.cuda.gdc_wait()
                 for i in range(i0, i1, UNROLL):  # gate and up steps' loads in flight together
-                    acc0, acc1 = _fp4_mma_step(wb, sb, xb, i, T, acc0, acc1)
-                    up0, up1 = _fp4_mma_step(wu, su, xb, i, T, up0, up1)
+                    acc0, acc1 = _fp4_mma_step(wb, sb, xb, i, T, acc0, acc1, BX)
+                    up0, up1 = _fp4_mma_step(wu, su, xb, i, T, up0, up1, BX)
                     if UNROLL >= 2:
-                        acc0, acc1 = _fp4_mma_step(wb, sb, xb, i + 1, T, acc0, acc1)
-                        up0, up1 = _fp4_mma_step(wu, su, xb, i + 1, T, up0, up1)
+                        acc0, acc1 = _fp4_mma_step(wb, sb, xb, i + 1, T, acc0, acc1, BX)
+                        up0, up1 = _fp4_mma_step(wu, su, xb, i + 1, T, up0, up1, BX)
                     if UNROLL >= 4:
-                        acc0, acc1 = _fp4_mma_step(wb, sb, xb, i + 2, T, acc0, acc1)
-                        up0, up1 = _fp4_mma_step(wu, su, xb, i + 2, T, up0, up1)
-                        acc0, acc1 = _fp4_mma_step(wb, sb, xb, i + 3, T, acc0, acc1)
-                        up0, up1 = _fp4_mma_step(wu, su, xb, i + 3, T, up0, up1)
+                        acc0, acc1 = _fp4_mma_step(wb, sb, xb, i + 2, T, acc0, acc1, BX)
+                        up0, up1 = _fp4_mma_step(wu, su, xb, i + 2, T, up0, up1, BX)
+                        acc0, acc1 = _fp4_mma_step(wb, sb, xb, i + 3, T, acc0, acc1, BX)
+                        up0, up1 = _fp4_mma_step(wu, su, xb, i + 3, T, up0, up1, BX)
                 u = (up0 + up1) * ts
             else:
                 acc0, acc1, _, _ = _fp4_mma_loop(wb, sb, xb, xb, i0, i1, T, UNROLL, EV, False, acc0, acc1, acc0, acc1,
-                                                 PDL)
+                                                 PDL, BX)
             y = (acc0 + acc1) * ts
             # accumulator element c of lane 4g+q: row g + 8 (c // 2), x column 2q + c % 2; keep column 0
             rows = (tile * 16 + g)[:, None] + 8 * (c4[None, :] // 2)
             om = (rows < N) & (tile < NT)[:, None] & (qq == 0)[:, None] & (c4 % 2 == 0)[None, :]
         else:
             y = _fp4_mma_emul_m1(x_base, w_base, s_base, tile_c, lane, qq, i0, i1, stride_wt, stride_st, T,
-                                 WARPS) * ts
+                                 WARPS, BX) * ts
             if PAIRED:
                 u = _fp4_mma_emul_m1(x_base, w_base, s_base, tile_c + up_off, lane, qq, i0, i1, stride_wt,
-                                     stride_st, T, WARPS) * ts
+                                     stride_st, T, WARPS, BX) * ts
             wv = tl.arange(0, WARPS)[:, None, None]
             rows = (pid_n * WARPS + wv) * 16 + tl.arange(0, 8)[None, :, None] + 8 * tl.arange(0, 2)[None, None, :]
             om = (rows < N) & (pid_n * WARPS + wv < NT)
         if PAIRED:
             y = y / (1.0 + tl.exp(-y)) * u
-            # value k of the packed x sits at int16 8 (k // 8) + 2 (3 - k % 8) (low half) or
-            # 8 (k // 8) + 2 (7 - k % 8) + 1 (high half): plane j = (x[8w + 3 - j], x[8w + 7 - j])
-            kk = rows % 8
-            idx = (rows // 8) * 8 + tl.where(kk < 4, 2 * (3 - kk), 2 * (7 - kk) + 1)
-            op = out_ptr + slot.to(tl.int64) * stride_os + idx
-            tl.store(op, y.to(tl.float16).to(tl.int16, bitcast=True), mask=om)
+            if BX:  # the activation as it is: the down GEMV reads its bf16 pairs
+                tl.store(out_ptr + slot.to(tl.int64) * stride_os + rows, y.to(tl.bfloat16), mask=om)
+            else:
+                # value k of the packed x sits at int16 8 (k // 8) + 2 (3 - k % 8) (low half) or
+                # 8 (k // 8) + 2 (7 - k % 8) + 1 (high half): plane j = (x[8w + 3 - j], x[8w + 7 - j])
+                kk = rows % 8
+                idx = (rows // 8) * 8 + tl.where(kk < 4, 2 * (3 - kk), 2 * (7 - kk) + 1)
+                op = out_ptr + slot.to(tl.int64) * stride_os + idx
+                tl.store(op, y.to(tl.float16).to(tl.int16, bitcast=True), mask=om)
         else:
             if ROW_WEIGHT:
                 y = y * tl.load(rw_ptr + slot)
             tl.atomic_add(out_ptr + slot.to(tl.int64) * stride_os + rows, y, mask=om)
 
     @triton.jit
-    def _silu_pack_kernel(gu_ptr, xp_ptr, I, stride_gs, stride_ps, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    def _silu_pack_kernel(gu_ptr, xp_ptr, I, stride_gs, stride_ps, BLOCK: tl.constexpr, PDL: tl.constexpr = False,
+                          BX: tl.constexpr = False):
         """Split-K gate_up epilogue: gu [slots, 2I] fp32 (gate then up) -> silu(gate) * up as the packed fp16 x
-        (int16 view of [slots, I/8, 4] int32) of the down GEMV. PDL: launched as a programmatic dependent."""
+        (int16 view of [slots, I/8, 4] int32) of the down GEMV. PDL: launched as a programmatic dependent.
+        BX (the bf16 form): the activation as bf16 [slots, I] at xp_ptr, and gu left at zero for the next call
+        (no packing kernel zeroes it there)."""
         if PDL:
             tl.extra.cuda.gdc_wait()
         pid = tl.program_id(0)
@@ -849,9 +864,26 @@ if HAVE_TRITON:
         gt = tl.load(gu_ptr + slot * stride_gs + k, mask=m, other=0.0)
         up = tl.load(gu_ptr + slot * stride_gs + I + k, mask=m, other=0.0)
         y = gt / (1.0 + tl.exp(-gt)) * up
-        kk = k % 8
-        idx = (k // 8) * 8 + tl.where(kk < 4, 2 * (3 - kk), 2 * (7 - kk) + 1)
-        tl.store(xp_ptr + slot * stride_ps + idx, y.to(tl.float16).to(tl.int16, bitcast=True), mask=m)
+        if BX:
+            tl.store(xp_ptr + slot * stride_ps + k, y.to(tl.bfloat16), mask=m)
+            tl.store(gu_ptr + slot * stride_gs + k, tl.zeros_like(gt), mask=m)
+            tl.store(gu_ptr + slot * stride_gs + I + k, tl.zeros_like(up), mask=m)
+        else:
+            kk = k % 8
+            idx = (k // 8) * 8 + tl.where(kk < 4, 2 * (3 - kk), 2 * (7 - kk) + 1)
+            tl.store(xp_ptr + slot * stride_ps + idx, y.to(tl.float16).to(tl.int16, bitcast=True), mask=m)
+
+    @triton.jit
+    def _cast_zero_kernel(acc_ptr, out_ptr, N, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+        """out = acc cast to out's dtype, and acc left at zero for the next call's atomics (the grouped bf16 form's
+        last kernel: no packing kernel zeroes the sums there)."""
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+        k = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = k < N
+        v = tl.load(acc_ptr + k, mask=m, other=0.0)
+        tl.store(out_ptr + k, v.to(out_ptr.dtype.element_ty), mask=m)
+        tl.store(acc_ptr + k, tl.zeros_like(v), mask=m)
 
     @triton.jit
     def _dense_rows_m1(x_base, w_base, s_base, rows, nmask, k_start, k_end, stride_wn, stride_sn,
@@ -1178,6 +1210,11 @@ FP4_STAGE_CONFIGS_M = (FP4_MMA_DEFAULT, FP4_MMA_BX_40, FP4_MMA_FP16)  # M = 2..1
 # dependent of the one before
 FP4_GROUPED_MMA_13 = GemvConfig(64, 128, 4, split=2, mma=True, evict=True)
 FP4_GROUPED_MMA_2 = GemvConfig(64, 128, 4, mma=True, evict=True)
+# the bf16 form of both (x and the activation read as they are: no packing kernel; the SiLU kernel and a final
+# cast leave the fp32 sums at zero): one kernel fewer a call, but on the H200 no faster (DeepSeek-V3 / GLM-5: 62.4 /
+# 55.3 us against 60.6 / 54.1 us; the packing kernel was already overlapped), so a candidate the benchmark times
+FP4_GROUPED_BX_13 = replace(FP4_GROUPED_MMA_13, bx=True)
+FP4_GROUPED_BX_2 = replace(FP4_GROUPED_MMA_2, bx=True)
 
 
 def fp4_default(grouped: bool = False) -> GemvConfig:
@@ -1502,12 +1539,16 @@ class GroupedExperts:
         self.h, self.i = h, i
         self.mma13 = self.mma2 = None
         defaults = (configs[0], configs[0])
-        if fmt == "nvfp4" and grouped_mma_fits(h, i, device):  # repacked once (both layouts kept: either form runs)
-            self.mma13, self.mma2 = _stack_mma(w13), _stack_mma(w2)
-            if cfg13 is None and cfg2 is None:  # one step an iteration where K is not whole 2-step blocks
-                defaults = tuple(c if k % c.block_k == 0 else replace(c, block_k=64)
-                                 for c, k in ((FP4_GROUPED_MMA_13, h), (FP4_GROUPED_MMA_2, i)))
+        fits = fmt == "nvfp4" and grouped_mma_fits(h, i, device)
+        if fits and cfg13 is None and cfg2 is None:  # one step an iteration where K is not whole 2-step blocks
+            defaults = tuple(c if k % c.block_k == 0 else replace(c, block_k=64)
+                             for c, k in ((FP4_GROUPED_MMA_13, h), (FP4_GROUPED_MMA_2, i)))
         self.cfg13, self.cfg2 = cfg13 or defaults[0], cfg2 or defaults[1]
+        self.bx = bool(self.cfg13.mma and self.cfg13.bx)
+        if self.cfg13.mma and self.cfg2.mma and self.cfg13.bx != self.cfg2.bx:
+            raise DecodeGapError("grouped experts: gate_up and down must both use the bf16 tensor-core form or neither")
+        if fits:  # repacked once, in the tensor-core layout of the form chosen (both layouts kept: either form runs)
+            self.mma13, self.mma2 = _stack_mma(w13, self.bx), _stack_mma(w2, self.bx)
         self.act = torch.empty((self.slots, i), dtype=torch.bfloat16, device=device)
         self.xp13 = torch.empty((1, 4, h // 8), dtype=torch.int32, device=device)  # packed x for the asm form
         self.xp2 = torch.empty((self.slots, 4, i // 8), dtype=torch.int32, device=device)
@@ -1527,8 +1568,8 @@ class GroupedExperts:
     @property
     def kernels(self) -> int:
         """Kernel launches a call makes."""
-        if self.fmt == "nvfp4" and self.cfg13.mma:  # x packing (+ zeroing), gate_up, [SiLU], down, cast
-            return 5 if self._mma_plan(self.cfg13, self.h)[2] > 1 else 4
+        if self.fmt == "nvfp4" and self.cfg13.mma:  # [x packing (+ zeroing),] gate_up, [SiLU], down, cast
+            return (3 if self.bx else 4) + (1 if self._mma_plan(self.cfg13, self.h)[2] > 1 else 0)
         if self.fmt == "nvfp4" and self.cfg13.asm and not self.cfg13.grouped:
             return 6  # zero, x packing, gate_up, activation packing, down, cast
         return 4  # zero, gate_up, down, cast
@@ -1585,19 +1626,31 @@ class GroupedExperts:
                                  f"(H={self.h}, I={self.i})")
         self.mma_gate_up(x)
         self.mma_down()
-        self.out.copy_(self.acc[None, :])
+        if self.bx:  # the cast leaves the sums at zero for the next call
+            _cast_zero_kernel[(triton.cdiv(self.h, 1024),)](self.acc, self.out, self.h, BLOCK=1024, PDL=self.pdl,
+                                                             **_pdl_launch(self.pdl))
+        else:
+            self.out.copy_(self.acc[None, :])
         return self.out
 
     def mma_gate_up(self, x: torch.Tensor) -> None:
-        """Tensor-core form, first half: pack x (zeroing the fp32 sums), gate_up (+ the SiLU kernel when split)."""
+        """Tensor-core form, first half: pack x (zeroing the fp32 sums), gate_up (+ the SiLU kernel when split).
+        The bf16 form packs nothing: x and the activation are read as they are, and the sums start at zero (left so
+        by the SiLU kernel and the final cast)."""
         h, i, c13 = self.h, self.i, self.cfg13
         u13, per13, split13 = self._mma_plan(c13, h)
         use_asm = not interpreted()
-        nz = h + (self.slots * 2 * i if split13 > 1 else 0)
-        grid0 = max(triton.cdiv(h // 8, 512), triton.cdiv(nz, 2048))
-        _fp4_xpack4_kernel[(grid0, 1)](x, self.xq13, h // 8, 0, 0, self.zbuf, nz, BLOCK=512, ZERO=True,
-                                       DEPS=self.pdl)
-        xq2 = self.xq2.view(torch.int16).view(self.slots, i)
+        if self.bx:
+            xb = x if x.dtype == torch.bfloat16 and x.is_contiguous() else x.to(torch.bfloat16).contiguous()
+            xin, pdl13 = xb.view(torch.int32), False  # the call's first kernel: nothing to depend on
+            xq2 = self.act
+        else:
+            nz = h + (self.slots * 2 * i if split13 > 1 else 0)
+            grid0 = max(triton.cdiv(h // 8, 512), triton.cdiv(nz, 2048))
+            _fp4_xpack4_kernel[(grid0, 1)](x, self.xq13, h // 8, 0, 0, self.zbuf, nz, BLOCK=512, ZERO=True,
+                                           DEPS=self.pdl)
+            xin, pdl13 = self.xq13, self.pdl
+            xq2 = self.xq2.view(torch.int16).view(self.slots, i)
         words, scales, ts = self.mma13
         ntg = i // 16  # gate tiles; the up tiles follow
         if split13 == 1:  # gate and up in one program, silu(gate) * up written packed
@@ -1607,13 +1660,14 @@ class GroupedExperts:
             grid = (triton.cdiv(2 * ntg, c13.warps), split13, self.slots)
             out, n, nt, stride_os = self.gu, 2 * i, 2 * ntg, self.gu.stride(0)
         _fp4_mma_grouped_kernel[grid](
-            self.xq13, words, scales, ts, self.ids, self.rw, out, n, nt, per13, h // 64, ntg,
+            xin, words, scales, ts, self.ids, self.rw, out, n, nt, per13, h // 64, ntg,
             0, words.stride(0), words.stride(1), scales.stride(0), scales.stride(1), stride_os,
             WARPS=c13.warps, UNROLL=u13, PAIRED=split13 == 1, ROW_WEIGHT=False, USE_ASM=use_asm, EV=_evict(c13),
-            PDL=self.pdl, num_warps=c13.warps, **_pdl_launch(self.pdl))
+            PDL=pdl13, BX=self.bx, num_warps=c13.warps, **_pdl_launch(pdl13))
         if split13 > 1:
             _silu_pack_kernel[(triton.cdiv(i, 1024), self.slots)](self.gu, xq2, i, self.gu.stride(0), xq2.stride(0),
-                                                                 BLOCK=1024, PDL=self.pdl, **_pdl_launch(self.pdl))
+                                                                 BLOCK=1024, PDL=self.pdl, BX=self.bx,
+                                                                 **_pdl_launch(self.pdl))
 
     def mma_down(self) -> None:
         """Tensor-core form, second half: down on the packed activation, weighted and summed into self.acc."""
@@ -1621,11 +1675,12 @@ class GroupedExperts:
         u2, per2, split2 = self._mma_plan(c2, i)
         words, scales, ts = self.mma2
         nt2 = words.shape[1]
+        xin = self.act.view(torch.int32) if self.bx else self.xq2  # the bf16 activation's own pairs, or packed
         _fp4_mma_grouped_kernel[(triton.cdiv(nt2, c2.warps), split2, self.slots)](
-            self.xq2, words, scales, ts, self.ids, self.rw, self.acc, h, nt2, per2, i // 64, 0,
-            self.xq2.stride(0), words.stride(0), words.stride(1), scales.stride(0), scales.stride(1), 0,
+            xin, words, scales, ts, self.ids, self.rw, self.acc, h, nt2, per2, i // 64, 0,
+            xin.stride(0), words.stride(0), words.stride(1), scales.stride(0), scales.stride(1), 0,
             WARPS=c2.warps, UNROLL=u2, PAIRED=False, ROW_WEIGHT=True, USE_ASM=not interpreted(), EV=_evict(c2),
-            PDL=self.pdl, num_warps=c2.warps, **_pdl_launch(self.pdl))
+            PDL=self.pdl, BX=self.bx, num_warps=c2.warps, **_pdl_launch(self.pdl))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape != (1, self.h):
@@ -1691,9 +1746,9 @@ def grouped_mma_fits(h: int, i: int, device) -> bool:
     return h % 64 == 0 and i % 64 == 0 and mma_supported(device)
 
 
-def _stack_mma(qs: list[nv.NVFP4Tensor]):
+def _stack_mma(qs: list[nv.NVFP4Tensor], bx: bool = False):
     """Per-expert repack_mma layouts stacked: words [E, N/16, K/64, 32, 4], scales [E, N/16, K/64, 32], ts [E]."""
-    packs = [repack_mma(q) for q in qs]
+    packs = [repack_mma(q, bx=bx) for q in qs]
     words = torch.stack([w for w, _ in packs]).contiguous()
     scales = torch.stack([sc for _, sc in packs]).contiguous()
     ts = torch.stack([q.tensor_scale.reshape(()) for q in qs]).float().contiguous()
