@@ -15,9 +15,9 @@ from decode_gap.kernels import nvfp4 as nv
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _interpret(code: str) -> str:
+def _interpret(code: str, *args: str) -> str:
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO / "workflow")}
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
 
@@ -265,32 +265,37 @@ print("ok")
 
 
 @pytest.mark.skipif(not lp.HAVE_TRITON, reason="Triton is not installed (pip install triton runs its CPU interpreter)")
-def test_one_kernel_nvfp4_form_packs_its_own_x_and_leaves_zeroed_sums():
-    """The one-kernel candidate (cfg.one_kernel): each program packs its own x words, and the last K split casts the
-    sums and leaves them (and the counters) at zero, so a second call is right too; M = 1, 3 and 12, split and not."""
+@pytest.mark.parametrize("form", ["one_kernel", "bx"])
+def test_one_kernel_nvfp4_forms_leave_zeroed_sums_for_the_next_call(form):
+    """One kernel a call: the fp16 one-kernel candidate (each program packs its own x words) and the bf16 form (x's
+    own bf16 pairs, no packing at all, `xp` None). The last K split casts the sums and leaves them (and the counters)
+    at zero, so a second call is right too; M = 1, 3 and 12, split and not. The bf16 form does not round x to fp16:
+    a 1e5 activation is kept."""
     out = _interpret(r'''
 from dataclasses import replace
+import sys
 import torch
 from decode_gap.kernels import nvfp4 as nv, lowprec as lp
 torch.manual_seed(0)
-G = lp.GemvConfig
-for m, n, k, cfg, split in [(1, 48, 256, G(64, 128, 4, mma=True, one_kernel=True), None),
-                            (1, 100, 512, G(64, 128, 4, mma=True, one_kernel=True), 4),
-                            (3, 40, 256, G(32, 64, 2, mma=True, one_kernel=True), 3),
-                            (12, 33, 256, G(64, 128, 4, mma=True, one_kernel=True), 2),
-                            (1, 80, 512, replace(lp.FP4_MMA_WIDE, one_kernel=True), None)]:
+form = sys.argv[1]
+G = lambda *a, **k: lp.GemvConfig(*a, mma=True, **{form: True}, **k)
+for m, n, k, cfg, split in [(1, 48, 256, G(64, 128, 4), None), (1, 100, 512, G(64, 128, 4), 4),
+                            (3, 40, 256, G(32, 64, 2), 3), (12, 33, 256, G(64, 128, 4), 2),
+                            (1, 80, 512, replace(lp.FP4_MMA_WIDE, **{form: True}), None)]:
     q = nv.quantize_nvfp4(torch.randn(n, k) * 3)
     g = lp.Nvfp4Gemv(q, m, "cpu", cfg=cfg, out_dtype=torch.float32, split=split)
-    assert g.kernels == 1
+    assert g.kernels == 1 and (g.xp is None) == (form == "bx")
     for call in range(2):  # the second call sees the zeros (and counters) the first left
         x = torch.randn(m, k).to(torch.bfloat16)
+        if call and form == "bx":
+            x[0, 5] = 1e5  # past fp16's range: the fp16 forms would make it inf
         g.out.fill_(float("nan"))
         err = nv.relative_error(g(x), nv.reference_mm(x, q))
         assert err < 2e-3, (m, n, k, cfg, split, call, err)
     if g.acc is not None:
         assert not g.acc.any() and not g.cnt.any()
     print("ok", m, n, k, cfg.name, g.split, err)
-''')
+''', form)
     assert out.count("ok") == 5, out
 
 
@@ -312,38 +317,6 @@ def test_bf16_form_reorders_each_word_so_plane_j_pairs_values_2j_and_2j_plus_1()
     # the bit layout round-trips with the bf16 places
     w32 = torch.randint(-2**31, 2**31 - 1, (64,), dtype=torch.int64).to(torch.int32)
     assert torch.equal(lp.mma_nibbles(lp.mma_bit_layout(w32, bx=True), bx=True), w32)
-
-
-@pytest.mark.skipif(not lp.HAVE_TRITON, reason="Triton is not installed (pip install triton runs its CPU interpreter)")
-def test_bf16_nvfp4_form_reads_x_as_it_is_in_one_kernel():
-    """The bf16 form (cfg.bx): x's own bf16 pairs are the B operand (no packing kernel), the last K split casts and
-    leaves zeros; M = 1, 3 and 12, split and not, two calls each; its x is not rounded to fp16 (a 1e5 value is kept)."""
-    out = _interpret(r'''
-from dataclasses import replace
-import torch
-from decode_gap.kernels import nvfp4 as nv, lowprec as lp
-torch.manual_seed(0)
-G = lp.GemvConfig
-for m, n, k, cfg, split in [(1, 48, 256, lp.FP4_MMA_DEFAULT, None),
-                            (1, 100, 512, G(64, 128, 4, mma=True, bx=True), 4),
-                            (3, 40, 256, G(32, 64, 2, mma=True, bx=True), 3),
-                            (12, 33, 256, G(64, 128, 4, mma=True, bx=True), 2),
-                            (1, 80, 512, replace(lp.FP4_MMA_WIDE, bx=True), None)]:
-    q = nv.quantize_nvfp4(torch.randn(n, k) * 3)
-    g = lp.Nvfp4Gemv(q, m, "cpu", cfg=cfg, out_dtype=torch.float32, split=split)
-    assert g.kernels == 1 and g.xp is None
-    for call in range(2):  # the second call sees the zeros (and counters) the first left
-        x = torch.randn(m, k).to(torch.bfloat16)
-        if call:
-            x[0, 5] = 1e5  # past fp16's range: the fp16 form would make it inf
-        g.out.fill_(float("nan"))
-        err = nv.relative_error(g(x), nv.reference_mm(x, q))
-        assert err < 2e-3, (m, n, k, cfg, split, call, err)
-    if g.acc is not None:
-        assert not g.acc.any() and not g.cnt.any()
-    print("ok", m, n, k, cfg.name, g.split, err)
-''')
-    assert out.count("ok") == 5, out
 
 
 @pytest.mark.skipif(not lp.HAVE_TRITON, reason="Triton is not installed (pip install triton runs its CPU interpreter)")
