@@ -57,7 +57,9 @@ before). Gate and up paired in one warp with the SiLU fused (no split, kept as a
 (8 experts x 128 tiles) and was 2.5x slower. Measured on an H200 (8 of 256 experts, fraction of read bandwidth on the
 selected experts' bytes): DeepSeek-V3 (2048x7168 experts) 61 us, 73% (the CUDA-core form: 130 us, 34%), GLM-5
 (2048x6144) 54 us, 71% (131 us, 29%); the halves apart: gate_up 40 / 35 us (74-75%), down 21 / 19 us (67-72%).
-bf16 / fp8 / fp8-block grouped: 97-98% / 86-87% / 81-82%.
+bf16 / fp8 / fp8-block grouped: 97-98% / 86-87% / 81-82%. The grouped bf16 form (`FP4_GROUPED_BX_*`: no packing
+kernel, the SiLU kernel and a cast-and-zero kernel leave the sums at zero) was right but no faster (62.4 / 55.3 us
+against 60.6 / 54.1 us): the packing kernel was already overlapped.
 
 One module on purpose: the dense, grouped, FP8 and NVFP4 kernels share the same decode helpers, tile
 configurations and launch wrappers, and a kernel and its wrapper are read (and tuned) together.
