@@ -1,5 +1,7 @@
 """The core timing module: one spread, one flusher, clocks in microseconds."""
 
+import os
+
 import pytest
 
 from decode_gap import timing
@@ -137,3 +139,30 @@ def test_clock_watch_reads_the_share_of_time_under_the_power_cap(monkeypatch):
     counters[pynvml.NVML_PERF_POLICY_POWER] = 30_000_000
     w.stop()
     assert w.columns() == {"clock_capped_frac": pytest.approx(0.3), "clock_capped_by": "power", "sm_clock_mhz": 1740}
+
+
+def test_a_lock_file_of_another_user_falls_back_to_a_per_user_lock(tmp_path, monkeypatch):
+    """A FileLock test double refuses the shared path, as another user's 0644 lock file would (root is never
+    refused, so the real case cannot be made here)."""
+    shared = tmp_path / "measure.lock"
+    monkeypatch.setenv(timing.MEASURE_LOCK_ENV, str(shared))
+    taken = []
+
+    class RefusingLock:
+        def __init__(self, path, mode=0o644):
+            self.lock_file = path
+
+        def acquire(self, timeout=-1):
+            if self.lock_file == str(shared):
+                raise PermissionError(13, "Permission denied", self.lock_file)
+            taken.append(self.lock_file)
+
+        def release(self):
+            pass
+
+    monkeypatch.setattr(timing, "FileLock", RefusingLock)
+    lines = []
+    with timing.exclusive_measurement("rule bench_moe", log=lines.append):
+        pass
+    assert taken and taken[0].endswith(f"measure-{os.getuid()}.lock")
+    assert "another user's" in lines[0]

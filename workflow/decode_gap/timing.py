@@ -217,12 +217,17 @@ def exclusive_measurement(what: str, log: Callable[[str], None] = print) -> Iter
     """Hold the host's measurement lock while `what` times anything, so that `snakemake --cores all` never times two
     benchmarks against each other on one GPU (or on the CPU's cores); yields the seconds waited for it. An OS file
     lock (filelock: flock), so a killed rule never leaves it held."""
-    lock = FileLock(str(measure_lock_path()))
+    path = measure_lock_path()
+    lock = FileLock(str(path), mode=0o666)  # every user of the host shares one GPU, so one lock
     t0 = time.monotonic()
     try:
         lock.acquire(timeout=0)
     except Timeout:
         log(f"decode-gap: {what} waits for the host's measurement lock ({lock.lock_file}): another rule is timing")
+        lock.acquire()
+    except PermissionError:  # another user's lock file we may not open: take turns among our own rules at least
+        lock = FileLock(str(path.with_name(f"{path.stem}-{os.getuid()}{path.suffix}")))
+        log(f"decode-gap: {what} cannot open {path} (another user's); taking turns on {lock.lock_file} instead")
         lock.acquire()
     waited = time.monotonic() - t0
     if waited >= 0.1:
