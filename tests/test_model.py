@@ -1,6 +1,7 @@
 """Model cards: config.json through AutoConfig, every weight from the meta-device graph, counts, errors."""
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -269,3 +270,24 @@ def test_transformers_too_old(monkeypatch):
         spec_from_dict({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
                         "num_hidden_layers": 2, "vocab_size": 10, "num_attention_heads": 4})
     _one_line(exc)
+
+
+def test_a_broken_transformers_is_not_reported_as_missing(monkeypatch):
+    """transformers installed but failing its own import (a dependency of the wrong version, as a stale wheel on a
+    GPU host did) is said as such, with its reason, not as "not installed"."""
+    import builtins
+
+    from decode_gap.errors import ConfigError
+    from decode_gap.model import graph
+
+    real_import = builtins.__import__
+
+    def broken(name, *args, **kwargs):
+        if name == "transformers":
+            raise ImportError("tokenizers>=0.22.0,<=0.23.0 is required for a normal functioning of this module")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.delitem(sys.modules, "transformers", raising=False)
+    monkeypatch.setattr(builtins, "__import__", broken)
+    with pytest.raises(ConfigError, match="transformers cannot be imported: tokenizers>=0.22.0"):
+        graph.transformers_module()

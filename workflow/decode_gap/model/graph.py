@@ -88,9 +88,13 @@ class Graph:
 def transformers_module():
     try:
         import transformers
-    except ImportError:  # pragma: no cover - a core dependency
+    except ModuleNotFoundError as exc:  # pragma: no cover - a core dependency
+        if exc.name != "transformers":  # installed, but one of its own imports failed: say which
+            raise ConfigError(f"transformers cannot be imported: {exc}") from None
         raise ConfigError(f"transformers is not installed: decode-gap needs transformers>={MIN_TRANSFORMERS} "
                           "(pip install -U transformers)") from None
+    except ImportError as exc:  # installed, but broken (e.g. a dependency of the wrong version)
+        raise ConfigError(f"transformers cannot be imported: {str(exc).splitlines()[0][:300]}") from None
     from packaging.version import Version
 
     if Version(transformers.__version__) < Version(MIN_TRANSFORMERS):
