@@ -28,12 +28,13 @@ import torch.nn.functional as F
 from ..kernels import lowprec as lp
 from .common import BenchEnv, short_error, skip, summary
 from .shapes import MoeShape
-from .timing import L2Flusher, fraction, gbps, measure, tflops
+from .timing import ClockWatch, L2Flusher, fraction, gbps, measure, tflops
 
 COLUMNS = [
     "name", "impl", "dtype", "backend", "M", "top_k", "experts_hit", "rows", "H", "I", "gpu_us", "eager_us",
     "gbps", "tflops", "frac_of_copy_bw", "gpu_min_us", "gpu_p99_us", "eager_min_us", "eager_p99_us",
     "eager_loop_us", "timing", "iters", "bytes", "flops", "kernels", "note",
+    "clock_capped_frac", "clock_capped_by", "sm_clock_mhz",
 ]
 
 
@@ -281,8 +282,9 @@ def run_moe_bench(env: BenchEnv, shape: MoeShape | None, m_values: list[int], lo
 
 def _time_row(env, flush, name, impl, dtype, backend, fn, nbytes, fl, base, skipped, log) -> dict[str, Any] | None:
     try:
-        t = measure([fn], env.device, env.warmup, env.iters, flush=flush, cpu_budget_s=env.cpu_budget_s, graphs=env.graphs,
-                    min_graph_calls=2 if impl == "loop" else 8)
+        with ClockWatch(env.device) as watch:  # the GPU's clocks while the case is timed (as the gemm stage)
+            t = measure([fn], env.device, env.warmup, env.iters, flush=flush, cpu_budget_s=env.cpu_budget_s,
+                        graphs=env.graphs, min_graph_calls=2 if impl == "loop" else 8)
     except Exception as exc:
         skipped.append(skip(f"{name} {impl} M={base['M']}", short_error(exc)))
         return None
@@ -290,7 +292,7 @@ def _time_row(env, flush, name, impl, dtype, backend, fn, nbytes, fl, base, skip
     log(f"moe {name} {impl} M={base['M']}: {t.device_us:.1f} us ({t.method}), eager {t.eager.median_us:.1f} us")
     return {"name": name, "impl": impl, "dtype": dtype, "backend": backend, **base, **t.columns(), "gbps": bw,
             "tflops": tflops(fl, t.device_us) if fl else None, "frac_of_copy_bw": fraction(bw, env.copy_gbps),
-            "bytes": nbytes, "flops": fl, "kernels": None, "note": t.note}
+            "bytes": nbytes, "flops": fl, "kernels": None, "note": t.note, **watch.columns()}
 
 
 def moe_summary(env: BenchEnv, df: pd.DataFrame, shape: MoeShape, skipped: list[dict[str, str]]) -> dict[str, Any]:

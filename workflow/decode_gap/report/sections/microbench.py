@@ -307,12 +307,18 @@ def moe_sub(b: Builder, bundle: Bundle) -> dict[str, Any]:
                              plot.dropna(subset=["M", "time_us"]), caption=f"measured · {t.rel} (GPU time)")
     else:
         s["chart"] = {"why": f"{t.rel} lacks impl/M/gpu_us columns", "title": "MoE"}
+    s["clock_note"] = clock_note(df)
     if "frac_of_copy_bw" in df.columns:  # routing rows are not bandwidth kernels: no reading for them
         df = df.assign(reading=[kernel_reading(r.get("frac_of_copy_bw")) if str(r.get("impl")) != "routing" else ""
                                 for _, r in df.iterrows()])
-    s["table"] = df_table(df, _cols(df, ("case", "name", "impl", "dtype", "backend", "M", "top_k", "experts_active",
-                                         "experts_hit", "gpu_us", "eager_us", "gbps", "frac_of_copy_bw", "reading",
-                                         "note")))
+    # short labels and a percentage, as the GEMM table has: thirteen raw names did not fit a PDF page's width
+    labels = {"case": "case", "name": "name", "impl": "impl", "dtype": "dtype", "backend": "backend", "M": "M",
+              "top_k": "top-k", "experts_active": "experts active", "experts_hit": "experts hit", "gpu_us": "GPU µs",
+              "eager_us": "eager µs", "gbps": "GB/s", "frac_of_copy_bw": "of copy BW", "reading": "reading",
+              "note": "note"}
+    cols = [(c, labels[c]) for c, _ in (_cols(df, tuple(labels)) or [])] or None
+    pct = {"frac_of_copy_bw": lambda v: f"{num(v) * 100:.0f}%" if num(v) is not None else "—"}
+    s["table"] = df_table(df, cols, formats=pct)
     return s
 
 
