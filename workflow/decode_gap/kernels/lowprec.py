@@ -169,6 +169,26 @@ if HAVE_TRITON:
         return (v & -65536).to(tl.float32, bitcast=True) if HI else (v << 16).to(tl.float32, bitcast=True)
 
     @triton.jit
+    def _emul_plane(word, J: tl.constexpr, sr, BX: tl.constexpr):
+        """The interpreter's stand-in for the asm's decode and scale of plane J (sr: the fp16 block scale): fp32 pair
+        (low, high), the value x 2^-14 in both forms; bf16 (BX) in fp32, exact as in bf16, fp16 rounded as there."""
+        if BX:
+            lo, hi = _fp4_pair_bx(word, J)
+            s = sr.to(tl.float32) * 5.192296858534828e33  # the scale x 2^112, as the asm makes it
+            return lo * s, hi * s
+        else:
+            lo, hi = _fp4_pair_mma(word, J)
+            return (lo * sr).to(tl.float32), (hi * sr).to(tl.float32)
+
+    @triton.jit
+    def _emul_x(v, HI: tl.constexpr, BX: tl.constexpr):
+        """The low (HI False) or high half of an int32 word of x as the MMA reads it: bf16 (BX) or packed fp16."""
+        if BX:
+            return _bf16_half(v, HI)
+        else:
+            return _f16_half(v, HI)
+
+    @triton.jit
     def _fp4_rows(x_base, w_base, s_base, rows, nmask, w_start, w_end, stride_wn, stride_sn,
                   BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
         """sum_k W[rows, k] * x[k] (without the 2^14 and tensor scale) over words [w_start, w_end)."""
@@ -699,21 +719,14 @@ if HAVE_TRITON:
                 sv = tl.load(sb + i * 32).to(tl.int32)
                 for r in tl.static_range(2):
                     sr = ((sv >> (8 * r)) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
-                    sb16 = sr.to(tl.float32) * 5.192296858534828e33  # BX: the scale x 2^112, as the asm makes it
                     acc_r = tl.zeros((T, XR), dtype=tl.float32)
                     for wr in tl.static_range(2):
                         word = tl.load(w_ptr + tile_c.to(tl.int64) * stride_wt + lane * 4 + i * 128 + 2 * r + wr)
                         xw = xp_ptr + m8[None, :] * stride_xm + (((4 * i + qq) * 2 + wr) * 4)[:, None]
                         for j in tl.static_range(4):
                             xv = tl.load(xw + j, mask=xm, other=0)
-                            if BX:  # decoded x scale is exact in fp32, as in bf16
-                                lo, hi = _fp4_pair_bx(word, j)
-                                acc_r += ((lo * sb16)[:, None] * _bf16_half(xv, False)
-                                          + (hi * sb16)[:, None] * _bf16_half(xv, True))
-                            else:
-                                lo, hi = _fp4_pair_mma(word, j)
-                                acc_r += ((lo * sr).to(tl.float32)[:, None] * _f16_half(xv, False)
-                                          + (hi * sr).to(tl.float32)[:, None] * _f16_half(xv, True))
+                            lo, hi = _emul_plane(word, j, sr, BX)
+                            acc_r += lo[:, None] * _emul_x(xv, False, BX) + hi[:, None] * _emul_x(xv, True, BX)
                     part += tl.where((tl.arange(0, 2) == r)[None, :, None], acc_r[:, None, :], 0.0)
             y = tl.sum(tl.reshape(part, (WARPS, 8, 4, 2, XR)), axis=2) * ts  # [warp, g, half, x row]
             wv = tl.arange(0, WARPS)[:, None, None, None]
@@ -744,20 +757,14 @@ if HAVE_TRITON:
             sv = tl.load(s_base + tile_c * stride_st + lane + i * 32).to(tl.int32)
             for r in tl.static_range(2):
                 sr = ((sv >> (8 * r)) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
-                sb16 = sr.to(tl.float32) * 5.192296858534828e33  # BX: the scale x 2^112
                 acc_r = tl.zeros((T,), dtype=tl.float32)
                 for wr in tl.static_range(2):
                     word = tl.load(w_base + tile_c * stride_wt + lane * 4 + i * 128 + 2 * r + wr)
                     xw = xb + ((4 * i + qq) * 2 + wr) * 4
                     for j in tl.static_range(4):
                         xv = tl.load(xw + j)
-                        if BX:
-                            lo, hi = _fp4_pair_bx(word, j)
-                            acc_r += lo * sb16 * _bf16_half(xv, False) + hi * sb16 * _bf16_half(xv, True)
-                        else:
-                            lo, hi = _fp4_pair_mma(word, j)
-                            acc_r += ((lo * sr).to(tl.float32) * _f16_half(xv, False)
-                                      + (hi * sr).to(tl.float32) * _f16_half(xv, True))
+                        lo, hi = _emul_plane(word, j, sr, BX)
+                        acc_r += lo * _emul_x(xv, False, BX) + hi * _emul_x(xv, True, BX)
                 part += tl.where((tl.arange(0, 2) == r)[None, :], acc_r[:, None], 0.0)
         return tl.sum(tl.reshape(part, (WARPS, 8, 4, 2)), axis=2)
 
@@ -1059,6 +1066,14 @@ def repack_mma(q: nv.NVFP4Tensor, bx: bool = False) -> tuple[torch.Tensor, torch
     w = packed.reshape(nt, 2, 8, kg // 4, 4, 8).permute(0, 3, 2, 4, 1, 5).contiguous().view(torch.int32)
     sc = scales.reshape(nt, 2, 8, kg // 4, 4).permute(0, 3, 2, 4, 1).contiguous().view(torch.int16)
     return mma_bit_layout(w, bx).view(nt, kg // 4, 32, 4), sc.view(nt, kg // 4, 32)
+
+
+def bf16_pairs(x: torch.Tensor) -> torch.Tensor:
+    """x [M, K] as the bf16 form's B operand: an int32 view of its bf16 pairs (no copy when x is bf16 already with
+    whole pairs a row; else a bf16 copy)."""
+    if not (x.dtype == torch.bfloat16 and x.stride(-1) == 1 and x.stride(0) % 2 == 0):
+        x = x.to(torch.bfloat16).contiguous()
+    return x.view(torch.int32)
 
 
 def bx_order(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -1380,10 +1395,8 @@ class Nvfp4Gemv:
         target = self.acc if self.acc is not None else self.out
         split_sums = self.acc is not None
         xp = self.xp
-        if self.bx:  # x's own bf16 pairs are the B operand: an int32 view, no copy when x is bf16 already
-            xb = x if x.dtype == torch.bfloat16 and x.stride(-1) == 1 and x.stride(0) % 2 == 0 else \
-                x.to(torch.bfloat16).contiguous()
-            xp = xb.view(torch.int32)
+        if self.bx:  # x's own bf16 pairs are the B operand
+            xp = bf16_pairs(x)
         elif not self.one_kernel:
             nz = self.m * self.n
             grid0 = max(triton.cdiv(self.kw, 512), triton.cdiv(nz, 2048) if split_sums else 1)
@@ -1643,8 +1656,7 @@ class GroupedExperts:
         u13, per13, split13 = self._mma_plan(c13, h)
         use_asm = not interpreted()
         if self.bx:
-            xb = x if x.dtype == torch.bfloat16 and x.is_contiguous() else x.to(torch.bfloat16).contiguous()
-            xin, pdl13 = xb.view(torch.int32), False  # the call's first kernel: nothing to depend on
+            xin, pdl13 = bf16_pairs(x), False  # the call's first kernel: nothing to depend on
             xq2 = self.act
         else:
             nz = h + (self.slots * 2 * i if split13 > 1 else 0)
