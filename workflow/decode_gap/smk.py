@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import traceback
@@ -29,10 +30,7 @@ def run_script(snakemake: Any, body: Callable[[], Any], measures: bool = False) 
         sys.stdout = os.fdopen(os.dup(1), "w", buffering=1)
         sys.stderr = os.fdopen(os.dup(2), "w", buffering=1)
     try:
-        if measures:
-            with exclusive_measurement(f"rule {snakemake.rule}"):
-                body()
-        else:
+        with exclusive_measurement(f"rule {snakemake.rule}") if measures else contextlib.nullcontext():
             body()
     except DecodeGapError as exc:
         line = f"decode-gap: error in rule {snakemake.rule}: {exc}"

@@ -17,6 +17,7 @@ Clocks:
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import tempfile
 import time
@@ -248,12 +249,21 @@ def _nvml_handle(device: Any) -> Any:
     if not is_cuda(device):
         return None
     try:
+        torch = _torch()
+        index = torch.device(device).index
+        return _nvml_handle_of(torch.cuda.current_device() if index is None else index)
+    except Exception:  # no usable CUDA device after all: the clock columns stay empty
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def _nvml_handle_of(index: int) -> Any:
+    """_nvml_handle's lookup, once per CUDA device a process (a stage watches hundreds of cases)."""
+    try:
         import pynvml  # nvidia-ml-py
 
         torch = _torch()
-        pynvml.nvmlInit()  # reference-counted by NVML: cheap after the first
-        index = torch.device(device).index
-        index = torch.cuda.current_device() if index is None else index
+        pynvml.nvmlInit()
         p = torch.cuda.get_device_properties(index)
         if all(hasattr(p, a) for a in ("pci_domain_id", "pci_bus_id", "pci_device_id")):
             bus = f"{p.pci_domain_id:08x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"

@@ -87,12 +87,17 @@ def kernel_reading(frac: Any, gpu_us: Any = None, floor_us: Any = None, nbytes: 
     return f"our kernel is slow here ({pct}; at most {bound * 100:.0f}% with the {fmt_num(floor)} µs floor, modelled)"
 
 
+def _pct(v: Any) -> str:
+    """A fraction (frac_of_copy_bw) as a whole percentage, for the GEMM and MoE tables."""
+    return f"{num(v) * 100:.0f}%" if num(v) is not None else "—"
+
+
 CAPPED_FROM = 0.1  # a case held down by its GPU's power or thermal cap for at least this share of its time
 
 
 def clock_note(df: pd.DataFrame) -> str:
-    """Which GEMM cases ran with the GPU's clocks held down by its power or thermal cap (NVML's violation counters,
-    gemm.csv `clock_capped_frac`): their times include the lower clock, and a compute-heavy kernel (an NVFP4 decode)
+    """Which GEMM or MoE cases ran with the GPU's clocks held down by its power or thermal cap (NVML's violation
+    counters, gemm.csv / moe.csv `clock_capped_frac`): their times include the lower clock, and a compute-heavy kernel (an NVFP4 decode)
     loses more to it than a plain read."""
     if "clock_capped_frac" not in df.columns:
         return ""
@@ -148,7 +153,7 @@ def gemm_sub(b: Builder, bundle: Bundle, copy_gbps: float | None) -> dict[str, A
         cols = [("name", "shape"), ("dtype", "dtype"), ("backend", "backend"), ("N", "N"), ("K", "K"),
                 ("gpu_us", "GPU µs"), ("latency_floor_us", "latency floor µs"), ("eager_us", "eager µs"),
                 ("gbps", "GB/s"), ("tflops", "TFLOP/s"), ("frac_of_copy_bw", "of copy BW"), ("reading", "reading")]
-        pct = {"frac_of_copy_bw": lambda v: f"{num(v) * 100:.0f}%" if num(v) is not None else "—",
+        pct = {"frac_of_copy_bw": _pct,
                "N": lambda v: f"{int(num(v)):,}" if num(v) is not None else "—",
                "K": lambda v: f"{int(num(v)):,}" if num(v) is not None else "—"}
         s["table_m1"] = df_table(m1, cols, formats=pct)
@@ -316,9 +321,8 @@ def moe_sub(b: Builder, bundle: Bundle) -> dict[str, Any]:
               "top_k": "top-k", "experts_active": "experts active", "experts_hit": "experts hit", "gpu_us": "GPU µs",
               "eager_us": "eager µs", "gbps": "GB/s", "frac_of_copy_bw": "of copy BW", "reading": "reading",
               "note": "note"}
-    cols = [(c, labels[c]) for c, _ in (_cols(df, tuple(labels)) or [])] or None
-    pct = {"frac_of_copy_bw": lambda v: f"{num(v) * 100:.0f}%" if num(v) is not None else "—"}
-    s["table"] = df_table(df, cols, formats=pct)
+    cols = [(c, label) for c, label in labels.items() if c in df.columns] or None  # none there: every column
+    s["table"] = df_table(df, cols, formats={"frac_of_copy_bw": _pct})
     return s
 
 
