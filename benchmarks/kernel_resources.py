@@ -39,9 +39,11 @@ def forms() -> dict[str, dict]:
     for cfg in lp.FP4_MMA_CONFIGS:
         for block_m in (1, 16):
             out[f"{cfg.name} M={'1' if block_m == 1 else '9-16'}"] = dict(
-                WARPS=cfg.warps, BLOCK_M=block_m, UNROLL=cfg.block_k // 64, ATOMIC=cfg.warps_per_sm != 18,
-                USE_ASM=True, EV="evict_first" if cfg.evict else "", PDL=not (cfg.one_kernel or cfg.bx),
-                SELF_PACK=cfg.one_kernel, FINISH=(cfg.one_kernel or cfg.bx) and cfg.warps_per_sm != 18, BX=cfg.bx)
+                WARPS=cfg.warps, BLOCK_M=block_m, UNROLL=cfg.block_k // 64,
+                ATOMIC=cfg.warps_per_sm != 18 or cfg.stream, USE_ASM=True, EV="evict_first" if cfg.evict else "",
+                PDL=not (cfg.one_kernel or cfg.bx), SELF_PACK=cfg.one_kernel,
+                FINISH=(cfg.one_kernel or cfg.bx) and cfg.warps_per_sm != 18 or cfg.stream, BX=cfg.bx,
+                STREAM=cfg.stream)
     return out
 
 
@@ -49,7 +51,12 @@ def compile_form(const: dict, arch: int) -> dict:
     fn = lp._fp4_mma_kernel
     sig = {n: POINTERS.get(n, "i32") for n in fn.arg_names}
     sig.update({k: "constexpr" for k in const})
-    src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
+    # as the runtime specialises it: 16-byte-aligned pointers and every integer but M a multiple of 16 (true of
+    # the model shapes); without it the weight loads are 32-bit and the register count is not the GPU's (80 for 56)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+             if n not in const and n != "M"}
+    src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
+                    attrs=attrs)
     kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": const["WARPS"]})
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:

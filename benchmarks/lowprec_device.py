@@ -276,6 +276,24 @@ def dense_case(env: BenchEnv, model: str, n: int, k: int, m: int, old: bool, fp8
         f"[{row.get('nvfp4_new_kernel')}]")
 
 
+def fp4_sweep(env: BenchEnv, n: int, k: int, m: int) -> None:
+    """Every NVFP4 tensor-core form on one shape, fastest first, each with its fraction of read bandwidth."""
+    dev = env.device
+    q = nv.quantize_nvfp4(torch.randn((n, k), device=dev, dtype=torch.bfloat16))
+    x = torch.randn((m, k), device=dev, dtype=torch.bfloat16)
+    nb4 = nv.nvfp4_bytes(n, k) + 2 * m * k + 2 * m * n
+    qs = [q] + [nv.NVFP4Tensor(q.packed.clone(), q.block_scales.clone(), q.tensor_scale.clone(), q.shape)
+                for _ in range(rotating_copies(nv.nvfp4_bytes(n, k), dev) - 1)]
+    builders = {c.name: (lambda c=c: [(lambda g=g: g(x)) for g in [lp.Nvfp4Gemv(qq, m, dev, c) for qq in qs]])
+                for c in lp.FP4_MMA_CONFIGS if k % c.block_k == 0}
+    _, _, times = best_of(env, builders, nb4)
+    RESULTS["gemm"].append({"model": "sweep", "N": n, "K": k, "M": m, "nvfp4_bytes": nb4, "nvfp4_new_tried": times})
+    read = env.extra.get("read_gbps")
+    ok = sorted((v, name) for name, v in times.items() if isinstance(v, float))
+    for us, name in ok:
+        log(f"sweep {n:>6}x{k:<6} M={m:<2} {us:8.2f} us {100 * (frac(nb4, us, read) or 0):5.1f}%r  {name}")
+
+
 # --------------------------------------------------------------------------- MoE
 
 
@@ -459,6 +477,9 @@ def main() -> int:
     ap.add_argument("--out", default="out-lowprec")
     ap.add_argument("--budget-s", type=float, default=240.0)
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--shapes", default="28672x4096,4096x14336,36864x7168,128256x4096",
+                    help="the sweep section's N x K shapes (comma-separated), each at every --ms")
+    ap.add_argument("--ms", default="1", help="the sweep section's M values (comma-separated)")
     ap.add_argument("--sections", default="memory,checks,llama,moe,dsv3,glm5,stage",
                     help="also: bw (bandwidths only), stats, moechecks (grouped checks only), moe4 (the NVFP4 grouped forms only)")
     args = ap.parse_args()
@@ -536,6 +557,11 @@ def main() -> int:
         spec = load_model_card(REPO / "config" / "models" / f"{model}.json")
         for (n, k) in sorted(shapes.unique_shapes(shapes.gemm_shapes(spec)), key=lambda nk: -nk[0] * nk[1]):
             run(f"{model} {n}x{k}", lambda n=n, k=k, model=model: dense_case(env, model, n, k, 1, old=False, fp8_all=False))
+    if "sweep" in sections:  # the NVFP4 tensor-core forms alone on --shapes at --ms: a kernel change, quickly
+        for nk in args.shapes.split(","):
+            n, k = (int(v) for v in nk.lower().split("x"))
+            for m in (int(v) for v in args.ms.split(",")):
+                run(f"sweep {n}x{k} M={m}", lambda n=n, k=k, m=m: fp4_sweep(env, n, k, m))
     if "stage" in sections:
         def do_stage():  # the pipeline's own code paths (gemm and moe stages) on this GPU, small
             from decode_gap.microbench import gemm

@@ -133,6 +133,9 @@ assert lp.FP4_MMA_DEFAULT.bx and not lp.FP4_MMA_WIDE.bx
 assert lp.fp4_config_for(1, 7168, "cpu", n=576) is lp.FP4_MMA_DEFAULT
 assert lp.fp4_config_for(4, 4096, "cpu", n=128256) is lp.FP4_MMA_DEFAULT
 assert lp.fp4_config_for(1, 192, "cpu", n=576).bx  # K whole 64-value steps only
+# M = 9-16 (two MMA sets a decoded tile, more registers, fewer programs an SM): stream-K, one wave of equal work
+assert lp.fp4_config_for(12, 4096, "cpu", n=28672) is lp.FP4_MMA_BX_SK and lp.FP4_MMA_BX_SK.stream
+assert lp.fp4_config_for(8, 4096, "cpu", n=28672) is lp.FP4_MMA_DEFAULT
 # the x packing for the f16x2 asm form (the asm itself needs a GPU): plane j holds (x[8w+3-j], x[8w+7-j]) as fp16
 x = torch.randn(1, 64).to(torch.bfloat16)
 xp = torch.empty((4, 8), dtype=torch.int32)
@@ -354,3 +357,38 @@ except lp.DecodeGapError:
     pass
 ''')
     assert out.count("ok") == 2, out
+
+
+@pytest.mark.skipif(not lp.HAVE_TRITON, reason="Triton is not installed (pip install triton runs its CPU interpreter)")
+def test_stream_k_parts_cross_groups_and_sum_to_the_reference_in_the_interpreter():
+    """Stream-K (cfg.stream): every program takes the same number of iterations of all groups' K ranges laid end to
+    end, at most a group's worth, so a range may end mid-group and go on in the next (two parts); the part that
+    completes a group's iterations casts its sums and leaves zeros. Any grid gives the same sums: 1, 2 and 3 programs a
+    (CPU-interpreter) SM, ranges of 2 to 8 iterations over groups of 4 or 8, some crossing a group boundary; bf16 and
+    fp16 forms, M = 1 and 12, two calls each."""
+    out = _interpret(r'''
+from dataclasses import replace
+import torch
+from decode_gap.kernels import nvfp4 as nv, lowprec as lp
+torch.manual_seed(0)
+for m, n, k, cfg in [(1, 300, 512, replace(lp.FP4_MMA_DEFAULT, stream=True)),
+                     (12, 130, 1024, replace(lp.FP4_MMA_DEFAULT, stream=True)),
+                     (1, 200, 512, replace(lp.FP4_MMA_FP16, stream=True))]:
+    q = nv.quantize_nvfp4(torch.randn(n, k) * 3)
+    g = lp.Nvfp4Gemv(q, m, "cpu", cfg=cfg, out_dtype=torch.float32)
+    assert g.stream and g.finish and g.kernels == (1 if cfg.bx else 2) and "stream-K" in g.label
+    iters = k // cfg.block_k
+    for per_sm in (1, 2, 3):
+        g._plan_stream(per_sm)
+        assert g.grid[0] * g.per >= g.groups * iters > (g.grid[0] - 1) * g.per and g.per <= iters
+        crossing = any(p * g.per // iters != (min((p + 1) * g.per, g.groups * iters) - 1) // iters
+                       for p in range(g.grid[0]))
+        for call in range(2):
+            x = torch.randn(m, k).to(torch.bfloat16)
+            g.out.fill_(float("nan"))
+            err = nv.relative_error(g(x), nv.reference_mm(x, q))
+            assert err < 2e-3, (m, n, k, cfg.name, per_sm, call, err)
+        assert not g.acc.any() and not g.cnt.any()
+        print("ok", m, n, cfg.name, g.grid[0], g.per, crossing, err)
+''')
+    assert out.count("ok") == 9 and " True " in out, out

@@ -21,6 +21,9 @@ NVFP4 tensor-core form (any M <= 16, the default where K % 64 == 0; `cfg.mma`):
 - a register double buffer keeps the next 2 or 4 steps' loads in flight during this step's math; weight loads are
   evict-first; K is split until there are about 27 warps an SM (18 with 4 steps an iteration); the GEMV launches as a
   programmatic dependent of the x packing (sm90+), so its launch overlaps it;
+- stream-K (`cfg.stream`, the default at M = 9-16): one wave of as many programs as the SMs hold at once (from the
+  compiled kernel's registers), each taking the same number of K iterations of all tiles' ranges laid end to end, so
+  no partial second wave; the part that completes a tile group casts its sums (`_split_finish` counting iterations);
 - the bf16 form (`cfg.bx`, the default but on the lm_heads): x as it is, its own bf16 pairs, is the B operand, so no
   packing kernel runs. The weight's values are reordered within each word at repack time (`bx_order`) so that plane j
   pairs values 2j and 2j+1, as x's word j does. The planes decode into bf16 (e1 e0 m at bits 8..6: E2M1 x 2^-126,
@@ -31,10 +34,17 @@ NVFP4 CUDA-core forms (M=1): int32 words decoded in f16x2 inline asm (`asm`) or 
 as 8 "planes" against strided x; kept where K is not whole 64-value steps (and timed by the gemm stage, which keeps the
 fastest form per shape). Under the CPU interpreter every form runs its decode in plain Triton (the asm needs a GPU).
 
-Measured on an H200 (benchmarks/lowprec_device.py, CUDA-graph replay, rotating weights; read bandwidth 4300 GB/s,
-NVFP4 bytes = packed values + scales), fraction of read bandwidth at M=1, with the bf16 form: Llama-3.1-8B lm_head
-88% (fp16 form), gate_up 70%, down 59%, qkv 42%, o_proj 34%; DeepSeek-V3 129280x7168 92% (fp16 form), 36864x7168
-79%, 7168x18432 72%; GLM-5 154880x6144 89%, 24576x6144 75%. At M = 4 / 8 / 16 on 28672x4096: 70% / 68% / 46%.
+Measured on an H200 (benchmarks/lowprec_device.py, CUDA-graph replay, rotating weights; read bandwidth 4449 GB/s,
+NVFP4 bytes = packed values + scales), fraction of read bandwidth at M=1, bf16 form: Llama-3.1-8B lm_head 88%
+(75.2 us), gate_up 72% (20.8 us), down 59% (12.6 us, stream-K), qkv 42%, o_proj 33%; DeepSeek-V3 129280x7168 92%,
+36864x7168 82%, 7168x18432 73%; GLM-5 154880x6144 89%, 24576x6144 75%. At M = 4 / 8 / 16 on 28672x4096: 70% / 65%
+/ 49% (stream-K at 16). Converting both rows' block scales at once (5 operations a step where 10) took 3-5% off the
+bf16 form's mid-sized shapes (DeepSeek-V3 36864x7168 44.4 -> 42.3 us, GLM-5 24576x6144 27.0 -> 25.8).
+Where the rest goes: the loop issues about 92 instructions per 512-byte warp step (SASS of the GPU build:
+benchmarks/kernel_resources.py), two thirds of them the decode and its scale multiply, on the integer and FMA pipes;
+at the 0.62-0.66 issued warps a scheduler ncu showed (an earlier build), that is about 3.7 TB/s at the most. L2
+prefetch ahead of the register double buffer (prefetch.global.L2 lane by lane, or sm90 cp.async.bulk.prefetch of a
+tile's steps) was 5-30% slower on every shape tried.
 What is left on the mid-sized shapes (measured before the bf16 form, which removed the packing kernel and the cast):
 the x packing and the split-K cast were two more kernels (2.0 and 1.1 us a call beside a 19.9 us GEMV on
 28672x4096), and the GEMV itself issues
@@ -465,15 +475,16 @@ if HAVE_TRITON:
         mag_bits, top = (BX_MAG_BITS, 6) if bx else (MMA_MAG_BITS, 9)
         both = "0x81C081C0" if bx else "0x8E008E00"  # sign and plane-0 magnitude
         mag = "0x01C001C0" if bx else "0x0E000E00"
-        lines = ["{", f".reg .b32 t, u, h, sg, sh, {'nz, ' if bx else ''}a0, a1, a2, a3;", ".reg .b16 l, z;",
-                 f"prmt.b32 t, ${s0}, 0, 0x0000;", "mov.b32 {l, z}, t;", "cvt.rn.f16x2.e4m3x2 sg, l;",
-                 f"prmt.b32 t, ${s0}, 0, 0x1111;", "mov.b32 {l, z}, t;", "cvt.rn.f16x2.e4m3x2 sh, l;"]
+        # both rows' scales converted at once (the low half: row g, the high: row g + 8; the bf16 form's shift, mask
+        # and add once), then each half spread over a register: 5 operations a step in the bf16 form where
+        # converting each row apart took 10
+        lines = ["{", f".reg .b32 t, u, h, sc, sg, sh, {'nz, ' if bx else ''}a0, a1, a2, a3;", ".reg .b16 l, z;",
+                 f"mov.b32 {{l, z}}, ${s0};", "cvt.rn.f16x2.e4m3x2 sc, l;"]
         if bx:
             exp = f"0x{((127 - 15 + BX_SCALE_EXP) << 7) * 0x10001:08X}"
-            for reg in ("sg", "sh"):
-                lines += [f"shr.b32 {reg}, {reg}, 3;", f"and.b32 {reg}, {reg}, 0x0FFF0FFF;",
-                          f"add.u32 {reg}, {reg}, {exp};"]
-            lines.append("mov.b32 nz, 0x80008000;")
+            lines += ["shr.b32 sc, sc, 3;", "and.b32 sc, sc, 0x0FFF0FFF;", f"add.u32 sc, sc, {exp};",
+                      "mov.b32 nz, 0x80008000;"]
+        lines += ["prmt.b32 sg, sc, 0, 0x1010;", "prmt.b32 sh, sc, 0, 0x3232;"]
         for mm in range(4):
             wr, j0 = mm // 2, 2 * (mm % 2)
             n = 0
@@ -653,35 +664,71 @@ if HAVE_TRITON:
                         stride_xm, stride_wt, stride_st, stride_om, x_ptr, stride_x, fin_ptr, stride_fm, cnt_ptr,
                         WARPS: tl.constexpr, BLOCK_M: tl.constexpr, UNROLL: tl.constexpr, ATOMIC: tl.constexpr,
                         USE_ASM: tl.constexpr, EV: tl.constexpr = "", PDL: tl.constexpr = False,
-                        SELF_PACK: tl.constexpr = False, FINISH: tl.constexpr = False, BX: tl.constexpr = False):
+                        SELF_PACK: tl.constexpr = False, FINISH: tl.constexpr = False, BX: tl.constexpr = False,
+                        STREAM: tl.constexpr = False):
         """y[M<=16, N] = x W^T on tensor cores (see _fp4_mma_asm); program (group of WARPS 16-row tiles, K split).
-        Accumulator element e of lane 4g+q holds row g + 8 (e // 2), x row 2q + e % 2 (+ 8 in the second set of
-        BLOCK_M = 16: x rows 8-15 against the same decoded tile, so the weight is read once). ATOMIC: fp32 partial sums
-        added into out_ptr (K split; the last split casting the sums in-kernel, with a counter and fences, was no
-        faster on the H200 than the separate cast once the GEMV launches as a programmatic dependent).
-        One call, one kernel in fp16 (a candidate the benchmark times): SELF_PACK, each program packs the
+        ATOMIC: fp32 partial sums added into out_ptr (K split; the last split casting the sums in-kernel, with a
+        counter and fences, was no faster on the H200 than the separate cast once the GEMV launches as a programmatic
+        dependent). One call, one kernel in fp16 (a candidate the benchmark times): SELF_PACK, each program packs the
         x words of its own K range from x_ptr into xp_ptr (every program of that range writes the same values) and
         reads them back after a barrier, instead of a packing kernel before it; FINISH (with ATOMIC), the last K
         split casts the sums into fin_ptr and leaves zeros (_split_finish), instead of a cast after it.
         BX (the bf16 form, repack_mma(bx=True)): xp_ptr is x itself, an int32 view of its bf16 pairs, so no
-        program packs anything; with FINISH a call is this one kernel."""
-        T: tl.constexpr = 32 * WARPS
+        program packs anything; with FINISH a call is this one kernel.
+        STREAM (stream-K, with ATOMIC and FINISH): the grid is one wave of resident programs, and program p takes
+        the steps_per_split iterations (UNROLL steps each, at most a group's worth) from p * steps_per_split of all
+        groups' iterations laid end to end, a group's K range after another's; where its range crosses into the
+        next group it adds its sums and goes on there (two parts written out: a loop over parts held 96 registers
+        where two parts hold 72). Every program does the same work and none waits for a second wave (a K split that
+        leaves, say, 896 programs for 792 resident places runs the last 104 nearly alone)."""
         pid_n = tl.program_id(0)
-        pid_k = tl.program_id(1)
+        ts = tl.load(ts_ptr) * 16384.0
+        if STREAM:  # at most two parts: the plan keeps a program's range within one group boundary
+            ki = NSTEPS // UNROLL  # iterations a group
+            u = pid_n * steps_per_split
+            u1 = tl.minimum(u + steps_per_split, tl.cdiv(NT, WARPS) * ki)
+            grp = u // ki
+            k0 = u - grp * ki
+            n_a = tl.minimum(ki - k0, u1 - u)
+            _fp4_mma_part(xp_ptr, w_ptr, s_ptr, ts, out_ptr, M, N, NT, grp, k0 * UNROLL, (k0 + n_a) * UNROLL,
+                          n_a, ki, stride_xm, stride_wt, stride_st, stride_om, fin_ptr, stride_fm, cnt_ptr,
+                          WARPS, BLOCK_M, UNROLL, ATOMIC, USE_ASM, EV, PDL, FINISH, BX)
+            n_b = u1 - u - n_a
+            if n_b > 0:
+                _fp4_mma_part(xp_ptr, w_ptr, s_ptr, ts, out_ptr, M, N, NT, grp + 1, 0, n_b * UNROLL, n_b, ki,
+                              stride_xm, stride_wt, stride_st, stride_om, fin_ptr, stride_fm, cnt_ptr,
+                              WARPS, BLOCK_M, UNROLL, ATOMIC, USE_ASM, EV, False, FINISH, BX)
+        else:
+            pid_k = tl.program_id(1)
+            i0 = pid_k * steps_per_split
+            i1 = tl.minimum(i0 + steps_per_split, NSTEPS)
+            if SELF_PACK:
+                _fp4_xpack_range(x_ptr, xp_ptr, stride_x, stride_xm, M, i0 * 8, i1 * 8, tl.arange(0, 32 * WARPS),
+                                 32 * WARPS)
+            _fp4_mma_part(xp_ptr, w_ptr, s_ptr, ts, out_ptr, M, N, NT, pid_n, i0, i1, 1, tl.num_programs(1),
+                          stride_xm, stride_wt, stride_st, stride_om, fin_ptr, stride_fm, cnt_ptr,
+                          WARPS, BLOCK_M, UNROLL, ATOMIC, USE_ASM, EV, PDL, FINISH, BX)
+
+    @triton.jit
+    def _fp4_mma_part(xp_ptr, w_ptr, s_ptr, ts, out_ptr, M, N, NT, grp, i0, i1, units, total,
+                      stride_xm, stride_wt, stride_st, stride_om, fin_ptr, stride_fm, cnt_ptr,
+                      WARPS: tl.constexpr, BLOCK_M: tl.constexpr, UNROLL: tl.constexpr, ATOMIC: tl.constexpr,
+                      USE_ASM: tl.constexpr, EV: tl.constexpr, PDL: tl.constexpr, FINISH: tl.constexpr,
+                      BX: tl.constexpr):
+        """Steps [i0, i1) of group grp's WARPS 16-row tiles, added (ATOMIC) or stored; with FINISH these steps count
+        as `units` of the group's `total` (the one that completes it casts). Accumulator element e of lane 4g+q
+        holds row g + 8 (e // 2), x row 2q + e % 2 (+ 8 in the second set of BLOCK_M = 16: x rows 8-15 against the
+        same decoded tile, so the weight is read once)."""
+        T: tl.constexpr = 32 * WARPS
         t = tl.arange(0, T)
-        tile = pid_n * WARPS + t // 32
+        tile = grp * WARPS + t // 32
         lane = t % 32
         g = lane // 4
         qq = lane % 4
         tile_c = tl.minimum(tile, NT - 1)
-        i0 = pid_k * steps_per_split
-        i1 = tl.minimum(i0 + steps_per_split, NSTEPS)
-        if SELF_PACK:
-            _fp4_xpack_range(x_ptr, xp_ptr, stride_x, stride_xm, M, i0 * 8, i1 * 8, t, T)
         c4 = tl.arange(0, 4)
         wb = w_ptr + tile_c.to(tl.int64)[:, None] * stride_wt + (lane * 4)[:, None] + c4[None, :]
         sb = s_ptr + tile_c.to(tl.int64) * stride_st + lane
-        ts = tl.load(ts_ptr) * 16384.0
         if USE_ASM:
             if BLOCK_M == 1:
                 xrow = g * 0  # every column computes x row 0; only column 0 is kept
@@ -733,7 +780,7 @@ if HAVE_TRITON:
             gv = tl.arange(0, 8)[None, :, None, None]
             hv = tl.arange(0, 2)[None, None, :, None]
             mv = m8[None, None, None, :]
-            rows = (pid_n * WARPS + wv) * 16 + gv + 8 * hv
+            rows = (grp * WARPS + wv) * 16 + gv + 8 * hv
             om = (rows < N) & (mv < M)
             om2 = om
             op = out_ptr + mv * stride_om + rows
@@ -741,8 +788,8 @@ if HAVE_TRITON:
         if ATOMIC:
             tl.atomic_add(op, y, mask=om, sem="relaxed")
             if FINISH:
-                _split_finish(op, fp, om, cnt_ptr + pid_n, tl.num_programs(1), t, USE_ASM,
-                              USE_ASM and BLOCK_M == 16, 8 * stride_om, om2)
+                _split_finish(op, fp, om, cnt_ptr + grp, units, total, t, USE_ASM, USE_ASM and BLOCK_M == 16,
+                              8 * stride_om, om2)
         else:
             tl.store(op, y.to(out_ptr.dtype.element_ty), mask=om)
 
@@ -971,18 +1018,19 @@ if HAVE_TRITON:
         return acc
 
     @triton.jit
-    def _split_finish(op, fp, om, cnt, splits, anchor, USE_ASM: tl.constexpr, TWO: tl.constexpr = False, off2=0,
-                      om2=None):
+    def _split_finish(op, fp, om, cnt, units, total, anchor, USE_ASM: tl.constexpr, TWO: tl.constexpr = False,
+                      off2=0, om2=None):
         """Split-K epilogue without kernels of its own (no zeroing before, no cast after): every thread fences its
-        fp32 partial sums (added at op), the program counts itself in at cnt (acq_rel), and the last of the `splits`
-        programs reads the sums from L2, writes them cast at fp and leaves zeros (and the counter) for the next
-        call. `anchor`: any int32 tensor, to run the fence once a thread (the CPU interpreter needs none).
+        fp32 partial sums (added at op), the program adds its `units` of the sums' `total` at cnt (acq_rel: a K
+        split is 1 of the splits, a stream-K part its iterations), and the one that completes the total reads the
+        sums from L2, writes them cast at fp and leaves zeros (and the counter) for the next call. `anchor`: any
+        int32 tensor, to run the fence once a thread (the CPU interpreter needs none).
         TWO: a second set of sums at op + off2 (cast to fp + off2) under om2."""
         if USE_ASM:
             tl.inline_asm_elementwise("fence.acq_rel.gpu;\nmov.b32 $0, $1;", "=r,r", [anchor], dtype=tl.int32,
                                       is_pure=False, pack=1)
         tl.debug_barrier()
-        if tl.atomic_add(cnt, 1, sem="acq_rel") == splits - 1:
+        if tl.atomic_add(cnt, units, sem="acq_rel") == total - units:
             tot = tl.load(op, mask=om, other=0.0, cache_modifier=".cg")
             tl.store(fp, tot.to(fp.dtype.element_ty), mask=om)
             tl.store(op, tl.zeros_like(tot), mask=om)
@@ -1038,7 +1086,7 @@ if HAVE_TRITON:
             tl.atomic_add(op, y, mask=om, sem="relaxed")
             if FINISH:
                 fp = fin_ptr + ms[:, None] * stride_fm + rows[None, :]
-                _split_finish(op, fp, om, cnt_ptr + pid_n, tl.num_programs(1), rows, USE_ASM)
+                _split_finish(op, fp, om, cnt_ptr + pid_n, 1, tl.num_programs(1), rows, USE_ASM)
         else:
             tl.store(op, y.to(out_ptr.dtype.element_ty), mask=om)
 
@@ -1174,6 +1222,7 @@ class GemvConfig:
     warps_per_sm: int = 0  # tensor-core form, split None: split K until there are about this many warps per SM
     one_kernel: bool = False  # tensor-core form: each program packs its own x slice, the last K split casts the sums
     bx: bool = False  # tensor-core form in bf16 on x as it is (no packing kernel); the last K split casts the sums
+    stream: bool = False  # tensor-core form: stream-K, one wave of resident programs with equal work (no `split`)
 
     @property
     def name(self) -> str:
@@ -1181,7 +1230,7 @@ class GemvConfig:
                 f"{'g,' if self.grouped else ''}BN={self.block_n},BK={self.block_k},w={self.warps}"
                 + (f",s={self.split}" if self.split else "") + (",ef" if self.evict else "")
                 + (f",t={self.warps_per_sm}" if self.warps_per_sm and not self.split else "")
-                + (",1k" if self.one_kernel else "") + (",bx" if self.bx else ""))
+                + (",1k" if self.one_kernel else "") + (",bx" if self.bx else "") + (",sk" if self.stream else ""))
 
     @property
     def unit(self) -> int:
@@ -1198,6 +1247,7 @@ FP4_MMA_DEFAULT = replace(FP4_MMA_FP16, bx=True)  # 2 steps an iteration, evict-
 FP4_MMA_WIDE = GemvConfig(64, 256, 4, mma=True, warps_per_sm=18)  # M=1, N >= FP4_WIDE_ROWS (lm_heads)
 FP4_WIDE_ROWS = 65536  # H200 sweep: the lm_heads (128256-154880 rows) won with 4 steps, 36864 rows and fewer with 2
 FP4_MMA_BX_40 = GemvConfig(64, 128, 4, mma=True, evict=True, warps_per_sm=40, bx=True)  # more K splits: narrow N
+FP4_MMA_BX_SK = replace(FP4_MMA_DEFAULT, stream=True)
 FP4_MMA_CONFIGS = (FP4_MMA_DEFAULT, FP4_MMA_WIDE, FP4_MMA_BX_40, replace(FP4_MMA_WIDE, bx=True), FP4_MMA_FP16,
                    GemvConfig(64, 256, 4, mma=True, evict=True, warps_per_sm=18),
                    GemvConfig(128, 128, 8, mma=True, evict=True, warps_per_sm=27),
@@ -1205,7 +1255,15 @@ FP4_MMA_CONFIGS = (FP4_MMA_DEFAULT, FP4_MMA_WIDE, FP4_MMA_BX_40, replace(FP4_MMA
                    # fp16 in one kernel a call (each program packs its own x, the last K split casts): on the H200
                    # it won the narrow shapes (32-576 rows) over the fp16 form but not over bx, and lost 1.5-2.2x
                    # from 1536 rows up, where hundreds of programs store the same x words into L2
-                   replace(FP4_MMA_FP16, one_kernel=True), replace(FP4_MMA_WIDE, one_kernel=True))
+                   replace(FP4_MMA_FP16, one_kernel=True), replace(FP4_MMA_WIDE, one_kernel=True),
+                   # stream-K (bf16): one wave of resident programs with equal work, at most two parts a program.
+                   # The default at M = 9-16, where the second MMA set takes 80 registers (6 programs an SM) and a
+                   # K split leaves a partial second wave (28672x4096: 896 programs for 792 places). H200, M=16:
+                   # 4-10% faster than any K split on four of five mid-sized shapes (DeepSeek-V3 36864x7168 60.4
+                   # against 67.0 us, Llama-3.1-8B gate_up 31.2 against 33.4); at M = 4 and 8 the K split won by
+                   # 2-4%; at M=1 (56 registers, 9 programs an SM) a toss-up, within 6% either way. With 4 steps an
+                   # iteration, or capped at 64 registers for more resident programs (72 uncapped), no faster
+                   FP4_MMA_BX_SK, replace(FP4_MMA_WIDE, bx=True, stream=True))
 # tried on the H200 and left out (within 0.2 us of the bf16 default below the lm_heads, or slower): bf16 with about
 # 20 warps an SM, 4 steps an iteration split for 27 or 18 warps an SM, 8-warp programs
 # the M=1 CUDA-core forms that still win small shapes (latency-bound: one kernel, no x packing, no split-K)
@@ -1216,8 +1274,8 @@ FP4_CUDA_CORE_CONFIGS = (FP4_DEFAULT, GemvConfig(4, 1024, 2, split=1), FP4_DEFAU
                          GemvConfig(16, 512, 4, split=1, asm=True), GemvConfig(8, 1024, 4, asm=True))
 # every candidate the benchmark times at M=1; the gemm stage times these per shape and keeps the fastest
 FP4_M1_CONFIGS = FP4_MMA_CONFIGS + FP4_CUDA_CORE_CONFIGS
-FP4_STAGE_CONFIGS = FP4_MMA_CONFIGS[:5] + FP4_CUDA_CORE_CONFIGS[:2]
-FP4_STAGE_CONFIGS_M = (FP4_MMA_DEFAULT, FP4_MMA_BX_40, FP4_MMA_FP16)  # M = 2..16
+FP4_STAGE_CONFIGS = FP4_MMA_CONFIGS[:5] + (FP4_MMA_BX_SK,) + FP4_CUDA_CORE_CONFIGS[:2]
+FP4_STAGE_CONFIGS_M = (FP4_MMA_DEFAULT, FP4_MMA_BX_SK, FP4_MMA_BX_40, FP4_MMA_FP16)  # M = 2..16
 
 
 # the grouped (MoE) tensor-core form, the default where it fits (H200, 8 of 256 experts, DeepSeek-V3 / GLM-5: 61 / 54 us,
@@ -1258,13 +1316,14 @@ def mma_supported(device) -> bool:
 def fp4_config_for(m: int, k: int, device="cuda", n: int = 0) -> GemvConfig | None:
     """The default NVFP4 GEMV form for an [M, K] x [K, N]: tensor cores in bf16 on x as it is (bx) where K is whole
     64-value steps (sm89+; on the H200 the tensor-core forms won every M=1 shape from 32x6144 to 154880x6144, the
-    bf16 one all but the lm_heads), the fp16 form with 4 steps an iteration at M=1 on N >= FP4_WIDE_ROWS (an
-    lm_head), else the CUDA-core asm form at M=1 and None above. Callers that time the forms (the gemm stage, the
-    benchmark) keep the fastest; this is what the simulated step runs."""
+    bf16 one all but the lm_heads), split over K up to M = 8 and stream-K above (FP4_MMA_BX_SK), the fp16 form with
+    4 steps an iteration at M=1 on N >= FP4_WIDE_ROWS (an lm_head), else the CUDA-core asm form at M=1 and None
+    above. Callers that time the forms (the gemm stage, the benchmark) keep the fastest; this is what the simulated
+    step runs."""
     if mma_supported(device) and m == 1 and n >= FP4_WIDE_ROWS and k % FP4_MMA_WIDE.block_k == 0:
         return FP4_MMA_WIDE
     if mma_supported(device) and k % FP4_MMA_DEFAULT.block_k == 0:
-        return FP4_MMA_DEFAULT
+        return FP4_MMA_BX_SK if m > 8 else FP4_MMA_DEFAULT
     if mma_supported(device) and k % 64 == 0:
         return GemvConfig(64, 64, 4, mma=True, evict=True, warps_per_sm=27, bx=True)
     return FP4_DEFAULT_ASM if m == 1 else None
@@ -1289,6 +1348,24 @@ def mma_split(n_tiles: int, k_blocks: int, warps_per_sm: int, sms: int) -> int:
     """K splits of the tensor-core form: one warp per 16-row tile and split, about `warps_per_sm` warps an SM in all
     (swept on the H200: 27 with 2 steps an iteration, 18 with 4)."""
     return max(1, min(k_blocks, math.ceil(warps_per_sm * sms / n_tiles)))
+
+
+def resident_programs(compiled: Any, warps: int, device) -> int | None:
+    """Programs of `warps` warps an SM holds at once for a compiled Triton kernel (its registers, shared memory and
+    threads against the SM's: CUDA's occupancy rules, registers allocated 256 a warp); None where unknown (the CPU
+    interpreter, a kernel not loaded yet)."""
+    regs = getattr(compiled, "n_regs", None)
+    dev = torch.device(device)
+    if not regs or dev.type != "cuda":
+        return None
+    props = torch.cuda.get_device_properties(dev)
+    per_warp = math.ceil(regs * 32 / 256) * 256
+    fits = [32, props.max_threads_per_multi_processor // (32 * warps),
+            getattr(props, "regs_per_multiprocessor", 65536) // (per_warp * warps)]
+    shared = getattr(getattr(compiled, "metadata", None), "shared", 0) or 0
+    if shared:
+        fits.append(props.shared_memory_per_multiprocessor // shared)
+    return max(1, min(fits))
 
 
 def _k_plan(k_units: int, block: int, split: int) -> tuple[int, int, bool]:
@@ -1366,6 +1443,8 @@ class Nvfp4Gemv:
         self.words, self.scales = repack_mma(self.q, bx=cfg.bx)
         nt, nsteps = self.words.shape[0], self.words.shape[1]
         ctas = math.ceil(nt / cfg.warps)
+        self.stream = cfg.stream
+        self.groups, self.sms = ctas, sm_count(device)
         split = split or cfg.split
         if split is None and cfg.warps_per_sm:
             split = mma_split(nt, nsteps // self.steps, cfg.warps_per_sm, sm_count(device))
@@ -1374,21 +1453,48 @@ class Nvfp4Gemv:
         per, self.split, _ = _k_plan(nsteps, self.steps, split)
         self.per = per
         self.grid = (ctas, self.split)
+        if self.stream:  # one wave: 24 warps an SM until the compiled kernel's registers say (_plan_stream)
+            self.split = 0
+            self._plan_stream(24 // cfg.warps)
         self.block_m = 1 if self.m == 1 else 8 if self.m <= 8 else 16  # one pass: M <= 16 rows of x
         self.kw = k // 8
         self.bx = cfg.bx
         self.xp = None if self.bx else torch.empty((self.m, self.kw, 4), dtype=torch.int32, device=device)
-        self.acc = torch.zeros((self.m, self.n), dtype=torch.float32, device=device) if self.split > 1 else None
+        split_sums = self.split > 1 or self.stream
+        self.acc = torch.zeros((self.m, self.n), dtype=torch.float32, device=device) if split_sums else None
         # the GEMV as a programmatic dependent of the x packing (sm90+): its launch overlaps the packing
         self.pdl = pdl_supported(device) if pdl is None else pdl and pdl_supported(device)
         self.one_kernel = cfg.one_kernel or cfg.bx  # one kernel a call
-        if self.one_kernel:  # no packing kernel to depend on; the split-K counters start (and are left) at zero
+        if self.one_kernel:  # no packing kernel to depend on
             self.pdl = False
-            self.cnt = torch.zeros((self.grid[0],), dtype=torch.int32, device=device)
+        # the last split (stream-K: the part completing a group) casts the sums; the counters start (and are left)
+        # at zero
+        self.finish = (self.one_kernel or self.stream) and split_sums
+        self.cnt = torch.zeros((ctas,), dtype=torch.int32, device=device) if self.finish else None
+        self.planned = not self.stream
+
+    def _plan_stream(self, programs_per_sm: int) -> None:
+        """Stream-K grid: as many programs as fit on the GPU at once, each with the same number of iterations, and
+        at most a group's worth (so a program's range crosses at most one group boundary: two parts)."""
+        ki = self.words.shape[1] // self.steps
+        total = self.groups * ki
+        self.per = min(ki, math.ceil(total / max(1, programs_per_sm * self.sms)))
+        self.grid = (math.ceil(total / self.per), 1)
+
+    def _replan_stream(self) -> None:
+        """After the first launch: the programs an SM holds at once, from the compiled kernel's registers, shared
+        memory and warps (the CUDA occupancy rules), and the stream-K grid again if that differs from the guess.
+        Any grid gives the same sums (the counters count iterations, not programs)."""
+        self.planned = True
+        fits = resident_programs(self.compiled, self.cfg.warps, self.words.device)
+        if fits:
+            self._plan_stream(fits)
 
     @property
     def label(self) -> str:
         kind = "mma" if self.mma else "asm f16x2" if self.asm else "fma"
+        if self.mma and self.stream:
+            return f"triton nvfp4 gemv ({kind}, {self.cfg.name}, stream-K {self.grid[0]} programs x {self.per})"
         return f"triton nvfp4 gemv ({kind}, {self.cfg.name}, split={self.split})"
 
     def _call_mma(self, x: torch.Tensor) -> torch.Tensor:
@@ -1401,17 +1507,19 @@ class Nvfp4Gemv:
             nz = self.m * self.n
             grid0 = max(triton.cdiv(self.kw, 512), triton.cdiv(nz, 2048) if split_sums else 1)
             _fp4_xpack4_kernel[(grid0, self.m)](x, self.xp, self.kw, x.stride(0), self.xp.stride(0), target, nz,
-                                                BLOCK=512, ZERO=split_sums, DEPS=self.pdl)
-        finish = self.one_kernel and split_sums
+                                                BLOCK=512, ZERO=split_sums and not self.finish, DEPS=self.pdl)
+        finish = self.finish
         self.compiled = _fp4_mma_kernel[self.grid](
             xp, self.words, self.scales, self.q.tensor_scale, target, self.m, self.n, self.words.shape[0],
             self.per, self.words.shape[1], xp.stride(0), self.words.stride(0), self.scales.stride(0),
             target.stride(0), x, x.stride(0), self.out, self.out.stride(0), self.cnt if finish else target,
             WARPS=self.cfg.warps, BLOCK_M=self.block_m, UNROLL=self.steps, ATOMIC=split_sums,
             USE_ASM=not interpreted(), EV=_evict(self.cfg), PDL=self.pdl, SELF_PACK=self.one_kernel and not self.bx,
-            FINISH=finish, BX=self.bx, num_warps=self.cfg.warps, **_pdl_launch(self.pdl))
+            FINISH=finish, BX=self.bx, STREAM=self.stream, num_warps=self.cfg.warps, **_pdl_launch(self.pdl))
         if split_sums and not finish:
             self.out.copy_(self.acc)
+        if not self.planned:
+            self._replan_stream()
         return self.out
 
     @property
@@ -1421,7 +1529,7 @@ class Nvfp4Gemv:
             return 1 + (2 if self.acc is not None else 0) + (1 if self.asm else 0)
         if self.one_kernel:
             return 1
-        return 2 + (1 if self.acc is not None else 0)  # the x packing zeroes the split-K sums
+        return 2 + (1 if self.acc is not None and not self.finish else 0)  # the x packing zeroes the split-K sums
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape != (self.m, self.k):
