@@ -193,8 +193,8 @@ print("ok")
 
 @pytest.mark.skipif(not lp.HAVE_TRITON, reason="Triton is not installed (pip install triton runs its CPU interpreter)")
 def test_grouped_nvfp4_tensor_core_form_matches_the_reference_in_the_interpreter():
-    """The grouped tensor-core form (its mma.sync asm needs a GPU; the interpreter runs the same repacked layout and
-    decode): expert ids pick the repacked weight, gate and up paired with the SiLU fused and the activation written
+    """The grouped tensor-core form in fp16 (its mma.sync asm needs a GPU; the interpreter runs the same repacked
+    layout and decode; the default is the bf16 form, tested below): expert ids pick the repacked weight, gate and up paired with the SiLU fused and the activation written
     straight into the down GEMV's packed x, or gate_up split over K with the SiLU kernel after; down weighted and
     summed with fp32 atomics; tiles masked where the warps outnumber them."""
     out = _interpret(r'''
@@ -206,10 +206,15 @@ E, H, I = 5, 128, 64
 ids = torch.tensor([3, 0, 4, 3]); rw = torch.rand(4)
 x = torch.randn(1, H).to(torch.bfloat16)
 w13 = (torch.randn(E, 2 * I, H) * 0.1).to(torch.bfloat16); w2 = (torch.randn(E, H, I) * 0.1).to(torch.bfloat16)
+# the default where it fits: the bf16 form, gate_up split 2 ways (here H = 128 is one K block: not split, no SiLU
+# kernel); down one step an iteration as I = 64
 g = lp.grouped_from_bf16("nvfp4", w13, w2, ids, rw, "cpu")
-# the default where it fits: gate_up split 2 ways (here H = 128 is one K block: not split, no SiLU kernel); down
-# one step an iteration as I = 64
-assert g.cfg13 == lp.FP4_GROUPED_MMA_13 and g.cfg2.mma and g.cfg2.block_k == 64 and g.kernels == 4
+assert g.bx and g.cfg13 == lp.FP4_GROUPED_BX_13 and g.cfg2.mma and g.cfg2.block_k == 64 and g.kernels == 3
+# the fp16 forms (x and the activation packed to fp16 pairs), repacked in their own layout
+from dataclasses import replace
+g = lp.grouped_from_bf16("nvfp4", w13, w2, ids, rw, "cpu", lp.FP4_GROUPED_MMA_13,
+                         replace(lp.FP4_GROUPED_MMA_2, block_k=64))
+assert not g.bx and g.kernels == 4
 dflt = (g.cfg13, g.cfg2)
 assert g.mma13[0].shape == (E, 2 * I // 16, H // 64, 32, 4) and g.mma2[1].shape == (E, H // 16, I // 64, 32)
 d13, d2 = lp.dequantized_experts(g)

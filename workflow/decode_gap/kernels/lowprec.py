@@ -67,9 +67,9 @@ before). Gate and up paired in one warp with the SiLU fused (no split, kept as a
 (8 experts x 128 tiles) and was 2.5x slower. Measured on an H200 (8 of 256 experts, fraction of read bandwidth on the
 selected experts' bytes): DeepSeek-V3 (2048x7168 experts) 61 us, 73% (the CUDA-core form: 130 us, 34%), GLM-5
 (2048x6144) 54 us, 71% (131 us, 29%); the halves apart: gate_up 40 / 35 us (74-75%), down 21 / 19 us (67-72%).
-bf16 / fp8 / fp8-block grouped: 97-98% / 86-87% / 81-82%. The grouped bf16 form (`FP4_GROUPED_BX_*`: no packing
-kernel, the SiLU kernel and a cast-and-zero kernel leave the sums at zero) was right but no faster (62.4 / 55.3 us
-against 60.6 / 54.1 us): the packing kernel was already overlapped.
+bf16 / fp8 / fp8-block grouped: 97-98% / 86-87% / 81-82%. The grouped bf16 form (`FP4_GROUPED_BX_*`, the default:
+no packing kernel, the SiLU kernel and a cast-and-zero kernel leave the sums at zero): 59.8 / 53.4 us, 76% / 72%
+(H200, read bandwidth 4387 GB/s).
 
 One module on purpose: the dense, grouped, FP8 and NVFP4 kernels share the same decode helpers, tile
 configurations and launch wrappers, and a kernel and its wrapper are read (and tuned) together.
@@ -1298,8 +1298,9 @@ FP4_STAGE_CONFIGS_M = (FP4_MMA_DEFAULT, FP4_MMA_BX_SK, FP4_MMA_BX_40, FP4_MMA_FP
 FP4_GROUPED_MMA_13 = GemvConfig(64, 128, 4, split=2, mma=True, evict=True)
 FP4_GROUPED_MMA_2 = GemvConfig(64, 128, 4, mma=True, evict=True)
 # the bf16 form of both (x and the activation read as they are: no packing kernel; the SiLU kernel and a final
-# cast leave the fp32 sums at zero): one kernel fewer a call, but on the H200 no faster (DeepSeek-V3 / GLM-5: 62.4 /
-# 55.3 us against 60.6 / 54.1 us; the packing kernel was already overlapped), so a candidate the benchmark times
+# cast leave the fp32 sums at zero), the default: one kernel fewer a call; on the H200 it lost by 2% (62.4 / 55.3
+# against 60.6 / 54.1 us) until both rows' block scales were converted at once, and wins by 1-3% since (DeepSeek-V3 /
+# GLM-5: 59.8 / 53.4 against 61.8 / 54.0 us, one run)
 FP4_GROUPED_BX_13 = replace(FP4_GROUPED_MMA_13, bx=True)
 FP4_GROUPED_BX_2 = replace(FP4_GROUPED_MMA_2, bx=True)
 
@@ -1677,7 +1678,7 @@ class GroupedExperts:
         fits = fmt == "nvfp4" and grouped_mma_fits(h, i, device)
         if fits and cfg13 is None and cfg2 is None:  # one step an iteration where K is not whole 2-step blocks
             defaults = tuple(c if k % c.block_k == 0 else replace(c, block_k=64)
-                             for c, k in ((FP4_GROUPED_MMA_13, h), (FP4_GROUPED_MMA_2, i)))
+                             for c, k in ((FP4_GROUPED_BX_13, h), (FP4_GROUPED_BX_2, i)))
         self.cfg13, self.cfg2 = cfg13 or defaults[0], cfg2 or defaults[1]
         self.bx = bool(self.cfg13.mma and self.cfg13.bx)
         if self.cfg13.mma and self.cfg2.mma and self.cfg13.bx != self.cfg2.bx:
