@@ -42,3 +42,31 @@ def test_gemm_clock_note_names_the_cases_under_the_power_cap():
     note = clock_note(df)
     assert note.startswith("1 of 3 cases (1 nvfp4)") and "power cap" in note and "1740 MHz" in note
     assert clock_note(df.assign(clock_capped_frac=0.0)) == "" and clock_note(df.drop(columns="clock_capped_frac")) == ""
+
+
+def test_gemm_m1_table_says_one_latency_floor_once_and_lets_kernel_names_wrap(tmp_path):
+    """The M=1 GEMM table fits a PDF page: a latency floor the same for every row (one a run) goes into the
+    caption instead of a column, and a backend's config name ("m,BN=64,...") may wrap after its commas."""
+    import shutil
+    from pathlib import Path
+
+    import pandas as pd
+
+    from decode_gap.report.data import files_in_dir, load_bundle
+    from decode_gap.report.sections.common import Builder
+    from decode_gap.report.sections.microbench import gemm_sub
+
+    tree = tmp_path / "run"
+    shutil.copytree(Path(__file__).resolve().parent / "fixtures" / "report" / "h200x2", tree)
+    gemm = tree / "microbench" / "gemm.csv"
+    df = pd.read_csv(gemm)
+    df["backend"] = "triton nvfp4 gemv m,BN=64,BK=128,w=4,ef,t=27,bx"
+    df.assign(latency_floor_us=2.45).to_csv(gemm, index=False)
+    sub = gemm_sub(Builder(), load_bundle(files_in_dir(tree)), 4250.0)
+    assert sub["m1_floor"] == "2.45" and "latency floor µs" not in sub["table_m1"]["columns"]
+    backend = sub["table_m1"]["rows"][0][sub["table_m1"]["columns"].index("backend")]
+    assert backend.replace("\u200b", "") == "triton nvfp4 gemv m,BN=64,BK=128,w=4,ef,t=27,bx" and ",\u200bBN=64" in backend
+    # floors that differ between rows keep their column
+    df.assign(latency_floor_us=[2.45 + 0.01 * i for i in range(len(df))]).to_csv(gemm, index=False)
+    sub = gemm_sub(Builder(), load_bundle(files_in_dir(tree)), 4250.0)
+    assert "m1_floor" not in sub and "latency floor µs" in sub["table_m1"]["columns"]

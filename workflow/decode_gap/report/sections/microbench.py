@@ -92,6 +92,12 @@ def _pct(v: Any) -> str:
     return f"{num(v) * 100:.0f}%" if num(v) is not None else "—"
 
 
+def _breakable(v: Any) -> str:
+    """A backend label that may wrap after its commas (a zero-width space): kernel config names such as
+    "m,BN=64,BK=128,w=4,ef,t=27,bx" have no spaces, and unbroken they squeeze the reading column of a PDF page."""
+    return "—" if v is None or (isinstance(v, float) and v != v) else str(v).replace(",", ",\u200b")
+
+
 CAPPED_FROM = 0.1  # a case held down by its GPU's power or thermal cap for at least this share of its time
 
 
@@ -153,7 +159,12 @@ def gemm_sub(b: Builder, bundle: Bundle, copy_gbps: float | None) -> dict[str, A
         cols = [("name", "shape"), ("dtype", "dtype"), ("backend", "backend"), ("N", "N"), ("K", "K"),
                 ("gpu_us", "GPU µs"), ("latency_floor_us", "latency floor µs"), ("eager_us", "eager µs"),
                 ("gbps", "GB/s"), ("tflops", "TFLOP/s"), ("frac_of_copy_bw", "of copy BW"), ("reading", "reading")]
-        pct = {"frac_of_copy_bw": _pct,
+        floors = pd.to_numeric(m1["latency_floor_us"], errors="coerce").dropna().unique() \
+            if "latency_floor_us" in m1.columns else []
+        if len(floors) == 1 and m1["latency_floor_us"].notna().all():  # one floor a run: said once, in the caption
+            s["m1_floor"] = fmt_num(float(floors[0]))
+            cols = [c for c in cols if c[0] != "latency_floor_us"]
+        pct = {"frac_of_copy_bw": _pct, "backend": _breakable,
                "N": lambda v: f"{int(num(v)):,}" if num(v) is not None else "—",
                "K": lambda v: f"{int(num(v)):,}" if num(v) is not None else "—"}
         s["table_m1"] = df_table(m1, cols, formats=pct)
@@ -322,7 +333,7 @@ def moe_sub(b: Builder, bundle: Bundle) -> dict[str, Any]:
               "eager_us": "eager µs", "gbps": "GB/s", "frac_of_copy_bw": "of copy BW", "reading": "reading",
               "note": "note"}
     cols = [(c, label) for c, label in labels.items() if c in df.columns] or None  # none there: every column
-    s["table"] = df_table(df, cols, formats={"frac_of_copy_bw": _pct})
+    s["table"] = df_table(df, cols, formats={"frac_of_copy_bw": _pct, "backend": _breakable})
     return s
 
 
