@@ -656,7 +656,10 @@ if HAVE_TRITON:
         TWO: x rows 0-7 and 8-15 against the same decoded tile (acc2, acc3 the second set).
         PDL: launched as a programmatic dependent of the kernel before it, so the launch overlaps that kernel;
         wait for it (gdc_wait) before the first load. (Loading the first weights before the wait, which do not depend
-        on it, put 16 more instructions in the loop and was 4-8% slower on the H200.) BX: the bf16 form's asm."""
+        on it, put 16 more instructions in the loop and was 4-8% slower on the H200. The bf16 form as a programmatic
+        dependent of the call before it, its first weights loaded before the wait: 5-6% faster on the stream-K
+        shapes, 1-3% on the widest, 8-17% slower on 28672x4096 and the small shapes, where the waiting programs
+        take places and bandwidth from the running ones; left out.) BX: the bf16 form's asm."""
         if PDL:
             tl.extra.cuda.gdc_wait()
         # each iteration's pointers once, its U steps at constant offsets from them (folded into the loads: from an
