@@ -397,3 +397,37 @@ for m, n, k, cfg in [(1, 300, 512, replace(lp.FP4_MMA_DEFAULT, stream=True)),
         print("ok", m, n, cfg.name, g.grid[0], g.per, crossing, err)
 ''')
     assert out.count("ok") == 9 and " True " in out, out
+
+
+def test_lowprec_benchmark_sweep_runs_in_the_interpreter(tmp_path):
+    """The README's after-a-kernel-change command, at a toy shape under the CPU interpreter: the sweep section times
+    every NVFP4 tensor-core form and writes them to lowprec.json (a smoke test of the script, not a timing)."""
+    import json
+
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO / "workflow")}
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "lowprec_device.py"), "--sections", "bw,sweep",
+                           "--shapes", "64x256", "--ms", "1", "--out", str(tmp_path)],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads((tmp_path / "lowprec.json").read_text())
+    tried = res["gemm"][0]["nvfp4_new_tried"]
+    assert not res["errors"] and {c.name for c in lp.FP4_MMA_CONFIGS} <= set(tried)
+    assert all(isinstance(v, float) for v in tried.values())
+
+
+@pytest.mark.skipif(not lp.HAVE_TRITON, reason="Triton is not installed")
+def test_default_tensor_core_forms_compile_for_sm90_without_spills():
+    """benchmarks/kernel_resources.py on the defaults (Triton's own ptxas, no GPU): the M=1 and M=16 forms the
+    decode step runs keep every value in registers (a spill would cost more than any tuning gains)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import kernel_resources as kr
+    finally:
+        sys.path.pop(0)
+    forms = kr.forms()
+    for name in (f"{lp.FP4_MMA_DEFAULT.name} M=1", f"{lp.FP4_MMA_BX_SK.name} M=9-16", f"{lp.FP4_MMA_WIDE.name} M=1"):
+        try:
+            r = kr.compile_form(forms[name], 90)
+        except FileNotFoundError as exc:  # a Triton wheel without its CUDA tools
+            pytest.skip(f"no ptxas/cuobjdump: {exc}")
+        assert r["stack"] == 0 and r["registers"] <= 255, (name, r)
