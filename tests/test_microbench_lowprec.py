@@ -367,10 +367,10 @@ except lp.DecodeGapError:
 @pytest.mark.skipif(not lp.HAVE_TRITON, reason="Triton is not installed (pip install triton runs its CPU interpreter)")
 def test_stream_k_parts_cross_groups_and_sum_to_the_reference_in_the_interpreter():
     """Stream-K (cfg.stream): every program takes the same number of iterations of all groups' K ranges laid end to
-    end, at most a group's worth, so a range may end mid-group and go on in the next (two parts); the part that
-    completes a group's iterations casts its sums and leaves zeros. Any grid gives the same sums: 1, 2 and 3 programs a
-    (CPU-interpreter) SM, ranges of 2 to 8 iterations over groups of 4 or 8, some crossing a group boundary; bf16 and
-    fp16 forms, M = 1 and 12, two calls each."""
+    end, give or take one, at most a group's worth, so a range may end mid-group and go on in the next (two parts);
+    the part that completes a group's iterations casts its sums and leaves zeros. Any grid gives the same sums: 1, 2
+    and 3 programs a (CPU-interpreter) SM, ranges of 1 to 8 iterations over groups of 4 or 8, some crossing a group
+    boundary; bf16 and fp16 forms, M = 1 and 12, two calls each."""
     out = _interpret(r'''
 from dataclasses import replace
 import torch
@@ -385,9 +385,11 @@ for m, n, k, cfg in [(1, 300, 512, replace(lp.FP4_MMA_DEFAULT, stream=True)),
     iters = k // cfg.block_k
     for per_sm in (1, 2, 3):
         g._plan_stream(per_sm)
-        assert g.grid[0] * g.per >= g.groups * iters > (g.grid[0] - 1) * g.per and g.per <= iters
-        crossing = any(p * g.per // iters != (min((p + 1) * g.per, g.groups * iters) - 1) // iters
-                       for p in range(g.grid[0]))
+        total, progs = g.groups * iters, g.grid[0]
+        ranges = [(p * total // progs, (p + 1) * total // progs) for p in range(progs)]
+        sizes = {b - a for a, b in ranges}
+        assert max(sizes) - min(sizes) <= 1 and 1 <= min(sizes) and max(sizes) == g.per <= iters
+        crossing = any(a // iters != (b - 1) // iters for a, b in ranges)
         for call in range(2):
             x = torch.randn(m, k).to(torch.bfloat16)
             g.out.fill_(float("nan"))

@@ -22,8 +22,9 @@ NVFP4 tensor-core form (any M <= 16, the default where K % 64 == 0; `cfg.mma`):
   evict-first; K is split until there are about 27 warps an SM (18 with 4 steps an iteration); the GEMV launches as a
   programmatic dependent of the x packing (sm90+), so its launch overlaps it;
 - stream-K (`cfg.stream`, the default at M = 9-16): one wave of as many programs as the SMs hold at once (from the
-  compiled kernel's registers), each taking the same number of K iterations of all tiles' ranges laid end to end, so
-  no partial second wave; the part that completes a tile group casts its sums (`_split_finish` counting iterations);
+  compiled kernel's registers), the same number on every SM, each taking the same number of K iterations (give or
+  take one) of all tiles' ranges laid end to end, so no partial second wave and no SM with a program more than
+  another; the part that completes a tile group casts its sums (`_split_finish` counting iterations);
 - the bf16 form (`cfg.bx`, the default but on the lm_heads): x as it is, its own bf16 pairs, is the B operand, so no
   packing kernel runs. The weight's values are reordered within each word at repack time (`bx_order`) so that plane j
   pairs values 2j and 2j+1, as x's word j does. The planes decode into bf16 (e1 e0 m at bits 8..6: E2M1 x 2^-126,
@@ -690,18 +691,22 @@ if HAVE_TRITON:
         split casts the sums into fin_ptr and leaves zeros (_split_finish), instead of a cast after it.
         BX (the bf16 form, repack_mma(bx=True)): xp_ptr is x itself, an int32 view of its bf16 pairs, so no
         program packs anything; with FINISH a call is this one kernel.
-        STREAM (stream-K, with ATOMIC and FINISH): the grid is one wave of resident programs, and program p takes
-        the steps_per_split iterations (UNROLL steps each, at most a group's worth) from p * steps_per_split of all
-        groups' iterations laid end to end, a group's K range after another's; where its range crosses into the
-        next group it adds its sums and goes on there (two parts written out: a loop over parts held 96 registers
-        where two parts hold 72). Every program does the same work and none waits for a second wave (a K split that
+        STREAM (stream-K, with ATOMIC and FINISH): the grid is one wave of resident programs, and program p of P
+        takes iterations [p T / P, (p + 1) T / P) (UNROLL steps each, at most a group's worth) of all T iterations
+        of the groups laid end to end, a group's K range after another's; where its range crosses into the next
+        group it adds its sums and goes on there (two parts written out: a loop over parts held 96 registers where
+        two parts hold 72). Every program does the same work and none waits for a second wave (a K split that
         leaves, say, 896 programs for 792 resident places runs the last 104 nearly alone)."""
         pid_n = tl.program_id(0)
         ts = tl.load(ts_ptr) * 16384.0
         if STREAM:  # at most two parts: the plan keeps a program's range within one group boundary
             ki = NSTEPS // UNROLL  # iterations a group
-            u = pid_n * steps_per_split
-            u1 = tl.minimum(u + steps_per_split, tl.cdiv(NT, WARPS) * ki)
+            total = tl.cdiv(NT, WARPS) * ki
+            # program p: iterations [p T / P, (p + 1) T / P), so the ranges differ by one iteration at most and a
+            # grid of whole waves (P a multiple of the SMs) gives every SM the same work; steps_per_split: the
+            # longest range (for the interpreter's bounds only)
+            u = (pid_n * total) // tl.num_programs(0)
+            u1 = ((pid_n + 1) * total) // tl.num_programs(0)
             grp = u // ki
             k0 = u - grp * ki
             n_a = tl.minimum(ki - k0, u1 - u)
@@ -1271,13 +1276,15 @@ FP4_MMA_CONFIGS = (FP4_MMA_DEFAULT, FP4_MMA_WIDE, FP4_MMA_BX_40, replace(FP4_MMA
                    # it won the narrow shapes (32-576 rows) over the fp16 form but not over bx, and lost 1.5-2.2x
                    # from 1536 rows up, where hundreds of programs store the same x words into L2
                    replace(FP4_MMA_FP16, one_kernel=True), replace(FP4_MMA_WIDE, one_kernel=True),
-                   # stream-K (bf16): one wave of resident programs with equal work, at most two parts a program.
-                   # The default at M = 9-16, where the second MMA set takes 80 registers (6 programs an SM) and a
-                   # K split leaves a partial second wave (28672x4096: 896 programs for 792 places). H200, M=16:
-                   # 4-10% faster than any K split on four of five mid-sized shapes (DeepSeek-V3 36864x7168 60.4
-                   # against 67.0 us, Llama-3.1-8B gate_up 31.2 against 33.4); at M = 4 and 8 the K split won by
-                   # 2-4%; at M=1 (56 registers, 9 programs an SM) a toss-up, within 6% either way. With 4 steps an
-                   # iteration, or capped at 64 registers for more resident programs (72 uncapped), no faster
+                   # stream-K (bf16): one wave of resident programs, the same number on every SM, with equal work
+                   # (give or take an iteration), at most two parts a program. The default at M = 9-16, where the
+                   # second MMA set takes 80 registers (6 programs an SM) and a K split leaves a partial second wave
+                   # (28672x4096: 896 programs for 792 places). H200, M=16, faster than any K split on all six
+                   # mid-sized shapes tried, by 1-14% (DeepSeek-V3 36864x7168 58.9 against 67.4 us, Llama-3.1-8B
+                   # gate_up 30.3 against 33.7). At M=1 it won four of six (gate_up 21.1 against 21.8 us, GLM-5
+                   # 6144x16384 17.9 against 19.1) and lost two by 2%: the gemm stage times it beside the K split.
+                   # Ranges of whole groups of iterations (programs not a multiple of the SMs) were 2-5% slower;
+                   # with 4 steps an iteration, or capped at 64 registers for more resident programs, no faster
                    FP4_MMA_BX_SK, replace(FP4_MMA_WIDE, bx=True, stream=True))
 # tried on the H200 and left out (within 0.2 us of the bf16 default below the lm_heads, or slower): bf16 with about
 # 20 warps an SM, 4 steps an iteration split for 27 or 18 warps an SM, 8-warp programs
@@ -1490,12 +1497,15 @@ class Nvfp4Gemv:
         self.planned = not self.stream
 
     def _plan_stream(self, programs_per_sm: int) -> None:
-        """Stream-K grid: as many programs as fit on the GPU at once, each with the same number of iterations, and
-        at most a group's worth (so a program's range crosses at most one group boundary: two parts)."""
+        """Stream-K grid: as many programs as fit on the GPU at once (the same number on every SM), each with the
+        same number of iterations give or take one, and at most a group's worth (so a program's range crosses at
+        most one group boundary: two parts). A K split instead leaves SMs with unequal work: 896 programs on 132 SMs
+        are 7 on some and 6 on others."""
         ki = self.words.shape[1] // self.steps
         total = self.groups * ki
-        self.per = min(ki, math.ceil(total / max(1, programs_per_sm * self.sms)))
-        self.grid = (math.ceil(total / self.per), 1)
+        programs = max(1, programs_per_sm * self.sms, math.ceil(total / ki))
+        self.grid = (min(programs, total), 1)
+        self.per = math.ceil(total / self.grid[0])  # the longest range
 
     def _replan_stream(self) -> None:
         """After the first launch: the programs an SM holds at once, from the compiled kernel's registers, shared
@@ -1510,7 +1520,8 @@ class Nvfp4Gemv:
     def label(self) -> str:
         kind = "mma" if self.mma else "asm f16x2" if self.asm else "fma"
         if self.mma and self.stream:
-            return f"triton nvfp4 gemv ({kind}, {self.cfg.name}, stream-K {self.grid[0]} programs x {self.per})"
+            return (f"triton nvfp4 gemv ({kind}, {self.cfg.name}, stream-K {self.grid[0]} programs, {self.per} "
+                    "iterations at most)")
         return f"triton nvfp4 gemv ({kind}, {self.cfg.name}, split={self.split})"
 
     def _call_mma(self, x: torch.Tensor) -> torch.Tensor:
