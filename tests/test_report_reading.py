@@ -70,3 +70,22 @@ def test_gemm_m1_table_says_one_latency_floor_once_and_lets_kernel_names_wrap(tm
     df.assign(latency_floor_us=[2.45 + 0.01 * i for i in range(len(df))]).to_csv(gemm, index=False)
     sub = gemm_sub(Builder(), load_bundle(files_in_dir(tree)), 4250.0)
     assert "m1_floor" not in sub and "latency floor µs" in sub["table_m1"]["columns"]
+
+
+def test_kernel_level_step_says_when_its_replays_ran_under_the_power_cap():
+    """simulate/kernel.json `clock`: the largest capped share over the segments' graph replays, the caps, the lowest
+    SM clock; the report's line under the kernel level appears from 10% of a segment's timing, never on a CPU host."""
+    from decode_gap.report.sections.simulation import step_clock_note
+    from decode_gap.simulate.kernel import step_clock
+
+    segs = [{"graph_clock": {"clock_capped_frac": 0.3, "clock_capped_by": "power", "sm_clock_mhz": 1755}},
+            {"graph_clock": {"clock_capped_frac": 0.02, "clock_capped_by": "thermal", "sm_clock_mhz": 1980}},
+            {"graph": None}]  # a segment whose graph failed: no clock
+    clock = step_clock(segs)
+    assert (clock["capped_frac"], clock["capped_by"], clock["sm_clock_mhz_min"], clock["segments"]) == (
+        0.3, "power+thermal", 1755, 2)
+    note = step_clock_note(clock)
+    assert "power and thermal cap for up to 30%" in note and "1755 MHz" in note
+    assert step_clock_note({**clock, "capped_frac": 0.05}) == ""
+    cpu = step_clock([{"graph": None}])  # a CPU host: nothing recorded, nothing said
+    assert cpu["capped_frac"] is None and step_clock_note(cpu) == "" and step_clock_note(None) == ""

@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 from ..errors import DecodeGapError
 from ..model import ModelSpec
-from ..timing import capture_graph
+from ..timing import ClockWatch, capture_graph
 from .formats import _probe_grouped, _torch, probe_formats  # noqa: F401 - re-exported
 from .layers import Experts, Linear  # noqa: F401 - re-exported
 from .shapes import StepShapes, kv_row_elems, layer_bytes, plan_layers, step_shapes
@@ -85,12 +85,27 @@ def _measure(step: DecodeStep, select, settings: KernelSettings, flusher, on_gpu
     out: dict[str, Any] = {"eager": spread(eager), "graph": None}
     try:
         g = capture_graph([run])
-        graph = time_cuda(g.replay, settings.warmup, settings.iters, flusher, before=barrier)
+        with ClockWatch(step.device) as watch:  # the GPU's clocks while the replays are timed (as the gemm stage)
+            graph = time_cuda(g.replay, settings.warmup, settings.iters, flusher, before=barrier)
         out["graph"] = spread(graph)
+        out["graph_clock"] = watch.columns()
         del g
     except Exception as exc:
         out["graph_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
     return out
+
+
+def step_clock(measures: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the GPU's clocks did while the step's segments were replayed in CUDA graphs (the replays graph_ms
+    adds up): the largest share of a segment's timing held down by the power or thermal cap, the caps named, the
+    lowest SM clock at a segment's end. Every figure None where NVML cannot say (a CPU host, no driver library)."""
+    clocks = [m["graph_clock"] for m in measures if m.get("graph_clock")]
+    fracs = [c["clock_capped_frac"] for c in clocks if c.get("clock_capped_frac") is not None]
+    mhz = [c["sm_clock_mhz"] for c in clocks if c.get("sm_clock_mhz") is not None]
+    by = sorted({b for c in clocks for b in str(c.get("clock_capped_by") or "").split("+") if b})
+    return {"capped_frac": max(fracs) if fracs else None, "capped_by": "+".join(by),
+            "sm_clock_mhz_min": min(mhz) if mhz else None, "segments": len(clocks),
+            "source": "NVML clock violation counters over each segment's CUDA-graph replays"}
 
 
 def _median(m: dict | None) -> float | None:
@@ -256,6 +271,7 @@ def simulate_rank(spec: ModelSpec, settings: KernelSettings, device: str, group=
         "scale_by_kind": scale_by_kind,
         "layers_by_kind": {k: {"total": counts[k], "simulated": plan[k]} for k in plan},
         "raw": {"layers": layers_sim, "eager": full["eager"], "graph": full["graph"]},
+        "clock": step_clock(list(segments.values())),
         "segments": {seg: {"eager": m["eager"], "graph": m["graph"],
                            "scale": 1.0 if seg == "head" else scale_by_kind[seg]} for seg, m in segments.items()},
         "allreduce": allreduce,

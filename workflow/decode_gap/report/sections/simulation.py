@@ -11,6 +11,7 @@ from .. import charts as ch
 from ..data import HEADLINE_LABELS, Bundle, Doc, Fig, first_key, fmt_num, num
 from .common import Builder, _label
 from .headline import levers_list
+from .microbench import CAPPED_FROM
 
 
 WATERFALL_TOTAL = ("live", "itl", "total", "server level")
@@ -97,6 +98,19 @@ def _where(gap: Doc, level: str) -> str:
                      if x)
     refused = gap.get("refused_levels", default={}) or {}
     return text + (" (refused: another host)" if isinstance(refused, dict) and level in refused else "")
+
+
+def step_clock_note(clock: Any) -> str:
+    """A line under the kernel level when its CUDA-graph replays ran under the GPU's power or thermal cap for at
+    least CAPPED_FROM of a segment's timing (simulate/kernel.json `clock`); empty otherwise or where not recorded."""
+    frac = num(clock.get("capped_frac")) if isinstance(clock, dict) else None
+    if frac is None or frac < CAPPED_FROM:
+        return ""
+    caps = " and ".join(str(clock.get("capped_by") or "power").split("+"))
+    mhz = num(clock.get("sm_clock_mhz_min"))
+    return (f"The kernel-level step's CUDA-graph replays ran with the GPU's clocks held down by its {caps} cap for up "
+            f"to {frac * 100:.0f}% of a segment's timing" + (f" (SM clock {mhz:.0f} MHz)" if mhz is not None else "")
+            + ": the step time includes the lower clock, as a server's under the same load would (measured, NVML).")
 
 
 def simulation_section(b: Builder, bundle: Bundle, figs: dict[str, Fig]) -> dict[str, Any]:
@@ -197,5 +211,6 @@ def simulation_section(b: Builder, bundle: Bundle, figs: dict[str, Fig]) -> dict
         s["scaling"] = {"layers": kern.get("layers_simulated"), "scale": fmt_num(num(kern.get("scale")))}
     s["engine_reason"] = str(sim.get("engine", "reason", default="") or "") if sim.usable else ""
     s["kernel_backend"] = str(sim.get("kernel", "backend", default="") or "") if sim.usable else ""
+    s["kernel_clock_note"] = step_clock_note(sim.get("kernel", "clock", default=None) if sim.usable else None)
     s["engine_backend"] = str(sim.get("engine", "backend", default="") or "") if sim.usable else ""
     return s
