@@ -703,8 +703,7 @@ if HAVE_TRITON:
             ki = NSTEPS // UNROLL  # iterations a group
             total = tl.cdiv(NT, WARPS) * ki
             # program p: iterations [p T / P, (p + 1) T / P), so the ranges differ by one iteration at most and a
-            # grid of whole waves (P a multiple of the SMs) gives every SM the same work; steps_per_split: the
-            # longest range (for the interpreter's bounds only)
+            # grid of whole waves (P a multiple of the SMs) gives every SM the same work (steps_per_split unread)
             u = (pid_n * total) // tl.num_programs(0)
             u1 = ((pid_n + 1) * total) // tl.num_programs(0)
             grp = u // ki
