@@ -1279,11 +1279,12 @@ FP4_MMA_CONFIGS = (FP4_MMA_DEFAULT, FP4_MMA_WIDE, FP4_MMA_BX_40, replace(FP4_MMA
                    # (give or take an iteration), at most two parts a program. The default at M = 9-16, where the
                    # second MMA set takes 80 registers (6 programs an SM) and a K split leaves a partial second wave
                    # (28672x4096: 896 programs for 792 places). H200, M=16, faster than any K split on all six
-                   # mid-sized shapes tried, by 1-14% (DeepSeek-V3 36864x7168 58.9 against 67.4 us, Llama-3.1-8B
-                   # gate_up 30.3 against 33.7). At M=1 it won four of six (gate_up 21.1 against 21.8 us, GLM-5
-                   # 6144x16384 17.9 against 19.1) and lost two by 2%: the gemm stage times it beside the K split.
-                   # Ranges of whole groups of iterations (programs not a multiple of the SMs) were 2-5% slower;
-                   # with 4 steps an iteration, or capped at 64 registers for more resident programs, no faster
+                   # mid-sized shapes tried, by 1-12% (DeepSeek-V3 36864x7168 58.9 against 67.2 us, Llama-3.1-8B
+                   # gate_up 30.3 against 33.7). At M=1 it won three of six (gate_up 21.1 against 21.8 us, GLM-5
+                   # 6144x16384 17.9 against 19.1) and lost three by 1-5%: the gemm stage times it beside the K
+                   # split. Ranges of whole groups of iterations (programs not a multiple of the SMs) were 2-5%
+                   # slower at M=16; with 4 steps an iteration, or capped at 64 registers for more resident
+                   # programs, no faster
                    FP4_MMA_BX_SK, replace(FP4_MMA_WIDE, bx=True, stream=True))
 # tried on the H200 and left out (within 0.2 us of the bf16 default below the lm_heads, or slower): bf16 with about
 # 20 warps an SM, 4 steps an iteration split for 27 or 18 warps an SM, 8-warp programs
