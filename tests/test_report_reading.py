@@ -89,3 +89,14 @@ def test_kernel_level_step_says_when_its_replays_ran_under_the_power_cap():
     assert step_clock_note({**clock, "capped_frac": 0.05}) == ""
     cpu = step_clock([{"graph": None}])  # a CPU host: nothing recorded, nothing said
     assert cpu["capped_frac"] is None and step_clock_note(cpu) == "" and step_clock_note(None) == ""
+
+
+def test_nvfp4_gemv_config_names_are_explained_once_under_the_table():
+    """The backend column names a Triton NVFP4 GEMV by its config ("m,BN=64,...,bx,sk"): a line under the M=1 table
+    says what each part that occurs means, and nothing where no such kernel ran."""
+    from decode_gap.report.sections.microbench import nvfp4_form_legend
+
+    legend = nvfp4_form_legend(["torch.mm", "triton nvfp4 gemv m,BN=64,BK=128,w=4,ef,t=27,bx,sk"])
+    assert "m: tensor cores" in legend and "sk: stream-K" in legend and "bx: bf16" in legend
+    assert "1k:" not in legend and "a: CUDA-core" not in legend  # parts that do not occur are not explained
+    assert nvfp4_form_legend(["torch.mm", "triton gemv (BLOCK_N=4, BLOCK_K=2048, warps=4)"]) == ""

@@ -98,6 +98,25 @@ def _breakable(v: Any) -> str:
     return "—" if v is None or (isinstance(v, float) and v != v) else str(v).replace(",", ",\u200b")
 
 
+# what the parts of a Triton NVFP4 GEMV's config name mean (GemvConfig.name), said once under a table that shows one
+NVFP4_FORM_PARTS = (("m", "tensor cores (mma.sync)"), ("a", "CUDA-core asm decode"), ("g", "16-value words"),
+                    ("BN", "rows a program"),
+                    ("BK", "K values an iteration"), ("w", "warps a program"), ("s", "K splits"),
+                    ("ef", "weights loaded evict-first"), ("t", "warps an SM the K split aims at"),
+                    ("bx", "bf16 on x as it is, one kernel a call"), ("sk", "stream-K: one wave, equal work a program"),
+                    ("1k", "fp16, one kernel a call"))
+
+
+def nvfp4_form_legend(backends: Any) -> str:
+    """A line explaining the config names of the NVFP4 GEMV forms in `backends` (only the parts that occur)."""
+    names = [str(b).split(" gemv ", 1)[1] for b in backends if "nvfp4 gemv " in str(b)]
+    if not names:
+        return ""
+    parts = {p.split("=")[0] for n in names for p in n.split(",")}
+    said = [f"{key}: {what}" for key, what in NVFP4_FORM_PARTS if key in parts]
+    return "NVFP4 GEMV forms (lowprec.GemvConfig): " + "; ".join(said) + "." if said else ""
+
+
 CAPPED_FROM = 0.1  # a case held down by its GPU's power or thermal cap for at least this share of its time
 
 
@@ -170,6 +189,7 @@ def gemm_sub(b: Builder, bundle: Bundle, copy_gbps: float | None) -> dict[str, A
         s["table_m1"] = df_table(m1, cols, formats=pct)
         s["m_min"] = fmt_num(m_min)
         s["clock_note"] = clock_note(df)
+        s["form_legend"] = nvfp4_form_legend(m1["backend"]) if "backend" in m1.columns else ""
         s["table_all"] = df_table(df.drop(columns=["shape"]), formats=pct)
     else:
         s["table_all"] = df_table(df.drop(columns=["shape"]))
