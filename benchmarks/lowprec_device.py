@@ -190,6 +190,24 @@ def best_of(env, builders: dict, nbytes: int) -> tuple[str | None, float | None,
     return best, ok[best], times
 
 
+def nvfp4_call_bytes(n: int, k: int, m: int) -> int:
+    """Bytes an NVFP4 GEMV call moves: the packed weight and its scales, x and y in bf16."""
+    return nv.nvfp4_bytes(n, k) + 2 * m * k + 2 * m * n
+
+
+def nvfp4_copies(q: nv.NVFP4Tensor, dev) -> list[nv.NVFP4Tensor]:
+    """q and enough copies of it that the rotation is larger than twice the L2 (no call finds its weight there)."""
+    return [q] + [nv.NVFP4Tensor(q.packed.clone(), q.block_scales.clone(), q.tensor_scale.clone(), q.shape)
+                  for _ in range(rotating_copies(nv.nvfp4_bytes(*q.shape), dev) - 1)]
+
+
+def fp4_builders(qs: list[nv.NVFP4Tensor], x: torch.Tensor, dev, cfgs) -> dict:
+    """For each NVFP4 GEMV form that applies to x's M and the weight's K: a builder of its calls, one a copy."""
+    m, k = x.shape
+    return {c.name: (lambda c=c: [(lambda g=g: g(x)) for g in [lp.Nvfp4Gemv(qq, m, dev, c) for qq in qs]])
+            for c in cfgs if not (c.mma and k % c.block_k) and (m == 1 or c.mma)}
+
+
 def dense_case(env: BenchEnv, model: str, n: int, k: int, m: int, old: bool, fp8_all: bool) -> None:
     dev = env.device
     w = torch.randn((n, k), device=dev, dtype=torch.bfloat16)
@@ -243,24 +261,19 @@ def dense_case(env: BenchEnv, model: str, n: int, k: int, m: int, old: bool, fp8
     # nvfp4
     q = nv.quantize_nvfp4(w)
     w = None
-    nb4 = nv.nvfp4_bytes(n, k) + 2 * m * k + 2 * m * n
+    nb4 = nvfp4_call_bytes(n, k, m)
     row["nvfp4_bytes"] = nb4
-    c4 = rotating_copies(nv.nvfp4_bytes(n, k), dev)
-    qs = [q] + [nv.NVFP4Tensor(q.packed.clone(), q.block_scales.clone(), q.tensor_scale.clone(), q.shape)
-                for _ in range(c4 - 1)]
+    qs = nvfp4_copies(q, dev)
     if old and env.is_gpu:
         name, us, _ = best_of(env, {"nvfp4-weight-only v1 (earlier)": lambda: [
             (lambda g=g: g(x)) for g in [nv.WeightOnlyGemm(qq, m, dev, variant="v1") for qq in qs]]}, nb4)
         put("nvfp4_old", name, us, nb4)
-    def fp4_builders(cfgs):
-        return {c.name: (lambda c=c: [(lambda g=g: g(x)) for g in [lp.Nvfp4Gemv(qq, m, dev, c) for qq in qs]])
-                for c in cfgs if not (c.mma and k % c.block_k) and (m == 1 or c.mma)}
-
     tried = {}
     if m == 1:  # the previous session's M=1 CUDA-core forms on their own, for the closing table
-        name, us, tried = best_of(env, fp4_builders(lp.FP4_CUDA_CORE_CONFIGS if old else lp.FP4_CUDA_CORE_CONFIGS[:3]), nb4)
+        cores = lp.FP4_CUDA_CORE_CONFIGS if old else lp.FP4_CUDA_CORE_CONFIGS[:3]
+        name, us, tried = best_of(env, fp4_builders(qs, x, dev, cores), nb4)
         put("nvfp4_prev", name, us, nb4, tried)
-    _, _, times = best_of(env, fp4_builders(lp.FP4_MMA_CONFIGS), nb4)
+    _, _, times = best_of(env, fp4_builders(qs, x, dev, lp.FP4_MMA_CONFIGS), nb4)
     tried = {**tried, **times}
     ok = {k2: v for k2, v in tried.items() if isinstance(v, float)}
     best = min(ok, key=ok.get) if ok else None
@@ -281,12 +294,8 @@ def fp4_sweep(env: BenchEnv, n: int, k: int, m: int) -> None:
     dev = env.device
     q = nv.quantize_nvfp4(torch.randn((n, k), device=dev, dtype=torch.bfloat16))
     x = torch.randn((m, k), device=dev, dtype=torch.bfloat16)
-    nb4 = nv.nvfp4_bytes(n, k) + 2 * m * k + 2 * m * n
-    qs = [q] + [nv.NVFP4Tensor(q.packed.clone(), q.block_scales.clone(), q.tensor_scale.clone(), q.shape)
-                for _ in range(rotating_copies(nv.nvfp4_bytes(n, k), dev) - 1)]
-    builders = {c.name: (lambda c=c: [(lambda g=g: g(x)) for g in [lp.Nvfp4Gemv(qq, m, dev, c) for qq in qs]])
-                for c in lp.FP4_MMA_CONFIGS if k % c.block_k == 0}
-    _, _, times = best_of(env, builders, nb4)
+    nb4 = nvfp4_call_bytes(n, k, m)
+    _, _, times = best_of(env, fp4_builders(nvfp4_copies(q, dev), x, dev, lp.FP4_MMA_CONFIGS), nb4)
     RESULTS["gemm"].append({"model": "sweep", "N": n, "K": k, "M": m, "nvfp4_bytes": nb4, "nvfp4_new_tried": times})
     read = env.extra.get("read_gbps")
     ok = sorted((v, name) for name, v in times.items() if isinstance(v, float))
