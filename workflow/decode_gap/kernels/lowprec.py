@@ -1468,17 +1468,17 @@ class Nvfp4Gemv:
         ctas = math.ceil(nt / cfg.warps)
         self.stream = cfg.stream
         self.groups, self.sms = ctas, sm_count(device)
-        split = split or cfg.split
-        if split is None and cfg.warps_per_sm:
-            split = mma_split(nt, nsteps // self.steps, cfg.warps_per_sm, sm_count(device))
-        if split is None:
-            split = split_for(ctas, 1, nsteps // self.steps, sm_count(device))
-        per, self.split, _ = _k_plan(nsteps, self.steps, split)
-        self.per = per
-        self.grid = (ctas, self.split)
-        if self.stream:  # one wave: 24 warps an SM until the compiled kernel's registers say (_plan_stream)
+        if self.stream:  # one wave: 24 warps an SM until the compiled kernel's registers say (_replan_stream)
             self.split = 0
             self._plan_stream(24 // cfg.warps)
+        else:
+            split = split or cfg.split
+            if split is None and cfg.warps_per_sm:
+                split = mma_split(nt, nsteps // self.steps, cfg.warps_per_sm, self.sms)
+            if split is None:
+                split = split_for(ctas, 1, nsteps // self.steps, self.sms)
+            self.per, self.split, _ = _k_plan(nsteps, self.steps, split)
+            self.grid = (ctas, self.split)
         self.block_m = 1 if self.m == 1 else 8 if self.m <= 8 else 16  # one pass: M <= 16 rows of x
         self.kw = k // 8
         self.bx = cfg.bx
