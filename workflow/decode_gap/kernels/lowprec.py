@@ -41,11 +41,12 @@ NVFP4 bytes = packed values + scales), fraction of read bandwidth at M=1, bf16 f
 36864x7168 82%, 7168x18432 73%; GLM-5 154880x6144 89%, 24576x6144 75%. At M = 4 / 8 / 16 on 28672x4096: 70% / 65%
 / 49% (stream-K at 16). Converting both rows' block scales at once (5 operations a step where 10) took 3-5% off the
 bf16 form's mid-sized shapes (DeepSeek-V3 36864x7168 44.4 -> 42.3 us, GLM-5 24576x6144 27.0 -> 25.8).
-Where the rest goes: the loop issues about 92 instructions per 512-byte warp step (SASS of the GPU build:
-benchmarks/kernel_resources.py), two thirds of them the decode and its scale multiply, on the integer and FMA pipes;
-at the 0.62-0.66 issued warps a scheduler ncu showed (an earlier build), that is about 3.7 TB/s at the most. L2
-prefetch ahead of the register double buffer (prefetch.global.L2 lane by lane, or sm90 cp.async.bulk.prefetch of a
-tile's steps) was 5-30% slower on every shape tried.
+Where the rest goes: the bf16 form's loop issues about 85 instructions per 512-byte warp step (sm_90 SASS from
+benchmarks/kernel_resources.py; 92 before the scales were converted together and the load addresses folded), two
+thirds of them the decode and its scale multiply, on the integer and FMA pipes; at the 0.62-0.66 issued warps a
+scheduler ncu showed (an earlier build), that is about 4.0 TB/s at the most. The last 4% fewer instructions bought
+about 1%, so issue is not the whole limit. L2 prefetch ahead of the register double buffer (prefetch.global.L2 lane
+by lane, or sm90 cp.async.bulk.prefetch of a tile's steps) was 5-30% slower on every shape tried.
 What is left on the mid-sized shapes (measured before the bf16 form, which removed the packing kernel and the cast):
 the x packing and the split-K cast were two more kernels (2.0 and 1.1 us a call beside a 19.9 us GEMV on
 28672x4096), and the GEMV itself issues

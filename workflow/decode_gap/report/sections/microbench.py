@@ -100,9 +100,8 @@ def _breakable(v: Any) -> str:
 
 # what the parts of a Triton NVFP4 GEMV's config name mean (GemvConfig.name), said once under a table that shows one
 NVFP4_FORM_PARTS = (("m", "tensor cores (mma.sync)"), ("a", "CUDA-core asm decode"), ("g", "16-value words"),
-                    ("BN", "rows a program"),
-                    ("BK", "K values an iteration"), ("w", "warps a program"), ("s", "K splits"),
-                    ("ef", "weights loaded evict-first"), ("t", "warps an SM the K split aims at"),
+                    ("BN", "rows a program"), ("BK", "K values an iteration"), ("w", "warps a program"),
+                    ("s", "K splits"), ("ef", "weights loaded evict-first"), ("t", "warps an SM the K split aims at"),
                     ("bx", "bf16 on x as it is, one kernel a call"), ("sk", "stream-K: one wave, equal work a program"),
                     ("1k", "fp16, one kernel a call"))
 
@@ -122,8 +121,8 @@ CAPPED_FROM = 0.1  # a case held down by its GPU's power or thermal cap for at l
 
 def clock_note(df: pd.DataFrame) -> str:
     """Which GEMM or MoE cases ran with the GPU's clocks held down by its power or thermal cap (NVML's violation
-    counters, gemm.csv / moe.csv `clock_capped_frac`): their times include the lower clock, and a compute-heavy kernel (an NVFP4 decode)
-    loses more to it than a plain read."""
+    counters, gemm.csv / moe.csv `clock_capped_frac`): their times include the lower clock, and a compute-heavy
+    kernel (an NVFP4 decode) loses more to it than a plain read."""
     if "clock_capped_frac" not in df.columns:
         return ""
     frac = pd.to_numeric(df["clock_capped_frac"], errors="coerce")
