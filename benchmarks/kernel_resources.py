@@ -37,13 +37,17 @@ def forms() -> dict[str, dict]:
     a bf16 form (bx) reads x as it is and finishes its split."""
     out = {}
     for cfg in lp.FP4_MMA_CONFIGS:
+        unsplit = cfg.slices != 1  # a sliced form runs without a K split where it wins
+        slices, warps = cfg.slices, cfg.warps
+        if not slices:  # auto: as it runs 28672x4096 on 132 SMs
+            slices, warps = lp.auto_slices(1792, 4096 // cfg.block_k, warps, cfg.warps_per_sm, 132)
         for block_m in (1, 16):
             out[f"{cfg.name} M={'1' if block_m == 1 else '9-16'}"] = dict(
-                WARPS=cfg.warps, BLOCK_M=block_m, UNROLL=cfg.block_k // 64,
-                ATOMIC=cfg.warps_per_sm != 18 or cfg.stream, USE_ASM=True, EV="evict_first" if cfg.evict else "",
-                PDL=not (cfg.one_kernel or cfg.bx), SELF_PACK=cfg.one_kernel,
-                FINISH=(cfg.one_kernel or cfg.bx) and cfg.warps_per_sm != 18 or cfg.stream, BX=cfg.bx,
-                STREAM=cfg.stream)
+                WARPS=warps, BLOCK_M=block_m, UNROLL=cfg.block_k // 64,
+                ATOMIC=(cfg.warps_per_sm != 18 or cfg.stream) and not unsplit, USE_ASM=True,
+                EV="evict_first" if cfg.evict else "", PDL=not (cfg.one_kernel or cfg.bx), SELF_PACK=cfg.one_kernel,
+                FINISH=((cfg.one_kernel or cfg.bx) and cfg.warps_per_sm != 18 or cfg.stream) and not unsplit, BX=cfg.bx,
+                STREAM=cfg.stream, SLICES=slices)
     return out
 
 

@@ -85,7 +85,7 @@ def checks(env: BenchEnv) -> None:
         q = nv.quantize_nvfp4(w)
         ref4 = nv.reference_mm(x, q)
         for cfg in (lp.FP4_M1_CONFIGS if m == 1 else lp.FP4_MMA_CONFIGS):
-            if (cfg.mma and k % cfg.block_k) or (not env.is_gpu and cfg.asm):
+            if (cfg.mma and k % cfg.k_multiple) or (not env.is_gpu and cfg.asm):
                 continue
             _check(f"nvfp4 {cfg.name}", m, n, k, lambda: _twice_if_one_kernel(lp.Nvfp4Gemv(q, m, dev, cfg,
                                                                                         out_dtype=torch.float32), x),
@@ -205,7 +205,7 @@ def fp4_builders(qs: list[nv.NVFP4Tensor], x: torch.Tensor, dev, cfgs) -> dict:
     """For each NVFP4 GEMV form that applies to x's M and the weight's K: a builder of its calls, one a copy."""
     m, k = x.shape
     return {c.name: (lambda c=c: [(lambda g=g: g(x)) for g in [lp.Nvfp4Gemv(qq, m, dev, c) for qq in qs]])
-            for c in cfgs if not (c.mma and k % c.block_k) and (m == 1 or c.mma)}
+            for c in cfgs if not (c.mma and k % c.k_multiple) and (m == 1 or c.mma)}
 
 
 def dense_case(env: BenchEnv, model: str, n: int, k: int, m: int, old: bool, fp8_all: bool) -> None:

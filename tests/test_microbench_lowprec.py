@@ -125,7 +125,7 @@ assert lp.fp4_config_for(1, 4096, "cpu").mma and lp.fp4_config_for(1, 64, "cpu")
 assert not lp.fp4_config_for(1, 48, "cpu").mma and lp.fp4_config_for(4, 48, "cpu") is None
 # an lm_head at M=1 (N >= FP4_WIDE_ROWS, K whole 256-value steps) gets the 4-step form that won the lm_heads
 assert lp.fp4_config_for(1, 4096, "cpu", n=128256) is lp.FP4_MMA_WIDE
-assert lp.fp4_config_for(1, 4096, "cpu", n=36864) is lp.FP4_MMA_DEFAULT
+assert lp.fp4_config_for(1, 4096, "cpu", n=6144) is lp.FP4_MMA_DEFAULT
 assert lp.fp4_config_for(4, 4096, "cpu", n=128256) is lp.FP4_MMA_DEFAULT
 assert lp.fp4_config_for(1, 4224, "cpu", n=128256) is lp.FP4_MMA_DEFAULT  # K not whole 256-value steps
 # below the lm_heads, and at M > 1, the bf16 form on x as it is (one kernel a call), which won there on the H200
@@ -135,7 +135,16 @@ assert lp.fp4_config_for(4, 4096, "cpu", n=128256) is lp.FP4_MMA_DEFAULT
 assert lp.fp4_config_for(1, 192, "cpu", n=576).bx  # K whole 64-value steps only
 # M = 9-16 (two MMA sets a decoded tile, more registers, fewer programs an SM): stream-K, one wave of equal work
 assert lp.fp4_config_for(12, 4096, "cpu", n=28672) is lp.FP4_MMA_BX_SK and lp.FP4_MMA_BX_SK.stream
-assert lp.fp4_config_for(8, 4096, "cpu", n=28672) is lp.FP4_MMA_DEFAULT
+# from FP4_KS2_VALUES weights up to M = 8 (not the lm_heads): two K slices a tile, 2 steps an iteration where that
+# leaves no K split (the interpreter's 4 "SMs" always do), 4 steps where it would split (the H200's 132 SMs, 6144 x
+# 16384)
+assert lp.fp4_config_for(8, 4096, "cpu", n=28672) is lp.FP4_MMA_KS2 and lp.FP4_MMA_KS2.slices == 2
+assert lp.fp4_config_for(1, 4096, "cpu", n=36864) is lp.FP4_MMA_KS2
+assert lp.fp4_config_for(1, 4224, "cpu", n=36864) is lp.FP4_MMA_DEFAULT  # K not whole 512-value slices
+from unittest import mock
+with mock.patch.object(lp, "sm_count", lambda device: 132):
+    assert lp.fp4_config_for(1, 16384, "cpu", n=6144) is lp.FP4_MMA_KS2_WIDE
+    assert lp.fp4_config_for(1, 4096, "cpu", n=28672) is lp.FP4_MMA_KS2
 # the x packing for the f16x2 asm form (the asm itself needs a GPU): plane j holds (x[8w+3-j], x[8w+7-j]) as fp16
 x = torch.randn(1, 64).to(torch.bfloat16)
 xp = torch.empty((4, 8), dtype=torch.int32)
@@ -401,6 +410,42 @@ for m, n, k, cfg in [(1, 300, 512, replace(lp.FP4_MMA_DEFAULT, stream=True)),
     assert out.count("ok") == 9 and " True " in out, out
 
 
+@pytest.mark.skipif(not lp.HAVE_TRITON, reason="Triton is not installed (pip install triton runs its CPU interpreter)")
+def test_k_slices_sum_within_the_program_in_the_interpreter():
+    """K slices (cfg.slices): warp w of a program takes tile w // slices and slice w % slices of the program's K
+    range, and the slices' sums are added in the program before they are stored; with a K split too, the split's
+    finishing path still casts and leaves zeros. 2 and 4 slices, bf16 and fp16 forms, M = 1, 5 and 12, ragged N;
+    and the forms that cannot be sliced are refused in one line."""
+    out = _interpret(r'''
+import torch
+from decode_gap.kernels import nvfp4 as nv, lowprec as lp
+torch.manual_seed(0)
+G = lp.GemvConfig
+for m, n, k, cfg, split in [(1, 300, 512, lp.FP4_MMA_KS2, 1), (1, 200, 1024, G(16, 128, 4, mma=True, bx=True, slices=4), 2),
+                            (12, 130, 512, lp.FP4_MMA_KS2, 1), (5, 130, 1024, G(32, 128, 4, mma=True, slices=2), 2),
+                            (1, 90, 1024, lp.FP4_MMA_KS2_WIDE, None)]:
+    q = nv.quantize_nvfp4(torch.randn(n, k) * 3)
+    g = lp.Nvfp4Gemv(q, m, "cpu", cfg=cfg, out_dtype=torch.float32, split=split)
+    assert f"{cfg.slices} K slices" in g.label and g.grid[0] == -(-n // (16 * cfg.warps // cfg.slices))
+    for call in range(2):
+        x = torch.randn(m, k).to(torch.bfloat16)
+        g.out.fill_(float("nan"))
+        err = nv.relative_error(g(x), nv.reference_mm(x, q))
+        assert err < 2e-3, (m, n, k, cfg.name, call, err)
+    assert not g.finish or not g.acc.any()  # the finishing split leaves zeros
+    print("ok", m, n, cfg.name, g.split, err)
+q = nv.quantize_nvfp4(torch.randn(64, 384))
+for bad in (G(32, 128, 4, mma=True, bx=True, slices=2), G(32, 128, 4, mma=True, bx=True, slices=2, stream=True),
+            G(16, 128, 3, mma=True, bx=True, slices=2)):
+    try:
+        lp.Nvfp4Gemv(q, 1, "cpu", cfg=bad)
+        raise AssertionError(bad)
+    except lp.DecodeGapError as exc:
+        assert "\n" not in str(exc) and bad.name in str(exc)
+''')
+    assert out.count("ok") == 5, out
+
+
 def test_lowprec_benchmark_sweep_runs_in_the_interpreter(tmp_path):
     """The README's after-a-kernel-change command, at a toy shape under the CPU interpreter: the sweep section times
     every NVFP4 tensor-core form and writes them to lowprec.json (a smoke test of the script, not a timing)."""
@@ -413,7 +458,7 @@ def test_lowprec_benchmark_sweep_runs_in_the_interpreter(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads((tmp_path / "lowprec.json").read_text())
     tried = res["gemm"][0]["nvfp4_new_tried"]
-    assert not res["errors"] and {c.name for c in lp.FP4_MMA_CONFIGS} <= set(tried)
+    assert not res["errors"] and {c.name for c in lp.FP4_MMA_CONFIGS if 256 % c.k_multiple == 0} <= set(tried)
     assert all(isinstance(v, float) for v in tried.values())
 
 

@@ -682,7 +682,7 @@ if HAVE_TRITON:
                         WARPS: tl.constexpr, BLOCK_M: tl.constexpr, UNROLL: tl.constexpr, ATOMIC: tl.constexpr,
                         USE_ASM: tl.constexpr, EV: tl.constexpr = "", PDL: tl.constexpr = False,
                         SELF_PACK: tl.constexpr = False, FINISH: tl.constexpr = False, BX: tl.constexpr = False,
-                        STREAM: tl.constexpr = False):
+                        STREAM: tl.constexpr = False, SLICES: tl.constexpr = 1):
         """y[M<=16, N] = x W^T on tensor cores (see _fp4_mma_asm); program (group of WARPS 16-row tiles, K split).
         ATOMIC: fp32 partial sums added into out_ptr (K split; the last split casting the sums in-kernel, with a
         counter and fences, was no faster on the H200 than the separate cast once the GEMV launches as a programmatic
@@ -697,7 +697,10 @@ if HAVE_TRITON:
         of the groups laid end to end, a group's K range after another's; where its range crosses into the next
         group it adds its sums and goes on there (two parts written out: a loop over parts held 96 registers where
         two parts hold 72). Every program does the same work and none waits for a second wave (a K split that
-        leaves, say, 896 programs for 792 resident places runs the last 104 nearly alone)."""
+        leaves, say, 896 programs for 792 resident places runs the last 104 nearly alone).
+        SLICES (K split, not STREAM): the program's warps are WARPS / SLICES tiles times SLICES slices of its K range,
+        summed through shared memory at the end: the warps in flight of a K split without its atomics, counters and
+        finishing reads (see _fp4_mma_part)."""
         pid_n = tl.program_id(0)
         ts = tl.load(ts_ptr) * 16384.0
         if STREAM:  # at most two parts: the plan keeps a program's range within one group boundary
@@ -727,40 +730,60 @@ if HAVE_TRITON:
                                  32 * WARPS)
             _fp4_mma_part(xp_ptr, w_ptr, s_ptr, ts, out_ptr, M, N, NT, pid_n, i0, i1, 1, tl.num_programs(1),
                           stride_xm, stride_wt, stride_st, stride_om, fin_ptr, stride_fm, cnt_ptr,
-                          WARPS, BLOCK_M, UNROLL, ATOMIC, USE_ASM, EV, PDL, FINISH, BX)
+                          WARPS, BLOCK_M, UNROLL, ATOMIC, USE_ASM, EV, PDL, FINISH, BX, SLICES)
+
+    @triton.jit
+    def _slice_sum(v, TILES: tl.constexpr, SLICES: tl.constexpr):
+        """[32 WARPS, 4] lane sums -> [32 TILES, 4]: warp w's added into tile w // SLICES's."""
+        if SLICES > 1:
+            v = tl.reshape(tl.sum(tl.reshape(v, (TILES, SLICES, 32, 4)), axis=1), (32 * TILES, 4))
+        return v
 
     @triton.jit
     def _fp4_mma_part(xp_ptr, w_ptr, s_ptr, ts, out_ptr, M, N, NT, grp, i0, i1, units, total,
                       stride_xm, stride_wt, stride_st, stride_om, fin_ptr, stride_fm, cnt_ptr,
                       WARPS: tl.constexpr, BLOCK_M: tl.constexpr, UNROLL: tl.constexpr, ATOMIC: tl.constexpr,
                       USE_ASM: tl.constexpr, EV: tl.constexpr, PDL: tl.constexpr, FINISH: tl.constexpr,
-                      BX: tl.constexpr):
-        """Steps [i0, i1) of group grp's WARPS 16-row tiles, added (ATOMIC) or stored; with FINISH these steps count
-        as `units` of the group's `total` (the one that completes it casts). Accumulator element e of lane 4g+q
-        holds row g + 8 (e // 2), x row 2q + e % 2 (+ 8 in the second set of BLOCK_M = 16: x rows 8-15 against the
-        same decoded tile, so the weight is read once)."""
+                      BX: tl.constexpr, SLICES: tl.constexpr = 1):
+        """Steps [i0, i1) of group grp's WARPS / SLICES 16-row tiles, added (ATOMIC) or stored; with FINISH these
+        steps count as `units` of the group's `total` (the one that completes it casts). Accumulator element e of
+        lane 4g+q holds row g + 8 (e // 2), x row 2q + e % 2 (+ 8 in the second set of BLOCK_M = 16: x rows 8-15
+        against the same decoded tile, so the weight is read once).
+        SLICES: warp w takes tile w // SLICES and slice w % SLICES of the steps (i1 - i0 a multiple of SLICES x
+        UNROLL); the slices' sums are added in the program (Triton's cross-warp reduction) before anything is
+        stored."""
         T: tl.constexpr = 32 * WARPS
+        TILES: tl.constexpr = WARPS // SLICES
         t = tl.arange(0, T)
-        tile = grp * WARPS + t // 32
+        tile = grp * TILES + t // (32 * SLICES)
         lane = t % 32
         g = lane // 4
         qq = lane % 4
         tile_c = tl.minimum(tile, NT - 1)
+        per = (i1 - i0) // SLICES
+        kof = (t // 32) % SLICES * per  # the warp's first step, from i0
+        i1 = i0 + per
         c4 = tl.arange(0, 4)
-        wb = w_ptr + tile_c.to(tl.int64)[:, None] * stride_wt + (lane * 4)[:, None] + c4[None, :]
-        sb = s_ptr + tile_c.to(tl.int64) * stride_st + lane
+        wb = w_ptr + tile_c.to(tl.int64)[:, None] * stride_wt + (lane * 4 + kof * 128)[:, None] + c4[None, :]
+        sb = s_ptr + tile_c.to(tl.int64) * stride_st + lane + kof * 32
         if USE_ASM:
             if BLOCK_M == 1:
                 xrow = g * 0  # every column computes x row 0; only column 0 is kept
             else:
                 xrow = tl.minimum(g, M - 1)  # columns g >= M are computed and dropped
-            xb = xp_ptr + xrow[:, None] * stride_xm + (qq * 8)[:, None] + c4[None, :]
-            xb2 = xp_ptr + tl.minimum(g + 8, M - 1)[:, None] * stride_xm + (qq * 8)[:, None] + c4[None, :]
+            xb = xp_ptr + xrow[:, None] * stride_xm + (qq * 8 + kof * 32)[:, None] + c4[None, :]
+            xb2 = xp_ptr + tl.minimum(g + 8, M - 1)[:, None] * stride_xm + (qq * 8 + kof * 32)[:, None] + c4[None, :]
             acc0 = tl.zeros((T, 4), dtype=tl.float32)
             acc1 = tl.zeros((T, 4), dtype=tl.float32)
             acc0, acc1, acc2, acc3 = _fp4_mma_loop(wb, sb, xb, xb2, i0, i1, T, UNROLL, EV, BLOCK_M == 16, acc0, acc1,
                                                    acc0, acc1, PDL, BX)
-            y = (acc0 + acc1) * ts
+            y = _slice_sum(acc0 + acc1, TILES, SLICES) * ts
+            if SLICES > 1:  # the indices of the summed layout: TILES warps' lanes
+                t = tl.arange(0, 32 * TILES)
+                tile = grp * TILES + t // 32
+                lane = t % 32
+                g = lane // 4
+                qq = lane % 4
             e = c4[None, :]
             rows = (tile * 16 + g)[:, None] + 8 * (e // 2)
             ms = (2 * qq)[:, None] + e % 2
@@ -768,7 +791,7 @@ if HAVE_TRITON:
             op = out_ptr + ms * stride_om + rows
             om2 = om
             if BLOCK_M == 16:  # x rows 8-15
-                y2 = (acc2 + acc3) * ts
+                y2 = _slice_sum(acc2 + acc3, TILES, SLICES) * ts
                 om2 = (rows < N) & (ms + 8 < M) & (tile < NT)[:, None]
                 if ATOMIC:
                     tl.atomic_add(op + 8 * stride_om, y2, mask=om2, sem="relaxed")
@@ -788,19 +811,21 @@ if HAVE_TRITON:
                     sr = ((sv >> (8 * r)) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
                     acc_r = tl.zeros((T, XR), dtype=tl.float32)
                     for wr in tl.static_range(2):
-                        word = tl.load(w_ptr + tile_c.to(tl.int64) * stride_wt + lane * 4 + i * 128 + 2 * r + wr)
-                        xw = xp_ptr + m8[None, :] * stride_xm + (((4 * i + qq) * 2 + wr) * 4)[:, None]
+                        word = tl.load(w_ptr + tile_c.to(tl.int64) * stride_wt + lane * 4 + (i + kof) * 128 + 2 * r
+                                       + wr)
+                        xw = xp_ptr + m8[None, :] * stride_xm + (((4 * (i + kof) + qq) * 2 + wr) * 4)[:, None]
                         for j in tl.static_range(4):
                             xv = tl.load(xw + j, mask=xm, other=0)
                             lo, hi = _emul_plane(word, j, sr, BX)
                             acc_r += lo[:, None] * _emul_x(xv, False, BX) + hi[:, None] * _emul_x(xv, True, BX)
                     part += tl.where((tl.arange(0, 2) == r)[None, :, None], acc_r[:, None, :], 0.0)
-            y = tl.sum(tl.reshape(part, (WARPS, 8, 4, 2, XR)), axis=2) * ts  # [warp, g, half, x row]
-            wv = tl.arange(0, WARPS)[:, None, None, None]
+            # [tile, g, half, x row]: the four lanes of a quad, then the slices, summed
+            y = tl.sum(tl.sum(tl.reshape(part, (TILES, SLICES, 8, 4, 2, XR)), axis=3), axis=1) * ts
+            wv = tl.arange(0, TILES)[:, None, None, None]
             gv = tl.arange(0, 8)[None, :, None, None]
             hv = tl.arange(0, 2)[None, None, :, None]
             mv = m8[None, None, None, :]
-            rows = (grp * WARPS + wv) * 16 + gv + 8 * hv
+            rows = (grp * TILES + wv) * 16 + gv + 8 * hv
             om = (rows < N) & (mv < M)
             om2 = om
             op = out_ptr + mv * stride_om + rows
@@ -1243,6 +1268,7 @@ class GemvConfig:
     one_kernel: bool = False  # tensor-core form: each program packs its own x slice, the last K split casts the sums
     bx: bool = False  # tensor-core form in bf16 on x as it is (no packing kernel); the last K split casts the sums
     stream: bool = False  # tensor-core form: stream-K, one wave of resident programs with equal work (no `split`)
+    slices: int = 1  # tensor-core form: warps a tile, each a slice of the program's K range, summed in the program
 
     @property
     def name(self) -> str:
@@ -1250,7 +1276,13 @@ class GemvConfig:
                 f"{'g,' if self.grouped else ''}BN={self.block_n},BK={self.block_k},w={self.warps}"
                 + (f",s={self.split}" if self.split else "") + (",ef" if self.evict else "")
                 + (f",t={self.warps_per_sm}" if self.warps_per_sm and not self.split else "")
-                + (",1k" if self.one_kernel else "") + (",bx" if self.bx else "") + (",sk" if self.stream else ""))
+                + (",1k" if self.one_kernel else "") + (",bx" if self.bx else "") + (",sk" if self.stream else "")
+                + (f",ks={self.slices}" if self.slices > 1 else ""))
+
+    @property
+    def k_multiple(self) -> int:
+        """What K must be a multiple of for the tensor-core form: its iteration's values times its K slices."""
+        return self.block_k * self.slices
 
     @property
     def unit(self) -> int:
@@ -1268,6 +1300,17 @@ FP4_MMA_WIDE = GemvConfig(64, 256, 4, mma=True, warps_per_sm=18)  # M=1, N >= FP
 FP4_WIDE_ROWS = 65536  # H200 sweep: the lm_heads (128256-154880 rows) won with 4 steps, 36864 rows and fewer with 2
 FP4_MMA_BX_40 = GemvConfig(64, 128, 4, mma=True, evict=True, warps_per_sm=40, bx=True)  # more K splits: narrow N
 FP4_MMA_BX_SK = replace(FP4_MMA_DEFAULT, stream=True)
+# K slices (bf16): a program's 4 warps are 2 tiles x 2 halves of its K range, the halves' sums added in the program
+# (Triton's cross-warp reduction, through shared memory), so twice the warps in flight of the unsliced form without
+# a K split's atomics, counters and finishing reads. H200, M=1: 8-14% faster than the K split where it leaves no
+# split (Llama-3.1-8B gate_up 19.0 against 21.1 us, DeepSeek-V3 36864x7168 38.5 against 42.4; with 4 steps an
+# iteration, GLM-5 24576x6144 22.2 against 25.7), 2-8% faster on 4096x14336 to 7168x18432 (4 steps an iteration,
+# with a split), 3-4% slower on the small shapes (6144x4096 and below). Tried and left out: 4 slices (1 tile a
+# 4-warp program: 2-30% slower), 8 and 16 slices (1 tile, 8 or 16 warps: up to twice as slow, 6144x4096 16.8
+# against 8.1 us), 2 slices of 8-warp programs, and slices for about 36 or 40 warps an SM
+FP4_MMA_KS2 = GemvConfig(32, 128, 4, mma=True, evict=True, warps_per_sm=27, bx=True, slices=2)
+FP4_MMA_KS2_WIDE = GemvConfig(32, 256, 4, mma=True, evict=True, warps_per_sm=18, bx=True, slices=2)
+FP4_KS2_VALUES = 48 * 2**20  # N x K from which the sliced forms won at M <= 8 (4096x14336 yes, 6144x4096 no)
 FP4_MMA_CONFIGS = (FP4_MMA_DEFAULT, FP4_MMA_WIDE, FP4_MMA_BX_40, replace(FP4_MMA_WIDE, bx=True), FP4_MMA_FP16,
                    GemvConfig(64, 256, 4, mma=True, evict=True, warps_per_sm=18),
                    GemvConfig(128, 128, 8, mma=True, evict=True, warps_per_sm=27),
@@ -1286,7 +1329,8 @@ FP4_MMA_CONFIGS = (FP4_MMA_DEFAULT, FP4_MMA_WIDE, FP4_MMA_BX_40, replace(FP4_MMA
                    # split. Ranges of whole groups of iterations (programs not a multiple of the SMs) were 2-5%
                    # slower at M=16; with 4 steps an iteration, or capped at 64 registers for more resident
                    # programs, no faster
-                   FP4_MMA_BX_SK, replace(FP4_MMA_WIDE, bx=True, stream=True))
+                   FP4_MMA_BX_SK, replace(FP4_MMA_WIDE, bx=True, stream=True),
+                   FP4_MMA_KS2, FP4_MMA_KS2_WIDE)
 # tried on the H200 and left out (within 0.2 us of the bf16 default below the lm_heads, or slower): bf16 with about
 # 20 warps an SM, 4 steps an iteration split for 27 or 18 warps an SM, 8-warp programs
 # the M=1 CUDA-core forms that still win small shapes (latency-bound: one kernel, no x packing, no split-K)
@@ -1297,8 +1341,10 @@ FP4_CUDA_CORE_CONFIGS = (FP4_DEFAULT, GemvConfig(4, 1024, 2, split=1), FP4_DEFAU
                          GemvConfig(16, 512, 4, split=1, asm=True), GemvConfig(8, 1024, 4, asm=True))
 # every candidate the benchmark times at M=1; the gemm stage times these per shape and keeps the fastest
 FP4_M1_CONFIGS = FP4_MMA_CONFIGS + FP4_CUDA_CORE_CONFIGS
-FP4_STAGE_CONFIGS = FP4_MMA_CONFIGS[:5] + (FP4_MMA_BX_SK,) + FP4_CUDA_CORE_CONFIGS[:2]
-FP4_STAGE_CONFIGS_M = (FP4_MMA_DEFAULT, FP4_MMA_BX_SK, FP4_MMA_BX_40, FP4_MMA_FP16)  # M = 2..16
+FP4_STAGE_CONFIGS = (FP4_MMA_CONFIGS[:5] + (FP4_MMA_BX_SK, FP4_MMA_KS2, FP4_MMA_KS2_WIDE)
+                     + FP4_CUDA_CORE_CONFIGS[:2])
+FP4_STAGE_CONFIGS_M = (FP4_MMA_DEFAULT, FP4_MMA_BX_SK, FP4_MMA_BX_40, FP4_MMA_FP16, FP4_MMA_KS2,
+                       FP4_MMA_KS2_WIDE)  # M = 2..16
 
 
 # the grouped (MoE) tensor-core form, the default where it fits (H200, 8 of 256 experts, DeepSeek-V3 / GLM-5: 61 / 54 us,
@@ -1340,12 +1386,18 @@ def mma_supported(device) -> bool:
 def fp4_config_for(m: int, k: int, device="cuda", n: int = 0) -> GemvConfig | None:
     """The default NVFP4 GEMV form for an [M, K] x [K, N]: tensor cores in bf16 on x as it is (bx) where K is whole
     64-value steps (sm89+; on the H200 the tensor-core forms won every M=1 shape from 32x6144 to 154880x6144, the
-    bf16 one all but the lm_heads), split over K up to M = 8 and stream-K above (FP4_MMA_BX_SK), the fp16 form with
-    4 steps an iteration at M=1 on N >= FP4_WIDE_ROWS (an lm_head), else the CUDA-core asm form at M=1 and None
-    above. Callers that time the forms (the gemm stage, the benchmark) keep the fastest; this is what the simulated
+    bf16 one all but the lm_heads), in two K slices a tile up to M = 8 from FP4_KS2_VALUES weights (FP4_MMA_KS2),
+    split over K up to M = 8 below that, stream-K above M = 8 (FP4_MMA_BX_SK), the fp16 form with 4 steps an
+    iteration at M=1 on N >= FP4_WIDE_ROWS (an lm_head), else the CUDA-core asm form at M=1 and None above. Callers that time the forms (the gemm stage, the benchmark) keep the fastest; this is what the simulated
     step runs."""
     if mma_supported(device) and m == 1 and n >= FP4_WIDE_ROWS and k % FP4_MMA_WIDE.block_k == 0:
         return FP4_MMA_WIDE
+    if (mma_supported(device) and m <= 8 and FP4_KS2_VALUES <= n * k and n < FP4_WIDE_ROWS
+            and k % FP4_MMA_KS2_WIDE.k_multiple == 0):
+        # K slices: 2 steps an iteration where that leaves no K split, else 4
+        whole = mma_split(math.ceil(n / 16) * 2, k // FP4_MMA_KS2.block_k, FP4_MMA_KS2.warps_per_sm,
+                          sm_count(device)) == 1
+        return FP4_MMA_KS2 if whole else FP4_MMA_KS2_WIDE
     if mma_supported(device) and k % FP4_MMA_DEFAULT.block_k == 0:
         return FP4_MMA_BX_SK if m > 8 else FP4_MMA_DEFAULT
     if mma_supported(device) and k % 64 == 0:
@@ -1369,8 +1421,8 @@ def split_for(n_tiles: int, slots: int, k_blocks: int, sms: int) -> int:
 
 
 def mma_split(n_tiles: int, k_blocks: int, warps_per_sm: int, sms: int) -> int:
-    """K splits of the tensor-core form: one warp per 16-row tile and split, about `warps_per_sm` warps an SM in all
-    (swept on the H200: 27 with 2 steps an iteration, 18 with 4)."""
+    """K splits of the tensor-core form: one warp per 16-row tile (per tile slice: n_tiles counts each) and split,
+    about `warps_per_sm` warps an SM in all (swept on the H200: 27 with 2 steps an iteration, 18 with 4)."""
     return max(1, min(k_blocks, math.ceil(warps_per_sm * sms / n_tiles)))
 
 
@@ -1459,26 +1511,34 @@ class Nvfp4Gemv:
     def _init_mma(self, device, split: int | None, pdl: bool | None) -> None:
         cfg, k = self.cfg, self.k
         self.steps = cfg.block_k // 64
-        if cfg.block_k % 64 or cfg.block_n != 16 * cfg.warps or k % cfg.block_k:
-            raise DecodeGapError(f"nvfp4 gemv: the tensor-core form needs BLOCK_N = 16 x warps and K a multiple of "
-                                 f"BLOCK_K = 64 x steps ({cfg.name}, K={k})")
+        if cfg.block_k % 64 or cfg.block_n * cfg.slices != 16 * cfg.warps or k % cfg.block_k:
+            raise DecodeGapError(f"nvfp4 gemv: the tensor-core form needs BLOCK_N = 16 x warps / slices and K a "
+                                 f"multiple of BLOCK_K = 64 x steps ({cfg.name}, K={k})")
         if cfg.bx and cfg.one_kernel:
             raise DecodeGapError(f"nvfp4 gemv: the bf16 form packs no x, so it has no one-kernel variant ({cfg.name})")
+        if cfg.slices != 1 and (cfg.slices < 1 or cfg.stream or cfg.one_kernel or cfg.warps % cfg.slices
+                                or k % cfg.k_multiple):
+            raise DecodeGapError(f"nvfp4 gemv: K slices need warps a multiple of them, no stream-K or one-kernel "
+                                 f"form, and K a multiple of BLOCK_K x slices ({cfg.name}, K={k})")
+        self.sms = sm_count(device)
         self.words, self.scales = repack_mma(self.q, bx=cfg.bx)
         nt, nsteps = self.words.shape[0], self.words.shape[1]
-        ctas = math.ceil(nt / cfg.warps)
+        self.slices = slices = cfg.slices
+        self.warps = cfg.warps
+        ctas = math.ceil(nt / (self.warps // slices))
         self.stream = cfg.stream
-        self.groups, self.sms = ctas, sm_count(device)
+        self.groups = ctas
         if self.stream:  # one wave: 24 warps an SM until the compiled kernel's registers say (_replan_stream)
             self.split = 0
             self._plan_stream(24 // cfg.warps)
         else:
             split = split or cfg.split
+            block = self.steps * slices  # steps a split is a multiple of
             if split is None and cfg.warps_per_sm:
-                split = mma_split(nt, nsteps // self.steps, cfg.warps_per_sm, self.sms)
+                split = mma_split(nt * slices, nsteps // block, cfg.warps_per_sm, self.sms)
             if split is None:
-                split = split_for(ctas, 1, nsteps // self.steps, self.sms)
-            self.per, self.split, _ = _k_plan(nsteps, self.steps, split)
+                split = split_for(ctas, 1, nsteps // block, self.sms)
+            self.per, self.split, _ = _k_plan(nsteps, block, split)
             self.grid = (ctas, self.split)
         self.block_m = 1 if self.m == 1 else 8 if self.m <= 8 else 16  # one pass: M <= 16 rows of x
         self.kw = k // 8
@@ -1513,7 +1573,7 @@ class Nvfp4Gemv:
         memory and warps (the CUDA occupancy rules), and the stream-K grid again if that differs from the guess.
         Any grid gives the same sums (the counters count iterations, not programs)."""
         self.planned = True
-        fits = resident_programs(self.compiled, self.cfg.warps, self.words.device)
+        fits = resident_programs(self.compiled, self.warps, self.words.device)
         if fits:
             self._plan_stream(fits)
 
@@ -1523,7 +1583,8 @@ class Nvfp4Gemv:
         if self.mma and self.stream:
             return (f"triton nvfp4 gemv ({kind}, {self.cfg.name}, stream-K {self.grid[0]} programs, {self.per} "
                     "iterations at most)")
-        return f"triton nvfp4 gemv ({kind}, {self.cfg.name}, split={self.split})"
+        sliced = f", {self.slices} K slices x {self.warps // self.slices} tiles" if self.mma and self.slices > 1 else ""
+        return f"triton nvfp4 gemv ({kind}, {self.cfg.name}{sliced}, split={self.split})"
 
     def _call_mma(self, x: torch.Tensor) -> torch.Tensor:
         target = self.acc if self.acc is not None else self.out
@@ -1541,9 +1602,10 @@ class Nvfp4Gemv:
             xp, self.words, self.scales, self.q.tensor_scale, target, self.m, self.n, self.words.shape[0],
             self.per, self.words.shape[1], xp.stride(0), self.words.stride(0), self.scales.stride(0),
             target.stride(0), x, x.stride(0), self.out, self.out.stride(0), self.cnt if finish else target,
-            WARPS=self.cfg.warps, BLOCK_M=self.block_m, UNROLL=self.steps, ATOMIC=split_sums,
+            WARPS=self.warps, BLOCK_M=self.block_m, UNROLL=self.steps, ATOMIC=split_sums,
             USE_ASM=not interpreted(), EV=_evict(self.cfg), PDL=self.pdl, SELF_PACK=self.one_kernel and not self.bx,
-            FINISH=finish, BX=self.bx, STREAM=self.stream, num_warps=self.cfg.warps, **_pdl_launch(self.pdl))
+            FINISH=finish, BX=self.bx, STREAM=self.stream, SLICES=self.slices, num_warps=self.warps,
+            **_pdl_launch(self.pdl))
         if split_sums and not finish:
             self.out.copy_(self.acc)
         if not self.planned:

@@ -163,8 +163,8 @@ def build_case(env: BenchEnv, be: Backend, m: int, n: int, k: int, seed: int = 0
         del w
         if variant is not None and variant.startswith(FP4_GEMV):
             cfg = _variant_cfg(variant, FP4_GEMV, lp.FP4_M1_CONFIGS)
-            if cfg.mma and k % cfg.block_k:
-                raise _Skip(f"the tensor-core NVFP4 GEMV needs K % {cfg.block_k} == 0 (K={k})")
+            if cfg.mma and k % cfg.k_multiple:
+                raise _Skip(f"the tensor-core NVFP4 GEMV needs K % {cfg.k_multiple} == 0 (K={k})")
             gs = [lp.Nvfp4Gemv(q if i == 0 else _clone_q(q), m, dev, cfg) for i in range(copies)]
             return [(lambda g=g: g(x)) for g in gs], copies, gs[0].label
         if be.label == nv.WeightOnlyGemm.label:
