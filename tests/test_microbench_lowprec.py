@@ -125,7 +125,7 @@ assert lp.fp4_config_for(1, 4096, "cpu").mma and lp.fp4_config_for(1, 64, "cpu")
 assert not lp.fp4_config_for(1, 48, "cpu").mma and lp.fp4_config_for(4, 48, "cpu") is None
 # an lm_head at M=1 (N >= FP4_WIDE_ROWS, K whole 256-value steps) gets the 4-step form that won the lm_heads
 assert lp.fp4_config_for(1, 4096, "cpu", n=128256) is lp.FP4_MMA_WIDE
-assert lp.fp4_config_for(1, 4096, "cpu", n=6144) is lp.FP4_MMA_DEFAULT
+assert lp.fp4_config_for(1, 4096, "cpu", n=512) is lp.FP4_MMA_DEFAULT
 assert lp.fp4_config_for(4, 4096, "cpu", n=128256) is lp.FP4_MMA_DEFAULT
 assert lp.fp4_config_for(1, 4224, "cpu", n=128256) is lp.FP4_MMA_DEFAULT  # K not whole 256-value steps
 # below the lm_heads, and at M > 1, the bf16 form on x as it is (one kernel a call), which won there on the H200
@@ -135,16 +135,19 @@ assert lp.fp4_config_for(4, 4096, "cpu", n=128256) is lp.FP4_MMA_DEFAULT
 assert lp.fp4_config_for(1, 192, "cpu", n=576).bx  # K whole 64-value steps only
 # M = 9-16 (two MMA sets a decoded tile, more registers, fewer programs an SM): stream-K, one wave of equal work
 assert lp.fp4_config_for(12, 4096, "cpu", n=28672) is lp.FP4_MMA_BX_SK and lp.FP4_MMA_BX_SK.stream
-# from FP4_KS2_VALUES weights up to M = 8 (not the lm_heads): two K slices a tile, 2 steps an iteration where that
-# leaves no K split (the interpreter's 4 "SMs" always do), 4 steps where it would split (the H200's 132 SMs, 6144 x
-# 16384)
+# from FP4_KS2_VALUES weights, or FP4_KS2_WARPS_PER_SM sliced warps an SM, up to M = 8 (not the lm_heads): two K
+# slices a tile, 2 steps an iteration where that leaves no K split, else 4 (the H200's 132 SMs: what won there)
 assert lp.fp4_config_for(8, 4096, "cpu", n=28672) is lp.FP4_MMA_KS2 and lp.FP4_MMA_KS2.slices == 2
-assert lp.fp4_config_for(1, 4096, "cpu", n=36864) is lp.FP4_MMA_KS2
 assert lp.fp4_config_for(1, 4224, "cpu", n=36864) is lp.FP4_MMA_DEFAULT  # K not whole 512-value slices
 from unittest import mock
 with mock.patch.object(lp, "sm_count", lambda device: 132):
-    assert lp.fp4_config_for(1, 16384, "cpu", n=6144) is lp.FP4_MMA_KS2_WIDE
-    assert lp.fp4_config_for(1, 4096, "cpu", n=28672) is lp.FP4_MMA_KS2
+    for (n, k), want in {(28672, 4096): lp.FP4_MMA_KS2, (36864, 7168): lp.FP4_MMA_KS2, (32768, 512): lp.FP4_MMA_KS2,
+                         (6144, 16384): lp.FP4_MMA_KS2_WIDE, (24576, 6144): lp.FP4_MMA_KS2_WIDE,
+                         (24576, 1536): lp.FP4_MMA_KS2_WIDE, (4096, 14336): lp.FP4_MMA_KS2_WIDE,
+                         (6144, 4096): lp.FP4_MMA_DEFAULT, (16384, 2048): lp.FP4_MMA_DEFAULT,
+                         (576, 7168): lp.FP4_MMA_DEFAULT, (128256, 4096): lp.FP4_MMA_WIDE}.items():
+        assert lp.fp4_config_for(1, k, "cpu", n=n) is want, (n, k, lp.fp4_config_for(1, k, "cpu", n=n).name)
+    assert lp.fp4_config_for(16, 4096, "cpu", n=28672) is lp.FP4_MMA_BX_SK
 # the x packing for the f16x2 asm form (the asm itself needs a GPU): plane j holds (x[8w+3-j], x[8w+7-j]) as fp16
 x = torch.randn(1, 64).to(torch.bfloat16)
 xp = torch.empty((4, 8), dtype=torch.int32)

@@ -1310,7 +1310,11 @@ FP4_MMA_BX_SK = replace(FP4_MMA_DEFAULT, stream=True)
 # against 8.1 us), 2 slices of 8-warp programs, and slices for about 36 or 40 warps an SM
 FP4_MMA_KS2 = GemvConfig(32, 128, 4, mma=True, evict=True, warps_per_sm=27, bx=True, slices=2)
 FP4_MMA_KS2_WIDE = GemvConfig(32, 256, 4, mma=True, evict=True, warps_per_sm=18, bx=True, slices=2)
-FP4_KS2_VALUES = 48 * 2**20  # N x K from which the sliced forms won at M <= 8 (4096x14336 yes, 6144x4096 no)
+# where the sliced forms won at M <= 8 (H200, M=1, 35 shapes): from 48M weights (4096x14336 yes, 4096x7168 no), or
+# with a small K from about 20 sliced warps an SM (32768x512 5.5 against 6.5 us, 24576x1536 8.0 against 9.5; 16384 x
+# 2048, 15.5 an SM, no: 9.3 against 8.8)
+FP4_KS2_VALUES = 48 * 2**20
+FP4_KS2_WARPS_PER_SM = 20
 FP4_MMA_CONFIGS = (FP4_MMA_DEFAULT, FP4_MMA_WIDE, FP4_MMA_BX_40, replace(FP4_MMA_WIDE, bx=True), FP4_MMA_FP16,
                    GemvConfig(64, 256, 4, mma=True, evict=True, warps_per_sm=18),
                    GemvConfig(128, 128, 8, mma=True, evict=True, warps_per_sm=27),
@@ -1386,17 +1390,18 @@ def mma_supported(device) -> bool:
 def fp4_config_for(m: int, k: int, device="cuda", n: int = 0) -> GemvConfig | None:
     """The default NVFP4 GEMV form for an [M, K] x [K, N]: tensor cores in bf16 on x as it is (bx) where K is whole
     64-value steps (sm89+; on the H200 the tensor-core forms won every M=1 shape from 32x6144 to 154880x6144, the
-    bf16 one all but the lm_heads), in two K slices a tile up to M = 8 from FP4_KS2_VALUES weights (FP4_MMA_KS2),
+    bf16 one all but the lm_heads), in two K slices a tile up to M = 8 from FP4_KS2_VALUES weights or
+    FP4_KS2_WARPS_PER_SM sliced warps an SM (FP4_MMA_KS2),
     split over K up to M = 8 below that, stream-K above M = 8 (FP4_MMA_BX_SK), the fp16 form with 4 steps an
     iteration at M=1 on N >= FP4_WIDE_ROWS (an lm_head), else the CUDA-core asm form at M=1 and None above. Callers that time the forms (the gemm stage, the benchmark) keep the fastest; this is what the simulated
     step runs."""
     if mma_supported(device) and m == 1 and n >= FP4_WIDE_ROWS and k % FP4_MMA_WIDE.block_k == 0:
         return FP4_MMA_WIDE
-    if (mma_supported(device) and m <= 8 and FP4_KS2_VALUES <= n * k and n < FP4_WIDE_ROWS
-            and k % FP4_MMA_KS2_WIDE.k_multiple == 0):
+    sliced = 2 * math.ceil(n / 16)  # the sliced forms' warps
+    if (mma_supported(device) and m <= 8 and n < FP4_WIDE_ROWS and k % FP4_MMA_KS2_WIDE.k_multiple == 0
+            and (FP4_KS2_VALUES <= n * k or sliced >= FP4_KS2_WARPS_PER_SM * sm_count(device))):
         # K slices: 2 steps an iteration where that leaves no K split, else 4
-        whole = mma_split(math.ceil(n / 16) * 2, k // FP4_MMA_KS2.block_k, FP4_MMA_KS2.warps_per_sm,
-                          sm_count(device)) == 1
+        whole = mma_split(sliced, k // FP4_MMA_KS2.block_k, FP4_MMA_KS2.warps_per_sm, sm_count(device)) == 1
         return FP4_MMA_KS2 if whole else FP4_MMA_KS2_WIDE
     if mma_supported(device) and k % FP4_MMA_DEFAULT.block_k == 0:
         return FP4_MMA_BX_SK if m > 8 else FP4_MMA_DEFAULT
