@@ -468,7 +468,12 @@ if HAVE_TRITON:
         # s[row g+8] << 8); then per x set 8 registers: planes 0-3 of word 2G, then of word 2G+1 (plane j = fp16
         # pair x[8w+3-j], x[8w+7-j]).
         # Plane j of a word (repack_mma's bit layout): one AND for plane 0, a shift and an AND for plane 1, two
-        # shifts, two ANDs and an OR for planes 2 and 3 (11 operations a word, where nibbles in place took 15)
+        # shifts, two ANDs and an OR for planes 2 and 3 (11 operations a word, where nibbles in place took 15).
+        # One shift and one AND for every plane (7) would need four shifts of the value pattern {0, 1, 2, 9}
+        # (magnitude bits 6-8 and sign 15 of a bf16 / fp16 half) to tile the 16 bits of a half: none do (searched
+        # exhaustively), so the sign of two planes comes by a second shift. ncu on the H200: the loop issues about
+        # 0.6 instructions a cycle a scheduler at 62% of peak DRAM throughput, so these operations, not the loads,
+        # bound the steady state
         # bx (the bf16 form): the planes of BX_MAG_BITS, the scales moved from fp16 to bf16 times 2^BX_SCALE_EXP
         # (every E4M3 is an fp16 normal: shift, mask, add the exponent difference), fma.rn.bf16x2 (sm80+) with -0,
         # and a bf16 MMA on x's own bf16 pairs
@@ -1307,7 +1312,9 @@ FP4_MMA_BX_SK = replace(FP4_MMA_DEFAULT, stream=True)
 # iteration, GLM-5 24576x6144 22.2 against 25.7), 2-8% faster on 4096x14336 to 7168x18432 (4 steps an iteration,
 # with a split), 3-4% slower on the small shapes (6144x4096 and below). Tried and left out: 4 slices (1 tile a
 # 4-warp program: 2-30% slower), 8 and 16 slices (1 tile, 8 or 16 warps: up to twice as slow, 6144x4096 16.8
-# against 8.1 us), 2 slices of 8-warp programs, and slices for about 36 or 40 warps an SM
+# against 8.1 us), 2 slices of 8-warp programs, slices for about 36 or 40 warps an SM, and any sliced form with the
+# split forced off where 2 slices leave one (benchmarks/device/slices_probe.py: 7168x18432 24.4 us at best against
+# 22.8, too few warps in flight)
 FP4_MMA_KS2 = GemvConfig(32, 128, 4, mma=True, evict=True, warps_per_sm=27, bx=True, slices=2)
 FP4_MMA_KS2_WIDE = GemvConfig(32, 256, 4, mma=True, evict=True, warps_per_sm=18, bx=True, slices=2)
 # where the sliced forms won at M <= 8 (H200, M=1, 35 shapes): from 48M weights (4096x14336 yes, 4096x7168 no), or
