@@ -36,18 +36,16 @@ def forms() -> dict[str, dict]:
     set): K split (ATOMIC) but for the 4-step lm_head forms; a one-kernel form packs x itself and finishes its split,
     a bf16 form (bx) reads x as it is and finishes its split."""
     out = {}
-    for cfg in lp.FP4_MMA_CONFIGS:
+    for cfg in lp.FP4_MMA_CONFIGS + lp.FP4_MMA_CHAINED:
         unsplit = cfg.slices != 1  # a sliced form runs without a K split where it wins
-        slices, warps = cfg.slices, cfg.warps
-        if not slices:  # auto: as it runs 28672x4096 on 132 SMs
-            slices, warps = lp.auto_slices(1792, 4096 // cfg.block_k, warps, cfg.warps_per_sm, 132)
         for block_m in (1, 16):
             out[f"{cfg.name} M={'1' if block_m == 1 else '9-16'}"] = dict(
-                WARPS=warps, BLOCK_M=block_m, UNROLL=cfg.block_k // 64,
+                WARPS=cfg.warps, BLOCK_M=block_m, UNROLL=cfg.block_k // 64,
                 ATOMIC=(cfg.warps_per_sm != 18 or cfg.stream) and not unsplit, USE_ASM=True,
-                EV="evict_first" if cfg.evict else "", PDL=not (cfg.one_kernel or cfg.bx), SELF_PACK=cfg.one_kernel,
+                EV="evict_first" if cfg.evict else "", PDL=not (cfg.one_kernel or cfg.bx) or cfg.chain,
+                SELF_PACK=cfg.one_kernel,
                 FINISH=((cfg.one_kernel or cfg.bx) and cfg.warps_per_sm != 18 or cfg.stream) and not unsplit, BX=cfg.bx,
-                STREAM=cfg.stream, SLICES=slices)
+                STREAM=cfg.stream, SLICES=cfg.slices, DEPS=cfg.chain)
     return out
 
 

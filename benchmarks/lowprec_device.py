@@ -84,7 +84,7 @@ def checks(env: BenchEnv) -> None:
         x = torch.randn((m, k), generator=gen, device=dev).to(torch.bfloat16)
         q = nv.quantize_nvfp4(w)
         ref4 = nv.reference_mm(x, q)
-        for cfg in (lp.FP4_M1_CONFIGS if m == 1 else lp.FP4_MMA_CONFIGS):
+        for cfg in (lp.FP4_M1_CONFIGS if m == 1 else lp.FP4_MMA_CONFIGS) + lp.FP4_MMA_CHAINED:
             if (cfg.mma and k % cfg.k_multiple) or (not env.is_gpu and cfg.asm):
                 continue
             _check(f"nvfp4 {cfg.name}", m, n, k, lambda: _twice_if_one_kernel(lp.Nvfp4Gemv(q, m, dev, cfg,
@@ -290,12 +290,14 @@ def dense_case(env: BenchEnv, model: str, n: int, k: int, m: int, old: bool, fp8
 
 
 def fp4_sweep(env: BenchEnv, n: int, k: int, m: int) -> None:
-    """Every NVFP4 tensor-core form on one shape, fastest first, each with its fraction of read bandwidth."""
+    """Every NVFP4 tensor-core form on one shape (the chained ones too), fastest first, each with its fraction of
+    read bandwidth."""
     dev = env.device
     q = nv.quantize_nvfp4(torch.randn((n, k), device=dev, dtype=torch.bfloat16))
     x = torch.randn((m, k), device=dev, dtype=torch.bfloat16)
     nb4 = nvfp4_call_bytes(n, k, m)
-    _, _, times = best_of(env, fp4_builders(nvfp4_copies(q, dev), x, dev, lp.FP4_MMA_CONFIGS), nb4)
+    cfgs = lp.FP4_MMA_CONFIGS + lp.FP4_MMA_CHAINED
+    _, _, times = best_of(env, fp4_builders(nvfp4_copies(q, dev), x, dev, cfgs), nb4)
     RESULTS["gemm"].append({"model": "sweep", "N": n, "K": k, "M": m, "nvfp4_bytes": nb4, "nvfp4_new_tried": times})
     read = env.extra.get("read_gbps")
     ok = sorted((v, name) for name, v in times.items() if isinstance(v, float))

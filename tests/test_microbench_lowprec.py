@@ -426,7 +426,7 @@ torch.manual_seed(0)
 G = lp.GemvConfig
 for m, n, k, cfg, split in [(1, 300, 512, lp.FP4_MMA_KS2, 1), (1, 200, 1024, G(16, 128, 4, mma=True, bx=True, slices=4), 2),
                             (12, 130, 512, lp.FP4_MMA_KS2, 1), (5, 130, 1024, G(32, 128, 4, mma=True, slices=2), 2),
-                            (1, 90, 1024, lp.FP4_MMA_KS2_WIDE, None)]:
+                            (1, 90, 1024, lp.FP4_MMA_KS2_WIDE, None), (1, 70, 512, lp.FP4_MMA_CHAINED[0], None)]:
     q = nv.quantize_nvfp4(torch.randn(n, k) * 3)
     g = lp.Nvfp4Gemv(q, m, "cpu", cfg=cfg, out_dtype=torch.float32, split=split)
     assert f"{cfg.slices} K slices" in g.label and g.grid[0] == -(-n // (16 * cfg.warps // cfg.slices))
@@ -446,7 +446,21 @@ for bad in (G(32, 128, 4, mma=True, bx=True, slices=2), G(32, 128, 4, mma=True, 
     except lp.DecodeGapError as exc:
         assert "\n" not in str(exc) and bad.name in str(exc)
 ''')
-    assert out.count("ok") == 5, out
+    assert out.count("ok") == 6, out
+
+
+def test_chained_forms_are_bf16_and_leave_pdl_to_gpus():
+    """The chained forms (PDL on the kernel before each call) are bf16 forms named ',pc'; on a host without
+    programmatic dependent launch (the CPU interpreter) a chained form launches plainly, and an fp16 form asking to
+    chain is refused in one line."""
+    assert lp.FP4_MMA_CHAINED and all(c.chain and c.bx and c.name.endswith(",pc") for c in lp.FP4_MMA_CHAINED)
+    assert not any(c.chain for c in lp.FP4_MMA_CONFIGS + lp.FP4_STAGE_CONFIGS + lp.FP4_STAGE_CONFIGS_M)
+    if not lp.HAVE_TRITON:
+        return
+    q = nv.quantize_nvfp4(torch.randn(64, 256))
+    assert not lp.Nvfp4Gemv(q, 1, "cpu", cfg=lp.FP4_MMA_CHAINED[2]).pdl
+    with pytest.raises(lp.DecodeGapError, match="only the bf16 form chains"):
+        lp.Nvfp4Gemv(q, 1, "cpu", cfg=lp.GemvConfig(64, 128, 4, mma=True, chain=True))
 
 
 def test_lowprec_benchmark_sweep_runs_in_the_interpreter(tmp_path):
@@ -461,7 +475,8 @@ def test_lowprec_benchmark_sweep_runs_in_the_interpreter(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads((tmp_path / "lowprec.json").read_text())
     tried = res["gemm"][0]["nvfp4_new_tried"]
-    assert not res["errors"] and {c.name for c in lp.FP4_MMA_CONFIGS if 256 % c.k_multiple == 0} <= set(tried)
+    forms = lp.FP4_MMA_CONFIGS + lp.FP4_MMA_CHAINED
+    assert not res["errors"] and {c.name for c in forms if 256 % c.k_multiple == 0} <= set(tried)
     assert all(isinstance(v, float) for v in tried.values())
 
 

@@ -687,7 +687,7 @@ if HAVE_TRITON:
                         WARPS: tl.constexpr, BLOCK_M: tl.constexpr, UNROLL: tl.constexpr, ATOMIC: tl.constexpr,
                         USE_ASM: tl.constexpr, EV: tl.constexpr = "", PDL: tl.constexpr = False,
                         SELF_PACK: tl.constexpr = False, FINISH: tl.constexpr = False, BX: tl.constexpr = False,
-                        STREAM: tl.constexpr = False, SLICES: tl.constexpr = 1):
+                        STREAM: tl.constexpr = False, SLICES: tl.constexpr = 1, DEPS: tl.constexpr = False):
         """y[M<=16, N] = x W^T on tensor cores (see _fp4_mma_asm); program (group of WARPS 16-row tiles, K split).
         ATOMIC: fp32 partial sums added into out_ptr (K split; the last split casting the sums in-kernel, with a
         counter and fences, was no faster on the H200 than the separate cast once the GEMV launches as a programmatic
@@ -705,7 +705,11 @@ if HAVE_TRITON:
         leaves, say, 896 programs for 792 resident places runs the last 104 nearly alone).
         SLICES (K split, not STREAM): the program's warps are WARPS / SLICES tiles times SLICES slices of its K range,
         summed through shared memory at the end: the warps in flight of a K split without its atomics, counters and
-        finishing reads (see _fp4_mma_part)."""
+        finishing reads (see _fp4_mma_part).
+        DEPS (with PDL, the chained bf16 form): once every program is past its loop, the kernel after this one may
+        launch; its programs take the places this one leaves and wait (gdc_wait) before their first load, so its
+        launch and set-up overlap this kernel's last stores. (Triggered at the start instead, kernels launched two
+        and three ahead took the places of the one that could run: 10-18% slower on 28672x4096 and 4096x14336.)"""
         pid_n = tl.program_id(0)
         ts = tl.load(ts_ptr) * 16384.0
         if STREAM:  # at most two parts: the plan keeps a program's range within one group boundary
@@ -726,6 +730,8 @@ if HAVE_TRITON:
                 _fp4_mma_part(xp_ptr, w_ptr, s_ptr, ts, out_ptr, M, N, NT, grp + 1, 0, n_b * UNROLL, n_b, ki,
                               stride_xm, stride_wt, stride_st, stride_om, fin_ptr, stride_fm, cnt_ptr,
                               WARPS, BLOCK_M, UNROLL, ATOMIC, USE_ASM, EV, False, FINISH, BX)
+            if DEPS:
+                tl.extra.cuda.gdc_launch_dependents()
         else:
             pid_k = tl.program_id(1)
             i0 = pid_k * steps_per_split
@@ -735,7 +741,7 @@ if HAVE_TRITON:
                                  32 * WARPS)
             _fp4_mma_part(xp_ptr, w_ptr, s_ptr, ts, out_ptr, M, N, NT, pid_n, i0, i1, 1, tl.num_programs(1),
                           stride_xm, stride_wt, stride_st, stride_om, fin_ptr, stride_fm, cnt_ptr,
-                          WARPS, BLOCK_M, UNROLL, ATOMIC, USE_ASM, EV, PDL, FINISH, BX, SLICES)
+                          WARPS, BLOCK_M, UNROLL, ATOMIC, USE_ASM, EV, PDL, FINISH, BX, SLICES, DEPS)
 
     @triton.jit
     def _slice_sum(v, TILES: tl.constexpr, SLICES: tl.constexpr):
@@ -749,14 +755,14 @@ if HAVE_TRITON:
                       stride_xm, stride_wt, stride_st, stride_om, fin_ptr, stride_fm, cnt_ptr,
                       WARPS: tl.constexpr, BLOCK_M: tl.constexpr, UNROLL: tl.constexpr, ATOMIC: tl.constexpr,
                       USE_ASM: tl.constexpr, EV: tl.constexpr, PDL: tl.constexpr, FINISH: tl.constexpr,
-                      BX: tl.constexpr, SLICES: tl.constexpr = 1):
+                      BX: tl.constexpr, SLICES: tl.constexpr = 1, DEPS: tl.constexpr = False):
         """Steps [i0, i1) of group grp's WARPS / SLICES 16-row tiles, added (ATOMIC) or stored; with FINISH these
         steps count as `units` of the group's `total` (the one that completes it casts). Accumulator element e of
         lane 4g+q holds row g + 8 (e // 2), x row 2q + e % 2 (+ 8 in the second set of BLOCK_M = 16: x rows 8-15
         against the same decoded tile, so the weight is read once).
         SLICES: warp w takes tile w // SLICES and slice w % SLICES of the steps (i1 - i0 a multiple of SLICES x
         UNROLL); the slices' sums are added in the program (Triton's cross-warp reduction) before anything is
-        stored."""
+        stored. DEPS: the kernel after this one may launch once the loop is done (_fp4_mma_kernel)."""
         T: tl.constexpr = 32 * WARPS
         TILES: tl.constexpr = WARPS // SLICES
         t = tl.arange(0, T)
@@ -782,6 +788,8 @@ if HAVE_TRITON:
             acc1 = tl.zeros((T, 4), dtype=tl.float32)
             acc0, acc1, acc2, acc3 = _fp4_mma_loop(wb, sb, xb, xb2, i0, i1, T, UNROLL, EV, BLOCK_M == 16, acc0, acc1,
                                                    acc0, acc1, PDL, BX)
+            if DEPS:
+                tl.extra.cuda.gdc_launch_dependents()
             y = _slice_sum(acc0 + acc1, TILES, SLICES) * ts
             if SLICES > 1:  # the indices of the summed layout: TILES warps' lanes
                 t = tl.arange(0, 32 * TILES)
@@ -1274,6 +1282,7 @@ class GemvConfig:
     bx: bool = False  # tensor-core form in bf16 on x as it is (no packing kernel); the last K split casts the sums
     stream: bool = False  # tensor-core form: stream-K, one wave of resident programs with equal work (no `split`)
     slices: int = 1  # tensor-core form: warps a tile, each a slice of the program's K range, summed in the program
+    chain: bool = False  # bf16 tensor-core form: each call a programmatic dependent of the kernel before it (PDL)
 
     @property
     def name(self) -> str:
@@ -1282,7 +1291,7 @@ class GemvConfig:
                 + (f",s={self.split}" if self.split else "") + (",ef" if self.evict else "")
                 + (f",t={self.warps_per_sm}" if self.warps_per_sm and not self.split else "")
                 + (",1k" if self.one_kernel else "") + (",bx" if self.bx else "") + (",sk" if self.stream else "")
-                + (f",ks={self.slices}" if self.slices > 1 else ""))
+                + (f",ks={self.slices}" if self.slices > 1 else "") + (",pc" if self.chain else ""))
 
     @property
     def k_multiple(self) -> int:
@@ -1342,6 +1351,13 @@ FP4_MMA_CONFIGS = (FP4_MMA_DEFAULT, FP4_MMA_WIDE, FP4_MMA_BX_40, replace(FP4_MMA
                    # programs, no faster
                    FP4_MMA_BX_SK, replace(FP4_MMA_WIDE, bx=True, stream=True),
                    FP4_MMA_KS2, FP4_MMA_KS2_WIDE)
+# the bf16 forms chained on the kernel before them (PDL: the next call launches once every program is past its loop
+# and waits before its first load). H200, M=1, a chain of calls of one GEMV: 1-4% faster on 36864x7168, 24576x6144,
+# the lm_heads and 6144x4096 (GLM-5 24576x6144 21.8 against 22.2 us), 2-6% slower on 28672x4096, 4096x14336 and
+# 7168x18432. Only the benchmark's sweep times them (not the gemm stage or its table): what they gain depends on the
+# kernel before them, which in a server is an attention, norm or all-reduce kernel, not the same GEMV
+FP4_MMA_CHAINED = (replace(FP4_MMA_KS2, chain=True), replace(FP4_MMA_KS2_WIDE, chain=True),
+                   replace(FP4_MMA_DEFAULT, chain=True), replace(FP4_MMA_WIDE, bx=True, chain=True))
 # tried on the H200 and left out (within 0.2 us of the bf16 default below the lm_heads, or slower): bf16 with about
 # 20 warps an SM, 4 steps an iteration split for 27 or 18 warps an SM, 8-warp programs
 # the M=1 CUDA-core forms that still win small shapes (latency-bound: one kernel, no x packing, no split-K)
@@ -1526,6 +1542,8 @@ class Nvfp4Gemv:
         if cfg.block_k % 64 or cfg.block_n * cfg.slices != 16 * cfg.warps or k % cfg.block_k:
             raise DecodeGapError(f"nvfp4 gemv: the tensor-core form needs BLOCK_N = 16 x warps / slices and K a "
                                  f"multiple of BLOCK_K = 64 x steps ({cfg.name}, K={k})")
+        if cfg.chain and not cfg.bx:
+            raise DecodeGapError(f"nvfp4 gemv: only the bf16 form chains on the kernel before it ({cfg.name})")
         if cfg.bx and cfg.one_kernel:
             raise DecodeGapError(f"nvfp4 gemv: the bf16 form packs no x, so it has no one-kernel variant ({cfg.name})")
         if cfg.slices != 1 and (cfg.slices < 1 or cfg.stream or cfg.one_kernel or cfg.warps % cfg.slices
@@ -1561,8 +1579,8 @@ class Nvfp4Gemv:
         # the GEMV as a programmatic dependent of the x packing (sm90+): its launch overlaps the packing
         self.pdl = pdl_supported(device) if pdl is None else pdl and pdl_supported(device)
         self.one_kernel = cfg.one_kernel or cfg.bx  # one kernel a call
-        if self.one_kernel:  # no packing kernel to depend on
-            self.pdl = False
+        if self.one_kernel:  # no packing kernel to depend on; chained: on the kernel before the call
+            self.pdl = cfg.chain and cfg.bx and pdl_supported(device)
         # the last split (stream-K: the part completing a group) casts the sums; the counters start (and are left)
         # at zero
         self.finish = (self.one_kernel or self.stream) and split_sums
@@ -1616,7 +1634,8 @@ class Nvfp4Gemv:
             target.stride(0), x, x.stride(0), self.out, self.out.stride(0), self.cnt if finish else target,
             WARPS=self.warps, BLOCK_M=self.block_m, UNROLL=self.steps, ATOMIC=split_sums,
             USE_ASM=not interpreted(), EV=_evict(self.cfg), PDL=self.pdl, SELF_PACK=self.one_kernel and not self.bx,
-            FINISH=finish, BX=self.bx, STREAM=self.stream, SLICES=self.slices, num_warps=self.warps,
+            FINISH=finish, BX=self.bx, STREAM=self.stream, SLICES=self.slices, DEPS=self.pdl and self.cfg.chain,
+            num_warps=self.warps,
             **_pdl_launch(self.pdl))
         if split_sums and not finish:
             self.out.copy_(self.acc)
