@@ -118,12 +118,14 @@ def grouped_checks(env: BenchEnv) -> None:
              "nvfp4-mma": (G(64, 128, 4, mma=True), G(64, 128, 4, mma=True)),
              "nvfp4-mma-split": (G(32, 256, 2, split=3, mma=True), G(128, 64, 8, split=2, mma=True)),
              "nvfp4-mma-bx": (lp.FP4_GROUPED_BX_13, lp.FP4_GROUPED_BX_2),
-             "nvfp4-mma-bx-paired": (G(64, 128, 4, mma=True, bx=True), G(128, 64, 8, split=2, mma=True, bx=True))}
+             "nvfp4-mma-bx-paired": (G(64, 128, 4, mma=True, bx=True), G(128, 64, 8, split=2, mma=True, bx=True)),
+             "nvfp4-mma-bx-sliced": (GROUPED_SLICED[0][0], GROUPED_SLICED[2][1])}
     if not env.is_gpu:  # H = 128, I = 64 here: two steps and one
         forms["nvfp4-mma"] = (G(32, 64, 2, mma=True), G(16, 64, 1, mma=True))
         forms["nvfp4-mma-split"] = (G(16, 64, 1, split=2, mma=True), G(64, 64, 4, mma=True))
         forms["nvfp4-mma-bx"] = (G(16, 64, 1, split=2, mma=True, bx=True), G(64, 64, 4, mma=True, bx=True))
         forms["nvfp4-mma-bx-paired"] = (G(32, 64, 2, mma=True, bx=True), G(16, 64, 1, mma=True, bx=True))
+        forms["nvfp4-mma-bx-sliced"] = (G(16, 64, 2, mma=True, bx=True, slices=2), G(16, 64, 1, mma=True, bx=True))
     if env.is_gpu:
         forms["nvfp4-asm"] = (G(16, 512, 4, asm=True), G(16, 512, 4, asm=True))
     for fmt, (c13, c2) in forms.items():
@@ -360,7 +362,7 @@ def moe_case(env: BenchEnv, model: str, moe_fmts=("bf16", "fp8", "fp8-block", "n
     sel_ids = torch.arange(es.experts_hit, dtype=torch.int32, device=env.device)
     forms = {"bf16": ("bf16", dcfgs), "fp8": ("fp8", dcfgs), "fp8-block": ("fp8-block", bcfgs),
              "nvfp4-prev": ("nvfp4", cfgs), "nvfp4": ("nvfp4", mcfgs),
-             "nvfp4-bx": ("nvfp4", [(lp.FP4_GROUPED_BX_13, lp.FP4_GROUPED_BX_2)] if env.is_gpu else
+             "nvfp4-bx": ("nvfp4", [(lp.FP4_GROUPED_BX_13, lp.FP4_GROUPED_BX_2), *GROUPED_SLICED] if env.is_gpu else
                           [(G(32, 64, 2, mma=True, bx=True), G(32, 64, 2, mma=True, bx=True))])}
     if any(c["kernel"].startswith("grouped nvfp4-mma-bx") and not c["ok"] for c in RESULTS["checks"]):
         forms["nvfp4-bx"] = ("nvfp4", [])
@@ -412,6 +414,13 @@ def moe_case(env: BenchEnv, model: str, moe_fmts=("bf16", "fp8", "fp8-block", "n
     if env.is_gpu:
         torch.cuda.empty_cache()
 
+
+# the grouped bf16 form with K slices (timed whole beside the default pair): gate_up paired with the SiLU fused in
+# one kernel, a tile's K range over 4 or 2 warps; down as the default or over 2 slices
+_S = dict(mma=True, evict=True, bx=True)
+GROUPED_SLICED = [(lp.GemvConfig(16, 128, 4, slices=4, **_S), lp.FP4_GROUPED_BX_2),
+                  (lp.GemvConfig(32, 128, 4, slices=2, **_S), lp.FP4_GROUPED_BX_2),
+                  (lp.GemvConfig(16, 128, 4, slices=4, **_S), lp.GemvConfig(32, 128, 4, slices=2, **_S))]
 
 # gate_up (K = H): paired with the SiLU fused (no split), or split over K (fp32 partials, then the SiLU kernel);
 # down (K = I = 2048): split or not; evict-first weight loads except where marked

@@ -377,6 +377,40 @@ except lp.DecodeGapError:
 
 
 @pytest.mark.skipif(not lp.HAVE_TRITON, reason="Triton is not installed (pip install triton runs its CPU interpreter)")
+def test_grouped_k_slices_pair_gate_and_up_with_the_silu_in_one_kernel():
+    """The grouped bf16 form with K slices: gate_up paired with the SiLU fused (one kernel, no fp32 partials, so 3
+    launches a call), a tile's K range over 2 warps summed in the program; down sliced too; and slices under a K
+    split, where the partials and the SiLU kernel stay (4 launches). Two calls each: the sums are left at zero."""
+    out = _interpret(r'''
+import torch
+from decode_gap.kernels import nvfp4 as nv, lowprec as lp
+torch.manual_seed(0)
+G = lp.GemvConfig
+E, H, I = 5, 256, 128
+ids = torch.tensor([3, 0, 4, 3]); rw = torch.rand(4)
+w13 = (torch.randn(E, 2 * I, H) * 0.1).to(torch.bfloat16); w2 = (torch.randn(E, H, I) * 0.1).to(torch.bfloat16)
+for c13, c2, launches in ((G(16, 128, 2, mma=True, bx=True, slices=2), G(16, 64, 2, mma=True, bx=True, slices=2), 3),
+                          (G(16, 64, 2, split=2, mma=True, bx=True, slices=2), G(32, 64, 2, mma=True, bx=True), 4)):
+    g = lp.grouped_from_bf16("nvfp4", w13, w2, ids, rw, "cpu", c13, c2)
+    assert g.kernels == launches, (g.kernels, launches)
+    d13, d2 = lp.dequantized_experts(g)
+    for call in range(2):
+        x = torch.randn(1, H).to(torch.bfloat16)
+        g.out.fill_(float("nan"))
+        err = nv.relative_error(g(x).float(), lp.reference_experts(x, d13, d2, ids, rw))
+        assert err < 1e-2, (c13, c2, call, err)
+        assert not g.zbuf.any()
+    print("ok", c13.name, c2.name, err)
+try:
+    lp.grouped_from_bf16("nvfp4", w13, w2, ids, rw, "cpu", G(16, 128, 3, mma=True, bx=True, slices=2), c2)(x)
+    raise AssertionError("3 warps cannot hold 2 slices")
+except lp.DecodeGapError as exc:
+    assert "slices" in str(exc)
+''')
+    assert out.count("ok") == 2, out
+
+
+@pytest.mark.skipif(not lp.HAVE_TRITON, reason="Triton is not installed (pip install triton runs its CPU interpreter)")
 def test_stream_k_parts_cross_groups_and_sum_to_the_reference_in_the_interpreter():
     """Stream-K (cfg.stream): every program takes the same number of iterations of all groups' K ranges laid end to
     end, give or take one, at most a group's worth, so a range may end mid-group and go on in the next (two parts);

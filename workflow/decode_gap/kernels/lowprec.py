@@ -853,32 +853,33 @@ if HAVE_TRITON:
 
     @triton.jit
     def _fp4_mma_emul_m1(xb, w_base, s_base, tile_c, lane, qq, i0, i1, stride_wt, stride_st, T: tl.constexpr,
-                         WARPS: tl.constexpr, BX: tl.constexpr = False):
+                         WARPS: tl.constexpr, BX: tl.constexpr = False, kof=0, SLICES: tl.constexpr = 1):
         """The CPU interpreter's M=1 stand-in for the mma loop (no asm): the same repacked layout, decode and fp16
-        scaling against x row 0 (BX: the bf16 form's, as in _fp4_mma_kernel); [WARPS, 8 (g), 2 (row half)] = rows
-        16 tile + g + 8 half."""
+        scaling against x row 0 (BX: the bf16 form's, as in _fp4_mma_kernel); [WARPS / SLICES, 8 (g), 2 (row
+        half)] = rows 16 tile + g + 8 half."""
         part = tl.zeros((T, 2), dtype=tl.float32)
         for i in range(i0, i1):
-            sv = tl.load(s_base + tile_c * stride_st + lane + i * 32).to(tl.int32)
+            sv = tl.load(s_base + tile_c * stride_st + lane + (i + kof) * 32).to(tl.int32)
             for r in tl.static_range(2):
                 sr = ((sv >> (8 * r)) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
                 acc_r = tl.zeros((T,), dtype=tl.float32)
                 for wr in tl.static_range(2):
-                    word = tl.load(w_base + tile_c * stride_wt + lane * 4 + i * 128 + 2 * r + wr)
-                    xw = xb + ((4 * i + qq) * 2 + wr) * 4
+                    word = tl.load(w_base + tile_c * stride_wt + lane * 4 + (i + kof) * 128 + 2 * r + wr)
+                    xw = xb + ((4 * (i + kof) + qq) * 2 + wr) * 4
                     for j in tl.static_range(4):
                         xv = tl.load(xw + j)
                         lo, hi = _emul_plane(word, j, sr, BX)
                         acc_r += lo * _emul_x(xv, False, BX) + hi * _emul_x(xv, True, BX)
                 part += tl.where((tl.arange(0, 2) == r)[None, :], acc_r[:, None], 0.0)
-        return tl.sum(tl.reshape(part, (WARPS, 8, 4, 2)), axis=2)
+        # the four lanes of a quad, then a tile's K slices (warps w // SLICES: kof their first steps)
+        return tl.sum(tl.sum(tl.reshape(part, (WARPS // SLICES, SLICES, 8, 4, 2)), axis=3), axis=1)
 
     @triton.jit
     def _fp4_mma_grouped_kernel(xp_ptr, w_ptr, s_ptr, ts_ptr, ids_ptr, rw_ptr, out_ptr, N, NT, steps_per_split,
                                 NSTEPS, up_off, stride_xs, stride_we, stride_wt, stride_se, stride_st, stride_os,
                                 WARPS: tl.constexpr, UNROLL: tl.constexpr, PAIRED: tl.constexpr,
                                 ROW_WEIGHT: tl.constexpr, USE_ASM: tl.constexpr, EV: tl.constexpr = "",
-                                PDL: tl.constexpr = False, BX: tl.constexpr = False):
+                                PDL: tl.constexpr = False, BX: tl.constexpr = False, SLICES: tl.constexpr = 1):
         """Grouped M=1 form of _fp4_mma_kernel: program (group of WARPS 16-row tiles, K split, slot) on the
         repacked weight of expert ids[slot], x = packed row `slot` (stride_xs 0: one shared x).
         PAIRED (no K split): tiles t (gate) and t + up_off (up) of the same expert in the same warp, and
@@ -886,29 +887,38 @@ if HAVE_TRITON:
         [slots, N/8, 4] int32), so the down GEMV needs no packing kernel. Else y (times weights[slot] when
         ROW_WEIGHT) is added to out[slot * stride_os + row] with fp32 atomics (the sum over slots, or K splits).
         BX (the bf16 form): xp_ptr is x (or the activation) itself as int32 pairs of bf16, and PAIRED stores
-        silu(gate) * up as bf16 at its own index (out_ptr: the bf16 activation [slots, N])."""
+        silu(gate) * up as bf16 at its own index (out_ptr: the bf16 activation [slots, N]).
+        SLICES: WARPS / SLICES tiles a program, each over SLICES warps taking slices of its K range, summed in the
+        program (as _fp4_mma_part): PAIRED with the SiLU fused and warps enough in flight, one kernel."""
         T: tl.constexpr = 32 * WARPS
+        TILES: tl.constexpr = WARPS // SLICES
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         slot = tl.program_id(2)
         e = tl.load(ids_ptr + slot).to(tl.int64)
         t = tl.arange(0, T)
-        tile = pid_n * WARPS + t // 32
+        tile = pid_n * TILES + t // (32 * SLICES)
         lane = t % 32
         g = lane // 4
         qq = lane % 4
         tile_c = tl.minimum(tile, NT - 1).to(tl.int64)
         i0 = pid_k * steps_per_split
         i1 = tl.minimum(i0 + steps_per_split, NSTEPS)
+        if SLICES > 1:
+            per = (i1 - i0) // SLICES
+            kof = (t // 32) % SLICES * per  # the warp's first step, from i0
+            i1 = i0 + per
+        else:  # zeros the compiler folds away: unsliced, the same SASS as before slices (validated on the H200)
+            kof = t * 0
         w_base = w_ptr + e * stride_we
         s_base = s_ptr + e * stride_se
         x_base = xp_ptr + slot.to(tl.int64) * stride_xs
         ts = tl.load(ts_ptr + e) * 16384.0
         c4 = tl.arange(0, 4)
         if USE_ASM:
-            wb = w_base + tile_c[:, None] * stride_wt + (lane * 4)[:, None] + c4[None, :]
-            sb = s_base + tile_c * stride_st + lane
-            xb = x_base + (qq * 8)[:, None] + c4[None, :]  # every column computes x row 0; column 0 is kept
+            wb = w_base + tile_c[:, None] * stride_wt + (lane * 4 + kof * 128)[:, None] + c4[None, :]
+            sb = s_base + tile_c * stride_st + lane + kof * 32
+            xb = x_base + (qq * 8 + kof * 32)[:, None] + c4[None, :]  # every column computes x row 0; 0 is kept
             acc0 = tl.zeros((T, 4), dtype=tl.float32)
             acc1 = tl.zeros((T, 4), dtype=tl.float32)
             if PAIRED:
@@ -929,23 +939,29 @@ if HAVE_TRITON:
                         up0, up1 = _fp4_mma_step(wu, su, xb, i + 2, T, up0, up1, BX)
                         acc0, acc1 = _fp4_mma_step(wb, sb, xb, i + 3, T, acc0, acc1, BX)
                         up0, up1 = _fp4_mma_step(wu, su, xb, i + 3, T, up0, up1, BX)
-                u = (up0 + up1) * ts
+                u = _slice_sum(up0 + up1, TILES, SLICES) * ts
             else:
                 acc0, acc1, _, _ = _fp4_mma_loop(wb, sb, xb, xb, i0, i1, T, UNROLL, EV, False, acc0, acc1, acc0, acc1,
                                                  PDL, BX)
-            y = (acc0 + acc1) * ts
+            y = _slice_sum(acc0 + acc1, TILES, SLICES) * ts
+            if SLICES > 1:  # the indices of the summed layout: TILES warps' lanes
+                t = tl.arange(0, 32 * TILES)
+                tile = pid_n * TILES + t // 32
+                lane = t % 32
+                g = lane // 4
+                qq = lane % 4
             # accumulator element c of lane 4g+q: row g + 8 (c // 2), x column 2q + c % 2; keep column 0
             rows = (tile * 16 + g)[:, None] + 8 * (c4[None, :] // 2)
             om = (rows < N) & (tile < NT)[:, None] & (qq == 0)[:, None] & (c4 % 2 == 0)[None, :]
         else:
             y = _fp4_mma_emul_m1(x_base, w_base, s_base, tile_c, lane, qq, i0, i1, stride_wt, stride_st, T,
-                                 WARPS, BX) * ts
+                                 WARPS, BX, kof, SLICES) * ts
             if PAIRED:
                 u = _fp4_mma_emul_m1(x_base, w_base, s_base, tile_c + up_off, lane, qq, i0, i1, stride_wt,
-                                     stride_st, T, WARPS, BX) * ts
-            wv = tl.arange(0, WARPS)[:, None, None]
-            rows = (pid_n * WARPS + wv) * 16 + tl.arange(0, 8)[None, :, None] + 8 * tl.arange(0, 2)[None, None, :]
-            om = (rows < N) & (pid_n * WARPS + wv < NT)
+                                     stride_st, T, WARPS, BX, kof, SLICES) * ts
+            wv = tl.arange(0, TILES)[:, None, None]
+            rows = (pid_n * TILES + wv) * 16 + tl.arange(0, 8)[None, :, None] + 8 * tl.arange(0, 2)[None, None, :]
+            om = (rows < N) & (pid_n * TILES + wv < NT)
         if PAIRED:
             y = y / (1.0 + tl.exp(-y)) * u
             if BX:  # the activation as it is: the down GEMV reads its bf16 pairs
@@ -1387,6 +1403,10 @@ FP4_GROUPED_MMA_2 = GemvConfig(64, 128, 4, mma=True, evict=True)
 # GLM-5: 59.8 / 53.4 against 61.8 / 54.0 us, one run)
 FP4_GROUPED_BX_13 = replace(FP4_GROUPED_MMA_13, bx=True)
 FP4_GROUPED_BX_2 = replace(FP4_GROUPED_MMA_2, bx=True)
+# K slices in the grouped form too (GemvConfig.slices): gate_up paired with the SiLU fused, a tile's K range over 2
+# or 4 warps, so one kernel without fp32 partials or the SiLU kernel. Checked in the CPU interpreter and compiled for
+# sm_90; not yet timed on a GPU (device time ran out): benchmarks/lowprec_device.py times it (GROUPED_SLICED) beside
+# the default pair, which stays until it has been measured
 
 
 def fp4_default(grouped: bool = False) -> GemvConfig:
@@ -1858,10 +1878,11 @@ class GroupedExperts:
     def _mma_plan(self, cfg: GemvConfig, k: int) -> tuple[int, int, int]:
         """(steps a loop iteration, steps per K split, splits) of the tensor-core form for K = k."""
         unroll = cfg.block_k // 64
-        if cfg.block_k % 64 or cfg.block_n != 16 * cfg.warps or k % cfg.block_k:
-            raise DecodeGapError(f"grouped experts: the tensor-core form needs BLOCK_N = 16 x warps and K a multiple "
-                                 f"of BLOCK_K = 64 x steps ({cfg.name}, K={k})")
-        per, split, _ = _k_plan(k // 64, unroll, cfg.split or 1)
+        if (cfg.block_k % 64 or cfg.slices < 1 or cfg.warps % cfg.slices or cfg.block_n * cfg.slices != 16 * cfg.warps
+                or k % cfg.k_multiple):
+            raise DecodeGapError(f"grouped experts: the tensor-core form needs BLOCK_N = 16 x warps / slices and K a "
+                                 f"multiple of BLOCK_K = 64 x steps x slices ({cfg.name}, K={k})")
+        per, split, _ = _k_plan(k // 64, unroll * cfg.slices, cfg.split or 1)
         return unroll, per, split
 
     def _call_mma(self, x: torch.Tensor) -> torch.Tensor:
@@ -1896,17 +1917,18 @@ class GroupedExperts:
             xq2 = self.xq2.view(torch.int16).view(self.slots, i)
         words, scales, ts = self.mma13
         ntg = i // 16  # gate tiles; the up tiles follow
+        tiles = c13.warps // c13.slices  # 16-row tiles a program
         if split13 == 1:  # gate and up in one program, silu(gate) * up written packed
-            grid = (triton.cdiv(ntg, c13.warps), 1, self.slots)
+            grid = (triton.cdiv(ntg, tiles), 1, self.slots)
             out, n, nt, stride_os = xq2, i, ntg, xq2.stride(0)
         else:  # K split: gate and up partials summed in fp32, then a tiny SiLU kernel
-            grid = (triton.cdiv(2 * ntg, c13.warps), split13, self.slots)
+            grid = (triton.cdiv(2 * ntg, tiles), split13, self.slots)
             out, n, nt, stride_os = self.gu, 2 * i, 2 * ntg, self.gu.stride(0)
         _fp4_mma_grouped_kernel[grid](
             xin, words, scales, ts, self.ids, self.rw, out, n, nt, per13, h // 64, ntg,
             0, words.stride(0), words.stride(1), scales.stride(0), scales.stride(1), stride_os,
             WARPS=c13.warps, UNROLL=u13, PAIRED=split13 == 1, ROW_WEIGHT=False, USE_ASM=use_asm, EV=_evict(c13),
-            PDL=pdl13, BX=self.bx, num_warps=c13.warps, **_pdl_launch(pdl13))
+            PDL=pdl13, BX=self.bx, SLICES=c13.slices, num_warps=c13.warps, **_pdl_launch(pdl13))
         if split13 > 1:
             _silu_pack_kernel[(triton.cdiv(i, 1024), self.slots)](self.gu, xq2, i, self.gu.stride(0), xq2.stride(0),
                                                                  BLOCK=1024, PDL=self.pdl, BX=self.bx,
@@ -1919,11 +1941,11 @@ class GroupedExperts:
         words, scales, ts = self.mma2
         nt2 = words.shape[1]
         xin = self.act.view(torch.int32) if self.bx else self.xq2  # the bf16 activation's own pairs, or packed
-        _fp4_mma_grouped_kernel[(triton.cdiv(nt2, c2.warps), split2, self.slots)](
+        _fp4_mma_grouped_kernel[(triton.cdiv(nt2, c2.warps // c2.slices), split2, self.slots)](
             xin, words, scales, ts, self.ids, self.rw, self.acc, h, nt2, per2, i // 64, 0,
             xin.stride(0), words.stride(0), words.stride(1), scales.stride(0), scales.stride(1), 0,
             WARPS=c2.warps, UNROLL=u2, PAIRED=False, ROW_WEIGHT=True, USE_ASM=not interpreted(), EV=_evict(c2),
-            PDL=self.pdl, BX=self.bx, num_warps=c2.warps, **_pdl_launch(self.pdl))
+            PDL=self.pdl, BX=self.bx, SLICES=c2.slices, num_warps=c2.warps, **_pdl_launch(self.pdl))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape != (1, self.h):
