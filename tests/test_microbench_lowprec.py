@@ -524,7 +524,8 @@ def test_default_tensor_core_forms_compile_for_sm90_without_spills():
     finally:
         sys.path.pop(0)
     forms = kr.forms()
-    for name in (f"{lp.FP4_MMA_DEFAULT.name} M=1", f"{lp.FP4_MMA_BX_SK.name} M=9-16", f"{lp.FP4_MMA_WIDE.name} M=1"):
+    for name in (f"{lp.FP4_MMA_DEFAULT.name} M=1", f"{lp.FP4_MMA_BX_SK.name} M=9-16", f"{lp.FP4_MMA_WIDE.name} M=1",
+                 f"{lp.FP4_MMA_KS2.name} M=1", f"{lp.FP4_MMA_KS2_WIDE.name} M=1"):
         try:
             r = kr.compile_form(forms[name], 90)
         except FileNotFoundError as exc:  # a Triton wheel without its CUDA tools
