@@ -744,6 +744,19 @@ if HAVE_TRITON:
                           WARPS, BLOCK_M, UNROLL, ATOMIC, USE_ASM, EV, PDL, FINISH, BX, SLICES, DEPS)
 
     @triton.jit
+    def _lanes(first_tile, T: tl.constexpr, SLICES: tl.constexpr):
+        """A program's T lanes: (t, tile, lane, g, q) with warp w on tile first_tile + w // SLICES (lane = 4g + q)."""
+        t = tl.arange(0, T)
+        lane = t % 32
+        return t, first_tile + t // (32 * SLICES), lane, lane // 4, lane % 4
+
+    @triton.jit
+    def _k_slice(t, i0, i1, SLICES: tl.constexpr):
+        """Warp w's slice w % SLICES of steps [i0, i1): its first step's offset from i0, and the end of a slice."""
+        per = (i1 - i0) // SLICES
+        return (t // 32) % SLICES * per, i0 + per
+
+    @triton.jit
     def _slice_sum(v, TILES: tl.constexpr, SLICES: tl.constexpr):
         """[32 WARPS, 4] lane sums -> [32 TILES, 4]: warp w's added into tile w // SLICES's."""
         if SLICES > 1:
@@ -765,15 +778,9 @@ if HAVE_TRITON:
         stored. DEPS: the kernel after this one may launch once the loop is done (_fp4_mma_kernel)."""
         T: tl.constexpr = 32 * WARPS
         TILES: tl.constexpr = WARPS // SLICES
-        t = tl.arange(0, T)
-        tile = grp * TILES + t // (32 * SLICES)
-        lane = t % 32
-        g = lane // 4
-        qq = lane % 4
+        t, tile, lane, g, qq = _lanes(grp * TILES, T, SLICES)
         tile_c = tl.minimum(tile, NT - 1)
-        per = (i1 - i0) // SLICES
-        kof = (t // 32) % SLICES * per  # the warp's first step, from i0
-        i1 = i0 + per
+        kof, i1 = _k_slice(t, i0, i1, SLICES)
         c4 = tl.arange(0, 4)
         wb = w_ptr + tile_c.to(tl.int64)[:, None] * stride_wt + (lane * 4 + kof * 128)[:, None] + c4[None, :]
         sb = s_ptr + tile_c.to(tl.int64) * stride_st + lane + kof * 32
@@ -792,11 +799,7 @@ if HAVE_TRITON:
                 tl.extra.cuda.gdc_launch_dependents()
             y = _slice_sum(acc0 + acc1, TILES, SLICES) * ts
             if SLICES > 1:  # the indices of the summed layout: TILES warps' lanes
-                t = tl.arange(0, 32 * TILES)
-                tile = grp * TILES + t // 32
-                lane = t % 32
-                g = lane // 4
-                qq = lane % 4
+                t, tile, lane, g, qq = _lanes(grp * TILES, 32 * TILES, 1)
             e = c4[None, :]
             rows = (tile * 16 + g)[:, None] + 8 * (e // 2)
             ms = (2 * qq)[:, None] + e % 2
@@ -896,20 +899,11 @@ if HAVE_TRITON:
         pid_k = tl.program_id(1)
         slot = tl.program_id(2)
         e = tl.load(ids_ptr + slot).to(tl.int64)
-        t = tl.arange(0, T)
-        tile = pid_n * TILES + t // (32 * SLICES)
-        lane = t % 32
-        g = lane // 4
-        qq = lane % 4
+        t, tile, lane, g, qq = _lanes(pid_n * TILES, T, SLICES)
         tile_c = tl.minimum(tile, NT - 1).to(tl.int64)
         i0 = pid_k * steps_per_split
-        i1 = tl.minimum(i0 + steps_per_split, NSTEPS)
-        if SLICES > 1:
-            per = (i1 - i0) // SLICES
-            kof = (t // 32) % SLICES * per  # the warp's first step, from i0
-            i1 = i0 + per
-        else:  # zeros the compiler folds away: unsliced, the same SASS as before slices (validated on the H200)
-            kof = t * 0
+        # unsliced, the offsets fold to zero: the same SASS as before slices (validated on the H200)
+        kof, i1 = _k_slice(t, i0, tl.minimum(i0 + steps_per_split, NSTEPS), SLICES)
         w_base = w_ptr + e * stride_we
         s_base = s_ptr + e * stride_se
         x_base = xp_ptr + slot.to(tl.int64) * stride_xs
@@ -945,11 +939,7 @@ if HAVE_TRITON:
                                                  PDL, BX)
             y = _slice_sum(acc0 + acc1, TILES, SLICES) * ts
             if SLICES > 1:  # the indices of the summed layout: TILES warps' lanes
-                t = tl.arange(0, 32 * TILES)
-                tile = pid_n * TILES + t // 32
-                lane = t % 32
-                g = lane // 4
-                qq = lane % 4
+                t, tile, lane, g, qq = _lanes(pid_n * TILES, 32 * TILES, 1)
             # accumulator element c of lane 4g+q: row g + 8 (c // 2), x column 2q + c % 2; keep column 0
             rows = (tile * 16 + g)[:, None] + 8 * (c4[None, :] // 2)
             om = (rows < N) & (tile < NT)[:, None] & (qq == 0)[:, None] & (c4 % 2 == 0)[None, :]
@@ -1573,9 +1563,8 @@ class Nvfp4Gemv:
         self.sms = sm_count(device)
         self.words, self.scales = repack_mma(self.q, bx=cfg.bx)
         nt, nsteps = self.words.shape[0], self.words.shape[1]
-        self.slices = slices = cfg.slices
-        self.warps = cfg.warps
-        ctas = math.ceil(nt / (self.warps // slices))
+        slices = cfg.slices
+        ctas = math.ceil(nt / (cfg.warps // slices))
         self.stream = cfg.stream
         self.groups = ctas
         if self.stream:  # one wave: 24 warps an SM until the compiled kernel's registers say (_replan_stream)
@@ -1623,7 +1612,7 @@ class Nvfp4Gemv:
         memory and warps (the CUDA occupancy rules), and the stream-K grid again if that differs from the guess.
         Any grid gives the same sums (the counters count iterations, not programs)."""
         self.planned = True
-        fits = resident_programs(self.compiled, self.warps, self.words.device)
+        fits = resident_programs(self.compiled, self.cfg.warps, self.words.device)
         if fits:
             self._plan_stream(fits)
 
@@ -1633,8 +1622,9 @@ class Nvfp4Gemv:
         if self.mma and self.stream:
             return (f"triton nvfp4 gemv ({kind}, {self.cfg.name}, stream-K {self.grid[0]} programs, {self.per} "
                     "iterations at most)")
-        sliced = f", {self.slices} K slices x {self.warps // self.slices} tiles" if self.mma and self.slices > 1 else ""
-        return f"triton nvfp4 gemv ({kind}, {self.cfg.name}{sliced}, split={self.split})"
+        cfg = self.cfg
+        sliced = f", {cfg.slices} K slices x {cfg.warps // cfg.slices} tiles" if self.mma and cfg.slices > 1 else ""
+        return f"triton nvfp4 gemv ({kind}, {cfg.name}{sliced}, split={self.split})"
 
     def _call_mma(self, x: torch.Tensor) -> torch.Tensor:
         target = self.acc if self.acc is not None else self.out
@@ -1652,10 +1642,10 @@ class Nvfp4Gemv:
             xp, self.words, self.scales, self.q.tensor_scale, target, self.m, self.n, self.words.shape[0],
             self.per, self.words.shape[1], xp.stride(0), self.words.stride(0), self.scales.stride(0),
             target.stride(0), x, x.stride(0), self.out, self.out.stride(0), self.cnt if finish else target,
-            WARPS=self.warps, BLOCK_M=self.block_m, UNROLL=self.steps, ATOMIC=split_sums,
+            WARPS=self.cfg.warps, BLOCK_M=self.block_m, UNROLL=self.steps, ATOMIC=split_sums,
             USE_ASM=not interpreted(), EV=_evict(self.cfg), PDL=self.pdl, SELF_PACK=self.one_kernel and not self.bx,
-            FINISH=finish, BX=self.bx, STREAM=self.stream, SLICES=self.slices, DEPS=self.pdl and self.cfg.chain,
-            num_warps=self.warps,
+            FINISH=finish, BX=self.bx, STREAM=self.stream, SLICES=self.cfg.slices, DEPS=self.pdl and self.cfg.chain,
+            num_warps=self.cfg.warps,
             **_pdl_launch(self.pdl))
         if split_sums and not finish:
             self.out.copy_(self.acc)
