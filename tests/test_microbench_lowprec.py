@@ -339,23 +339,23 @@ def test_bf16_form_reorders_each_word_so_plane_j_pairs_values_2j_and_2j_plus_1()
     assert torch.equal(lp.mma_nibbles(lp.mma_bit_layout(w32, bx=True), bx=True), w32)
 
 
-@pytest.mark.skipif(not lp.HAVE_TRITON, reason="Triton is not installed (pip install triton runs its CPU interpreter)")
-def test_grouped_bf16_form_reads_x_and_the_activation_as_they_are():
-    """The grouped bf16 form (bx): no packing kernel, the activation written as bf16 at its own index, the SiLU kernel
-    and the final cast leave the fp32 sums at zero, so a second call is right too; paired and split gate_up."""
-    out = _interpret(r'''
+# the grouped bf16 form on 5 experts (H and I from argv), each (gate_up, down, launches) of CASES called twice
+# against dequantise-then-matmul: the sums and the split partials are left at zero, and slot 1 (expert 0) has its
+# activation written as bf16 at its own index
+_GROUPED_BX_SETUP = r'''
+import sys
 import torch
-from dataclasses import replace
 from decode_gap.kernels import nvfp4 as nv, lowprec as lp
 torch.manual_seed(0)
 G = lp.GemvConfig
-E, H, I = 5, 128, 64
+E, H, I = 5, int(sys.argv[1]), int(sys.argv[2])
 ids = torch.tensor([3, 0, 4, 3]); rw = torch.rand(4)
 w13 = (torch.randn(E, 2 * I, H) * 0.1).to(torch.bfloat16); w2 = (torch.randn(E, H, I) * 0.1).to(torch.bfloat16)
-for c13, c2, launches in ((G(32, 64, 2, mma=True, bx=True), G(64, 64, 4, mma=True, bx=True), 3),  # paired
-                          (G(16, 64, 1, split=2, mma=True, bx=True), G(32, 64, 2, mma=True, bx=True), 4)):  # split
+'''
+_GROUPED_BX_RUN = r'''
+for c13, c2, launches in CASES:
     g = lp.grouped_from_bf16("nvfp4", w13, w2, ids, rw, "cpu", c13, c2)
-    assert g.bx and g.kernels == launches
+    assert g.bx and g.kernels == launches, (c13.name, g.kernels, launches)
     d13, d2 = lp.dequantized_experts(g)
     for call in range(2):
         x = torch.randn(1, H).to(torch.bfloat16)
@@ -366,13 +366,24 @@ for c13, c2, launches in ((G(32, 64, 2, mma=True, bx=True), G(64, 64, 4, mma=Tru
     h = x.float() @ d13[0].t()  # slot 1 is expert 0: its activation, as bf16 at its own index
     act = torch.nn.functional.silu(h[:, :I]) * h[:, I:]
     assert torch.allclose(g.act[1].float(), act[0], rtol=2e-2, atol=1e-3)
-    print("ok", launches, err)
+    print("ok", c13.name, c2.name, err)
+'''
+
+
+@pytest.mark.skipif(not lp.HAVE_TRITON, reason="Triton is not installed (pip install triton runs its CPU interpreter)")
+def test_grouped_bf16_form_reads_x_and_the_activation_as_they_are():
+    """The grouped bf16 form (bx): no packing kernel, the activation written as bf16 at its own index, the SiLU kernel
+    and the final cast leave the fp32 sums at zero, so a second call is right too; paired and split gate_up."""
+    out = _interpret(_GROUPED_BX_SETUP + r'''
+CASES = ((G(32, 64, 2, mma=True, bx=True), G(64, 64, 4, mma=True, bx=True), 3),  # paired
+         (G(16, 64, 1, split=2, mma=True, bx=True), G(32, 64, 2, mma=True, bx=True), 4))  # split
+''' + _GROUPED_BX_RUN + r'''
 try:
     lp.grouped_from_bf16("nvfp4", w13, w2, ids, rw, "cpu", G(32, 64, 2, mma=True, bx=True), G(32, 64, 2, mma=True))
     raise AssertionError("a bf16 gate_up with an fp16 down must be refused")
 except lp.DecodeGapError:
     pass
-''')
+''', "128", "64")
     assert out.count("ok") == 2, out
 
 
@@ -381,32 +392,16 @@ def test_grouped_k_slices_pair_gate_and_up_with_the_silu_in_one_kernel():
     """The grouped bf16 form with K slices: gate_up paired with the SiLU fused (one kernel, no fp32 partials, so 3
     launches a call), a tile's K range over 2 warps summed in the program; down sliced too; and slices under a K
     split, where the partials and the SiLU kernel stay (4 launches). Two calls each: the sums are left at zero."""
-    out = _interpret(r'''
-import torch
-from decode_gap.kernels import nvfp4 as nv, lowprec as lp
-torch.manual_seed(0)
-G = lp.GemvConfig
-E, H, I = 5, 256, 128
-ids = torch.tensor([3, 0, 4, 3]); rw = torch.rand(4)
-w13 = (torch.randn(E, 2 * I, H) * 0.1).to(torch.bfloat16); w2 = (torch.randn(E, H, I) * 0.1).to(torch.bfloat16)
-for c13, c2, launches in ((G(16, 128, 2, mma=True, bx=True, slices=2), G(16, 64, 2, mma=True, bx=True, slices=2), 3),
-                          (G(16, 64, 2, split=2, mma=True, bx=True, slices=2), G(32, 64, 2, mma=True, bx=True), 4)):
-    g = lp.grouped_from_bf16("nvfp4", w13, w2, ids, rw, "cpu", c13, c2)
-    assert g.kernels == launches, (g.kernels, launches)
-    d13, d2 = lp.dequantized_experts(g)
-    for call in range(2):
-        x = torch.randn(1, H).to(torch.bfloat16)
-        g.out.fill_(float("nan"))
-        err = nv.relative_error(g(x).float(), lp.reference_experts(x, d13, d2, ids, rw))
-        assert err < 1e-2, (c13, c2, call, err)
-        assert not g.zbuf.any()
-    print("ok", c13.name, c2.name, err)
+    out = _interpret(_GROUPED_BX_SETUP + r'''
+CASES = ((G(16, 128, 2, mma=True, bx=True, slices=2), G(16, 64, 2, mma=True, bx=True, slices=2), 3),
+         (G(16, 64, 2, split=2, mma=True, bx=True, slices=2), G(32, 64, 2, mma=True, bx=True), 4))
+''' + _GROUPED_BX_RUN + r'''
 try:
     lp.grouped_from_bf16("nvfp4", w13, w2, ids, rw, "cpu", G(16, 128, 3, mma=True, bx=True, slices=2), c2)(x)
     raise AssertionError("3 warps cannot hold 2 slices")
 except lp.DecodeGapError as exc:
     assert "slices" in str(exc)
-''')
+''', "256", "128")
     assert out.count("ok") == 2, out
 
 
