@@ -416,7 +416,9 @@ def moe_case(env: BenchEnv, model: str, moe_fmts=("bf16", "fp8", "fp8-block", "n
 
 
 # the grouped bf16 form with K slices (timed whole beside the default pair): gate_up paired with the SiLU fused in
-# one kernel, a tile's K range over 4 or 2 warps; down as the default or over 2 slices
+# one kernel, a tile's K range over 4 or 2 warps; down as the default or over 2 slices. H200 (2026-12-01, read 4470
+# GB/s): slower than the default pair (split gate_up, SiLU kernel, down): DeepSeek-V3 64.2 / 74.6 / 66.3 us against
+# 59.8, GLM-5 57.4 / 65.8 / 59.1 against 53.3, so the default stays
 _S = dict(mma=True, evict=True, bx=True)
 GROUPED_SLICED = [(lp.GemvConfig(16, 128, 4, slices=4, **_S), lp.FP4_GROUPED_BX_2),
                   (lp.GemvConfig(32, 128, 4, slices=2, **_S), lp.FP4_GROUPED_BX_2),

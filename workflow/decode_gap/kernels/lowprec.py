@@ -115,8 +115,6 @@ BX_ORDER = (6, 4, 2, 0, 7, 5, 3, 1)  # packed position p holds value BX_ORDER[p]
 # product is the value x 2^-14, as in the fp16 form (FP4_UNSCALE), and exact (at most 6 significant bits)
 BX_SCALE_EXP = 112
 FP8_BLOCK = 128
-CLUSTER_MAX = 8  # the portable thread-block cluster size (a K split summed in a cluster: _cluster_sum)
-CLUSTER_WARPS = 4  # the cluster form's program (what _cluster_sum's shared slots are sized for)
 
 
 def interpreted() -> bool:
@@ -689,8 +687,7 @@ if HAVE_TRITON:
                         WARPS: tl.constexpr, BLOCK_M: tl.constexpr, UNROLL: tl.constexpr, ATOMIC: tl.constexpr,
                         USE_ASM: tl.constexpr, EV: tl.constexpr = "", PDL: tl.constexpr = False,
                         SELF_PACK: tl.constexpr = False, FINISH: tl.constexpr = False, BX: tl.constexpr = False,
-                        STREAM: tl.constexpr = False, SLICES: tl.constexpr = 1, DEPS: tl.constexpr = False,
-                        CLUSTER: tl.constexpr = 1, CLUSTER_ASYNC: tl.constexpr = False):
+                        STREAM: tl.constexpr = False, SLICES: tl.constexpr = 1, DEPS: tl.constexpr = False):
         """y[M<=16, N] = x W^T on tensor cores (see _fp4_mma_asm); program (group of WARPS 16-row tiles, K split).
         ATOMIC: fp32 partial sums added into out_ptr (K split; the last split casting the sums in-kernel, with a
         counter and fences, was no faster on the H200 than the separate cast once the GEMV launches as a programmatic
@@ -712,10 +709,7 @@ if HAVE_TRITON:
         DEPS (with PDL, the chained bf16 form): once every program is past its loop, the kernel after this one may
         launch; its programs take the places this one leaves and wait (gdc_wait) before their first load, so its
         launch and set-up overlap this kernel's last stores. (Triggered at the start instead, kernels launched two
-        and three ahead took the places of the one that could run: 10-18% slower on 28672x4096 and 4096x14336.)
-        CLUSTER (K split, not STREAM, M <= 8, CLUSTER_WARPS): the grid's programs are its group's CLUSTER K splits
-        launched as one thread-block cluster (set_cluster: program_id(0) = group x CLUSTER + split), whose sums are
-        added in rank 0's shared memory (_cluster_sum) and stored by it: no atomics, counter or finishing read."""
+        and three ahead took the places of the one that could run: 10-18% slower on 28672x4096 and 4096x14336.)"""
         pid_n = tl.program_id(0)
         ts = tl.load(ts_ptr) * 16384.0
         if STREAM:  # at most two parts: the plan keeps a program's range within one group boundary
@@ -739,23 +733,15 @@ if HAVE_TRITON:
             if DEPS:
                 tl.extra.cuda.gdc_launch_dependents()
         else:
-            nsplit = tl.num_programs(1)
-            if CLUSTER > 1:
-                _cluster_arrive(pid_n, CLUSTER_ASYNC)
-                pid_k = pid_n % CLUSTER
-                pid_n = pid_n // CLUSTER
-                nsplit = CLUSTER
-            else:
-                pid_k = tl.program_id(1)
+            pid_k = tl.program_id(1)
             i0 = pid_k * steps_per_split
             i1 = tl.minimum(i0 + steps_per_split, NSTEPS)
             if SELF_PACK:
                 _fp4_xpack_range(x_ptr, xp_ptr, stride_x, stride_xm, M, i0 * 8, i1 * 8, tl.arange(0, 32 * WARPS),
                                  32 * WARPS)
-            _fp4_mma_part(xp_ptr, w_ptr, s_ptr, ts, out_ptr, M, N, NT, pid_n, i0, i1, 1, nsplit,
+            _fp4_mma_part(xp_ptr, w_ptr, s_ptr, ts, out_ptr, M, N, NT, pid_n, i0, i1, 1, tl.num_programs(1),
                           stride_xm, stride_wt, stride_st, stride_om, fin_ptr, stride_fm, cnt_ptr,
-                          WARPS, BLOCK_M, UNROLL, ATOMIC, USE_ASM, EV, PDL, FINISH, BX, SLICES, DEPS, CLUSTER, pid_k,
-                          CLUSTER_ASYNC)
+                          WARPS, BLOCK_M, UNROLL, ATOMIC, USE_ASM, EV, PDL, FINISH, BX, SLICES, DEPS)
 
     @triton.jit
     def _lanes(first_tile, T: tl.constexpr, SLICES: tl.constexpr):
@@ -782,16 +768,14 @@ if HAVE_TRITON:
                       stride_xm, stride_wt, stride_st, stride_om, fin_ptr, stride_fm, cnt_ptr,
                       WARPS: tl.constexpr, BLOCK_M: tl.constexpr, UNROLL: tl.constexpr, ATOMIC: tl.constexpr,
                       USE_ASM: tl.constexpr, EV: tl.constexpr, PDL: tl.constexpr, FINISH: tl.constexpr,
-                      BX: tl.constexpr, SLICES: tl.constexpr = 1, DEPS: tl.constexpr = False,
-                      CLUSTER: tl.constexpr = 1, rank=0, CLUSTER_ASYNC: tl.constexpr = False):
+                      BX: tl.constexpr, SLICES: tl.constexpr = 1, DEPS: tl.constexpr = False):
         """Steps [i0, i1) of group grp's WARPS / SLICES 16-row tiles, added (ATOMIC) or stored; with FINISH these
         steps count as `units` of the group's `total` (the one that completes it casts). Accumulator element e of
         lane 4g+q holds row g + 8 (e // 2), x row 2q + e % 2 (+ 8 in the second set of BLOCK_M = 16: x rows 8-15
         against the same decoded tile, so the weight is read once).
         SLICES: warp w takes tile w // SLICES and slice w % SLICES of the steps (i1 - i0 a multiple of SLICES x
         UNROLL); the slices' sums are added in the program (Triton's cross-warp reduction) before anything is
-        stored. DEPS: the kernel after this one may launch once the loop is done (_fp4_mma_kernel).
-        CLUSTER: the K splits' sums added in the cluster (_cluster_sum) before the slices', stored by rank 0."""
+        stored. DEPS: the kernel after this one may launch once the loop is done (_fp4_mma_kernel)."""
         T: tl.constexpr = 32 * WARPS
         TILES: tl.constexpr = WARPS // SLICES
         t, tile, lane, g, qq = _lanes(grp * TILES, T, SLICES)
@@ -813,18 +797,13 @@ if HAVE_TRITON:
                                                    acc0, acc1, PDL, BX)
             if DEPS:
                 tl.extra.cuda.gdc_launch_dependents()
-            acc0 = acc0 + acc1
-            if CLUSTER > 1:
-                acc0 = _cluster_sum(acc0, CLUSTER_ASYNC)
-            y = _slice_sum(acc0, TILES, SLICES) * ts
+            y = _slice_sum(acc0 + acc1, TILES, SLICES) * ts
             if SLICES > 1:  # the indices of the summed layout: TILES warps' lanes
                 t, tile, lane, g, qq = _lanes(grp * TILES, 32 * TILES, 1)
             e = c4[None, :]
             rows = (tile * 16 + g)[:, None] + 8 * (e // 2)
             ms = (2 * qq)[:, None] + e % 2
             om = (rows < N) & (ms < M) & (tile < NT)[:, None]
-            if CLUSTER > 1:
-                om = om & (rank == 0)
             op = out_ptr + ms * stride_om + rows
             om2 = om
             if BLOCK_M == 16:  # x rows 8-15
@@ -1102,89 +1081,6 @@ if HAVE_TRITON:
             acc = tl.sum(acc3, axis=2)
         return acc
 
-    def _cluster_sum_asm(threads: int, most: int) -> str:
-        """A K split's sums added over the CTAs of a thread-block cluster (sm90+) instead of through global memory:
-        every rank but 0 stores its thread's 4 fp32 into rank 0's shared memory (mapa, st.shared::cluster), a
-        cluster barrier (release / acquire) orders them, and rank 0 adds those of the cluster's other ranks
-        (%cluster_nctarank, up to `most`) to its own ($0-$3: the sums on rank 0, its own values elsewhere). The first
-        wait completes the launch's arrive (_cluster_arrive): every CTA of the cluster has started before one
-        writes into another. One instance a thread (pack=4 on the accumulator layout, 4 values a thread, as the MMA
-        asm). Why: the split's atomics, fence, counter and finishing read took 1.4-3.3 us a call on the H200
-        (benchmarks/device/finish_probe.py) where plain stores took none."""
-        slot = 16 * threads  # bytes of one rank's sums: 4 fp32 a thread
-        lines = ["{", ".reg .pred p, lp, q;", ".reg .b32 rk, nr, a, b;", ".reg .f32 v0, v1, v2, v3;",
-                 f".shared .align 16 .b8 dg_cluster_sums[{slot * (most - 1)}];",
-                 "mov.u32 rk, %cluster_ctarank;", "mov.u32 nr, %cluster_nctarank;",
-                 "setp.ne.u32 p, rk, 0;", "setp.eq.u32 lp, rk, 0;",
-                 "mov.u32 a, %tid.x;", "shl.b32 a, a, 4;", "mov.u32 b, dg_cluster_sums;", "add.u32 a, a, b;",
-                 "barrier.cluster.wait;",
-                 f"mul.lo.u32 b, rk, {slot};", "add.u32 b, b, a;", f"sub.u32 b, b, {slot};",
-                 "@p mapa.shared::cluster.u32 b, b, 0;",
-                 "@p st.shared::cluster.v4.f32 [b], {$4, $5, $6, $7};",
-                 "barrier.cluster.arrive.release;", "barrier.cluster.wait.acquire;"]
-        lines += [f"mov.f32 ${e}, ${e + 4};" for e in range(4)]
-        for r in range(1, most):
-            lines += [f"setp.gt.and.u32 q, nr, {r}, lp;",
-                      f"@q ld.shared.v4.f32 {{v0, v1, v2, v3}}, [a+{slot * (r - 1)}];"]
-            lines += [f"@q add.f32 ${e}, ${e}, v{e};" for e in range(4)]
-        lines.append("}")
-        return "\n".join(lines)
-
-    _CLUSTER_SUM = tl.constexpr(_cluster_sum_asm(32 * CLUSTER_WARPS, CLUSTER_MAX))
-
-    def _cluster_async_asm(threads: int, most: int) -> tuple[str, str]:
-        """The same sum with asynchronous remote stores: rank 0's thread 0 initialises an mbarrier at the start
-        (before the launch's cluster arrive); the other ranks' st.async complete its transaction bytes, and rank 0
-        waits on it, so no rank passes a release barrier (which sm90 compiles to MEMBAR.ALL.GPU)."""
-        slot = 16 * threads
-        start = "\n".join([
-            f".shared .align 16 .b8 dg_cluster_sums[{16 + slot * (most - 1)}];", "{", ".reg .pred p;",
-            ".reg .b32 r, a;", "mov.u32 r, %cluster_ctarank;", "mov.u32 a, %tid.x;", "or.b32 r, r, a;",
-            "setp.eq.u32 p, r, 0;", "mov.u32 a, dg_cluster_sums;", "@p mbarrier.init.shared::cta.b64 [a], 1;",
-            "@p fence.mbarrier_init.release.cluster;", "barrier.cluster.arrive.relaxed;", "}", "mov.u32 $0, $1;"])
-        lines = ["{", ".reg .pred p, lp, q, t0;", ".reg .b32 rk, nr, a, b, m, rm, n;", ".reg .b64 st;",
-                 ".reg .f32 v0, v1, v2, v3;",
-                 "mov.u32 rk, %cluster_ctarank;", "mov.u32 nr, %cluster_nctarank;",
-                 "setp.ne.u32 p, rk, 0;", "setp.eq.u32 lp, rk, 0;", "mov.u32 m, dg_cluster_sums;",
-                 "mov.u32 a, %tid.x;", "setp.eq.and.u32 t0, a, 0, lp;", "shl.b32 a, a, 4;", "add.u32 a, a, m;",
-                 "add.u32 a, a, 16;", "barrier.cluster.wait;",
-                 f"mul.lo.u32 b, rk, {slot};", "add.u32 b, b, a;", f"sub.u32 b, b, {slot};",
-                 "@p mapa.shared::cluster.u32 b, b, 0;", "@p mapa.shared::cluster.u32 rm, m, 0;",
-                 "@p st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [b], {$4, $5, $6, $7}, [rm];"]
-        lines += [f"mov.f32 ${e}, ${e + 4};" for e in range(4)]
-        lines += ["@p bra.uni DG_CLUSTER_DONE;", "sub.u32 n, nr, 1;", f"mul.lo.u32 n, n, {slot};",
-                  "@t0 mbarrier.arrive.expect_tx.shared::cta.b64 st, [m], n;",
-                  "DG_CLUSTER_WAIT:", "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 q, [m], 0;",
-                  "@!q bra.uni DG_CLUSTER_WAIT;"]
-        for r in range(1, most):
-            lines += [f"setp.gt.u32 q, nr, {r};", f"@q ld.shared.v4.f32 {{v0, v1, v2, v3}}, [a+{slot * (r - 1)}];"]
-            lines += [f"@q add.f32 ${e}, ${e}, v{e};" for e in range(4)]
-        lines += ["DG_CLUSTER_DONE:", "}"]
-        return start, "\n".join(lines)
-
-    _CLUSTER_START_ASYNC = tl.constexpr(_cluster_async_asm(32 * CLUSTER_WARPS, CLUSTER_MAX)[0])
-    _CLUSTER_SUM_ASYNC = tl.constexpr(_cluster_async_asm(32 * CLUSTER_WARPS, CLUSTER_MAX)[1])
-
-    @triton.jit
-    def _cluster_arrive(anchor, ASYNC: tl.constexpr = False):
-        """At a cluster CTA's start (once a thread: a scalar anchor): _cluster_sum's first wait completes it."""
-        if ASYNC:
-            tl.inline_asm_elementwise(_CLUSTER_START_ASYNC, "=r,r", [anchor], dtype=tl.int32, is_pure=False, pack=1)
-        else:
-            tl.inline_asm_elementwise("barrier.cluster.arrive.relaxed;\nmov.u32 $0, $1;", "=r,r", [anchor],
-                                      dtype=tl.int32, is_pure=False, pack=1)
-
-    @triton.jit
-    def _cluster_sum(v, ASYNC: tl.constexpr = False):
-        """[32 CLUSTER_WARPS, 4] fp32 (4 a thread) summed over the cluster's CTAs: the total on rank 0."""
-        if ASYNC:
-            v = tl.inline_asm_elementwise(_CLUSTER_SUM_ASYNC, "=f,=f,=f,=f,f,f,f,f", [v], dtype=tl.float32,
-                                          is_pure=False, pack=4)
-        else:
-            v = tl.inline_asm_elementwise(_CLUSTER_SUM, "=f,=f,=f,=f,f,f,f,f", [v], dtype=tl.float32,
-                                          is_pure=False, pack=4)
-        return v
-
     @triton.jit
     def _split_finish(op, fp, om, cnt, units, total, anchor, USE_ASM: tl.constexpr, TWO: tl.constexpr = False,
                       off2=0, om2=None):
@@ -1393,7 +1289,6 @@ class GemvConfig:
     stream: bool = False  # tensor-core form: stream-K, one wave of resident programs with equal work (no `split`)
     slices: int = 1  # tensor-core form: warps a tile, each a slice of the program's K range, summed in the program
     chain: bool = False  # bf16 tensor-core form: each call a programmatic dependent of the kernel before it (PDL)
-    cluster: int = 0  # tensor-core form, M <= 8: a group's K splits one thread-block cluster, summed in it (sm90+)
 
     @property
     def name(self) -> str:
@@ -1402,8 +1297,7 @@ class GemvConfig:
                 + (f",s={self.split}" if self.split else "") + (",ef" if self.evict else "")
                 + (f",t={self.warps_per_sm}" if self.warps_per_sm and not self.split else "")
                 + (",1k" if self.one_kernel else "") + (",bx" if self.bx else "") + (",sk" if self.stream else "")
-                + (f",ks={self.slices}" if self.slices > 1 else "") + (",pc" if self.chain else "")
-                + (",cl" if self.cluster == 1 else ",cla" if self.cluster else ""))
+                + (f",ks={self.slices}" if self.slices > 1 else "") + (",pc" if self.chain else ""))
 
     @property
     def k_multiple(self) -> int:
@@ -1518,30 +1412,6 @@ def pdl_supported(device) -> bool:
     dev = torch.device(device)
     return (dev.type == "cuda" and not interpreted() and hasattr(getattr(tl.extra, "cuda", None), "gdc_wait")
             and torch.cuda.get_device_capability(dev) >= (9, 0))
-
-
-def cluster_supported(device) -> bool:
-    """Thread-block clusters: an sm90+ GPU (the interpreter runs programs one by one, so none) and a Triton whose
-    launcher reads the cluster size from a compiled kernel's packed metadata (num_warps, num_ctas, shared)."""
-    dev = torch.device(device)
-    if dev.type != "cuda" or interpreted() or torch.cuda.get_device_capability(dev) < (9, 0):
-        return False
-    try:
-        from triton.backends.nvidia.compiler import CUDABackend
-        probe = type("Meta", (), {"num_warps": 4, "num_ctas": 1, "shared": 0})()
-        return tuple(CUDABackend.pack_metadata(None, probe)) == (4, 1, 0)
-    except Exception:  # another Triton layout: no cluster launches
-        return False
-
-
-def set_cluster(compiled: Any, size: int) -> None:
-    """Launch a compiled Triton kernel (compiled for one CTA a program) in clusters of `size` CTAs along x: Triton's
-    launcher takes the cluster size from the packed metadata and launches the grid's x times it. Why not num_ctas:
-    compiling for it also spreads every tensor over the cluster's CTAs, which the MMA asm's lane layout forbids."""
-    packed = tuple(compiled.packed_metadata)
-    if len(packed) != 3 or packed[1] not in (1, size):
-        raise DecodeGapError(f"nvfp4 gemv: this Triton's launch metadata {packed} takes no cluster size")
-    compiled.packed_metadata = (packed[0], size, packed[2])
 
 
 def mma_supported(device) -> bool:
@@ -1690,9 +1560,6 @@ class Nvfp4Gemv:
                                 or k % cfg.k_multiple):
             raise DecodeGapError(f"nvfp4 gemv: K slices need warps a multiple of them, no stream-K or one-kernel "
                                  f"form, and K a multiple of BLOCK_K x slices ({cfg.name}, K={k})")
-        if cfg.cluster and (cfg.warps != CLUSTER_WARPS or cfg.stream or self.m > 8):
-            raise DecodeGapError(f"nvfp4 gemv: the cluster form needs {CLUSTER_WARPS} warps, a K split (no "
-                                 f"stream-K) and M <= 8 ({cfg.name}, M={self.m})")
         self.sms = sm_count(device)
         self.words, self.scales = repack_mma(self.q, bx=cfg.bx)
         nt, nsteps = self.words.shape[0], self.words.shape[1]
@@ -1710,20 +1577,13 @@ class Nvfp4Gemv:
                 split = mma_split(nt * slices, nsteps // block, cfg.warps_per_sm, self.sms)
             if split is None:
                 split = split_for(ctas, 1, nsteps // block, self.sms)
-            if cfg.cluster and cluster_supported(device):
-                split = min(split, CLUSTER_MAX)
             self.per, self.split, _ = _k_plan(nsteps, block, split)
             self.grid = (ctas, self.split)
-        # a group's K splits as one cluster (launched as grid x cluster CTAs along x: set_cluster), summed in it
-        self.cluster = self.split if cfg.cluster and self.split > 1 and cluster_supported(device) else 1
-        self.clustered = set()  # the x layouts (alignment, stride) whose compiled kernel launches in clusters
-        if self.cluster > 1:
-            self.grid = (ctas, 1)
         self.block_m = 1 if self.m == 1 else 8 if self.m <= 8 else 16  # one pass: M <= 16 rows of x
         self.kw = k // 8
         self.bx = cfg.bx
         self.xp = None if self.bx else torch.empty((self.m, self.kw, 4), dtype=torch.int32, device=device)
-        split_sums = (self.split > 1 and self.cluster == 1) or self.stream
+        split_sums = self.split > 1 or self.stream
         self.acc = torch.zeros((self.m, self.n), dtype=torch.float32, device=device) if split_sums else None
         # the GEMV as a programmatic dependent of the x packing (sm90+): its launch overlaps the packing
         self.pdl = pdl_supported(device) if pdl is None else pdl and pdl_supported(device)
@@ -1764,8 +1624,6 @@ class Nvfp4Gemv:
                     "iterations at most)")
         cfg = self.cfg
         sliced = f", {cfg.slices} K slices x {cfg.warps // cfg.slices} tiles" if self.mma and cfg.slices > 1 else ""
-        if self.mma and cfg.cluster:
-            sliced += f", clusters of {self.cluster}" if self.cluster > 1 else ", no cluster"
         return f"triton nvfp4 gemv ({kind}, {cfg.name}{sliced}, split={self.split})"
 
     def _call_mma(self, x: torch.Tensor) -> torch.Tensor:
@@ -1780,22 +1638,15 @@ class Nvfp4Gemv:
             _fp4_xpack4_kernel[(grid0, self.m)](x, self.xp, self.kw, x.stride(0), self.xp.stride(0), target, nz,
                                                 BLOCK=512, ZERO=split_sums and not self.finish, DEPS=self.pdl)
         finish = self.finish
-        args = (xp, self.words, self.scales, self.q.tensor_scale, target, self.m, self.n, self.words.shape[0],
-                self.per, self.words.shape[1], xp.stride(0), self.words.stride(0), self.scales.stride(0),
-                target.stride(0), x, x.stride(0), self.out, self.out.stride(0), self.cnt if finish else target)
-        consts = dict(WARPS=self.cfg.warps, BLOCK_M=self.block_m, UNROLL=self.steps, ATOMIC=split_sums,
-                      USE_ASM=not interpreted(), EV=_evict(self.cfg), PDL=self.pdl,
-                      SELF_PACK=self.one_kernel and not self.bx, FINISH=finish, BX=self.bx, STREAM=self.stream,
-                      SLICES=self.cfg.slices, DEPS=self.pdl and self.cfg.chain, CLUSTER=self.cluster,
-                      CLUSTER_ASYNC=self.cfg.cluster == 2,
-                      num_warps=self.cfg.warps, **_pdl_launch(self.pdl))
-        layout = (x.data_ptr() % 16, x.stride(0))  # what Triton specialises x's kernel on
-        if self.cluster > 1 and layout not in self.clustered:
-            # compiled, not launched, then set to launch in clusters (the cache keeps it so): launched as one CTA a
-            # cluster it would store every split's sums over the others'
-            set_cluster(_fp4_mma_kernel.warmup(*args, grid=self.grid, **consts), self.cluster)
-            self.clustered.add(layout)
-        self.compiled = _fp4_mma_kernel[self.grid](*args, **consts)
+        self.compiled = _fp4_mma_kernel[self.grid](
+            xp, self.words, self.scales, self.q.tensor_scale, target, self.m, self.n, self.words.shape[0],
+            self.per, self.words.shape[1], xp.stride(0), self.words.stride(0), self.scales.stride(0),
+            target.stride(0), x, x.stride(0), self.out, self.out.stride(0), self.cnt if finish else target,
+            WARPS=self.cfg.warps, BLOCK_M=self.block_m, UNROLL=self.steps, ATOMIC=split_sums,
+            USE_ASM=not interpreted(), EV=_evict(self.cfg), PDL=self.pdl, SELF_PACK=self.one_kernel and not self.bx,
+            FINISH=finish, BX=self.bx, STREAM=self.stream, SLICES=self.cfg.slices, DEPS=self.pdl and self.cfg.chain,
+            num_warps=self.cfg.warps,
+            **_pdl_launch(self.pdl))
         if split_sums and not finish:
             self.out.copy_(self.acc)
         if not self.planned:
