@@ -11,6 +11,10 @@ against 13.2 at best unsplit. Unsplit, these shapes have too few warps in flight
 program did not make up for it. ncu (ncu_slices.sh; eager, cold L2): the schedulers issue 0.60-0.64 instructions a
 cycle at 62-63% of peak DRAM throughput, so at full bandwidth the loop would need about one a cycle: the decode's
 instruction count, not the memory pipeline, is what holds the steady state near 0.9 of read bandwidth.
+Again on the small shapes (2026-12-01, read 4388 GB/s, after the one-fence finish), where the split's finish costs
+about 1 us of a 6-7 us call (finish_probe.py): no unsplit form wins it back. 6144x4096: the split default (t=40)
+7.14 us, the best unsplit (4 slices, 4 steps) 7.29, 8 slices 8.96, 1 step an iteration 9.9-11.5; 4096x4096: 5.98
+against 6.23; 24576x1536: the unsplit 2 slices 7.98 (the default there already).
 """
 
 from __future__ import annotations
@@ -38,7 +42,11 @@ CFGS = [lp.FP4_MMA_DEFAULT, lp.FP4_MMA_KS2, lp.FP4_MMA_KS2_WIDE,
         G(32, 128, 8, mma=True, evict=True, bx=True, split=1, slices=4),
         G(16, 128, 8, mma=True, evict=True, bx=True, split=1, slices=8),
         G(16, 256, 8, mma=True, evict=True, bx=True, split=1, slices=8),
-        G(16, 128, 16, mma=True, evict=True, bx=True, split=1, slices=16)]
+        G(16, 128, 16, mma=True, evict=True, bx=True, split=1, slices=16),
+        G(16, 64, 8, mma=True, evict=True, bx=True, split=1, slices=8),
+        G(32, 64, 8, mma=True, evict=True, bx=True, split=1, slices=4),
+        G(16, 64, 4, mma=True, evict=True, bx=True, split=1, slices=4),
+        G(64, 128, 4, mma=True, evict=True, bx=True, warps_per_sm=40)]
 
 
 def main() -> None:
@@ -46,7 +54,7 @@ def main() -> None:
     env = BenchEnv(device=dev, warmup=2, iters=30, cpu_budget_s=0.05)
     read = memory.measure_memory(env)["read_gbps"]
     print(f"read {read:.0f} GB/s")
-    for n, k in [(7168, 18432), (4096, 14336), (6144, 16384), (6144, 12288), (28672, 4096), (6144, 4096)]:
+    for n, k in [(6144, 4096), (4096, 4096), (4096, 14336), (7168, 18432), (24576, 1536)]:
         q = nv.quantize_nvfp4(torch.randn((n, k), device=dev, dtype=torch.bfloat16))
         x = torch.randn((1, k), device=dev, dtype=torch.bfloat16)
         ref = nv.reference_mm(x, q)
