@@ -1,7 +1,7 @@
 """Probe (H200): what the K split's finishing chain costs the NVFP4 tensor-core GEMV at M=1, on the narrow long-K
 shapes that still need a split (is the gap to the floor bound in the finish, or in the loop?).
 
-    PYTHONPATH=workflow python3 benchmarks/device/finish_probe.py
+    PYTHONPATH=workflow python3 benchmarks/device/finish_probe.py [finish]   # finish: the default launch only
 
 The same compiled loop and grid, launched three ways (the last two give wrong sums: they are timed, never used):
   finish  the default: fp32 sums added with atomics, a fence and a counter, the last split casting them;
@@ -18,13 +18,18 @@ The atomics cost nothing; the fence, the counter and the last split's read and c
 more with more splits. With one fence a program (the barrier, then one thread's acq_rel add: _split_finish now)
 instead of one a thread, the next machine (read 4384 GB/s, store times within 1%): 7168x18432 23.1 (split 3),
 6144x16384 17.2, 4096x14336 11.9, 6144x4096 7.4 (split 8), 4096x4096 6.0 (split 11): 0.2-0.45 us a call less, and
-300 calls a shape with x changing each call gave no wrong sum (a missed split would show as an error near 1/split). The unsplit form is far slower (32.2, 28.6, 22.5 us on the first three).
+300 calls a shape with x changing each call gave no wrong sum (a missed split would show as an error near
+1/split). The unsplit form is far slower (32.2, 28.6, 22.5 us on the first three). With the cheaper finish, the
+splits again (`finish` mode, 18-96 warps an SM, 1, 2 and 4 steps an iteration): the default rule's form is the
+fastest or within 1% on four shapes; on 7168x18432 the 2-step bx form at 36 warps an SM (split 11) took 22.3 us
+against the default's 23.2 (the benchmark's sweep, which keeps the fastest, already finds such forms).
 Tried against it (commit bec27ac, reverted): the splits of a group as one thread-block cluster (sm90), their sums
 added in rank 0's shared memory, with a cluster barrier (st.shared::cluster; sm90 compiles the barrier's release to
 MEMBAR.ALL.GPU) or with st.async completing an mbarrier's bytes (no membar). Correct on the H200, but no faster:
 7168x18432 in clusters of 3 22.3 us (0.95 faster than the finish), 6144x16384 clusters of 3 18.4 (0.8 slower than
-the finish with a split of 4), clusters of 4 21.0-21.2 (the clusters no longer fit one wave), 4096x14336 12.9 against 12.3,
-6144x4096 7.4 against 7.5, 4096x4096 6.3 against 6.4; the asynchronous stores 0-1 us better than the barrier.
+the finish with a split of 4), clusters of 4 21.0-21.2 (the clusters no longer fit one wave), 4096x14336 12.9
+against 12.3, 6144x4096 7.4 against 7.5, 4096x4096 6.3 against 6.4; the asynchronous stores 0-1 us better than the
+barrier.
 """
 
 from __future__ import annotations
@@ -45,6 +50,9 @@ from decode_gap.microbench import memory  # noqa: E402
 from decode_gap.microbench.common import BenchEnv  # noqa: E402
 
 SHAPES = [(7168, 18432), (6144, 16384), (4096, 14336), (6144, 4096), (4096, 4096)]
+WAYS = (("finish", True, True), ("atomic", True, False), ("store", False, False))
+if sys.argv[1:2] == ["finish"]:
+    WAYS = WAYS[:1]
 
 
 def launcher(g: lp.Nvfp4Gemv, x: torch.Tensor, atomic: bool, finish: bool):
@@ -74,14 +82,15 @@ def main() -> None:
         nb = ld.nvfp4_call_bytes(n, k, 1)
         qs = ld.nvfp4_copies(q, dev)
         default = lp.fp4_config_for(1, k, dev, n)
-        cfgs = [replace(default, warps_per_sm=w) for w in (18, 27)]
+        cfgs = [replace(base, warps_per_sm=w) for base in (default, lp.FP4_MMA_KS2, lp.FP4_MMA_DEFAULT)
+                for w in (18, 27, 36, 48, 64, 96) if not k % base.k_multiple]
         for c in cfgs:
             gs = [lp.Nvfp4Gemv(qq, 1, dev, c) for qq in qs]
             for g in gs[:1]:
                 g(x)
                 g(x)
                 err = nv.relative_error(g(x).float(), nv.reference_mm(x, q))
-            for way, atomic, finish in (("finish", True, True), ("atomic", True, False), ("store", False, False)):
+            for way, atomic, finish in WAYS:
                 if gs[0].split == 1 and way != "finish":
                     continue
                 us = ld.gpu_us([launcher(g, x, atomic, finish) if way != "finish" else (lambda g=g: g(x))
