@@ -84,7 +84,7 @@ def checks(env: BenchEnv) -> None:
         x = torch.randn((m, k), generator=gen, device=dev).to(torch.bfloat16)
         q = nv.quantize_nvfp4(w)
         ref4 = nv.reference_mm(x, q)
-        for cfg in (lp.FP4_M1_CONFIGS if m == 1 else lp.FP4_MMA_CONFIGS) + lp.FP4_MMA_CHAINED:
+        for cfg in (lp.FP4_M1_CONFIGS if m == 1 else lp.FP4_MMA_CONFIGS) + lp.FP4_MMA_CHAINED + lp.FP4_MMA_XJIT:
             if (cfg.mma and k % cfg.k_multiple) or (not env.is_gpu and cfg.asm):
                 continue
             _check(f"nvfp4 {cfg.name}", m, n, k, lambda: _twice_if_one_kernel(lp.Nvfp4Gemv(q, m, dev, cfg,
@@ -275,7 +275,8 @@ def dense_case(env: BenchEnv, model: str, n: int, k: int, m: int, old: bool, fp8
         cores = lp.FP4_CUDA_CORE_CONFIGS if old else lp.FP4_CUDA_CORE_CONFIGS[:3]
         name, us, tried = best_of(env, fp4_builders(qs, x, dev, cores), nb4)
         put("nvfp4_prev", name, us, nb4, tried)
-    _, _, times = best_of(env, fp4_builders(qs, x, dev, lp.FP4_MMA_CONFIGS), nb4)
+    _, _, times = best_of(env, fp4_builders(qs, x, dev, lp.FP4_MMA_CONFIGS + ((lp.FP4_MMA_XJ,) if m > 8 else ())),
+                          nb4)
     tried = {**tried, **times}
     ok = {k2: v for k2, v in tried.items() if isinstance(v, float)}
     best = min(ok, key=ok.get) if ok else None
@@ -298,7 +299,7 @@ def fp4_sweep(env: BenchEnv, n: int, k: int, m: int) -> None:
     q = nv.quantize_nvfp4(torch.randn((n, k), device=dev, dtype=torch.bfloat16))
     x = torch.randn((m, k), device=dev, dtype=torch.bfloat16)
     nb4 = nvfp4_call_bytes(n, k, m)
-    cfgs = lp.FP4_MMA_CONFIGS + lp.FP4_MMA_CHAINED
+    cfgs = lp.FP4_MMA_CONFIGS + lp.FP4_MMA_CHAINED + lp.FP4_MMA_XJIT
     _, _, times = best_of(env, fp4_builders(nvfp4_copies(q, dev), x, dev, cfgs), nb4)
     RESULTS["gemm"].append({"model": "sweep", "N": n, "K": k, "M": m, "nvfp4_bytes": nb4, "nvfp4_new_tried": times})
     read = env.extra.get("read_gbps")

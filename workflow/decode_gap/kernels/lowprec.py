@@ -21,10 +21,11 @@ NVFP4 tensor-core form (any M <= 16, the default where K % 64 == 0; `cfg.mma`):
 - a register double buffer keeps the next 2 or 4 steps' loads in flight during this step's math; weight loads are
   evict-first; K is split until there are about 27 warps an SM (18 with 4 steps an iteration); the GEMV launches as a
   programmatic dependent of the x packing (sm90+), so its launch overlaps it;
-- stream-K (`cfg.stream`, the default at M = 9-16): one wave of as many programs as the SMs hold at once (from the
-  compiled kernel's registers), the same number on every SM, each taking the same number of K iterations (give or
-  take one) of all tiles' ranges laid end to end, so no partial second wave and no SM with a program more than
-  another; the part that completes a tile group casts its sums (`_split_finish` counting iterations);
+- stream-K (`cfg.stream`, the default at M = 9-16 where the K split with x loaded in place, `cfg.xjit`, would
+  overflow one wave): one wave of as many programs as the SMs hold at once (from the compiled kernel's registers),
+  the same number on every SM, each taking the same number of K iterations (give or take one) of all tiles' ranges
+  laid end to end, so no partial second wave and no SM with a program more than another; the part that completes a
+  tile group casts its sums (`_split_finish` counting iterations);
 - the bf16 form (`cfg.bx`, the default but on the lm_heads): x as it is, its own bf16 pairs, is the B operand, so no
   packing kernel runs. The weight's values are reordered within each word at repack time (`bx_order`) so that plane j
   pairs values 2j and 2j+1, as x's word j does. The planes decode into bf16 (e1 e0 m at bits 8..6: E2M1 x 2^-126,
@@ -615,6 +616,38 @@ if HAVE_TRITON:
         return a, b, c, d
 
     @triton.jit
+    def _fp4_mma_wloads(wb, sb, U: tl.constexpr, EV: tl.constexpr):
+        """The weight operands of U steps (_fp4_mma_wload; the others unused when U < 4)."""
+        a = _fp4_mma_wload(wb, sb, 0, EV)
+        b = a
+        c = a
+        d = a
+        if U >= 2:
+            b = _fp4_mma_wload(wb, sb, 1, EV)
+        if U >= 4:
+            c = _fp4_mma_wload(wb, sb, 2, EV)
+            d = _fp4_mma_wload(wb, sb, 3, EV)
+        return a, b, c, d
+
+    @triton.jit
+    def _fp4_mma_with_x(w, xb, xb2, U: tl.constexpr, TWO: tl.constexpr):
+        """U steps' operands: their weights w (_fp4_mma_wloads) with x loaded now (_fp4_mma_xload)."""
+        x = _fp4_mma_xload(xb, xb2, 0, TWO)
+        a = (w[0][0], w[0][1], x[0], x[1], x[2], x[3])
+        b = a
+        c = a
+        d = a
+        if U >= 2:
+            x = _fp4_mma_xload(xb, xb2, 1, TWO)
+            b = (w[1][0], w[1][1], x[0], x[1], x[2], x[3])
+        if U >= 4:
+            x = _fp4_mma_xload(xb, xb2, 2, TWO)
+            c = (w[2][0], w[2][1], x[0], x[1], x[2], x[3])
+            x = _fp4_mma_xload(xb, xb2, 3, TWO)
+            d = (w[3][0], w[3][1], x[0], x[1], x[2], x[3])
+        return a, b, c, d
+
+    @triton.jit
     def _fp4_mma_steps(ops, U: tl.constexpr, T: tl.constexpr, TWO: tl.constexpr, acc0, acc1, acc2, acc3,
                        BX: tl.constexpr):
         """The math of the U steps whose operands _fp4_mma_loads returned."""
@@ -656,7 +689,7 @@ if HAVE_TRITON:
     @triton.jit
     def _fp4_mma_loop(wb, sb, xb, xb2, i0, i1, T: tl.constexpr, U: tl.constexpr, EV: tl.constexpr,
                       TWO: tl.constexpr, acc0, acc1, acc2, acc3, PDL: tl.constexpr = False,
-                      BX: tl.constexpr = False):
+                      BX: tl.constexpr = False, XJIT: tl.constexpr = False):
         """Steps [i0, i1) (a multiple of U) with a register double buffer: the next U steps' loads are issued
         before this U steps' math, so 2U steps' bytes are in flight a warp (on the H200 this, with the decode's
         fewer operations, took Llama-3.1-8B lm_head from 64% to 86% of read bandwidth; unrolling alone: 72%).
@@ -666,19 +699,30 @@ if HAVE_TRITON:
         on it, put 16 more instructions in the loop and was 4-8% slower on the H200. The bf16 form as a programmatic
         dependent of the call before it, its first weights loaded before the wait: 5-6% faster on the stream-K
         shapes, 1-3% on the widest, 8-17% slower on 28672x4096 and the small shapes, where the waiting programs
-        take places and bandwidth from the running ones; left out.) BX: the bf16 form's asm."""
+        take places and bandwidth from the running ones; left out.) BX: the bf16 form's asm.
+        XJIT: only the weights double-buffered; x (read by every warp, so in L1 or L2) loaded in the iteration that
+        uses it, which halves the registers x holds (two sets of 8 a step at M = 9-16)."""
         if PDL:
             tl.extra.cuda.gdc_wait()
         # each iteration's pointers once, its U steps at constant offsets from them (folded into the loads: from an
         # int32 step index each step took an address computation of its own, 3 instructions; H200: 0.5-2% faster
         # at M = 1 and 4). Two buffers taking turns instead of one rolled over (no register moves, 4 fewer
         # instructions a step) took 72 registers for 56 and lost up to a third where programs no longer fit one wave
-        a = _fp4_mma_loads(wb + i0 * 128, sb + i0 * 32, xb + i0 * 32, xb2 + i0 * 32, U, EV, TWO)
-        for i in range(i0, i1, U):
-            j = tl.minimum(i + U, i1 - U)  # the last iteration loads its own steps again (in bounds, unused)
-            an = _fp4_mma_loads(wb + j * 128, sb + j * 32, xb + j * 32, xb2 + j * 32, U, EV, TWO)
-            acc0, acc1, acc2, acc3 = _fp4_mma_steps(a, U, T, TWO, acc0, acc1, acc2, acc3, BX)
-            a = an
+        if XJIT:
+            w = _fp4_mma_wloads(wb + i0 * 128, sb + i0 * 32, U, EV)
+            for i in range(i0, i1, U):
+                j = tl.minimum(i + U, i1 - U)
+                wn = _fp4_mma_wloads(wb + j * 128, sb + j * 32, U, EV)
+                a = _fp4_mma_with_x(w, xb + i * 32, xb2 + i * 32, U, TWO)
+                acc0, acc1, acc2, acc3 = _fp4_mma_steps(a, U, T, TWO, acc0, acc1, acc2, acc3, BX)
+                w = wn
+        else:
+            a = _fp4_mma_loads(wb + i0 * 128, sb + i0 * 32, xb + i0 * 32, xb2 + i0 * 32, U, EV, TWO)
+            for i in range(i0, i1, U):
+                j = tl.minimum(i + U, i1 - U)  # the last iteration loads its own steps again (in bounds, unused)
+                an = _fp4_mma_loads(wb + j * 128, sb + j * 32, xb + j * 32, xb2 + j * 32, U, EV, TWO)
+                acc0, acc1, acc2, acc3 = _fp4_mma_steps(a, U, T, TWO, acc0, acc1, acc2, acc3, BX)
+                a = an
         return acc0, acc1, acc2, acc3
 
     @triton.jit
@@ -687,7 +731,8 @@ if HAVE_TRITON:
                         WARPS: tl.constexpr, BLOCK_M: tl.constexpr, UNROLL: tl.constexpr, ATOMIC: tl.constexpr,
                         USE_ASM: tl.constexpr, EV: tl.constexpr = "", PDL: tl.constexpr = False,
                         SELF_PACK: tl.constexpr = False, FINISH: tl.constexpr = False, BX: tl.constexpr = False,
-                        STREAM: tl.constexpr = False, SLICES: tl.constexpr = 1, DEPS: tl.constexpr = False):
+                        STREAM: tl.constexpr = False, SLICES: tl.constexpr = 1, DEPS: tl.constexpr = False,
+                        XJIT: tl.constexpr = False):
         """y[M<=16, N] = x W^T on tensor cores (see _fp4_mma_asm); program (group of WARPS 16-row tiles, K split).
         ATOMIC: fp32 partial sums added into out_ptr (K split; the last split casting the sums in-kernel, with a
         counter and fences, was no faster on the H200 than the separate cast once the GEMV launches as a programmatic
@@ -724,12 +769,12 @@ if HAVE_TRITON:
             n_a = tl.minimum(ki - k0, u1 - u)
             _fp4_mma_part(xp_ptr, w_ptr, s_ptr, ts, out_ptr, M, N, NT, grp, k0 * UNROLL, (k0 + n_a) * UNROLL,
                           n_a, ki, stride_xm, stride_wt, stride_st, stride_om, fin_ptr, stride_fm, cnt_ptr,
-                          WARPS, BLOCK_M, UNROLL, ATOMIC, USE_ASM, EV, PDL, FINISH, BX)
+                          WARPS, BLOCK_M, UNROLL, ATOMIC, USE_ASM, EV, PDL, FINISH, BX, XJIT=XJIT)
             n_b = u1 - u - n_a
             if n_b > 0:
                 _fp4_mma_part(xp_ptr, w_ptr, s_ptr, ts, out_ptr, M, N, NT, grp + 1, 0, n_b * UNROLL, n_b, ki,
                               stride_xm, stride_wt, stride_st, stride_om, fin_ptr, stride_fm, cnt_ptr,
-                              WARPS, BLOCK_M, UNROLL, ATOMIC, USE_ASM, EV, False, FINISH, BX)
+                              WARPS, BLOCK_M, UNROLL, ATOMIC, USE_ASM, EV, False, FINISH, BX, XJIT=XJIT)
             if DEPS:
                 tl.extra.cuda.gdc_launch_dependents()
         else:
@@ -741,7 +786,7 @@ if HAVE_TRITON:
                                  32 * WARPS)
             _fp4_mma_part(xp_ptr, w_ptr, s_ptr, ts, out_ptr, M, N, NT, pid_n, i0, i1, 1, tl.num_programs(1),
                           stride_xm, stride_wt, stride_st, stride_om, fin_ptr, stride_fm, cnt_ptr,
-                          WARPS, BLOCK_M, UNROLL, ATOMIC, USE_ASM, EV, PDL, FINISH, BX, SLICES, DEPS)
+                          WARPS, BLOCK_M, UNROLL, ATOMIC, USE_ASM, EV, PDL, FINISH, BX, SLICES, DEPS, XJIT)
 
     @triton.jit
     def _lanes(first_tile, T: tl.constexpr, SLICES: tl.constexpr):
@@ -768,7 +813,8 @@ if HAVE_TRITON:
                       stride_xm, stride_wt, stride_st, stride_om, fin_ptr, stride_fm, cnt_ptr,
                       WARPS: tl.constexpr, BLOCK_M: tl.constexpr, UNROLL: tl.constexpr, ATOMIC: tl.constexpr,
                       USE_ASM: tl.constexpr, EV: tl.constexpr, PDL: tl.constexpr, FINISH: tl.constexpr,
-                      BX: tl.constexpr, SLICES: tl.constexpr = 1, DEPS: tl.constexpr = False):
+                      BX: tl.constexpr, SLICES: tl.constexpr = 1, DEPS: tl.constexpr = False,
+                      XJIT: tl.constexpr = False):
         """Steps [i0, i1) of group grp's WARPS / SLICES 16-row tiles, added (ATOMIC) or stored; with FINISH these
         steps count as `units` of the group's `total` (the one that completes it casts). Accumulator element e of
         lane 4g+q holds row g + 8 (e // 2), x row 2q + e % 2 (+ 8 in the second set of BLOCK_M = 16: x rows 8-15
@@ -794,7 +840,7 @@ if HAVE_TRITON:
             acc0 = tl.zeros((T, 4), dtype=tl.float32)
             acc1 = tl.zeros((T, 4), dtype=tl.float32)
             acc0, acc1, acc2, acc3 = _fp4_mma_loop(wb, sb, xb, xb2, i0, i1, T, UNROLL, EV, BLOCK_M == 16, acc0, acc1,
-                                                   acc0, acc1, PDL, BX)
+                                                   acc0, acc1, PDL, BX, XJIT)
             if DEPS:
                 tl.extra.cuda.gdc_launch_dependents()
             y = _slice_sum(acc0 + acc1, TILES, SLICES) * ts
@@ -1287,6 +1333,7 @@ class GemvConfig:
     stream: bool = False  # tensor-core form: stream-K, one wave of resident programs with equal work (no `split`)
     slices: int = 1  # tensor-core form: warps a tile, each a slice of the program's K range, summed in the program
     chain: bool = False  # bf16 tensor-core form: each call a programmatic dependent of the kernel before it (PDL)
+    xjit: bool = False  # tensor-core form: x loaded in the iteration that uses it, only the weights double-buffered
 
     @property
     def name(self) -> str:
@@ -1295,7 +1342,8 @@ class GemvConfig:
                 + (f",s={self.split}" if self.split else "") + (",ef" if self.evict else "")
                 + (f",t={self.warps_per_sm}" if self.warps_per_sm and not self.split else "")
                 + (",1k" if self.one_kernel else "") + (",bx" if self.bx else "") + (",sk" if self.stream else "")
-                + (f",ks={self.slices}" if self.slices > 1 else "") + (",pc" if self.chain else ""))
+                + (f",ks={self.slices}" if self.slices > 1 else "") + (",pc" if self.chain else "")
+                + (",xj" if self.xjit else ""))
 
     @property
     def k_multiple(self) -> int:
@@ -1344,9 +1392,10 @@ FP4_MMA_CONFIGS = (FP4_MMA_DEFAULT, FP4_MMA_WIDE, FP4_MMA_BX_40, replace(FP4_MMA
                    # from 1536 rows up, where hundreds of programs store the same x words into L2
                    replace(FP4_MMA_FP16, one_kernel=True), replace(FP4_MMA_WIDE, one_kernel=True),
                    # stream-K (bf16): one wave of resident programs, the same number on every SM, with equal work
-                   # (give or take an iteration), at most two parts a program. The default at M = 9-16, where the
-                   # second MMA set takes 80 registers (6 programs an SM) and a K split leaves a partial second wave
-                   # (28672x4096: 896 programs for 792 places). H200, M=16, faster than any K split on all six
+                   # (give or take an iteration), at most two parts a program. The default at M = 9-16 where
+                   # FP4_MMA_XJ's K split overflows one wave (below). The second MMA set takes 80 registers (6
+                   # programs an SM) and a K split leaves a partial second wave (28672x4096: 896 programs for 792
+                   # places). H200, M=16, faster than any K split on all six
                    # mid-sized shapes tried, by 1-12% (DeepSeek-V3 36864x7168 58.9 against 67.2 us, Llama-3.1-8B
                    # gate_up 30.3 against 33.7). At M=1 it won three of six (gate_up 21.1 against 21.8 us, GLM-5
                    # 6144x16384 17.9 against 19.1) and lost three by 1-5%: the gemm stage times it beside the K
@@ -1362,6 +1411,19 @@ FP4_MMA_CONFIGS = (FP4_MMA_DEFAULT, FP4_MMA_WIDE, FP4_MMA_BX_40, replace(FP4_MMA
 # kernel before them, which in a server is an attention, norm or all-reduce kernel, not the same GEMV
 FP4_MMA_CHAINED = (replace(FP4_MMA_KS2, chain=True), replace(FP4_MMA_KS2_WIDE, chain=True),
                    replace(FP4_MMA_DEFAULT, chain=True), replace(FP4_MMA_WIDE, bx=True, chain=True))
+# x loaded in the iteration that uses it (xjit): sm_90, 4 steps an iteration at M = 9-16 in 74 registers for 128,
+# the stream-K form in 86 for 96, the K split in 72 for 80, M=1 in 48 for 56. H200 sweep (2026-12-01, read 4383-4387
+# GB/s), M = 16, us: the K split with x so loaded against stream-K, where its grid is one wave or no split:
+# 28672x4096 27.9 / 29.3, 7168x18432 28.8 / 30.7, 6144x4096 10.0 / 11.4, 4096x14336 15.6 / 17.3, 128256x4096 101.9
+# / 128.6; where its grid overflows one wave by a quarter or less it loses (36864x7168 78.8 / 58.1, 24576x6144 46.8 /
+# 35.6, 6144x16384 31.1 / 24.8): fp4_config_for picks between the two (FP4_XJ_PROGRAMS_PER_SM). At M <= 8 it won
+# some shapes and lost others (28672x4096 M=1 18.4 / 19.3 with 4 steps and K slices, 24576x6144 22.8 / 22.2)
+FP4_MMA_XJ = replace(FP4_MMA_DEFAULT, xjit=True)
+FP4_XJ_PROGRAMS_PER_SM = 7  # FP4_MMA_XJ at M = 9-16: 72 registers (kernel_resources.py), 7 programs of 4 warps an SM
+FP4_MMA_XJIT = (replace(FP4_MMA_BX_SK, xjit=True), replace(FP4_MMA_BX_SK, block_k=256, warps_per_sm=18, xjit=True),
+                replace(FP4_MMA_DEFAULT, xjit=True), replace(FP4_MMA_DEFAULT, block_k=256, warps_per_sm=18, xjit=True),
+                replace(FP4_MMA_KS2, xjit=True), replace(FP4_MMA_KS2_WIDE, xjit=True),
+                replace(FP4_MMA_WIDE, bx=True, xjit=True))
 # tried on the H200 and left out (within 0.2 us of the bf16 default below the lm_heads, or slower): bf16 with about
 # 20 warps an SM, 4 steps an iteration split for 27 or 18 warps an SM, 8-warp programs
 # the M=1 CUDA-core forms that still win small shapes (latency-bound: one kernel, no x packing, no split-K)
@@ -1375,7 +1437,7 @@ FP4_M1_CONFIGS = FP4_MMA_CONFIGS + FP4_CUDA_CORE_CONFIGS
 FP4_STAGE_CONFIGS = (FP4_MMA_CONFIGS[:5] + (FP4_MMA_BX_SK, FP4_MMA_KS2, FP4_MMA_KS2_WIDE)
                      + FP4_CUDA_CORE_CONFIGS[:2])
 FP4_STAGE_CONFIGS_M = (FP4_MMA_DEFAULT, FP4_MMA_BX_SK, FP4_MMA_BX_40, FP4_MMA_FP16, FP4_MMA_KS2,
-                       FP4_MMA_KS2_WIDE)  # M = 2..16
+                       FP4_MMA_KS2_WIDE, FP4_MMA_XJ)  # M = 2..16
 
 
 # the grouped (MoE) tensor-core form, the default where it fits (H200, 8 of 256 experts, DeepSeek-V3 / GLM-5: 61 / 54 us,
@@ -1422,10 +1484,11 @@ def fp4_config_for(m: int, k: int, device="cuda", n: int = 0) -> GemvConfig | No
     """The default NVFP4 GEMV form for an [M, K] x [K, N]: tensor cores in bf16 on x as it is (bx) where K is whole
     64-value steps (sm89+; on the H200 the tensor-core forms won every M=1 shape from 32x6144 to 154880x6144, the
     bf16 one all but the lm_heads), in two K slices a tile up to M = 8 from FP4_KS2_VALUES weights or
-    FP4_KS2_WARPS_PER_SM sliced warps an SM (FP4_MMA_KS2),
-    split over K up to M = 8 below that, stream-K above M = 8 (FP4_MMA_BX_SK), the fp16 form with 4 steps an
-    iteration at M=1 on N >= FP4_WIDE_ROWS (an lm_head), else the CUDA-core asm form at M=1 and None above. Callers that time the forms (the gemm stage, the benchmark) keep the fastest; this is what the simulated
-    step runs."""
+    FP4_KS2_WARPS_PER_SM sliced warps an SM (FP4_MMA_KS2), split over K up to M = 8 below that; above M = 8 split
+    over K with x loaded in the iteration that uses it (FP4_MMA_XJ) where that grid fits one wave or has no split,
+    else stream-K (FP4_MMA_BX_SK); the fp16 form with 4 steps an iteration at M=1 on N >= FP4_WIDE_ROWS (an
+    lm_head), else the CUDA-core asm form at M=1 and None above. Callers that time the forms (the gemm stage, the
+    benchmark) keep the fastest; this is what the simulated step runs."""
     if mma_supported(device) and m == 1 and n >= FP4_WIDE_ROWS and k % FP4_MMA_WIDE.block_k == 0:
         return FP4_MMA_WIDE
     sliced = 2 * math.ceil(n / 16)  # the sliced forms' warps
@@ -1435,7 +1498,9 @@ def fp4_config_for(m: int, k: int, device="cuda", n: int = 0) -> GemvConfig | No
         whole = mma_split(sliced, k // FP4_MMA_KS2.block_k, FP4_MMA_KS2.warps_per_sm, sm_count(device)) == 1
         return FP4_MMA_KS2 if whole else FP4_MMA_KS2_WIDE
     if mma_supported(device) and k % FP4_MMA_DEFAULT.block_k == 0:
-        return FP4_MMA_BX_SK if m > 8 else FP4_MMA_DEFAULT
+        if m > 8:
+            return FP4_MMA_XJ if _xj_fits(n, k, sm_count(device)) else FP4_MMA_BX_SK
+        return FP4_MMA_DEFAULT
     if mma_supported(device) and k % 64 == 0:
         return GemvConfig(64, 64, 4, mma=True, evict=True, warps_per_sm=27, bx=True)
     return FP4_DEFAULT_ASM if m == 1 else None
@@ -1446,6 +1511,16 @@ DENSE_CONFIGS = (GemvConfig(8, 2048, 4), GemvConfig(16, 1024, 4), GemvConfig(4, 
                  GemvConfig(8, 1024, 4, split=1))
 DENSE_BLOCK_CONFIGS = (GemvConfig(8, 1024, 4), GemvConfig(16, 512, 4), GemvConfig(4, 1024, 4), GemvConfig(8, 512, 4),
                        GemvConfig(8, 512, 4, split=1))
+
+
+def _xj_fits(n: int, k: int, sms: int) -> bool:
+    """M = 9-16: FP4_MMA_XJ's K-split grid (as Nvfp4Gemv plans it) fits one wave of FP4_XJ_PROGRAMS_PER_SM programs an
+    SM, or has no split (its programs are then short and many, and a last partial wave costs little)."""
+    cfg = FP4_MMA_XJ
+    tiles, steps, block = math.ceil(n / 16), k // 64, cfg.block_k // 64
+    split = mma_split(tiles, steps // block, cfg.warps_per_sm, sms)
+    _, split, _ = _k_plan(steps, block, split)
+    return split == 1 or math.ceil(tiles / cfg.warps) * split <= FP4_XJ_PROGRAMS_PER_SM * sms
 
 
 def split_for(n_tiles: int, slots: int, k_blocks: int, sms: int) -> int:
@@ -1643,6 +1718,7 @@ class Nvfp4Gemv:
             WARPS=self.cfg.warps, BLOCK_M=self.block_m, UNROLL=self.steps, ATOMIC=split_sums,
             USE_ASM=not interpreted(), EV=_evict(self.cfg), PDL=self.pdl, SELF_PACK=self.one_kernel and not self.bx,
             FINISH=finish, BX=self.bx, STREAM=self.stream, SLICES=self.cfg.slices, DEPS=self.pdl and self.cfg.chain,
+            XJIT=self.cfg.xjit,
             num_warps=self.cfg.warps,
             **_pdl_launch(self.pdl))
         if split_sums and not finish:
