@@ -1395,8 +1395,8 @@ FP4_MMA_CONFIGS = (FP4_MMA_DEFAULT, FP4_MMA_WIDE, FP4_MMA_BX_40, replace(FP4_MMA
                    # (give or take an iteration), at most two parts a program. The default at M = 9-16 where
                    # FP4_MMA_XJ's K split overflows one wave (below). The second MMA set takes 80 registers (6
                    # programs an SM) and a K split leaves a partial second wave (28672x4096: 896 programs for 792
-                   # places). H200, M=16, faster than any K split on all six
-                   # mid-sized shapes tried, by 1-12% (DeepSeek-V3 36864x7168 58.9 against 67.2 us, Llama-3.1-8B
+                   # places). H200, M=16, faster than any K split (before xjit) on all six mid-sized shapes tried,
+                   # by 1-12% (DeepSeek-V3 36864x7168 58.9 against 67.2 us, Llama-3.1-8B
                    # gate_up 30.3 against 33.7). At M=1 it won three of six (gate_up 21.1 against 21.8 us, GLM-5
                    # 6144x16384 17.9 against 19.1) and lost three by 1-5%: the gemm stage times it beside the K
                    # split. Ranges of whole groups of iterations (programs not a multiple of the SMs) were 2-5%
@@ -1421,7 +1421,7 @@ FP4_MMA_CHAINED = (replace(FP4_MMA_KS2, chain=True), replace(FP4_MMA_KS2_WIDE, c
 FP4_MMA_XJ = replace(FP4_MMA_DEFAULT, xjit=True)
 FP4_XJ_PROGRAMS_PER_SM = 7  # FP4_MMA_XJ at M = 9-16: 72 registers (kernel_resources.py), 7 programs of 4 warps an SM
 FP4_MMA_XJIT = (replace(FP4_MMA_BX_SK, xjit=True), replace(FP4_MMA_BX_SK, block_k=256, warps_per_sm=18, xjit=True),
-                replace(FP4_MMA_DEFAULT, xjit=True), replace(FP4_MMA_DEFAULT, block_k=256, warps_per_sm=18, xjit=True),
+                FP4_MMA_XJ, replace(FP4_MMA_DEFAULT, block_k=256, warps_per_sm=18, xjit=True),
                 replace(FP4_MMA_KS2, xjit=True), replace(FP4_MMA_KS2_WIDE, xjit=True),
                 replace(FP4_MMA_WIDE, bx=True, xjit=True))
 # tried on the H200 and left out (within 0.2 us of the bf16 default below the lm_heads, or slower): bf16 with about
