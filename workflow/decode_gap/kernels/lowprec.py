@@ -1487,8 +1487,8 @@ def fp4_config_for(m: int, k: int, device="cuda", n: int = 0) -> GemvConfig | No
     64-value steps (sm89+; on the H200 the tensor-core forms won every M=1 shape from 32x6144 to 154880x6144, the
     bf16 one all but the lm_heads), in two K slices a tile up to M = 8 from FP4_KS2_VALUES weights or
     FP4_KS2_WARPS_PER_SM sliced warps an SM (FP4_MMA_KS2), split over K up to M = 8 below that; above M = 8 split
-    over K with x loaded in the iteration that uses it (FP4_MMA_XJ) where that grid fits one wave or has no split,
-    else stream-K (FP4_MMA_BX_SK); the fp16 form with 4 steps an iteration at M=1 on N >= FP4_WIDE_ROWS (an
+    over K with x loaded in the iteration that uses it (FP4_MMA_XJ), its split cut to fit one wave where needed,
+    else stream-K (FP4_MMA_BX_SK: _xj_plan); the fp16 form with 4 steps an iteration at M=1 on N >= FP4_WIDE_ROWS (an
     lm_head), else the CUDA-core asm form at M=1 and None above. Callers that time the forms (the gemm stage, the
     benchmark) keep the fastest; this is what the simulated step runs."""
     if mma_supported(device) and m == 1 and n >= FP4_WIDE_ROWS and k % FP4_MMA_WIDE.block_k == 0:
@@ -1500,9 +1500,7 @@ def fp4_config_for(m: int, k: int, device="cuda", n: int = 0) -> GemvConfig | No
         whole = mma_split(sliced, k // FP4_MMA_KS2.block_k, FP4_MMA_KS2.warps_per_sm, sm_count(device)) == 1
         return FP4_MMA_KS2 if whole else FP4_MMA_KS2_WIDE
     if mma_supported(device) and k % FP4_MMA_DEFAULT.block_k == 0:
-        if m > 8:
-            return FP4_MMA_XJ if _xj_fits(n, k, sm_count(device)) else FP4_MMA_BX_SK
-        return FP4_MMA_DEFAULT
+        return _xj_plan(n, k, sm_count(device)) if m > 8 else FP4_MMA_DEFAULT
     if mma_supported(device) and k % 64 == 0:
         return GemvConfig(64, 64, 4, mma=True, evict=True, warps_per_sm=27, bx=True)
     return FP4_DEFAULT_ASM if m == 1 else None
@@ -1515,14 +1513,20 @@ DENSE_BLOCK_CONFIGS = (GemvConfig(8, 1024, 4), GemvConfig(16, 512, 4), GemvConfi
                        GemvConfig(8, 512, 4, split=1))
 
 
-def _xj_fits(n: int, k: int, sms: int) -> bool:
-    """M = 9-16: FP4_MMA_XJ's K-split grid (as Nvfp4Gemv plans it) fits one wave of FP4_XJ_PROGRAMS_PER_SM programs an
-    SM, or has no split (its programs are then short and many, and a last partial wave costs little)."""
+def _xj_plan(n: int, k: int, sms: int) -> GemvConfig:
+    """M = 9-16: FP4_MMA_XJ where its K-split grid (as Nvfp4Gemv plans it) fits one wave of FP4_XJ_PROGRAMS_PER_SM
+    programs an SM or has no split (its programs are then short and many); else the same with the split cut to what
+    fits one wave, while that is still a split; else stream-K. H200, M=16: 6144x16384 cut from 10 splits to 9, 23.7
+    us against 24.9 for stream-K; 24576x6144 from 3 to 2, 34.7 against 35.5; 36864x7168 would be cut to no split,
+    65.1 against 59.6, so stream-K (benchmarks/device/xj_probe.py)."""
     cfg = FP4_MMA_XJ
     tiles, steps, block = math.ceil(n / 16), k // 64, cfg.block_k // 64
-    split = mma_split(tiles, steps // block, cfg.warps_per_sm, sms)
-    _, split, _ = _k_plan(steps, block, split)
-    return split == 1 or math.ceil(tiles / cfg.warps) * split <= FP4_XJ_PROGRAMS_PER_SM * sms
+    programs, places = math.ceil(tiles / cfg.warps), FP4_XJ_PROGRAMS_PER_SM * sms
+    _, split, _ = _k_plan(steps, block, mma_split(tiles, steps // block, cfg.warps_per_sm, sms))
+    if split == 1 or programs * split <= places:
+        return cfg
+    cut = places // programs
+    return replace(cfg, split=cut) if cut > 1 else FP4_MMA_BX_SK
 
 
 def split_for(n_tiles: int, slots: int, k_blocks: int, sms: int) -> int:
