@@ -1416,7 +1416,7 @@ FP4_MMA_CHAINED = (replace(FP4_MMA_KS2, chain=True), replace(FP4_MMA_KS2_WIDE, c
 # GB/s), M = 16, us: the K split with x so loaded against stream-K, where its grid is one wave or no split:
 # 28672x4096 27.9 / 29.3, 7168x18432 28.8 / 30.7, 6144x4096 10.0 / 11.4, 4096x14336 15.6 / 17.3, 128256x4096 101.9
 # / 128.6; where its grid overflows one wave by a quarter or less it loses (36864x7168 78.8 / 58.1, 24576x6144 46.8 /
-# 35.6, 6144x16384 31.1 / 24.8): fp4_config_for picks between the two (FP4_XJ_PROGRAMS_PER_SM). At M <= 8 it won
+# 35.6, 6144x16384 31.1 / 24.8): fp4_config_for plans between the two (_xj_plan). At M <= 8 it won
 # some shapes and lost others (28672x4096 M=1 18.4 / 19.3 with 4 steps and K slices, 24576x6144 22.8 / 22.2)
 FP4_MMA_XJ = replace(FP4_MMA_DEFAULT, xjit=True)
 FP4_XJ_PROGRAMS_PER_SM = 7  # FP4_MMA_XJ at M = 9-16: 72 registers (kernel_resources.py), 7 programs of 4 warps an SM
