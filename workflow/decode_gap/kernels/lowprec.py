@@ -615,6 +615,8 @@ if HAVE_TRITON:
             d = _fp4_mma_load(wb, sb, xb, xb2, 3, EV, TWO)
         return a, b, c, d
 
+    # (_fp4_mma_loads written as _fp4_mma_with_x of _fp4_mma_wloads computes the same, but compiles to other SASS
+    # for 17 of the 50 forms, none of which ran like that on a GPU: so the two loops keep their own loaders)
     @triton.jit
     def _fp4_mma_wloads(wb, sb, U: tl.constexpr, EV: tl.constexpr):
         """The weight operands of U steps (_fp4_mma_wload; the others unused when U < 4)."""
@@ -1521,9 +1523,9 @@ def _xj_plan(n: int, k: int, sms: int) -> GemvConfig:
     us against 24.9 for stream-K; 24576x6144 from 3 to 2, 34.7 against 35.5; 36864x7168 would be cut to no split,
     65.1 against 59.6, so stream-K (benchmarks/device/xj_probe.py)."""
     cfg = FP4_MMA_XJ
-    tiles, steps, block = math.ceil(n / 16), k // 64, cfg.block_k // 64
+    tiles = math.ceil(n / 16)
     programs, places = math.ceil(tiles / cfg.warps), FP4_XJ_PROGRAMS_PER_SM * sms
-    _, split, _ = _k_plan(steps, block, mma_split(tiles, steps // block, cfg.warps_per_sm, sms))
+    _, split = mma_k_plan(cfg, tiles, k // 64, sms)
     if split == 1 or programs * split <= places:
         return cfg
     cut = places // programs
@@ -1542,6 +1544,20 @@ def mma_split(n_tiles: int, k_blocks: int, warps_per_sm: int, sms: int) -> int:
     """K splits of the tensor-core form: one warp per 16-row tile (per tile slice: n_tiles counts each) and split,
     about `warps_per_sm` warps an SM in all (swept on the H200: 27 with 2 steps an iteration, 18 with 4)."""
     return max(1, min(k_blocks, math.ceil(warps_per_sm * sms / n_tiles)))
+
+
+def mma_k_plan(cfg: GemvConfig, n_tiles: int, n_steps: int, sms: int, split: int | None = None) -> tuple[int, int]:
+    """(steps a split, splits) of the tensor-core form's K split (not stream-K) over n_tiles 16-row tiles and n_steps
+    64-value steps: `split`, else the config's, else about cfg.warps_per_sm warps an SM (mma_split), else split_for;
+    every split a whole number of the program's steps (an iteration's, times its K slices)."""
+    block = cfg.block_k // 64 * cfg.slices
+    split = split or cfg.split
+    if split is None and cfg.warps_per_sm:
+        split = mma_split(n_tiles * cfg.slices, n_steps // block, cfg.warps_per_sm, sms)
+    if split is None:
+        split = split_for(math.ceil(n_tiles / (cfg.warps // cfg.slices)), 1, n_steps // block, sms)
+    per, split, _ = _k_plan(n_steps, block, split)
+    return per, split
 
 
 def resident_programs(compiled: Any, warps: int, device) -> int | None:
@@ -1651,13 +1667,7 @@ class Nvfp4Gemv:
             self.split = 0
             self._plan_stream(24 // cfg.warps)
         else:
-            split = split or cfg.split
-            block = self.steps * slices  # steps a split is a multiple of
-            if split is None and cfg.warps_per_sm:
-                split = mma_split(nt * slices, nsteps // block, cfg.warps_per_sm, self.sms)
-            if split is None:
-                split = split_for(ctas, 1, nsteps // block, self.sms)
-            self.per, self.split, _ = _k_plan(nsteps, block, split)
+            self.per, self.split = mma_k_plan(cfg, nt, nsteps, self.sms, split)
             self.grid = (ctas, self.split)
         self.block_m = 1 if self.m == 1 else 8 if self.m <= 8 else 16  # one pass: M <= 16 rows of x
         self.kw = k // 8
