@@ -275,8 +275,8 @@ def dense_case(env: BenchEnv, model: str, n: int, k: int, m: int, old: bool, fp8
         cores = lp.FP4_CUDA_CORE_CONFIGS if old else lp.FP4_CUDA_CORE_CONFIGS[:3]
         name, us, tried = best_of(env, fp4_builders(qs, x, dev, cores), nb4)
         put("nvfp4_prev", name, us, nb4, tried)
-    _, _, times = best_of(env, fp4_builders(qs, x, dev, lp.FP4_MMA_CONFIGS + ((lp.FP4_MMA_XJ,) if m > 8 else ())),
-                          nb4)
+    stage = lp.FP4_STAGE_CONFIGS if m == 1 else lp.FP4_STAGE_CONFIGS_M  # and every form the gemm stage times
+    _, _, times = best_of(env, fp4_builders(qs, x, dev, lp.FP4_MMA_CONFIGS + tuple(c for c in stage if c.mma)), nb4)
     tried = {**tried, **times}
     ok = {k2: v for k2, v in tried.items() if isinstance(v, float)}
     best = min(ok, key=ok.get) if ok else None
