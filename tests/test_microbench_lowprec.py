@@ -123,12 +123,13 @@ for m, k in ((1, 128), (4, 128), (1, 80)):
     assert nv.relative_error(w(xx), nv.reference_mm(xx, w.q)) < 2e-3 and w.variant == "gemv" and w._gemv.mma == (k == 128)
 assert lp.fp4_config_for(1, 4096, "cpu").mma and lp.fp4_config_for(1, 64, "cpu").block_k == 64
 assert not lp.fp4_config_for(1, 48, "cpu").mma and lp.fp4_config_for(4, 48, "cpu") is None
-# an lm_head at M=1 (N >= FP4_WIDE_ROWS, K whole 256-value steps) gets the 4-step form that won the lm_heads
-assert lp.fp4_config_for(1, 4096, "cpu", n=128256) is lp.FP4_MMA_WIDE
+# an lm_head at M=1 (N >= FP4_WIDE_ROWS, K whole 256-value steps) gets the 4-step bf16 form that won the lm_heads
+assert lp.fp4_config_for(1, 4096, "cpu", n=128256) is lp.FP4_MMA_BX_WIDE
+assert lp.FP4_MMA_BX_WIDE.bx and lp.FP4_MMA_BX_WIDE.block_k == 256 and lp.FP4_MMA_BX_WIDE.warps_per_sm == 18
 assert lp.fp4_config_for(1, 4096, "cpu", n=512) is lp.FP4_MMA_DEFAULT
 assert lp.fp4_config_for(4, 4096, "cpu", n=128256) is lp.FP4_MMA_DEFAULT
 assert lp.fp4_config_for(1, 4224, "cpu", n=128256) is lp.FP4_MMA_DEFAULT  # K not whole 256-value steps
-# below the lm_heads, and at M > 1, the bf16 form on x as it is (one kernel a call), which won there on the H200
+# the bf16 form on x as it is (one kernel a call), which won every shape on the H200
 assert lp.FP4_MMA_DEFAULT.bx and not lp.FP4_MMA_WIDE.bx
 assert lp.fp4_config_for(1, 7168, "cpu", n=576) is lp.FP4_MMA_DEFAULT
 assert lp.fp4_config_for(4, 4096, "cpu", n=128256) is lp.FP4_MMA_DEFAULT
@@ -151,7 +152,7 @@ with mock.patch.object(lp, "sm_count", lambda device: 132):
                          (6144, 16384): lp.FP4_MMA_KS2_WIDE, (24576, 6144): lp.FP4_MMA_KS2_WIDE,
                          (24576, 1536): lp.FP4_MMA_KS2_WIDE, (4096, 14336): lp.FP4_MMA_KS2_WIDE,
                          (6144, 4096): lp.FP4_MMA_DEFAULT, (16384, 2048): lp.FP4_MMA_DEFAULT,
-                         (576, 7168): lp.FP4_MMA_DEFAULT, (128256, 4096): lp.FP4_MMA_WIDE}.items():
+                         (576, 7168): lp.FP4_MMA_DEFAULT, (128256, 4096): lp.FP4_MMA_BX_WIDE}.items():
         assert lp.fp4_config_for(1, k, "cpu", n=n) is want, (n, k, lp.fp4_config_for(1, k, "cpu", n=n).name)
     # M = 16, what won on the H200 at each shape (FP4_MMA_XJ's and _xj_plan's comments have the times): the K split
     # with x loaded in place where its grid fits one wave, cut to one wave where that still splits, else stream-K

@@ -26,7 +26,7 @@ NVFP4 tensor-core form (any M <= 16, the default where K % 64 == 0; `cfg.mma`):
   the same number on every SM, each taking the same number of K iterations (give or take one) of all tiles' ranges
   laid end to end, so no partial second wave and no SM with a program more than another; the part that completes a
   tile group casts its sums (`_split_finish` counting iterations);
-- the bf16 form (`cfg.bx`, the default but on the lm_heads): x as it is, its own bf16 pairs, is the B operand, so no
+- the bf16 form (`cfg.bx`, the default): x as it is, its own bf16 pairs, is the B operand, so no
   packing kernel runs. The weight's values are reordered within each word at repack time (`bx_order`) so that plane j
   pairs values 2j and 2j+1, as x's word j does. The planes decode into bf16 (e1 e0 m at bits 8..6: E2M1 x 2^-126,
   e = 0 being bf16's subnormal), the block scale goes to bf16 x 2^112 (from the fp16 conversion: shift, mask, add),
@@ -1361,11 +1361,16 @@ class GemvConfig:
 # the tensor-core forms (M <= 16). H200 sweep (benchmarks/lowprec_device.py, M = 1, 4, 8, 16): the bf16 form (bx: x
 # read as it is, one kernel a call) won every shape but the lm_heads, by 0.3-1.4 us a call (Llama-3.1-8B qkv 9.1 ->
 # 7.9 us, o_proj 7.8 -> 6.6, down 14.1 -> 13.1, DeepSeek-V3 576x7168 5.7 -> 4.3); on the lm_heads (128256-154880 rows)
-# the fp16 form with 4 steps an iteration, about 18 warps an SM and no split was as fast or 2% faster
+# the fp16 form with 4 steps an iteration, about 18 warps an SM and no split was then as fast or 2% faster, but since
+# the bf16 form converts both rows' scales at once its wide form wins them too (FP4_MMA_BX_WIDE)
 FP4_MMA_FP16 = GemvConfig(64, 128, 4, mma=True, evict=True, warps_per_sm=27)  # x packed to fp16 by a kernel first
 FP4_MMA_DEFAULT = replace(FP4_MMA_FP16, bx=True)  # 2 steps an iteration, evict-first, about 27 warps an SM
 FP4_MMA_WIDE = GemvConfig(64, 256, 4, mma=True, warps_per_sm=18)  # M=1, N >= FP4_WIDE_ROWS (lm_heads)
 FP4_WIDE_ROWS = 65536  # H200 sweep: the lm_heads (128256-154880 rows) won with 4 steps, 36864 rows and fewer with 2
+# the M=1 default on the lm_heads: the wide form in bf16. H200 (2026-12-01, read 4455 GB/s, M=1, us; xtraffic_probe.py
+# m1): Llama-3.1-8B 128256x4096 74.3 against 83.8 for the fp16 wide form, DeepSeek-V3 129280x7168 126.5 against 144.0,
+# GLM-5 154880x6144 134.1 against 152.8 (the 4-step K-sliced form: 76.1, 127.4, 130.7; the gemm stage times both)
+FP4_MMA_BX_WIDE = replace(FP4_MMA_WIDE, bx=True)
 FP4_MMA_BX_40 = GemvConfig(64, 128, 4, mma=True, evict=True, warps_per_sm=40, bx=True)  # more K splits: narrow N
 FP4_MMA_BX_SK = replace(FP4_MMA_DEFAULT, stream=True)
 # K slices (bf16): a program's 4 warps are 2 tiles x 2 halves of its K range, the halves' sums added in the program
@@ -1385,7 +1390,7 @@ FP4_MMA_KS2_WIDE = GemvConfig(32, 256, 4, mma=True, evict=True, warps_per_sm=18,
 # 2048, 15.5 an SM, no: 9.3 against 8.8)
 FP4_KS2_VALUES = 48 * 2**20
 FP4_KS2_WARPS_PER_SM = 20
-FP4_MMA_CONFIGS = (FP4_MMA_DEFAULT, FP4_MMA_WIDE, FP4_MMA_BX_40, replace(FP4_MMA_WIDE, bx=True), FP4_MMA_FP16,
+FP4_MMA_CONFIGS = (FP4_MMA_DEFAULT, FP4_MMA_WIDE, FP4_MMA_BX_40, FP4_MMA_BX_WIDE, FP4_MMA_FP16,
                    GemvConfig(64, 256, 4, mma=True, evict=True, warps_per_sm=18),
                    GemvConfig(128, 128, 8, mma=True, evict=True, warps_per_sm=27),
                    GemvConfig(64, 128, 4, mma=True, evict=True, warps_per_sm=40),
@@ -1487,15 +1492,15 @@ def mma_supported(device) -> bool:
 
 def fp4_config_for(m: int, k: int, device="cuda", n: int = 0) -> GemvConfig | None:
     """The default NVFP4 GEMV form for an [M, K] x [K, N]: tensor cores in bf16 on x as it is (bx) where K is whole
-    64-value steps (sm89+; on the H200 the tensor-core forms won every M=1 shape from 32x6144 to 154880x6144, the
-    bf16 one all but the lm_heads), in two K slices a tile up to M = 8 from FP4_KS2_VALUES weights or
-    FP4_KS2_WARPS_PER_SM sliced warps an SM (FP4_MMA_KS2), split over K up to M = 8 below that; above M = 8 split
-    over K with x loaded in the iteration that uses it (FP4_MMA_XJ), its split cut to fit one wave where needed,
-    else stream-K (FP4_MMA_BX_SK: _xj_plan); the fp16 form with 4 steps an iteration at M=1 on N >= FP4_WIDE_ROWS (an
-    lm_head), else the CUDA-core asm form at M=1 and None above. Callers that time the forms (the gemm stage, the
-    benchmark) keep the fastest; this is what the simulated step runs."""
-    if mma_supported(device) and m == 1 and n >= FP4_WIDE_ROWS and k % FP4_MMA_WIDE.block_k == 0:
-        return FP4_MMA_WIDE
+    64-value steps (sm89+; on the H200 the tensor-core forms won every M=1 shape from 32x6144 to 154880x6144): at M=1
+    on N >= FP4_WIDE_ROWS (an lm_head) with 4 steps an iteration and no split (FP4_MMA_BX_WIDE); up to M = 8 in two
+    K slices a tile from FP4_KS2_VALUES weights or FP4_KS2_WARPS_PER_SM sliced warps an SM (FP4_MMA_KS2), split over
+    K below that; above M = 8 split over K with x loaded in the iteration that uses it (FP4_MMA_XJ), its split cut
+    to fit one wave where needed, else stream-K (FP4_MMA_BX_SK: _xj_plan); else the CUDA-core asm form at M=1 and
+    None above. Callers that time the forms (the gemm stage, the benchmark) keep the fastest; this is what the
+    simulated step runs."""
+    if mma_supported(device) and m == 1 and n >= FP4_WIDE_ROWS and k % FP4_MMA_BX_WIDE.block_k == 0:
+        return FP4_MMA_BX_WIDE
     sliced = 2 * math.ceil(n / 16)  # the sliced forms' warps
     if (mma_supported(device) and m <= 8 and n < FP4_WIDE_ROWS and k % FP4_MMA_KS2_WIDE.k_multiple == 0
             and (FP4_KS2_VALUES <= n * k or sliced >= FP4_KS2_WARPS_PER_SM * sm_count(device))):
