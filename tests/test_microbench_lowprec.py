@@ -134,14 +134,23 @@ assert lp.FP4_MMA_DEFAULT.bx and not lp.FP4_MMA_WIDE.bx
 assert lp.fp4_config_for(1, 7168, "cpu", n=576) is lp.FP4_MMA_DEFAULT
 assert lp.fp4_config_for(4, 4096, "cpu", n=128256) is lp.FP4_MMA_DEFAULT
 assert lp.fp4_config_for(1, 192, "cpu", n=576).bx  # K whole 64-value steps only
-# M = 9-16 (two MMA sets a decoded tile, more registers, fewer programs an SM): the K split with x loaded where it is
-# used (xjit) where its grid fits one wave or has no split, its split cut to fit where that still splits, else
-# stream-K (one wave of equal work)
-assert lp.FP4_MMA_BX_SK.stream and lp.FP4_MMA_XJ.xjit and not lp.FP4_MMA_XJ.stream
-assert lp.fp4_config_for(12, 4096, "cpu", n=128) is lp.FP4_MMA_XJ  # 4 SMs ("cpu"): split 11, 22 programs <= 7 x 4
-assert lp.fp4_config_for(12, 4096, "cpu", n=1024) is lp.FP4_MMA_BX_SK  # split 2, 32 programs > 7 x 4, cut to none
+# M = 9-16 (two MMA sets a decoded tile, more registers, fewer programs an SM), x loaded once a program and shared
+# (xshare): the K split with x loaded in place (xjit) where its grid fits one wave, its split cut to fit where that
+# still splits, else stream-K (one wave of equal work); with no split, x loaded an iteration ahead
+assert lp.FP4_MMA_BX_SK_XS.stream and lp.FP4_MMA_XS.xjit and not lp.FP4_MMA_XS.stream
+assert all(c.xshare for c in lp.FP4_MMA_XSHARE) and not lp.FP4_MMA_XS_AHEAD.xjit
+assert lp.fp4_config_for(12, 4096, "cpu", n=128) is lp.FP4_MMA_XS  # 4 SMs ("cpu"): split 11, 22 programs <= 7 x 4
+assert lp.fp4_config_for(12, 4096, "cpu", n=1024) is lp.FP4_MMA_BX_SK_XS  # split 2, 32 programs > 7 x 4, cut to none
 assert lp.fp4_config_for(12, 4096, "cpu", n=640).split == 2  # 10 programs: split 3 (30 > 28) cut to 2
-assert lp.fp4_config_for(12, 4096, "cpu", n=2048) is lp.FP4_MMA_XJ  # no split
+assert lp.fp4_config_for(12, 4096, "cpu", n=2048) is lp.FP4_MMA_XS_AHEAD  # no split
+assert lp.FP4_MMA_XS.name.endswith(",xj,xs") and "xs" in lp.FP4_MMA_BX_SK_XS.name
+# x shared a program needs every warp of it on the same K range
+from dataclasses import replace
+try:
+    lp.Nvfp4Gemv(nv.quantize_nvfp4(torch.randn(64, 512)), 16, "cpu", replace(lp.FP4_MMA_KS2, xshare=True))
+    raise AssertionError("x shared with K slices was accepted")
+except lp.DecodeGapError as exc:
+    assert "K slices" in str(exc)
 # from FP4_KS2_VALUES weights, or FP4_KS2_WARPS_PER_SM sliced warps an SM, up to M = 8 (not the lm_heads): two K
 # slices a tile, 2 steps an iteration where that leaves no K split, else 4 (the H200's 132 SMs: what won there)
 assert lp.fp4_config_for(8, 4096, "cpu", n=28672) is lp.FP4_MMA_KS2 and lp.FP4_MMA_KS2.slices == 2
@@ -154,13 +163,13 @@ with mock.patch.object(lp, "sm_count", lambda device: 132):
                          (6144, 4096): lp.FP4_MMA_DEFAULT, (16384, 2048): lp.FP4_MMA_DEFAULT,
                          (576, 7168): lp.FP4_MMA_DEFAULT, (128256, 4096): lp.FP4_MMA_BX_WIDE}.items():
         assert lp.fp4_config_for(1, k, "cpu", n=n) is want, (n, k, lp.fp4_config_for(1, k, "cpu", n=n).name)
-    # M = 16, what won on the H200 at each shape (FP4_MMA_XJ's and _xj_plan's comments have the times): the K split
-    # with x loaded in place where its grid fits one wave, cut to one wave where that still splits, else stream-K
-    from dataclasses import replace
-    for (n, k), want in {(28672, 4096): lp.FP4_MMA_XJ, (7168, 18432): lp.FP4_MMA_XJ, (6144, 4096): lp.FP4_MMA_XJ,
-                         (4096, 14336): lp.FP4_MMA_XJ, (128256, 4096): lp.FP4_MMA_XJ, (36864, 7168): lp.FP4_MMA_BX_SK,
-                         (24576, 6144): replace(lp.FP4_MMA_XJ, split=2),
-                         (6144, 16384): replace(lp.FP4_MMA_XJ, split=9)}.items():
+    # M = 16, what won on the H200 at each shape (FP4_MMA_XS's and _m16_plan's comments have the times): x shared,
+    # the K split with x loaded in place where its grid fits one wave, cut to one wave where that still splits, else
+    # stream-K; an iteration ahead with no split
+    for (n, k), want in {(28672, 4096): lp.FP4_MMA_XS, (7168, 18432): lp.FP4_MMA_XS, (6144, 4096): lp.FP4_MMA_XS,
+                         (4096, 14336): lp.FP4_MMA_XS, (128256, 4096): lp.FP4_MMA_XS_AHEAD,
+                         (36864, 7168): lp.FP4_MMA_BX_SK_XS, (24576, 6144): replace(lp.FP4_MMA_XS, split=2),
+                         (6144, 16384): replace(lp.FP4_MMA_XS, split=9)}.items():
         assert lp.fp4_config_for(16, k, "cpu", n=n) == want, (n, k)
 # the x packing for the f16x2 asm form (the asm itself needs a GPU): plane j holds (x[8w+3-j], x[8w+7-j]) as fp16
 x = torch.randn(1, 64).to(torch.bfloat16)

@@ -3,6 +3,7 @@ at three quarters; and which wide form should be the M=1 default on the lm_heads
 
     PYTHONPATH=workflow python3 benchmarks/device/xtraffic_probe.py            # M = 1, 8, 16: x distinct or one row
     PYTHONPATH=workflow python3 benchmarks/device/xtraffic_probe.py m1         # M=1: the wide and sliced forms
+    PYTHONPATH=workflow python3 benchmarks/device/xtraffic_probe.py m16        # M = 16, 8: the plan, the forms
     PYTHONPATH=workflow python3 benchmarks/device/xtraffic_probe.py one N K M FORM [shared]   # one call, for ncu
                                                                                # (benchmarks/device/ncu_xtraffic.sh)
 
@@ -22,6 +23,12 @@ scheduler against 0.60 and 0.61, with as many warps resident (6.6 a scheduler ag
 stalls, most of them long-scoreboard (x's loads, made in the iteration that uses them: 12.1 cycles an issued
 instruction against 6.8 at M=8; 7.3 with x one row) and a little more tensor-pipe and fixed-latency waiting (two
 MMA sets a step).
+What did help: x loaded once a program and shared by its warps (GemvConfig.xshare: one 16-byte load a thread a
+step, the fragments through shared memory), the default at M = 9-16 since. The m16 run (read 4458 GB/s), M=16, the
+plan before against the plan now, us: 28672x4096 27.8 -> 25.9, 7168x18432 28.9 -> 28.2, 6144x4096 10.4 -> 9.7,
+4096x14336 15.6 -> 15.3, 36864x7168 58.5 -> 53.8, 24576x6144 35.5 -> 32.7, 6144x16384 23.8 -> 22.5, 128256x4096
+103.8 -> 100.0. At M=8 no form with it beat the default on any of the eight shapes (6144x4096 8.07 against 8.02 us,
+28672x4096 22.0 against 19.7 for the K-sliced default), so it stays at M = 9-16.
 Tried and not kept:
   - weights and scales loaded through L2 only (ld.global.cg, so that L1 keeps x): L1's hit rate stayed at 83%, and
     every form but the non-evict-first fp16 wide one got slower (28672x4096 M=16 27.5 -> 37.6 us, M=1 19.1 -> 20.2;
@@ -38,6 +45,7 @@ default there since (FP4_MMA_BX_WIDE).
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -142,7 +150,38 @@ def m1_wide() -> None:
         torch.cuda.empty_cache()
 
 
+def m16_forms(ms=(16, 8)) -> None:
+    """M = 16 (and 8): the default plan against the earlier forms and those with x loaded once a program (xshare), on
+    the eight mid-sized shapes."""
+    dev = torch.device("cuda")
+    env = BenchEnv(device=dev, warmup=3, iters=30, cpu_budget_s=0.05)
+    read = memory.measure_memory(env)["read_gbps"]
+    print(f"read {read:.0f} GB/s")
+    for n, k in [(28672, 4096), (7168, 18432), (6144, 4096), (4096, 14336), (36864, 7168), (24576, 6144),
+                 (6144, 16384), (128256, 4096)]:
+        q = nv.quantize_nvfp4(torch.randn((n, k), device=dev, dtype=torch.bfloat16))
+        qs = ld.nvfp4_copies(q, dev)
+        for m in ms:
+            default = lp.fp4_config_for(m, k, dev, n)
+            forms = {"default": default, "xj": lp.FP4_MMA_XJ, "sk": lp.FP4_MMA_BX_SK, "bx": lp.FP4_MMA_DEFAULT,
+                     "ks2": lp.FP4_MMA_KS2, "ks2 xj": replace(lp.FP4_MMA_KS2, xjit=True),
+                     **{f"xshare {i}": c for i, c in enumerate(lp.FP4_MMA_XSHARE)}}
+            forms = {name: c for name, c in forms.items()
+                     if k % c.k_multiple == 0 and (name == "default" or c != default)}
+            check(q, m, k, dev, forms)
+            x = torch.randn((m, k), device=dev, dtype=torch.bfloat16)
+            _, _, times = ld.best_of(env, ld.fp4_builders(qs, x, dev, list(forms.values())),
+                                     ld.nvfp4_call_bytes(n, k, m))
+            print_rows(n, k, {f"M={m} {name}{' (default)' if name == default.name else ''}": us
+                              for name, us in times.items()}, read)
+        qs = None
+        torch.cuda.empty_cache()
+
+
 if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "m16":
+        m16_forms()
+        sys.exit(0)
     if len(sys.argv) > 1 and sys.argv[1] == "one":
         one(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], len(sys.argv) > 6)
     elif len(sys.argv) > 1 and sys.argv[1] == "m1":

@@ -26,6 +26,11 @@ NVFP4 tensor-core form (any M <= 16, the default where K % 64 == 0; `cfg.mma`):
   the same number on every SM, each taking the same number of K iterations (give or take one) of all tiles' ranges
   laid end to end, so no partial second wave and no SM with a program more than another; the part that completes a
   tile group casts its sums (`_split_finish` counting iterations);
+- x shared a program (`cfg.xshare`, the default at M = 9-16): a step's x rows 0-15 loaded once a program, one
+  16-byte load a thread, and every warp's B fragments taken out of it through shared memory (`_x_frags`, Triton's
+  layout conversion), where each warp loaded its own 2 KB a step before: four times the weight's bytes, and ncu put
+  the lost cycles in long-scoreboard stalls on those loads (benchmarks/device/xtraffic_probe.py). H200, M = 16:
+  2-8% faster on the eight shapes tried (28672x4096 27.8 -> 25.9 us, DeepSeek-V3 36864x7168 58.5 -> 53.8);
 - the bf16 form (`cfg.bx`, the default): x as it is, its own bf16 pairs, is the B operand, so no
   packing kernel runs. The weight's values are reordered within each word at repack time (`bx_order`) so that plane j
   pairs values 2j and 2j+1, as x's word j does. The planes decode into bf16 (e1 e0 m at bits 8..6: E2M1 x 2^-126,
@@ -650,6 +655,51 @@ if HAVE_TRITON:
         return a, b, c, d
 
     @triton.jit
+    def _x_frags(chunk, WARPS: tl.constexpr):
+        """A step's x rows 0-15 (a [16, 32] int32 chunk, loaded once a program) as every warp's B fragments (xa, xc,
+        xa2, xc2 of _fp4_mma_xload): lane 4g + q takes words 8q..8q+7 of rows g and g + 8."""
+        v = tl.permute(tl.reshape(chunk, (2, 8, 4, 2, 4)), (1, 2, 4, 0, 3))  # g, q, c, row set, half
+        lo, hi = tl.split(v)
+        a0, a1 = tl.split(lo)
+        c0, c1 = tl.split(hi)
+        return (tl.reshape(tl.broadcast_to(tl.reshape(a0, (1, 32, 4)), (WARPS, 32, 4)), (32 * WARPS, 4)),
+                tl.reshape(tl.broadcast_to(tl.reshape(c0, (1, 32, 4)), (WARPS, 32, 4)), (32 * WARPS, 4)),
+                tl.reshape(tl.broadcast_to(tl.reshape(a1, (1, 32, 4)), (WARPS, 32, 4)), (32 * WARPS, 4)),
+                tl.reshape(tl.broadcast_to(tl.reshape(c1, (1, 32, 4)), (WARPS, 32, 4)), (32 * WARPS, 4)))
+
+    @triton.jit
+    def _x_chunks(xcp, U: tl.constexpr):
+        """U steps' x chunks (_x_frags) from a pointer already at the first."""
+        a = tl.load(xcp)
+        b = a
+        c = a
+        d = a
+        if U >= 2:
+            b = tl.load(xcp + 32)
+        if U >= 4:
+            c = tl.load(xcp + 64)
+            d = tl.load(xcp + 96)
+        return a, b, c, d
+
+    @triton.jit
+    def _fp4_mma_with_chunks(w, xc, U: tl.constexpr, WARPS: tl.constexpr):
+        """U steps' operands: their weights w (_fp4_mma_wloads) with the fragments of the x chunks xc."""
+        x = _x_frags(xc[0], WARPS)
+        a = (w[0][0], w[0][1], x[0], x[1], x[2], x[3])
+        b = a
+        c = a
+        d = a
+        if U >= 2:
+            x = _x_frags(xc[1], WARPS)
+            b = (w[1][0], w[1][1], x[0], x[1], x[2], x[3])
+        if U >= 4:
+            x = _x_frags(xc[2], WARPS)
+            c = (w[2][0], w[2][1], x[0], x[1], x[2], x[3])
+            x = _x_frags(xc[3], WARPS)
+            d = (w[3][0], w[3][1], x[0], x[1], x[2], x[3])
+        return a, b, c, d
+
+    @triton.jit
     def _fp4_mma_steps(ops, U: tl.constexpr, T: tl.constexpr, TWO: tl.constexpr, acc0, acc1, acc2, acc3,
                        BX: tl.constexpr):
         """The math of the U steps whose operands _fp4_mma_loads returned."""
@@ -691,7 +741,7 @@ if HAVE_TRITON:
     @triton.jit
     def _fp4_mma_loop(wb, sb, xb, xb2, i0, i1, T: tl.constexpr, U: tl.constexpr, EV: tl.constexpr,
                       TWO: tl.constexpr, acc0, acc1, acc2, acc3, PDL: tl.constexpr = False,
-                      BX: tl.constexpr = False, XJIT: tl.constexpr = False):
+                      BX: tl.constexpr = False, XJIT: tl.constexpr = False, XS: tl.constexpr = False, xcp=None):
         """Steps [i0, i1) (a multiple of U) with a register double buffer: the next U steps' loads are issued
         before this U steps' math, so 2U steps' bytes are in flight a warp (on the H200 this, with the decode's
         fewer operations, took Llama-3.1-8B lm_head from 64% to 86% of read bandwidth; unrolling alone: 72%).
@@ -710,7 +760,23 @@ if HAVE_TRITON:
         # int32 step index each step took an address computation of its own, 3 instructions; H200: 0.5-2% faster
         # at M = 1 and 4). Two buffers taking turns instead of one rolled over (no register moves, 4 fewer
         # instructions a step) took 72 registers for 56 and lost up to a third where programs no longer fit one wave
-        if XJIT:
+        if XS:  # x's chunks, one a step a program (_x_frags): loaded an iteration ahead, or in place with XJIT
+            w = _fp4_mma_wloads(wb + i0 * 128, sb + i0 * 32, U, EV)
+            if not XJIT:
+                xc = _x_chunks(xcp + i0 * 32, U)
+            for i in range(i0, i1, U):
+                j = tl.minimum(i + U, i1 - U)
+                wn = _fp4_mma_wloads(wb + j * 128, sb + j * 32, U, EV)
+                if XJIT:
+                    xc = _x_chunks(xcp + i * 32, U)
+                else:
+                    xn = _x_chunks(xcp + j * 32, U)
+                a = _fp4_mma_with_chunks(w, xc, U, T // 32)
+                acc0, acc1, acc2, acc3 = _fp4_mma_steps(a, U, T, TWO, acc0, acc1, acc2, acc3, BX)
+                w = wn
+                if not XJIT:
+                    xc = xn
+        elif XJIT:
             w = _fp4_mma_wloads(wb + i0 * 128, sb + i0 * 32, U, EV)
             for i in range(i0, i1, U):
                 j = tl.minimum(i + U, i1 - U)
@@ -734,7 +800,7 @@ if HAVE_TRITON:
                         USE_ASM: tl.constexpr, EV: tl.constexpr = "", PDL: tl.constexpr = False,
                         SELF_PACK: tl.constexpr = False, FINISH: tl.constexpr = False, BX: tl.constexpr = False,
                         STREAM: tl.constexpr = False, SLICES: tl.constexpr = 1, DEPS: tl.constexpr = False,
-                        XJIT: tl.constexpr = False):
+                        XJIT: tl.constexpr = False, XS: tl.constexpr = False):
         """y[M<=16, N] = x W^T on tensor cores (see _fp4_mma_asm); program (group of WARPS 16-row tiles, K split).
         ATOMIC: fp32 partial sums added into out_ptr (K split; the last split casting the sums in-kernel, with a
         counter and fences, was no faster on the H200 than the separate cast once the GEMV launches as a programmatic
@@ -771,12 +837,12 @@ if HAVE_TRITON:
             n_a = tl.minimum(ki - k0, u1 - u)
             _fp4_mma_part(xp_ptr, w_ptr, s_ptr, ts, out_ptr, M, N, NT, grp, k0 * UNROLL, (k0 + n_a) * UNROLL,
                           n_a, ki, stride_xm, stride_wt, stride_st, stride_om, fin_ptr, stride_fm, cnt_ptr,
-                          WARPS, BLOCK_M, UNROLL, ATOMIC, USE_ASM, EV, PDL, FINISH, BX, XJIT=XJIT)
+                          WARPS, BLOCK_M, UNROLL, ATOMIC, USE_ASM, EV, PDL, FINISH, BX, XJIT=XJIT, XS=XS)
             n_b = u1 - u - n_a
             if n_b > 0:
                 _fp4_mma_part(xp_ptr, w_ptr, s_ptr, ts, out_ptr, M, N, NT, grp + 1, 0, n_b * UNROLL, n_b, ki,
                               stride_xm, stride_wt, stride_st, stride_om, fin_ptr, stride_fm, cnt_ptr,
-                              WARPS, BLOCK_M, UNROLL, ATOMIC, USE_ASM, EV, False, FINISH, BX, XJIT=XJIT)
+                              WARPS, BLOCK_M, UNROLL, ATOMIC, USE_ASM, EV, False, FINISH, BX, XJIT=XJIT, XS=XS)
             if DEPS:
                 tl.extra.cuda.gdc_launch_dependents()
         else:
@@ -788,7 +854,7 @@ if HAVE_TRITON:
                                  32 * WARPS)
             _fp4_mma_part(xp_ptr, w_ptr, s_ptr, ts, out_ptr, M, N, NT, pid_n, i0, i1, 1, tl.num_programs(1),
                           stride_xm, stride_wt, stride_st, stride_om, fin_ptr, stride_fm, cnt_ptr,
-                          WARPS, BLOCK_M, UNROLL, ATOMIC, USE_ASM, EV, PDL, FINISH, BX, SLICES, DEPS, XJIT)
+                          WARPS, BLOCK_M, UNROLL, ATOMIC, USE_ASM, EV, PDL, FINISH, BX, SLICES, DEPS, XJIT, XS)
 
     @triton.jit
     def _lanes(first_tile, T: tl.constexpr, SLICES: tl.constexpr):
@@ -816,7 +882,7 @@ if HAVE_TRITON:
                       WARPS: tl.constexpr, BLOCK_M: tl.constexpr, UNROLL: tl.constexpr, ATOMIC: tl.constexpr,
                       USE_ASM: tl.constexpr, EV: tl.constexpr, PDL: tl.constexpr, FINISH: tl.constexpr,
                       BX: tl.constexpr, SLICES: tl.constexpr = 1, DEPS: tl.constexpr = False,
-                      XJIT: tl.constexpr = False):
+                      XJIT: tl.constexpr = False, XS: tl.constexpr = False):
         """Steps [i0, i1) of group grp's WARPS / SLICES 16-row tiles, added (ATOMIC) or stored; with FINISH these
         steps count as `units` of the group's `total` (the one that completes it casts). Accumulator element e of
         lane 4g+q holds row g + 8 (e // 2), x row 2q + e % 2 (+ 8 in the second set of BLOCK_M = 16: x rows 8-15
@@ -841,8 +907,12 @@ if HAVE_TRITON:
             xb2 = xp_ptr + tl.minimum(g + 8, M - 1)[:, None] * stride_xm + (qq * 8 + kof * 32)[:, None] + c4[None, :]
             acc0 = tl.zeros((T, 4), dtype=tl.float32)
             acc1 = tl.zeros((T, 4), dtype=tl.float32)
+            xcp = xb
+            if XS:  # x rows 0-15 of a step, one [16, 32] chunk a program (SLICES 1: every warp the same K range)
+                r16 = tl.arange(0, 16)
+                xcp = xp_ptr + tl.minimum(r16, M - 1)[:, None] * stride_xm + tl.arange(0, 32)[None, :]
             acc0, acc1, acc2, acc3 = _fp4_mma_loop(wb, sb, xb, xb2, i0, i1, T, UNROLL, EV, BLOCK_M == 16, acc0, acc1,
-                                                   acc0, acc1, PDL, BX, XJIT)
+                                                   acc0, acc1, PDL, BX, XJIT, XS, xcp)
             if DEPS:
                 tl.extra.cuda.gdc_launch_dependents()
             y = _slice_sum(acc0 + acc1, TILES, SLICES) * ts
@@ -1336,6 +1406,7 @@ class GemvConfig:
     slices: int = 1  # tensor-core form: warps a tile, each a slice of the program's K range, summed in the program
     chain: bool = False  # bf16 tensor-core form: each call a programmatic dependent of the kernel before it (PDL)
     xjit: bool = False  # tensor-core form: x loaded in the iteration that uses it, only the weights double-buffered
+    xshare: bool = False  # tensor-core form, no K slices: x loaded once a program, shared through shared memory
 
     @property
     def name(self) -> str:
@@ -1345,7 +1416,7 @@ class GemvConfig:
                 + (f",t={self.warps_per_sm}" if self.warps_per_sm and not self.split else "")
                 + (",1k" if self.one_kernel else "") + (",bx" if self.bx else "") + (",sk" if self.stream else "")
                 + (f",ks={self.slices}" if self.slices > 1 else "") + (",pc" if self.chain else "")
-                + (",xj" if self.xjit else ""))
+                + (",xj" if self.xjit else "") + (",xs" if self.xshare else ""))
 
     @property
     def k_multiple(self) -> int:
@@ -1423,14 +1494,29 @@ FP4_MMA_CHAINED = (replace(FP4_MMA_KS2, chain=True), replace(FP4_MMA_KS2_WIDE, c
 # GB/s), M = 16, us: the K split with x so loaded against stream-K, where its grid is one wave or no split:
 # 28672x4096 27.9 / 29.3, 7168x18432 28.8 / 30.7, 6144x4096 10.0 / 11.4, 4096x14336 15.6 / 17.3, 128256x4096 101.9
 # / 128.6; where its grid overflows one wave by a quarter or less it loses (36864x7168 78.8 / 58.1, 24576x6144 46.8 /
-# 35.6, 6144x16384 31.1 / 24.8): fp4_config_for plans between the two (_xj_plan). At M <= 8 it won
+# 35.6, 6144x16384 31.1 / 24.8): fp4_config_for planned between the two until x was shared (below). At M <= 8 it won
 # some shapes and lost others (28672x4096 M=1 18.4 / 19.3 with 4 steps and K slices, 24576x6144 22.8 / 22.2)
 FP4_MMA_XJ = replace(FP4_MMA_DEFAULT, xjit=True)
-FP4_XJ_PROGRAMS_PER_SM = 7  # FP4_MMA_XJ at M = 9-16: 72 registers (kernel_resources.py), 7 programs of 4 warps an SM
+# FP4_MMA_XS (FP4_MMA_XJ) at M = 9-16: 70 (72) registers (kernel_resources.py), 7 programs of 4 warps an SM
+FP4_XJ_PROGRAMS_PER_SM = 7
 FP4_MMA_XJIT = (replace(FP4_MMA_BX_SK, xjit=True), replace(FP4_MMA_BX_SK, block_k=256, warps_per_sm=18, xjit=True),
                 FP4_MMA_XJ, replace(FP4_MMA_DEFAULT, block_k=256, warps_per_sm=18, xjit=True),
                 replace(FP4_MMA_KS2, xjit=True), replace(FP4_MMA_KS2_WIDE, xjit=True),
                 replace(FP4_MMA_WIDE, bx=True, xjit=True))
+# x loaded once a program (xshare): a step's x rows 0-15, a [16, 32]-word chunk, one 16-byte load a thread, then
+# every warp's B fragments out of it through shared memory (Triton's layout conversion, _x_frags), where each warp
+# loaded its own 2 KB a step before (at M = 16 four times the weight's bytes; ncu: long-scoreboard stalls on those
+# loads, made in the iteration that uses them, doubled the cycles an instruction against M=8). In place (with xjit)
+# in 70 registers, an iteration ahead in 79 (stream-K: 117). H200 (2026-12-01, read 4382 GB/s), M = 16, us, the
+# default plan before against the best of these: 28672x4096 27.8 / 25.9 (in place), 7168x18432 28.6 / 28.0 (in
+# place), 6144x4096 10.2 / 9.4 (ahead), 4096x14336 15.6 / 15.2 (in place), 36864x7168 58.8 / 53.6 (stream-K, ahead),
+# 24576x6144 35.5 / 32.0 (in place, split cut to 2), 6144x16384 23.8 / 22.8 (in place, split cut to 9), 128256x4096
+# 105.8 / 97.0 (ahead, no split): fp4_config_for plans between them (_m16_plan)
+FP4_MMA_XS = replace(FP4_MMA_XJ, xshare=True)  # x chunks loaded in the iteration that uses them
+FP4_MMA_XS_AHEAD = replace(FP4_MMA_DEFAULT, xshare=True)  # an iteration ahead, as the weights
+FP4_MMA_BX_SK_XS = replace(FP4_MMA_BX_SK, xshare=True)
+FP4_MMA_XSHARE = (FP4_MMA_XS, FP4_MMA_XS_AHEAD, FP4_MMA_BX_SK_XS, replace(FP4_MMA_BX_SK_XS, xjit=True),
+                  replace(FP4_MMA_XS_AHEAD, block_k=256, warps_per_sm=18))
 # tried on the H200 and left out (within 0.2 us of the bf16 default below the lm_heads, or slower): bf16 with about
 # 20 warps an SM, 4 steps an iteration split for 27 or 18 warps an SM, 8-warp programs
 # the M=1 CUDA-core forms that still win small shapes (latency-bound: one kernel, no x packing, no split-K)
@@ -1447,7 +1533,8 @@ FP4_STAGE_CONFIGS = (FP4_MMA_CONFIGS[:5] + (FP4_MMA_BX_SK, FP4_MMA_KS2, FP4_MMA_
                                             replace(FP4_MMA_KS2_WIDE, xjit=True)) + FP4_CUDA_CORE_CONFIGS[:2])
 # M = 2..16 (with the K-sliced form with x loaded in place: 28672x4096 at M=16 26.5 us on the H200, the fastest)
 FP4_STAGE_CONFIGS_M = (FP4_MMA_DEFAULT, FP4_MMA_BX_SK, FP4_MMA_BX_40, FP4_MMA_FP16, FP4_MMA_KS2,
-                       FP4_MMA_KS2_WIDE, FP4_MMA_XJ, replace(FP4_MMA_KS2, xjit=True))
+                       FP4_MMA_KS2_WIDE, FP4_MMA_XJ, replace(FP4_MMA_KS2, xjit=True), FP4_MMA_XS, FP4_MMA_XS_AHEAD,
+                       FP4_MMA_BX_SK_XS)
 
 
 # the grouped (MoE) tensor-core form, the default where it fits (H200, 8 of 256 experts, DeepSeek-V3 / GLM-5: 61 / 54 us,
@@ -1495,8 +1582,8 @@ def fp4_config_for(m: int, k: int, device="cuda", n: int = 0) -> GemvConfig | No
     64-value steps (sm89+; on the H200 the tensor-core forms won every M=1 shape from 32x6144 to 154880x6144): at M=1
     on N >= FP4_WIDE_ROWS (an lm_head) with 4 steps an iteration and no split (FP4_MMA_BX_WIDE); up to M = 8 in two
     K slices a tile from FP4_KS2_VALUES weights or FP4_KS2_WARPS_PER_SM sliced warps an SM (FP4_MMA_KS2), split over
-    K below that; above M = 8 split over K with x loaded in the iteration that uses it (FP4_MMA_XJ), its split cut
-    to fit one wave where needed, else stream-K (FP4_MMA_BX_SK: _xj_plan); else the CUDA-core asm form at M=1 and
+    K below that; above M = 8 with x loaded once a program and shared (_m16_plan: FP4_MMA_XS split over K, its split
+    cut to fit one wave where needed, else stream-K; no split: FP4_MMA_XS_AHEAD); else the CUDA-core asm form at M=1 and
     None above. Callers that time the forms (the gemm stage, the benchmark) keep the fastest; this is what the
     simulated step runs."""
     if mma_supported(device) and m == 1 and n >= FP4_WIDE_ROWS and k % FP4_MMA_BX_WIDE.block_k == 0:
@@ -1508,7 +1595,7 @@ def fp4_config_for(m: int, k: int, device="cuda", n: int = 0) -> GemvConfig | No
         whole = mma_split(sliced, k // FP4_MMA_KS2.block_k, FP4_MMA_KS2.warps_per_sm, sm_count(device)) == 1
         return FP4_MMA_KS2 if whole else FP4_MMA_KS2_WIDE
     if mma_supported(device) and k % FP4_MMA_DEFAULT.block_k == 0:
-        return _xj_plan(n, k, sm_count(device)) if m > 8 else FP4_MMA_DEFAULT
+        return _m16_plan(n, k, sm_count(device)) if m > 8 else FP4_MMA_DEFAULT
     if mma_supported(device) and k % 64 == 0:
         return GemvConfig(64, 64, 4, mma=True, evict=True, warps_per_sm=27, bx=True)
     return FP4_DEFAULT_ASM if m == 1 else None
@@ -1521,20 +1608,25 @@ DENSE_BLOCK_CONFIGS = (GemvConfig(8, 1024, 4), GemvConfig(16, 512, 4), GemvConfi
                        GemvConfig(8, 512, 4, split=1))
 
 
-def _xj_plan(n: int, k: int, sms: int) -> GemvConfig:
-    """M = 9-16: FP4_MMA_XJ where its K-split grid (as Nvfp4Gemv plans it) fits one wave of FP4_XJ_PROGRAMS_PER_SM
-    programs an SM or has no split (its programs are then short and many); else the same with the split cut to what
-    fits one wave, while that is still a split; else stream-K. H200, M=16: 6144x16384 cut from 10 splits to 9, 23.7
-    us against 24.9 for stream-K; 24576x6144 from 3 to 2, 34.7 against 35.5; 36864x7168 would be cut to no split,
-    65.1 against 59.6, so stream-K (benchmarks/device/xj_probe.py)."""
-    cfg = FP4_MMA_XJ
+def _m16_plan(n: int, k: int, sms: int) -> GemvConfig:
+    """M = 9-16, x loaded once a program (xshare): with no K split (many short programs, several waves), x an
+    iteration ahead (FP4_MMA_XS_AHEAD); where the K split's grid (as Nvfp4Gemv plans it) fits one wave of
+    FP4_XJ_PROGRAMS_PER_SM programs an SM, x in place (FP4_MMA_XS: fewer registers); else the same with the split cut
+    to what fits one wave, while that is still a split; else stream-K (FP4_MMA_BX_SK_XS). H200, M=16 (the forms'
+    comment has the times): each the fastest of the eight forms tried on the eight shapes tried, or within 3%
+    (6144x4096: 9.7 us in place, 9.4 ahead). Before x was shared, with x loaded in place (benchmarks/device/
+    xj_probe.py): 6144x16384 cut from 10 splits to 9, 23.7 us against 24.9 for stream-K; 24576x6144 from 3 to 2,
+    34.7 against 35.5; 36864x7168 would be cut to no split, 65.1 against 59.6."""
+    cfg = FP4_MMA_XS
     tiles = math.ceil(n / 16)
     programs, places = math.ceil(tiles / cfg.warps), FP4_XJ_PROGRAMS_PER_SM * sms
     _, split = mma_k_plan(cfg, tiles, k // 64, sms)
-    if split == 1 or programs * split <= places:
+    if split == 1:
+        return FP4_MMA_XS_AHEAD
+    if programs * split <= places:
         return cfg
     cut = places // programs
-    return replace(cfg, split=cut) if cut > 1 else FP4_MMA_BX_SK
+    return replace(cfg, split=cut) if cut > 1 else FP4_MMA_BX_SK_XS
 
 
 def split_for(n_tiles: int, slots: int, k_blocks: int, sms: int) -> int:
@@ -1661,6 +1753,9 @@ class Nvfp4Gemv:
                                 or k % cfg.k_multiple):
             raise DecodeGapError(f"nvfp4 gemv: K slices need warps a multiple of them, no stream-K or one-kernel "
                                  f"form, and K a multiple of BLOCK_K x slices ({cfg.name}, K={k})")
+        if cfg.xshare and (cfg.slices != 1 or cfg.one_kernel):
+            raise DecodeGapError(f"nvfp4 gemv: x shared a program needs every warp on the same K range: no K slices "
+                                 f"or one-kernel form ({cfg.name})")
         self.sms = sm_count(device)
         self.words, self.scales = repack_mma(self.q, bx=cfg.bx)
         nt, nsteps = self.words.shape[0], self.words.shape[1]
@@ -1740,7 +1835,7 @@ class Nvfp4Gemv:
             WARPS=self.cfg.warps, BLOCK_M=self.block_m, UNROLL=self.steps, ATOMIC=split_sums,
             USE_ASM=not interpreted(), EV=_evict(self.cfg), PDL=self.pdl, SELF_PACK=self.one_kernel and not self.bx,
             FINISH=finish, BX=self.bx, STREAM=self.stream, SLICES=self.cfg.slices, DEPS=self.pdl and self.cfg.chain,
-            XJIT=self.cfg.xjit,
+            XJIT=self.cfg.xjit, XS=self.cfg.xshare,
             num_warps=self.cfg.warps,
             **_pdl_launch(self.pdl))
         if split_sums and not finish:
