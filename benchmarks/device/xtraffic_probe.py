@@ -28,7 +28,10 @@ step, the fragments through shared memory), the default at M = 9-16 since. The m
 plan before against the plan now, us: 28672x4096 27.8 -> 25.9, 7168x18432 28.9 -> 28.2, 6144x4096 10.4 -> 9.7,
 4096x14336 15.6 -> 15.3, 36864x7168 58.5 -> 53.8, 24576x6144 35.5 -> 32.7, 6144x16384 23.8 -> 22.5, 128256x4096
 103.8 -> 100.0. At M=8 no form with it beat the default on any of the eight shapes (6144x4096 8.07 against 8.02 us,
-28672x4096 22.0 against 19.7 for the K-sliced default), so it stays at M = 9-16.
+28672x4096 22.0 against 19.7 for the K-sliced default), so it stays at M = 9-16. ncu on it (28672x4096, M=16, the same metrics): long-scoreboard 3.2 cycles an
+issued instruction for 11.8, the barriers of the layout conversion 2.0 for 0.8, shared-memory waits 0.9 for 0.1;
+10% more instructions (12.6M), issued at 0.55 warps a scheduler for 0.38. Converting an iteration's two chunks at
+once ([16, 64]) compiled to the same barriers and shared-memory traffic in 79 registers for 70: not kept.
 Tried and not kept:
   - weights and scales loaded through L2 only (ld.global.cg, so that L1 keeps x): L1's hit rate stayed at 83%, and
     every form but the non-evict-first fp16 wide one got slower (28672x4096 M=16 27.5 -> 37.6 us, M=1 19.1 -> 20.2;
@@ -59,7 +62,8 @@ from decode_gap.kernels import nvfp4 as nv  # noqa: E402
 from decode_gap.microbench import memory  # noqa: E402
 from decode_gap.microbench.common import BenchEnv  # noqa: E402
 
-CFGS = {"xj": lp.FP4_MMA_XJ, "sk": lp.FP4_MMA_BX_SK, "bx": lp.FP4_MMA_DEFAULT, "ks2": lp.FP4_MMA_KS2}
+CFGS = {"xj": lp.FP4_MMA_XJ, "sk": lp.FP4_MMA_BX_SK, "bx": lp.FP4_MMA_DEFAULT, "ks2": lp.FP4_MMA_KS2,
+        "xs": lp.FP4_MMA_XS}
 
 
 def x_for(m: int, k: int, dev, shared: bool) -> torch.Tensor:

@@ -112,8 +112,19 @@ def lowprec_variants(env: BenchEnv, be: Backend, m: int) -> list[str]:
     return []
 
 
-def _variant_cfg(variant: str, prefix: str, configs) -> lp.GemvConfig:
-    return next(c for c in configs if variant == f"{prefix} {c.name}")
+# every NVFP4 GEMV form a candidate name (lowprec_variants) can name, M=1 and M > 1
+FP4_VARIANT_CONFIGS = lp.FP4_M1_CONFIGS + lp.FP4_STAGE_CONFIGS + lp.FP4_STAGE_CONFIGS_M
+
+
+def variant_config(variant: str) -> lp.GemvConfig:
+    """The GEMV form a candidate name of lowprec_variants names (one lookup for building and checking it)."""
+    prefix, configs = ((FP8_BLOCK_GEMV, lp.DENSE_BLOCK_CONFIGS) if variant.startswith(FP8_BLOCK_GEMV)
+                       else (FP8_GEMV, lp.DENSE_CONFIGS) if variant.startswith(FP8_GEMV)
+                       else (FP4_GEMV, FP4_VARIANT_CONFIGS))
+    cfg = next((c for c in configs if variant == f"{prefix} {c.name}"), None)
+    if cfg is None:  # a candidate list and its lookup out of step: say which, not a bare StopIteration
+        raise DecodeGapError(f"gemm: no GEMV form is named {variant!r}")
+    return cfg
 
 
 def build_case(env: BenchEnv, be: Backend, m: int, n: int, k: int, seed: int = 0,
@@ -147,8 +158,7 @@ def build_case(env: BenchEnv, be: Backend, m: int, n: int, k: int, seed: int = 0
         del w
         if variant is not None and variant.startswith((FP8_GEMV, FP8_BLOCK_GEMV)):
             block = variant.startswith(FP8_BLOCK_GEMV)
-            cfg = _variant_cfg(variant, FP8_BLOCK_GEMV if block else FP8_GEMV,
-                               lp.DENSE_BLOCK_CONFIGS if block else lp.DENSE_CONFIGS)
+            cfg = variant_config(variant)
             fw = lp.quantize_fp8(w8.float() * sw, block=block)
             gs = [lp.DenseGemv(fw if i == 0 else lp.Fp8Weight(fw.data.clone(), fw.scales.clone(), block), m, dev, cfg)
                   for i in range(copies)]
@@ -162,7 +172,7 @@ def build_case(env: BenchEnv, be: Backend, m: int, n: int, k: int, seed: int = 0
         q = nv.quantize_nvfp4(w)
         del w
         if variant is not None and variant.startswith(FP4_GEMV):
-            cfg = _variant_cfg(variant, FP4_GEMV, lp.FP4_M1_CONFIGS)
+            cfg = variant_config(variant)
             if cfg.mma and k % cfg.k_multiple:
                 raise _Skip(f"the tensor-core NVFP4 GEMV needs K % {cfg.k_multiple} == 0 (K={k})")
             gs = [lp.Nvfp4Gemv(q if i == 0 else _clone_q(q), m, dev, cfg) for i in range(copies)]
@@ -238,14 +248,13 @@ def check_variant(env: BenchEnv, be: Backend, variant: str, m: int, n: int, k: i
         w = torch.randn((n, k), generator=gen, device=dev)
         x = torch.randn((m, k), generator=gen, device=dev).to(torch.bfloat16)
         if variant.startswith(FP4_GEMV):
-            cfg = _variant_cfg(variant, FP4_GEMV, lp.FP4_M1_CONFIGS)
+            cfg = variant_config(variant)
             q = nv.quantize_nvfp4(w)
             out = lp.Nvfp4Gemv(q, m, dev, cfg)(x)
             ref = nv.reference_mm(x, q)
         else:
             block = variant.startswith(FP8_BLOCK_GEMV)
-            cfg = _variant_cfg(variant, FP8_BLOCK_GEMV if block else FP8_GEMV,
-                               lp.DENSE_BLOCK_CONFIGS if block else lp.DENSE_CONFIGS)
+            cfg = variant_config(variant)
             fw = lp.quantize_fp8(w, block=block)
             out = lp.DenseGemv(fw, m, dev, cfg)(x)
             ref = x.float() @ lp.dequantize_fp8(fw).t()
