@@ -22,6 +22,40 @@ def _interpret(code: str, *args: str) -> str:
     return proc.stdout
 
 
+@pytest.mark.skipif(not lp.HAVE_TRITON, reason="Triton is not installed (pip install triton runs its CPU interpreter)")
+def test_shared_x_chunk_gives_every_warp_its_b_fragments(tmp_path):
+    """x shared a program (xshare): _x_frags turns a step's [16, 32]-word chunk into what _fp4_mma_xload gives each
+    lane 4g+q of every warp: words 8q..8q+3 (xa) and 8q+4..8q+7 (xc) of row g, the same of row g + 8 (xa2, xc2).
+    The interpreter runs this layout arithmetic; the MMA that consumes it needs a GPU (lowprec_device.py checks)."""
+    script = tmp_path / "xfrags.py"
+    script.write_text('''
+import torch, triton, triton.language as tl
+from decode_gap.kernels import lowprec as lp
+
+@triton.jit
+def frags(x_ptr, out_ptr, WARPS: tl.constexpr):
+    chunk = tl.load(x_ptr + tl.arange(0, 16)[:, None] * 32 + tl.arange(0, 32)[None, :])
+    xa, xc, xa2, xc2 = lp._x_frags(chunk, WARPS)
+    o = out_ptr + tl.arange(0, 32 * WARPS)[:, None] * 16 + tl.arange(0, 4)[None, :]
+    tl.store(o, xa)
+    tl.store(o + 4, xc)
+    tl.store(o + 8, xa2)
+    tl.store(o + 12, xc2)
+
+x = torch.arange(16 * 32, dtype=torch.int32).reshape(16, 32)
+out = torch.empty((128, 16), dtype=torch.int32)
+frags[(1,)](x, out, WARPS=4)
+for t in range(128):
+    g, q = t % 32 // 4, t % 4
+    want = torch.cat([x[g, 8 * q:8 * q + 8], x[8 + g, 8 * q:8 * q + 8]])
+    assert torch.equal(out[t], want), (t, out[t], want)
+print("ok")
+''')
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO / "workflow")}
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
+
+
 def test_tensor_core_layout_gives_each_lane_its_fragments():
     """repack_mma: lane 4g+q of tile T at step i holds group 4i+q of rows 16T+g then 16T+8+g; scales likewise."""
     q = nv.quantize_nvfp4(torch.randn(40, 256))
