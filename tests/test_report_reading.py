@@ -72,6 +72,31 @@ def test_gemm_m1_table_says_one_latency_floor_once_and_lets_kernel_names_wrap(tm
     assert "m1_floor" not in sub and "latency floor µs" in sub["table_m1"]["columns"]
 
 
+def test_every_gemm_case_table_explains_the_forms_of_every_m(tmp_path):
+    """The M=1 table's legend names the M=1 forms only; the HTML's table of every case also holds the M = 9-16 ones
+    (xs, sk), so its own legend names those too."""
+    import shutil
+    from pathlib import Path
+
+    import pandas as pd
+
+    from decode_gap.report.data import files_in_dir, load_bundle
+    from decode_gap.report.sections.common import Builder
+    from decode_gap.report.sections.microbench import gemm_sub
+
+    tree = tmp_path / "run"
+    shutil.copytree(Path(__file__).resolve().parent / "fixtures" / "report" / "h200x2", tree)
+    gemm = tree / "microbench" / "gemm.csv"
+    df = pd.read_csv(gemm)
+    m1 = df["M"] == df["M"].min()
+    df["backend"] = "triton nvfp4 gemv m,BN=64,BK=128,w=4,ef,t=27,bx"
+    df.loc[~m1, "backend"] = "triton nvfp4 gemv m,BN=64,BK=128,w=4,ef,t=27,bx,xj,xs"
+    df.to_csv(gemm, index=False)
+    sub = gemm_sub(Builder(), load_bundle(files_in_dir(tree)), 4250.0)
+    assert (~m1).any() and "xs:" not in sub["form_legend"] and "bx:" in sub["form_legend"]
+    assert "xs: x loaded once a program" in sub["form_legend_all"] and "xj:" in sub["form_legend_all"]
+
+
 def test_kernel_level_step_says_when_its_replays_ran_under_the_power_cap():
     """simulate/kernel.json `clock`: the largest capped share over the segments' graph replays, the caps, the lowest
     SM clock; the report's line under the kernel level appears from 10% of a segment's timing, never on a CPU host."""

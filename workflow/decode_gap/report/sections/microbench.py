@@ -192,6 +192,8 @@ def gemm_sub(b: Builder, bundle: Bundle, copy_gbps: float | None) -> dict[str, A
         s["clock_note"] = clock_note(df)
         s["form_legend"] = nvfp4_form_legend(m1["backend"]) if "backend" in m1.columns else ""
         s["table_all"] = df_table(df.drop(columns=["shape"]), formats=pct)
+        # the forms of every M (M = 9-16 has its own: xs, sk), under the HTML's table of every case
+        s["form_legend_all"] = nvfp4_form_legend(df["backend"]) if "backend" in df.columns else ""
     else:
         s["table_all"] = df_table(df.drop(columns=["shape"]))
     return s
