@@ -97,6 +97,37 @@ def test_every_gemm_case_table_explains_the_forms_of_every_m(tmp_path):
     assert "xs: x loaded once a program" in sub["form_legend_all"] and "xj:" in sub["form_legend_all"]
 
 
+def test_gemm_section_reads_the_runs_batch_size_as_well_as_m1(tmp_path):
+    """A run at batch 16 decodes with M=16 GEMMs: beside the M=1 table, the section reads the sweep's M=16 rows the
+    same way (reading, legend); at batch 1 there is no second table."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    import pandas as pd
+
+    from decode_gap.report.data import files_in_dir, load_bundle
+    from decode_gap.report.sections.common import Builder
+    from decode_gap.report.sections.microbench import gemm_sub
+
+    tree = tmp_path / "run"
+    shutil.copytree(Path(__file__).resolve().parent / "fixtures" / "report" / "h200x2", tree)
+    gemm = tree / "microbench" / "gemm.csv"
+    df = pd.read_csv(gemm)
+    df.loc[df["M"] == 16, "backend"] = "triton nvfp4 gemv m,BN=64,BK=128,w=4,ef,t=27,bx,xj,xs"
+    df.to_csv(gemm, index=False)
+    sub = gemm_sub(Builder(), load_bundle(files_in_dir(tree)), 4250.0)
+    assert "table_batch" not in sub  # the fixture's run is at batch 1
+    roofline = tree / "roofline.json"
+    doc = json.loads(roofline.read_text())
+    roofline.write_text(json.dumps({**doc, "batch_size": 16}))
+    sub = gemm_sub(Builder(), load_bundle(files_in_dir(tree)), 4250.0)
+    assert sub["m_batch"] == "16" and len(sub["table_batch"]["rows"]) == int((df["M"] == 16).sum())
+    assert "reading" in sub["table_batch"]["columns"] and "xs: x loaded once" in sub["form_legend_batch"]
+    roofline.write_text(json.dumps({**doc, "batch_size": 3}))  # not swept: no table rather than a wrong one
+    assert "table_batch" not in gemm_sub(Builder(), load_bundle(files_in_dir(tree)), 4250.0)
+
+
 def test_kernel_level_step_says_when_its_replays_ran_under_the_power_cap():
     """simulate/kernel.json `clock`: the largest capped share over the segments' graph replays, the caps, the lowest
     SM clock; the report's line under the kernel level appears from 10% of a segment's timing, never on a CPU host."""

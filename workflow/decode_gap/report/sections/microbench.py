@@ -189,6 +189,17 @@ def gemm_sub(b: Builder, bundle: Bundle, copy_gbps: float | None) -> dict[str, A
                "K": lambda v: f"{int(num(v)):,}" if num(v) is not None else "—"}
         s["table_m1"] = df_table(m1, cols, formats=pct)
         s["m_min"] = fmt_num(m_min)
+        # the run's own decode rows (config batch_size, as roofline.json records it), where the sweep has them: the
+        # M a server at that batch runs, read the same way
+        roofline = bundle.doc("roofline")
+        batch = num(roofline.get("batch_size")) if roofline.usable else None
+        if batch is not None and batch > m_min and (df["M"] == batch).any():
+            mb = df[df["M"] == batch].dropna(subset=["gbps"])
+            mb = mb.assign(reading=[kernel_reading(r.get("frac_of_copy_bw"), r.get("gpu_us"), r.get("latency_floor_us"),
+                                                   r.get("bytes"), copy_gbps) for _, r in mb.iterrows()])
+            s["table_batch"] = df_table(mb, cols, formats=pct)
+            s["m_batch"] = fmt_num(batch)
+            s["form_legend_batch"] = nvfp4_form_legend(mb["backend"]) if "backend" in mb.columns else ""
         s["clock_note"] = clock_note(df)
         s["form_legend"] = nvfp4_form_legend(m1["backend"]) if "backend" in m1.columns else ""
         s["table_all"] = df_table(df.drop(columns=["shape"]), formats=pct)
