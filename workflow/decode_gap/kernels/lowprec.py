@@ -655,6 +655,11 @@ if HAVE_TRITON:
         return a, b, c, d
 
     @triton.jit
+    def _every_warp(frag, WARPS: tl.constexpr):
+        """[8, 4, 4] (g, q, word) -> [32 WARPS, 4]: the same fragment for lane 4g + q of every warp."""
+        return tl.reshape(tl.broadcast_to(tl.reshape(frag, (1, 32, 4)), (WARPS, 32, 4)), (32 * WARPS, 4))
+
+    @triton.jit
     def _x_frags(chunk, WARPS: tl.constexpr):
         """A step's x rows 0-15 (a [16, 32] int32 chunk, loaded once a program) as every warp's B fragments (xa, xc,
         xa2, xc2 of _fp4_mma_xload): lane 4g + q takes words 8q..8q+7 of rows g and g + 8."""
@@ -662,10 +667,7 @@ if HAVE_TRITON:
         lo, hi = tl.split(v)
         a0, a1 = tl.split(lo)
         c0, c1 = tl.split(hi)
-        return (tl.reshape(tl.broadcast_to(tl.reshape(a0, (1, 32, 4)), (WARPS, 32, 4)), (32 * WARPS, 4)),
-                tl.reshape(tl.broadcast_to(tl.reshape(c0, (1, 32, 4)), (WARPS, 32, 4)), (32 * WARPS, 4)),
-                tl.reshape(tl.broadcast_to(tl.reshape(a1, (1, 32, 4)), (WARPS, 32, 4)), (32 * WARPS, 4)),
-                tl.reshape(tl.broadcast_to(tl.reshape(c1, (1, 32, 4)), (WARPS, 32, 4)), (32 * WARPS, 4)))
+        return (_every_warp(a0, WARPS), _every_warp(c0, WARPS), _every_warp(a1, WARPS), _every_warp(c1, WARPS))
 
     @triton.jit
     def _x_chunks(xcp, U: tl.constexpr):
@@ -1470,17 +1472,17 @@ FP4_MMA_CONFIGS = (FP4_MMA_DEFAULT, FP4_MMA_WIDE, FP4_MMA_BX_40, FP4_MMA_BX_WIDE
                    # from 1536 rows up, where hundreds of programs store the same x words into L2
                    replace(FP4_MMA_FP16, one_kernel=True), replace(FP4_MMA_WIDE, one_kernel=True),
                    # stream-K (bf16): one wave of resident programs, the same number on every SM, with equal work
-                   # (give or take an iteration), at most two parts a program. The default at M = 9-16 where
-                   # FP4_MMA_XJ's K split overflows one wave (below). The second MMA set takes 80 registers (6
-                   # programs an SM) and a K split leaves a partial second wave (28672x4096: 896 programs for 792
-                   # places). H200, M=16, faster than any K split (before xjit) on all six mid-sized shapes tried,
-                   # by 1-12% (DeepSeek-V3 36864x7168 58.9 against 67.2 us, Llama-3.1-8B
+                   # (give or take an iteration), at most two parts a program. With x shared (FP4_MMA_BX_SK_XS), the
+                   # default at M = 9-16 where FP4_MMA_XS's K split overflows one wave (below). The second MMA set
+                   # takes 80 registers (6 programs an SM) and a K split leaves a partial second wave (28672x4096:
+                   # 896 programs for 792 places). H200, M=16, faster than any K split (before xjit) on all six
+                   # mid-sized shapes tried, by 1-12% (DeepSeek-V3 36864x7168 58.9 against 67.2 us, Llama-3.1-8B
                    # gate_up 30.3 against 33.7). At M=1 it won three of six (gate_up 21.1 against 21.8 us, GLM-5
                    # 6144x16384 17.9 against 19.1) and lost three by 1-5%: the gemm stage times it beside the K
                    # split. Ranges of whole groups of iterations (programs not a multiple of the SMs) were 2-5%
                    # slower at M=16; with 4 steps an iteration, or capped at 64 registers for more resident
                    # programs, no faster
-                   FP4_MMA_BX_SK, replace(FP4_MMA_WIDE, bx=True, stream=True),
+                   FP4_MMA_BX_SK, replace(FP4_MMA_BX_WIDE, stream=True),
                    FP4_MMA_KS2, FP4_MMA_KS2_WIDE)
 # the bf16 forms chained on the kernel before them (PDL: the next call launches once every program is past its loop
 # and waits before its first load). H200, M=1, a chain of calls of one GEMV: 1-4% faster on 36864x7168, 24576x6144,
@@ -1488,7 +1490,7 @@ FP4_MMA_CONFIGS = (FP4_MMA_DEFAULT, FP4_MMA_WIDE, FP4_MMA_BX_40, FP4_MMA_BX_WIDE
 # 7168x18432. Only the benchmark's sweep times them (not the gemm stage or its table): what they gain depends on the
 # kernel before them, which in a server is an attention, norm or all-reduce kernel, not the same GEMV
 FP4_MMA_CHAINED = (replace(FP4_MMA_KS2, chain=True), replace(FP4_MMA_KS2_WIDE, chain=True),
-                   replace(FP4_MMA_DEFAULT, chain=True), replace(FP4_MMA_WIDE, bx=True, chain=True))
+                   replace(FP4_MMA_DEFAULT, chain=True), replace(FP4_MMA_BX_WIDE, chain=True))
 # x loaded in the iteration that uses it (xjit): sm_90, 4 steps an iteration at M = 9-16 in 74 registers for 128,
 # the stream-K form in 86 for 96, the K split in 72 for 80, M=1 in 48 for 56. H200 sweep (2026-12-01, read 4383-4387
 # GB/s), M = 16, us: the K split with x so loaded against stream-K, where its grid is one wave or no split:
@@ -1502,7 +1504,7 @@ FP4_XJ_PROGRAMS_PER_SM = 7
 FP4_MMA_XJIT = (replace(FP4_MMA_BX_SK, xjit=True), replace(FP4_MMA_BX_SK, block_k=256, warps_per_sm=18, xjit=True),
                 FP4_MMA_XJ, replace(FP4_MMA_DEFAULT, block_k=256, warps_per_sm=18, xjit=True),
                 replace(FP4_MMA_KS2, xjit=True), replace(FP4_MMA_KS2_WIDE, xjit=True),
-                replace(FP4_MMA_WIDE, bx=True, xjit=True))
+                replace(FP4_MMA_BX_WIDE, xjit=True))
 # x loaded once a program (xshare): a step's x rows 0-15, a [16, 32]-word chunk, one 16-byte load a thread, then
 # every warp's B fragments out of it through shared memory (Triton's layout conversion, _x_frags), where each warp
 # loaded its own 2 KB a step before (at M = 16 four times the weight's bytes; ncu: long-scoreboard stalls on those
@@ -1613,7 +1615,7 @@ def _m16_plan(n: int, k: int, sms: int) -> GemvConfig:
     iteration ahead (FP4_MMA_XS_AHEAD); where the K split's grid (as Nvfp4Gemv plans it) fits one wave of
     FP4_XJ_PROGRAMS_PER_SM programs an SM, x in place (FP4_MMA_XS: fewer registers); else the same with the split cut
     to what fits one wave, while that is still a split; else stream-K (FP4_MMA_BX_SK_XS). H200, M=16 (the forms'
-    comment has the times): each the fastest of the eight forms tried on the eight shapes tried, or within 3%
+    comment has the times): each the fastest of the eleven forms tried on the eight shapes tried, or within 3.5%
     (6144x4096: 9.7 us in place, 9.4 ahead). Before x was shared, with x loaded in place (benchmarks/device/
     xj_probe.py): 6144x16384 cut from 10 splits to 9, 23.7 us against 24.9 for stream-K; 24576x6144 from 3 to 2,
     34.7 against 35.5; 36864x7168 would be cut to no split, 65.1 against 59.6."""

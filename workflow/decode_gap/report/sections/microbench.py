@@ -174,8 +174,12 @@ def gemm_sub(b: Builder, bundle: Bundle, copy_gbps: float | None) -> dict[str, A
         if df["M"].nunique() > 1:
             s["chart_sweep"] = b.chart("Achieved bandwidth against M", ch.gemm_m_sweep, df.dropna(subset=["gbps"]),
                                        copy_gbps, caption=f"measured · {t.rel}")
-        m1 = m1.assign(reading=[kernel_reading(r.get("frac_of_copy_bw"), r.get("gpu_us"), r.get("latency_floor_us"),
-                                               r.get("bytes"), copy_gbps) for _, r in m1.iterrows()])
+        def with_readings(rows: pd.DataFrame) -> pd.DataFrame:
+            return rows.assign(reading=[kernel_reading(r.get("frac_of_copy_bw"), r.get("gpu_us"),
+                                                       r.get("latency_floor_us"), r.get("bytes"), copy_gbps)
+                                        for _, r in rows.iterrows()])
+
+        m1 = with_readings(m1)
         cols = [("name", "shape"), ("dtype", "dtype"), ("backend", "backend"), ("N", "N"), ("K", "K"),
                 ("gpu_us", "GPU µs"), ("latency_floor_us", "latency floor µs"), ("eager_us", "eager µs"),
                 ("gbps", "GB/s"), ("tflops", "TFLOP/s"), ("frac_of_copy_bw", "of copy BW"), ("reading", "reading")]
@@ -194,9 +198,7 @@ def gemm_sub(b: Builder, bundle: Bundle, copy_gbps: float | None) -> dict[str, A
         roofline = bundle.doc("roofline")
         batch = num(roofline.get("batch_size")) if roofline.usable else None
         if batch is not None and batch > m_min and (df["M"] == batch).any():
-            mb = df[df["M"] == batch].dropna(subset=["gbps"])
-            mb = mb.assign(reading=[kernel_reading(r.get("frac_of_copy_bw"), r.get("gpu_us"), r.get("latency_floor_us"),
-                                                   r.get("bytes"), copy_gbps) for _, r in mb.iterrows()])
+            mb = with_readings(df[df["M"] == batch].dropna(subset=["gbps"]))
             s["table_batch"] = df_table(mb, cols, formats=pct)
             s["m_batch"] = fmt_num(batch)
             s["form_legend_batch"] = nvfp4_form_legend(mb["backend"]) if "backend" in mb.columns else ""
