@@ -85,7 +85,7 @@ def checks(env: BenchEnv) -> None:
         q = nv.quantize_nvfp4(w)
         ref4 = nv.reference_mm(x, q)
         for cfg in ((lp.FP4_M1_CONFIGS if m == 1 else lp.FP4_MMA_CONFIGS) + lp.FP4_MMA_CHAINED + lp.FP4_MMA_XJIT
-                    + lp.FP4_MMA_XSHARE):
+                    + lp.FP4_MMA_XSHARE + lp.FP4_MMA_PAIR):
             if (cfg.mma and k % cfg.k_multiple) or (not env.is_gpu and cfg.asm):
                 continue
             _check(f"nvfp4 {cfg.name}", m, n, k, lambda: _twice_if_one_kernel(lp.Nvfp4Gemv(q, m, dev, cfg,
@@ -300,7 +300,7 @@ def fp4_sweep(env: BenchEnv, n: int, k: int, m: int) -> None:
     q = nv.quantize_nvfp4(torch.randn((n, k), device=dev, dtype=torch.bfloat16))
     x = torch.randn((m, k), device=dev, dtype=torch.bfloat16)
     nb4 = nvfp4_call_bytes(n, k, m)
-    cfgs = lp.FP4_MMA_CONFIGS + lp.FP4_MMA_CHAINED + lp.FP4_MMA_XJIT + lp.FP4_MMA_XSHARE
+    cfgs = lp.FP4_MMA_CONFIGS + lp.FP4_MMA_CHAINED + lp.FP4_MMA_XJIT + lp.FP4_MMA_XSHARE + lp.FP4_MMA_PAIR
     _, _, times = best_of(env, fp4_builders(nvfp4_copies(q, dev), x, dev, cfgs), nb4)
     RESULTS["gemm"].append({"model": "sweep", "N": n, "K": k, "M": m, "nvfp4_bytes": nb4, "nvfp4_new_tried": times})
     read = env.extra.get("read_gbps")

@@ -177,6 +177,7 @@ assert lp.fp4_config_for(12, 4096, "cpu", n=128) is lp.FP4_MMA_XS  # 4 SMs ("cpu
 assert lp.fp4_config_for(12, 4096, "cpu", n=1024) is lp.FP4_MMA_BX_SK_XS  # split 2, 32 programs > 7 x 4, cut to none
 assert lp.fp4_config_for(12, 4096, "cpu", n=640).split == 2  # 10 programs: split 3 (30 > 28) cut to 2
 assert lp.fp4_config_for(12, 4096, "cpu", n=2048) is lp.FP4_MMA_XS_AHEAD  # no split
+assert lp.fp4_config_for(16, 4096, "cpu", n=128256) is lp.FP4_MMA_TP  # no split, an lm_head: two tiles a warp
 assert lp.FP4_MMA_XS.name.endswith(",xj,xs") and "xs" in lp.FP4_MMA_BX_SK_XS.name
 # x shared a program needs every warp of it on the same K range
 from dataclasses import replace
@@ -201,7 +202,7 @@ with mock.patch.object(lp, "sm_count", lambda device: 132):
     # the K split with x loaded in place where its grid fits one wave, cut to one wave where that still splits, else
     # stream-K; an iteration ahead with no split
     for (n, k), want in {(28672, 4096): lp.FP4_MMA_XS, (7168, 18432): lp.FP4_MMA_XS, (6144, 4096): lp.FP4_MMA_XS,
-                         (4096, 14336): lp.FP4_MMA_XS, (128256, 4096): lp.FP4_MMA_XS_AHEAD,
+                         (4096, 14336): lp.FP4_MMA_XS, (128256, 4096): lp.FP4_MMA_TP,
                          (36864, 7168): lp.FP4_MMA_BX_SK_XS, (24576, 6144): replace(lp.FP4_MMA_XS, split=2),
                          (6144, 16384): replace(lp.FP4_MMA_XS, split=9)}.items():
         assert lp.fp4_config_for(16, k, "cpu", n=n) == want, (n, k)
@@ -535,6 +536,43 @@ for bad in (G(32, 128, 4, mma=True, bx=True, slices=2), G(32, 128, 4, mma=True, 
     assert out.count("ok") == 6, out
 
 
+@pytest.mark.skipif(not lp.HAVE_TRITON, reason="Triton is not installed (pip install triton runs its CPU interpreter)")
+def test_tile_pairs_cover_both_tiles_of_each_warp_in_the_interpreter():
+    """Tile pairs (cfg.pair): a group is 8 tiles, warp w taking tiles w and w + 4 against the same x; both tiles'
+    sums are stored (or added, with a K split, and finished together by the last split, which leaves zeros). M = 1,
+    5, 12 and 16, ragged N (a group's second tiles partly or wholly past N), with and without a split; the GPU's
+    loop (_fp4_mma_loop_pair) runs on the H200 (benchmarks/lowprec_device.py checks). Forms that cannot pair are
+    refused in one line."""
+    out = _interpret(r'''
+from dataclasses import replace
+import torch
+from decode_gap.kernels import nvfp4 as nv, lowprec as lp
+torch.manual_seed(0)
+for m, n, k, cfg, split in [(1, 256, 512, lp.FP4_MMA_TP, None), (5, 200, 256, lp.FP4_MMA_TP, 2),
+                            (16, 160, 512, lp.FP4_MMA_TP, 2), (16, 256, 256, lp.FP4_MMA_TP, 1),
+                            (12, 96, 384, lp.FP4_MMA_PAIR[1], None)]:
+    q = nv.quantize_nvfp4(torch.randn(n, k) * 3)
+    g = lp.Nvfp4Gemv(q, m, "cpu", cfg=cfg, out_dtype=torch.float32, split=split)
+    assert g.grid[0] == -(-n // 128) and ",tp" in g.label
+    for call in range(2):
+        x = torch.randn(m, k).to(torch.bfloat16)
+        g.out.fill_(float("nan"))
+        err = nv.relative_error(g(x), nv.reference_mm(x, q))
+        assert err < 2e-3, (m, n, k, cfg.name, call, err)
+    assert g.acc is None or not g.acc.any() and not g.cnt.any()
+    print("ok", m, n, cfg.name, g.split, err)
+q = nv.quantize_nvfp4(torch.randn(64, 512))
+for bad in (replace(lp.FP4_MMA_TP, xjit=False), replace(lp.FP4_MMA_TP, stream=True), replace(lp.FP4_MMA_TP, block_n=64),
+            replace(lp.FP4_MMA_TP, bx=False)):
+    try:
+        lp.Nvfp4Gemv(q, 16, "cpu", cfg=bad)
+        raise AssertionError(bad)
+    except lp.DecodeGapError as exc:
+        assert "\n" not in str(exc) and bad.name in str(exc)
+''')
+    assert out.count("ok") == 5, out
+
+
 def test_chained_forms_are_bf16_and_leave_pdl_to_gpus():
     """The chained forms (PDL on the kernel before each call) are bf16 forms named ',pc'; on a host without
     programmatic dependent launch (the CPU interpreter) a chained form launches plainly, and an fp16 form asking to
@@ -577,7 +615,8 @@ def test_default_tensor_core_forms_compile_for_sm90_without_spills():
         sys.path.pop(0)
     forms = kr.forms()
     for name in (f"{lp.FP4_MMA_DEFAULT.name} M=1", f"{lp.FP4_MMA_BX_SK.name} M=9-16", f"{lp.FP4_MMA_WIDE.name} M=1",
-                 f"{lp.FP4_MMA_KS2.name} M=1", f"{lp.FP4_MMA_KS2_WIDE.name} M=1", f"{lp.FP4_MMA_XJ.name} M=9-16"):
+                 f"{lp.FP4_MMA_KS2.name} M=1", f"{lp.FP4_MMA_KS2_WIDE.name} M=1", f"{lp.FP4_MMA_XJ.name} M=9-16",
+                 f"{lp.FP4_MMA_TP.name} M=9-16"):
         try:
             r = kr.compile_form(forms[name], 90)
         except FileNotFoundError as exc:  # a Triton wheel without its CUDA tools

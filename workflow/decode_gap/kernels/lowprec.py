@@ -31,6 +31,10 @@ NVFP4 tensor-core form (any M <= 16, the default where K % 64 == 0; `cfg.mma`):
   layout conversion), where each warp loaded its own 2 KB a step before: four times the weight's bytes, and ncu put
   the lost cycles in long-scoreboard stalls on those loads (benchmarks/device/xtraffic_probe.py). H200, M = 16:
   2-8% faster on the eight shapes tried (28672x4096 27.8 -> 25.9 us, DeepSeek-V3 36864x7168 58.5 -> 53.8);
+- tile pairs (`cfg.pair`, the default at M = 9-16 on the lm_heads): each warp two 16-row tiles against the same x
+  fragments, so x is loaded once for twice the weight bytes, with no barrier; in 100-128 registers (4 programs an SM)
+  it wins only where the grid has many waves anyway (H200, M = 16: 128256x4096 100.1 -> 91.7 us, GLM-5 154880x6144
+  197.7 -> 183.1) and loses with a K split (28672x4096 25.8 -> 29.8 at best);
 - the bf16 form (`cfg.bx`, the default): x as it is, its own bf16 pairs, is the B operand, so no
   packing kernel runs. The weight's values are reordered within each word at repack time (`bx_order`) so that plane j
   pairs values 2j and 2j+1, as x's word j does. The planes decode into bf16 (e1 e0 m at bits 8..6: E2M1 x 2^-126,
@@ -796,13 +800,57 @@ if HAVE_TRITON:
         return acc0, acc1, acc2, acc3
 
     @triton.jit
+    def _with_x_of(v, a, U: tl.constexpr):
+        """U steps of a warp's second tile: its weights v (_fp4_mma_wloads) with the x operands of the first tile's
+        steps a (_fp4_mma_with_x): the same x fragments, loaded once."""
+        b0 = (v[0][0], v[0][1], a[0][2], a[0][3], a[0][4], a[0][5])
+        b1 = b0
+        b2 = b0
+        b3 = b0
+        if U >= 2:
+            b1 = (v[1][0], v[1][1], a[1][2], a[1][3], a[1][4], a[1][5])
+        if U >= 4:
+            b2 = (v[2][0], v[2][1], a[2][2], a[2][3], a[2][4], a[2][5])
+            b3 = (v[3][0], v[3][1], a[3][2], a[3][3], a[3][4], a[3][5])
+        return b0, b1, b2, b3
+
+    @triton.jit
+    def _fp4_mma_loop_pair(wb, sb, wb2, sb2, xb, xb2, i0, i1, T: tl.constexpr, U: tl.constexpr, EV: tl.constexpr,
+                           TWO: tl.constexpr, PDL: tl.constexpr, BX: tl.constexpr):
+        """Steps [i0, i1) of two tiles a warp (cfg.pair): both tiles' weights double-buffered (wb/sb and wb2/sb2),
+        x loaded in the iteration that uses it (as XJIT) and fed to both tiles' MMAs, so a warp loads x once for
+        twice the weight bytes. Returns the first tile's four accumulators, then the second's."""
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+        acc0 = tl.zeros((T, 4), dtype=tl.float32)
+        acc1 = tl.zeros((T, 4), dtype=tl.float32)
+        acc2 = tl.zeros((T, 4), dtype=tl.float32)
+        acc3 = tl.zeros((T, 4), dtype=tl.float32)
+        acc4 = tl.zeros((T, 4), dtype=tl.float32)
+        acc5 = tl.zeros((T, 4), dtype=tl.float32)
+        acc6 = tl.zeros((T, 4), dtype=tl.float32)
+        acc7 = tl.zeros((T, 4), dtype=tl.float32)
+        w = _fp4_mma_wloads(wb + i0 * 128, sb + i0 * 32, U, EV)
+        v = _fp4_mma_wloads(wb2 + i0 * 128, sb2 + i0 * 32, U, EV)
+        for i in range(i0, i1, U):
+            j = tl.minimum(i + U, i1 - U)
+            wn = _fp4_mma_wloads(wb + j * 128, sb + j * 32, U, EV)
+            vn = _fp4_mma_wloads(wb2 + j * 128, sb2 + j * 32, U, EV)
+            a = _fp4_mma_with_x(w, xb + i * 32, xb2 + i * 32, U, TWO)
+            acc0, acc1, acc2, acc3 = _fp4_mma_steps(a, U, T, TWO, acc0, acc1, acc2, acc3, BX)
+            acc4, acc5, acc6, acc7 = _fp4_mma_steps(_with_x_of(v, a, U), U, T, TWO, acc4, acc5, acc6, acc7, BX)
+            w = wn
+            v = vn
+        return acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7
+
+    @triton.jit
     def _fp4_mma_kernel(xp_ptr, w_ptr, s_ptr, ts_ptr, out_ptr, M, N, NT, steps_per_split, NSTEPS,
                         stride_xm, stride_wt, stride_st, stride_om, x_ptr, stride_x, fin_ptr, stride_fm, cnt_ptr,
                         WARPS: tl.constexpr, BLOCK_M: tl.constexpr, UNROLL: tl.constexpr, ATOMIC: tl.constexpr,
                         USE_ASM: tl.constexpr, EV: tl.constexpr = "", PDL: tl.constexpr = False,
                         SELF_PACK: tl.constexpr = False, FINISH: tl.constexpr = False, BX: tl.constexpr = False,
                         STREAM: tl.constexpr = False, SLICES: tl.constexpr = 1, DEPS: tl.constexpr = False,
-                        XJIT: tl.constexpr = False, XS: tl.constexpr = False):
+                        XJIT: tl.constexpr = False, XS: tl.constexpr = False, PAIR: tl.constexpr = False):
         """y[M<=16, N] = x W^T on tensor cores (see _fp4_mma_asm); program (group of WARPS 16-row tiles, K split).
         ATOMIC: fp32 partial sums added into out_ptr (K split; the last split casting the sums in-kernel, with a
         counter and fences, was no faster on the H200 than the separate cast once the GEMV launches as a programmatic
@@ -824,7 +872,9 @@ if HAVE_TRITON:
         DEPS (with PDL, the chained bf16 form): once every program is past its loop, the kernel after this one may
         launch; its programs take the places this one leaves and wait (gdc_wait) before their first load, so its
         launch and set-up overlap this kernel's last stores. (Triggered at the start instead, kernels launched two
-        and three ahead took the places of the one that could run: 10-18% slower on 28672x4096 and 4096x14336.)"""
+        and three ahead took the places of the one that could run: 10-18% slower on 28672x4096 and 4096x14336.)
+        PAIR (K split, XJIT, not STREAM or SLICES): a group is 2 x WARPS tiles, warp w taking tiles w and w + WARPS
+        against the same x loads (_fp4_mma_loop_pair)."""
         pid_n = tl.program_id(0)
         ts = tl.load(ts_ptr) * 16384.0
         if STREAM:  # at most two parts: the plan keeps a program's range within one group boundary
@@ -856,7 +906,7 @@ if HAVE_TRITON:
                                  32 * WARPS)
             _fp4_mma_part(xp_ptr, w_ptr, s_ptr, ts, out_ptr, M, N, NT, pid_n, i0, i1, 1, tl.num_programs(1),
                           stride_xm, stride_wt, stride_st, stride_om, fin_ptr, stride_fm, cnt_ptr,
-                          WARPS, BLOCK_M, UNROLL, ATOMIC, USE_ASM, EV, PDL, FINISH, BX, SLICES, DEPS, XJIT, XS)
+                          WARPS, BLOCK_M, UNROLL, ATOMIC, USE_ASM, EV, PDL, FINISH, BX, SLICES, DEPS, XJIT, XS, PAIR)
 
     @triton.jit
     def _lanes(first_tile, T: tl.constexpr, SLICES: tl.constexpr):
@@ -884,17 +934,19 @@ if HAVE_TRITON:
                       WARPS: tl.constexpr, BLOCK_M: tl.constexpr, UNROLL: tl.constexpr, ATOMIC: tl.constexpr,
                       USE_ASM: tl.constexpr, EV: tl.constexpr, PDL: tl.constexpr, FINISH: tl.constexpr,
                       BX: tl.constexpr, SLICES: tl.constexpr = 1, DEPS: tl.constexpr = False,
-                      XJIT: tl.constexpr = False, XS: tl.constexpr = False):
+                      XJIT: tl.constexpr = False, XS: tl.constexpr = False, PAIR: tl.constexpr = False):
         """Steps [i0, i1) of group grp's WARPS / SLICES 16-row tiles, added (ATOMIC) or stored; with FINISH these
         steps count as `units` of the group's `total` (the one that completes it casts). Accumulator element e of
         lane 4g+q holds row g + 8 (e // 2), x row 2q + e % 2 (+ 8 in the second set of BLOCK_M = 16: x rows 8-15
         against the same decoded tile, so the weight is read once).
         SLICES: warp w takes tile w // SLICES and slice w % SLICES of the steps (i1 - i0 a multiple of SLICES x
         UNROLL); the slices' sums are added in the program (Triton's cross-warp reduction) before anything is
-        stored. DEPS: the kernel after this one may launch once the loop is done (_fp4_mma_kernel)."""
+        stored. DEPS: the kernel after this one may launch once the loop is done (_fp4_mma_kernel). PAIR: the group
+        is 2 TILES tiles, warp w taking tiles w and w + TILES (their sums stored apart, finished together)."""
         T: tl.constexpr = 32 * WARPS
         TILES: tl.constexpr = WARPS // SLICES
-        t, tile, lane, g, qq = _lanes(grp * TILES, T, SLICES)
+        GT: tl.constexpr = TILES * (2 if PAIR else 1)  # the group's tiles
+        t, tile, lane, g, qq = _lanes(grp * GT, T, SLICES)
         tile_c = tl.minimum(tile, NT - 1)
         kof, i1 = _k_slice(t, i0, i1, SLICES)
         c4 = tl.arange(0, 4)
@@ -913,8 +965,15 @@ if HAVE_TRITON:
             if XS:  # x rows 0-15 of a step, one [16, 32] chunk a program (SLICES 1: every warp the same K range)
                 r16 = tl.arange(0, 16)
                 xcp = xp_ptr + tl.minimum(r16, M - 1)[:, None] * stride_xm + tl.arange(0, 32)[None, :]
-            acc0, acc1, acc2, acc3 = _fp4_mma_loop(wb, sb, xb, xb2, i0, i1, T, UNROLL, EV, BLOCK_M == 16, acc0, acc1,
-                                                   acc0, acc1, PDL, BX, XJIT, XS, xcp)
+            if PAIR:  # the warp's second tile: TILES tiles on
+                tile_b = tile + TILES
+                hop = (tl.minimum(tile_b, NT - 1) - tile_c).to(tl.int64)
+                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _fp4_mma_loop_pair(
+                    wb, sb, wb + hop[:, None] * stride_wt, sb + hop * stride_st, xb, xb2, i0, i1, T, UNROLL, EV,
+                    BLOCK_M == 16, PDL, BX)
+            else:
+                acc0, acc1, acc2, acc3 = _fp4_mma_loop(wb, sb, xb, xb2, i0, i1, T, UNROLL, EV, BLOCK_M == 16, acc0,
+                                                       acc1, acc0, acc1, PDL, BX, XJIT, XS, xcp)
             if DEPS:
                 tl.extra.cuda.gdc_launch_dependents()
             y = _slice_sum(acc0 + acc1, TILES, SLICES) * ts
@@ -934,18 +993,32 @@ if HAVE_TRITON:
                 else:
                     tl.store(op + 8 * stride_om, y2.to(out_ptr.dtype.element_ty), mask=om2)
             fp = fin_ptr + ms * stride_fm + rows
+            omb = om
+            omb2 = om2
+            if PAIR:  # the second tile's sums, 16 TILES rows on
+                omb = (rows + 16 * TILES < N) & (ms < M) & (tile_b < NT)[:, None]
+                omb2 = (rows + 16 * TILES < N) & (ms + 8 < M) & (tile_b < NT)[:, None]
+                _store_sums(op + 16 * TILES, (acc4 + acc5) * ts, omb, ATOMIC)
+                if BLOCK_M == 16:
+                    _store_sums(op + 16 * TILES + 8 * stride_om, (acc6 + acc7) * ts, omb2, ATOMIC)
         else:
             # the CPU interpreter (no asm): the same repacked layout, decode and fp16 scaling; each lane's partial
             # per (row half, x row), then the four lanes of a quad (four groups) summed
             XR: tl.constexpr = 16 if BLOCK_M == 16 else 8
+            TE: tl.constexpr = 32 * GT * SLICES  # every tile of the group (PAIR: both of each warp's) as lanes
+            if PAIR:
+                t, tile, lane, g, qq = _lanes(grp * GT, TE, SLICES)
+                tile_c = tl.minimum(tile, NT - 1)
+                kof, i1 = _k_slice(t, i0, i1, SLICES)
+                sb = s_ptr + tile_c.to(tl.int64) * stride_st + lane + kof * 32
             m8 = tl.arange(0, XR)
             xm = (m8 < M)[None, :]
-            part = tl.zeros((T, 2, XR), dtype=tl.float32)
+            part = tl.zeros((TE, 2, XR), dtype=tl.float32)
             for i in range(i0, i1):
                 sv = tl.load(sb + i * 32).to(tl.int32)
                 for r in tl.static_range(2):
                     sr = ((sv >> (8 * r)) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
-                    acc_r = tl.zeros((T, XR), dtype=tl.float32)
+                    acc_r = tl.zeros((TE, XR), dtype=tl.float32)
                     for wr in tl.static_range(2):
                         word = tl.load(w_ptr + tile_c.to(tl.int64) * stride_wt + lane * 4 + (i + kof) * 128 + 2 * r
                                        + wr)
@@ -956,21 +1029,23 @@ if HAVE_TRITON:
                             acc_r += lo[:, None] * _emul_x(xv, False, BX) + hi[:, None] * _emul_x(xv, True, BX)
                     part += tl.where((tl.arange(0, 2) == r)[None, :, None], acc_r[:, None, :], 0.0)
             # [tile, g, half, x row]: the four lanes of a quad, then the slices, summed
-            y = tl.sum(tl.sum(tl.reshape(part, (TILES, SLICES, 8, 4, 2, XR)), axis=3), axis=1) * ts
-            wv = tl.arange(0, TILES)[:, None, None, None]
+            y = tl.sum(tl.sum(tl.reshape(part, (GT, SLICES, 8, 4, 2, XR)), axis=3), axis=1) * ts
+            wv = tl.arange(0, GT)[:, None, None, None]
             gv = tl.arange(0, 8)[None, :, None, None]
             hv = tl.arange(0, 2)[None, None, :, None]
             mv = m8[None, None, None, :]
-            rows = (grp * TILES + wv) * 16 + gv + 8 * hv
+            rows = (grp * GT + wv) * 16 + gv + 8 * hv
             om = (rows < N) & (mv < M)
             om2 = om
+            omb = om
+            omb2 = om
             op = out_ptr + mv * stride_om + rows
             fp = fin_ptr + mv * stride_fm + rows
         if ATOMIC:
             tl.atomic_add(op, y, mask=om, sem="relaxed")
             if FINISH:
                 _split_finish(op, fp, om, cnt_ptr + grp, units, total, USE_ASM and BLOCK_M == 16,
-                              8 * stride_om, om2)
+                              8 * stride_om, om2, PAIR and USE_ASM, 16 * TILES, omb, omb2)
         else:
             tl.store(op, y.to(out_ptr.dtype.element_ty), mask=om)
 
@@ -1202,7 +1277,23 @@ if HAVE_TRITON:
         return acc
 
     @triton.jit
-    def _split_finish(op, fp, om, cnt, units, total, TWO: tl.constexpr = False, off2=0, om2=None):
+    def _store_sums(p, y, mask, ATOMIC: tl.constexpr):
+        """Sums y at p: added in fp32 (a K split's partial sums) or stored in p's type."""
+        if ATOMIC:
+            tl.atomic_add(p, y, mask=mask, sem="relaxed")
+        else:
+            tl.store(p, y.to(p.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _finish_sums(op, fp, om):
+        """The completed fp32 sums at op (read from L2) cast to fp; zeros left at op for the next call."""
+        tot = tl.load(op, mask=om, other=0.0, cache_modifier=".cg")
+        tl.store(fp, tot.to(fp.dtype.element_ty), mask=om)
+        tl.store(op, tl.zeros_like(tot), mask=om)
+
+    @triton.jit
+    def _split_finish(op, fp, om, cnt, units, total, TWO: tl.constexpr = False, off2=0, om2=None,
+                      PAIR: tl.constexpr = False, offb=0, omb=None, omb2=None):
         """Split-K epilogue without kernels of its own (no zeroing before, no cast after): once the program's
         threads have added their fp32 partial sums at op, they meet at a barrier and one thread adds the program's
         `units` of the sums' `total` at cnt (acq_rel: a K split is 1 of the splits, a stream-K part its iterations;
@@ -1210,7 +1301,8 @@ if HAVE_TRITON:
         the program that completes the total reads the sums from L2, writes them cast at fp and leaves zeros (and
         the counter) for the next call. (A fence in every thread before the barrier, as before, cost 0.2-0.45 us a
         call on the H200: benchmarks/device/finish_probe.py; 300 calls a shape since then found no missed sums.)
-        TWO: a second set of sums at op + off2 (cast to fp + off2) under om2."""
+        TWO: a second set of sums at op + off2 (cast to fp + off2) under om2. PAIR: the same again at op + offb (a
+        warp's second tile) under omb (and omb2)."""
         tl.debug_barrier()
         if tl.atomic_add(cnt, units, sem="acq_rel") == total - units:
             tot = tl.load(op, mask=om, other=0.0, cache_modifier=".cg")
@@ -1220,6 +1312,10 @@ if HAVE_TRITON:
                 tot2 = tl.load(op + off2, mask=om2, other=0.0, cache_modifier=".cg")
                 tl.store(fp + off2, tot2.to(fp.dtype.element_ty), mask=om2)
                 tl.store(op + off2, tl.zeros_like(tot2), mask=om2)
+            if PAIR:
+                _finish_sums(op + offb, fp + offb, omb)
+                if TWO:
+                    _finish_sums(op + offb + off2, fp + offb + off2, omb2)
             tl.store(cnt, 0)
 
     @triton.jit
@@ -1409,6 +1505,7 @@ class GemvConfig:
     chain: bool = False  # bf16 tensor-core form: each call a programmatic dependent of the kernel before it (PDL)
     xjit: bool = False  # tensor-core form: x loaded in the iteration that uses it, only the weights double-buffered
     xshare: bool = False  # tensor-core form, no K slices: x loaded once a program, shared through shared memory
+    pair: bool = False  # tensor-core form, x loaded in place: each warp two 16-row tiles against one x load a step
 
     @property
     def name(self) -> str:
@@ -1418,7 +1515,11 @@ class GemvConfig:
                 + (f",t={self.warps_per_sm}" if self.warps_per_sm and not self.split else "")
                 + (",1k" if self.one_kernel else "") + (",bx" if self.bx else "") + (",sk" if self.stream else "")
                 + (f",ks={self.slices}" if self.slices > 1 else "") + (",pc" if self.chain else "")
-                + (",xj" if self.xjit else "") + (",xs" if self.xshare else ""))
+                + (",xj" if self.xjit else "") + (",xs" if self.xshare else "") + (",tp" if self.pair else ""))
+
+    @property
+    def tiles_per_warp(self) -> int:
+        return 2 if self.pair else 1
 
     @property
     def k_multiple(self) -> int:
@@ -1519,6 +1620,18 @@ FP4_MMA_XS_AHEAD = replace(FP4_MMA_DEFAULT, xshare=True)  # an iteration ahead, 
 FP4_MMA_BX_SK_XS = replace(FP4_MMA_BX_SK, xshare=True)
 FP4_MMA_XSHARE = (FP4_MMA_XS, FP4_MMA_XS_AHEAD, FP4_MMA_BX_SK_XS, replace(FP4_MMA_BX_SK_XS, xjit=True),
                   replace(FP4_MMA_XS_AHEAD, block_k=256, warps_per_sm=18))
+# tile pairs (pair): each warp two 16-row tiles, tiles w and w + 4 of an 8-tile group, both against the same x
+# fragments, loaded in the iteration that uses them: a warp loads x once for twice the weight bytes (at M = 16 x's
+# 2 KB a step against 1 KB of weight and 128 bytes of scales), with no shared memory or barrier (xshare's
+# conversion), and both tiles' weights double-buffered. sm_90: 100 registers at M = 9-16 with a K split, 128
+# without (4 programs an SM), 72 at M <= 8 (benchmarks/kernel_resources.py). H200 (2026-12-01, read 4383 GB/s,
+# benchmarks/device/pair_probe.py), M = 16, us, the plan before against tile pairs: the lm_heads, unsplit, 128256x4096
+# 100.1 / 91.7, 129280x7168 189.7 / 177.5, 154880x6144 197.7 / 183.1: the M = 9-16 default there since. With a K
+# split it lost on all seven mid-sized shapes, its four programs an SM too few (28672x4096 25.8 / 29.8 at best,
+# 36864x7168 53.7 / 61.9, 7168x18432 28.0 / 28.8), and at M = 8 on all but one (7168x18432 23.9 / 23.5); 2 steps an
+# iteration in 84 registers (5 programs an SM) lost more, but on the M = 8 lm_heads (128256x4096 84.4 / 87.1)
+FP4_MMA_TP = GemvConfig(128, 128, 4, mma=True, evict=True, warps_per_sm=14, bx=True, xjit=True, pair=True)
+FP4_MMA_PAIR = (FP4_MMA_TP, replace(FP4_MMA_TP, block_k=64))
 # tried on the H200 and left out (within 0.2 us of the bf16 default below the lm_heads, or slower): bf16 with about
 # 20 warps an SM, 4 steps an iteration split for 27 or 18 warps an SM, 8-warp programs
 # the M=1 CUDA-core forms that still win small shapes (latency-bound: one kernel, no x packing, no split-K)
@@ -1536,7 +1649,7 @@ FP4_STAGE_CONFIGS = (FP4_MMA_CONFIGS[:5] + (FP4_MMA_BX_SK, FP4_MMA_KS2, FP4_MMA_
 # M = 2..16 (with the K-sliced form with x loaded in place: 28672x4096 at M=16 26.5 us on the H200, the fastest)
 FP4_STAGE_CONFIGS_M = (FP4_MMA_DEFAULT, FP4_MMA_BX_SK, FP4_MMA_BX_40, FP4_MMA_FP16, FP4_MMA_KS2,
                        FP4_MMA_KS2_WIDE, FP4_MMA_XJ, replace(FP4_MMA_KS2, xjit=True), FP4_MMA_XS, FP4_MMA_XS_AHEAD,
-                       FP4_MMA_BX_SK_XS)
+                       FP4_MMA_BX_SK_XS, FP4_MMA_TP)
 
 
 # the grouped (MoE) tensor-core form, the default where it fits (H200, 8 of 256 experts, DeepSeek-V3 / GLM-5: 61 / 54 us,
@@ -1585,7 +1698,8 @@ def fp4_config_for(m: int, k: int, device="cuda", n: int = 0) -> GemvConfig | No
     on N >= FP4_WIDE_ROWS (an lm_head) with 4 steps an iteration and no split (FP4_MMA_BX_WIDE); up to M = 8 in two
     K slices a tile from FP4_KS2_VALUES weights or FP4_KS2_WARPS_PER_SM sliced warps an SM (FP4_MMA_KS2), split over
     K below that; above M = 8 with x loaded once a program and shared (_m16_plan: FP4_MMA_XS split over K, its split
-    cut to fit one wave where needed, else stream-K; no split: FP4_MMA_XS_AHEAD); else the CUDA-core asm form at M=1 and
+    cut to fit one wave where needed, else stream-K; no split: FP4_MMA_XS_AHEAD, or on an lm_head two tiles a warp,
+    FP4_MMA_TP); else the CUDA-core asm form at M=1 and
     None above. Callers that time the forms (the gemm stage, the benchmark) keep the fastest; this is what the
     simulated step runs."""
     if mma_supported(device) and m == 1 and n >= FP4_WIDE_ROWS and k % FP4_MMA_BX_WIDE.block_k == 0:
@@ -1612,7 +1726,8 @@ DENSE_BLOCK_CONFIGS = (GemvConfig(8, 1024, 4), GemvConfig(16, 512, 4), GemvConfi
 
 def _m16_plan(n: int, k: int, sms: int) -> GemvConfig:
     """M = 9-16, x loaded once a program (xshare): with no K split (many short programs, several waves), x an
-    iteration ahead (FP4_MMA_XS_AHEAD); where the K split's grid (as Nvfp4Gemv plans it) fits one wave of
+    iteration ahead (FP4_MMA_XS_AHEAD), but on the lm_heads (N >= FP4_WIDE_ROWS) two tiles a warp (FP4_MMA_TP,
+    7-9% faster on the H200); where the K split's grid (as Nvfp4Gemv plans it) fits one wave of
     FP4_XJ_PROGRAMS_PER_SM programs an SM, x in place (FP4_MMA_XS: fewer registers); else the same with the split cut
     to what fits one wave, while that is still a split; else stream-K (FP4_MMA_BX_SK_XS). H200, M=16 (the forms'
     comment has the times): each the fastest of the eleven forms tried on the eight shapes tried, or within 3.5%
@@ -1624,7 +1739,7 @@ def _m16_plan(n: int, k: int, sms: int) -> GemvConfig:
     programs, places = math.ceil(tiles / cfg.warps), FP4_XJ_PROGRAMS_PER_SM * sms
     _, split = mma_k_plan(cfg, tiles, k // 64, sms)
     if split == 1:
-        return FP4_MMA_XS_AHEAD
+        return FP4_MMA_TP if n >= FP4_WIDE_ROWS else FP4_MMA_XS_AHEAD
     if programs * split <= places:
         return cfg
     cut = places // programs
@@ -1648,13 +1763,15 @@ def mma_split(n_tiles: int, k_blocks: int, warps_per_sm: int, sms: int) -> int:
 def mma_k_plan(cfg: GemvConfig, n_tiles: int, n_steps: int, sms: int, split: int | None = None) -> tuple[int, int]:
     """(steps a split, splits) of the tensor-core form's K split (not stream-K) over n_tiles 16-row tiles and n_steps
     64-value steps: `split`, else the config's, else about cfg.warps_per_sm warps an SM (mma_split), else split_for;
-    every split a whole number of the program's steps (an iteration's, times its K slices)."""
+    every split a whole number of the program's steps (an iteration's, times its K slices). With tile pairs a warp
+    takes two of the tiles."""
     block = cfg.block_k // 64 * cfg.slices
     split = split or cfg.split
+    warps = math.ceil(n_tiles / cfg.tiles_per_warp) * cfg.slices
     if split is None and cfg.warps_per_sm:
-        split = mma_split(n_tiles * cfg.slices, n_steps // block, cfg.warps_per_sm, sms)
+        split = mma_split(warps, n_steps // block, cfg.warps_per_sm, sms)
     if split is None:
-        split = split_for(math.ceil(n_tiles / (cfg.warps // cfg.slices)), 1, n_steps // block, sms)
+        split = split_for(math.ceil(warps / cfg.warps), 1, n_steps // block, sms)
     per, split, _ = _k_plan(n_steps, block, split)
     return per, split
 
@@ -1744,9 +1861,12 @@ class Nvfp4Gemv:
     def _init_mma(self, device, split: int | None, pdl: bool | None) -> None:
         cfg, k = self.cfg, self.k
         self.steps = cfg.block_k // 64
-        if cfg.block_k % 64 or cfg.block_n * cfg.slices != 16 * cfg.warps or k % cfg.block_k:
-            raise DecodeGapError(f"nvfp4 gemv: the tensor-core form needs BLOCK_N = 16 x warps / slices and K a "
-                                 f"multiple of BLOCK_K = 64 x steps ({cfg.name}, K={k})")
+        if cfg.block_k % 64 or cfg.block_n * cfg.slices != 16 * cfg.warps * cfg.tiles_per_warp or k % cfg.block_k:
+            raise DecodeGapError(f"nvfp4 gemv: the tensor-core form needs BLOCK_N = 16 x warps / slices (x 2 with "
+                                 f"tile pairs) and K a multiple of BLOCK_K = 64 x steps ({cfg.name}, K={k})")
+        if cfg.pair and not (cfg.bx and cfg.xjit) or cfg.pair and (cfg.stream or cfg.xshare or cfg.slices != 1):
+            raise DecodeGapError(f"nvfp4 gemv: tile pairs are a bf16 K split with x loaded in place (bx, xj): no "
+                                 f"stream-K, shared x or K slices ({cfg.name})")
         if cfg.chain and not cfg.bx:
             raise DecodeGapError(f"nvfp4 gemv: only the bf16 form chains on the kernel before it ({cfg.name})")
         if cfg.bx and cfg.one_kernel:
@@ -1762,7 +1882,7 @@ class Nvfp4Gemv:
         self.words, self.scales = repack_mma(self.q, bx=cfg.bx)
         nt, nsteps = self.words.shape[0], self.words.shape[1]
         slices = cfg.slices
-        ctas = math.ceil(nt / (cfg.warps // slices))
+        ctas = math.ceil(nt / (cfg.warps // slices * cfg.tiles_per_warp))
         self.stream = cfg.stream
         self.groups = ctas
         if self.stream:  # one wave: 24 warps an SM until the compiled kernel's registers say (_replan_stream)
@@ -1837,7 +1957,7 @@ class Nvfp4Gemv:
             WARPS=self.cfg.warps, BLOCK_M=self.block_m, UNROLL=self.steps, ATOMIC=split_sums,
             USE_ASM=not interpreted(), EV=_evict(self.cfg), PDL=self.pdl, SELF_PACK=self.one_kernel and not self.bx,
             FINISH=finish, BX=self.bx, STREAM=self.stream, SLICES=self.cfg.slices, DEPS=self.pdl and self.cfg.chain,
-            XJIT=self.cfg.xjit, XS=self.cfg.xshare,
+            XJIT=self.cfg.xjit, XS=self.cfg.xshare, PAIR=self.cfg.pair,
             num_warps=self.cfg.warps,
             **_pdl_launch(self.pdl))
         if split_sums and not finish:

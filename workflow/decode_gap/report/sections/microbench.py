@@ -105,7 +105,8 @@ NVFP4_FORM_PARTS = (("m", "tensor cores (mma.sync)"), ("a", "CUDA-core asm decod
                     ("bx", "bf16 on x as it is, one kernel a call"), ("sk", "stream-K: one wave, equal work a program"),
                     ("1k", "fp16, one kernel a call"), ("ks", "K slices a tile, summed in the program"),
                     ("xj", "x loaded in the iteration that uses it, only the weights double-buffered"),
-                    ("xs", "x loaded once a program and shared by its warps through shared memory"))
+                    ("xs", "x loaded once a program and shared by its warps through shared memory"),
+                    ("tp", "two 16-row tiles a warp against the same x loads"))
 
 
 def nvfp4_form_legend(backends: Any) -> str:
