@@ -94,7 +94,8 @@ def checks(env: BenchEnv) -> None:
         for block in (False, True):
             fw = lp.quantize_fp8(w, block)
             ref8 = x.float() @ lp.dequantize_fp8(fw).t()
-            for cfg in (lp.DENSE_BLOCK_CONFIGS if block else lp.DENSE_CONFIGS)[:2 if m == 1 else 0]:
+            for cfg in ((lp.DENSE_BLOCK_CONFIGS[:2] + lp.DENSE_BLOCK_XSCALE if block else lp.DENSE_CONFIGS[:2])
+                        if m == 1 else ()):
                 _check(f"fp8 {'block' if block else 'tensor'} {cfg.name}", m, n, k,
                        lambda: lp.DenseGemv(fw, m, dev, cfg, out_dtype=torch.float32)(x), ref8, 1e-4)
         wb = w.to(torch.bfloat16)
@@ -254,9 +255,10 @@ def dense_case(env: BenchEnv, model: str, n: int, k: int, m: int, old: bool, fp8
             fw = lp.quantize_fp8(w, block)
             fws = [fw] + [lp.Fp8Weight(fw.data.clone(), fw.scales.clone(), block) for _ in range(c8 - 1)]
             cfgs = lp.DENSE_BLOCK_CONFIGS if block else lp.DENSE_CONFIGS
+            cfgs = (cfgs if fp8_all else cfgs[:2]) + (lp.DENSE_BLOCK_XSCALE if block else ())
             bld = {f"{'block' if block else 'tensor'} {c.name}": (lambda c=c: [(lambda g=g: g(x)) for g in
                                                                              [lp.DenseGemv(f, m, dev, c) for f in fws]])
-                   for c in (cfgs if fp8_all else cfgs[:2])}
+                   for c in cfgs}
             name, us, times = best_of(env, bld, nb8)
             put("fp8_block_gemv" if block else "fp8_gemv", name, us, nb8, times)
             fws = fw = None

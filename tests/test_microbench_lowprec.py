@@ -229,7 +229,10 @@ import torch
 from decode_gap.kernels import nvfp4 as nv, lowprec as lp
 torch.manual_seed(0)
 for m, n, k, kind, cfg in [(1, 40, 256, "bf16", lp.GemvConfig(16, 64)), (3, 40, 200, "fp8", lp.GemvConfig(16, 64)), (1, 40, 200, "fp8", lp.GemvConfig(8, 64, split=2)),
-                           (1, 300, 384, "fp8b", lp.GemvConfig(16, 256)), (1, 130, 260, "fp8b", lp.GemvConfig(8, 128, split=2)), (5, 130, 260, "fp8b", lp.GemvConfig(32, 128, split=2))]:
+                           (1, 300, 384, "fp8b", lp.GemvConfig(16, 256)), (1, 130, 260, "fp8b", lp.GemvConfig(8, 128, split=2)), (5, 130, 260, "fp8b", lp.GemvConfig(32, 128, split=2)),
+                           # block scales applied to x (xscale): one 128-row block a program, ragged K and N, split or not
+                           (1, 300, 384, "fp8b", lp.GemvConfig(16, 256, xscale=True)), (1, 130, 260, "fp8b", lp.GemvConfig(8, 128, split=2, xscale=True)),
+                           (1, 256, 1024, "fp8b", lp.DENSE_BLOCK_XSCALE[0])]:
     w = torch.randn(n, k)
     x = torch.randn(m, k).to(torch.bfloat16)
     if kind == "bf16":
@@ -240,6 +243,11 @@ for m, n, k, kind, cfg in [(1, 40, 256, "bf16", lp.GemvConfig(16, 64)), (3, 40, 
     g.out.fill_(float("nan"))
     err = nv.relative_error(g(x), ref)
     assert err < 1e-5, (kind, m, n, k, err)
+try:  # a program's rows must lie in one 128-row block for x to take its scales
+    lp.DenseGemv(lp.quantize_fp8(torch.randn(256, 256), block=True), 1, "cpu", cfg=lp.GemvConfig(256, 128, xscale=True))
+    raise AssertionError("BLOCK_N 256 with xscale was accepted")
+except lp.DecodeGapError as exc:
+    assert "one 128-row block" in str(exc)
 E, H, I = 5, 128, 64
 ids = torch.tensor([3, 0, 4]); rw = torch.rand(3)
 x = torch.randn(1, H).to(torch.bfloat16)

@@ -1203,13 +1203,34 @@ if HAVE_TRITON:
     @triton.jit
     def _dense_rows_m1(x_base, w_base, s_base, rows, nmask, k_start, k_end, stride_wn, stride_sn,
                        SCALE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                       EVEN_N: tl.constexpr):
+                       EVEN_N: tl.constexpr, XSCALE: tl.constexpr = False):
         """M=1: a 2-D tile, reduced every iteration (what gemv.py does for bf16); block scales per 128 columns
-        through a [BLOCK_N, BLOCK_K / 128, 128] view of the same tile."""
+        through a [BLOCK_N, BLOCK_K / 128, 128] view of the same tile. XSCALE (block scales, BLOCK_N dividing 128:
+        the program's rows in one 128-row block): the block's scales applied to x's 128-column blocks, once for all
+        the rows, then one sum a row, as with a per-tensor scale, instead of a sum a row and column block."""
         acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
         NB: tl.constexpr = BLOCK_K // 128 if SCALE == 2 else 1
+        rb = 0
+        if XSCALE:
+            rb = tl.min(rows, axis=0) // 128  # the rows' one block
         for k0 in range(k_start, k_end, BLOCK_K):
-            if SCALE == 2:  # BLOCK_K is a multiple of 128 and k0 is 128-aligned
+            if SCALE == 2 and XSCALE:
+                kk = k0 + tl.arange(0, NB)[:, None] * 128 + tl.arange(0, 128)[None, :]  # [NB, 128]
+                wp = w_base + rows[:, None, None] * stride_wn + kk[None, :, :]
+                kb = k0 // 128 + tl.arange(0, NB)
+                sb = tl.load(s_base + rb * stride_sn + kb, mask=kb * 128 < k_end, other=0.0)
+                if EVEN_K:
+                    if EVEN_N:
+                        w = tl.load(wp)
+                    else:
+                        w = tl.load(wp, mask=nmask[:, None, None], other=0.0)
+                    x = tl.load(x_base + kk)
+                else:
+                    w = tl.load(wp, mask=nmask[:, None, None] & (kk < k_end)[None, :, :], other=0.0)
+                    x = tl.load(x_base + kk, mask=kk < k_end, other=0.0)
+                xs = x.to(tl.float32) * sb[:, None]
+                acc += tl.sum(tl.reshape(w.to(tl.float32) * xs[None, :, :], (BLOCK_N, BLOCK_K)), axis=1)
+            elif SCALE == 2:  # BLOCK_K is a multiple of 128 and k0 is 128-aligned
                 kk = k0 + tl.arange(0, NB)[:, None] * 128 + tl.arange(0, 128)[None, :]  # [NB, 128]
                 wp = w_base + rows[:, None, None] * stride_wn + kk[None, :, :]
                 if EVEN_K:
@@ -1245,11 +1266,12 @@ if HAVE_TRITON:
     @triton.jit
     def _dense_rows(x_base, w_base, s_base, rows, nmask, ms, mmask, k_start, k_end, stride_xm, stride_wn, stride_sn,
                     SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
-        """[BLOCK_M, BLOCK_N] partial of x @ W^T over [k_start, k_end); SCALE 2 applies 128x128 block scales."""
+                    EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, XSCALE: tl.constexpr = False):
+        """[BLOCK_M, BLOCK_N] partial of x @ W^T over [k_start, k_end); SCALE 2 applies 128x128 block scales
+        (XSCALE: to x, at M=1; _dense_rows_m1)."""
         if BLOCK_M == 1:
             return _dense_rows_m1(x_base, w_base, s_base, rows, nmask, k_start, k_end, stride_wn, stride_sn,
-                                  SCALE, BLOCK_N, BLOCK_K, EVEN_K, EVEN_N)[None, :]
+                                  SCALE, BLOCK_N, BLOCK_K, EVEN_K, EVEN_N, XSCALE)[None, :]
         acc3 = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(k_start, k_end, BLOCK_K):
@@ -1327,6 +1349,7 @@ if HAVE_TRITON:
         SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, HAS_IDS: tl.constexpr, PAIRED: tl.constexpr,
         ATOMIC: tl.constexpr, ROW_WEIGHT: tl.constexpr, FINISH: tl.constexpr = False, USE_ASM: tl.constexpr = False,
+        XSCALE: tl.constexpr = False,
     ):
         """bf16 or fp8 weight (SCALE 0: none, 1: one fp32 per tensor/expert, 2: 128x128 blocks), bf16 x, M <= 16.
         FINISH (dense, ATOMIC): the last K split casts the sums into fin_ptr (_split_finish)."""
@@ -1347,12 +1370,12 @@ if HAVE_TRITON:
         w_base = w_ptr + e * stride_we
         s_base = s_ptr + e * stride_se
         y = _dense_rows(x_base, w_base, s_base, rows, nmask, ms, mmask, k_start, k_end, stride_xm, stride_wn,
-                        stride_sn, SCALE, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, EVEN_N)
+                        stride_sn, SCALE, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, EVEN_N, XSCALE)
         if SCALE == 1:
             y = y * tl.load(s_base)
         if PAIRED:
             u = _dense_rows(x_base, w_base, s_base, rows + pair_off, nmask, ms, mmask, k_start, k_end, stride_xm,
-                            stride_wn, stride_sn, SCALE, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, EVEN_N)
+                            stride_wn, stride_sn, SCALE, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, EVEN_N, XSCALE)
             if SCALE == 1:
                 u = u * tl.load(s_base)
             y = y / (1.0 + tl.exp(-y)) * u
@@ -1506,6 +1529,7 @@ class GemvConfig:
     xjit: bool = False  # tensor-core form: x loaded in the iteration that uses it, only the weights double-buffered
     xshare: bool = False  # tensor-core form, no K slices: x loaded once a program, shared through shared memory
     pair: bool = False  # tensor-core form, x loaded in place: each warp two 16-row tiles against one x load a step
+    xscale: bool = False  # fp8 128x128 blocks at M=1, BLOCK_N dividing 128: the block scales applied to x
 
     @property
     def name(self) -> str:
@@ -1515,7 +1539,7 @@ class GemvConfig:
                 + (f",t={self.warps_per_sm}" if self.warps_per_sm and not self.split else "")
                 + (",1k" if self.one_kernel else "") + (",bx" if self.bx else "") + (",sk" if self.stream else "")
                 + (f",ks={self.slices}" if self.slices > 1 else "") + (",pc" if self.chain else "")
-                + (",xj" if self.xjit else "") + (",xs" if self.xshare else "") + (",tp" if self.pair else ""))
+                + (",xj" if self.xjit else "") + (",xs" if self.xshare else "") + (",tp" if self.pair else "") + (",xb" if self.xscale else ""))
 
     @property
     def tiles_per_warp(self) -> int:
@@ -1722,6 +1746,15 @@ DENSE_CONFIGS = (GemvConfig(8, 2048, 4), GemvConfig(16, 1024, 4), GemvConfig(4, 
                  GemvConfig(8, 1024, 4, split=1))
 DENSE_BLOCK_CONFIGS = (GemvConfig(8, 1024, 4), GemvConfig(16, 512, 4), GemvConfig(4, 1024, 4), GemvConfig(8, 512, 4),
                        GemvConfig(8, 512, 4, split=1))
+# the block scales of a program's one 128-row block applied to x (xscale, M=1 dense only), then one sum a row as with
+# a per-tensor scale, instead of a sum a row and 128-column block: H200 (2026-12-01, two runs, read 4381 and 4458
+# GB/s, benchmarks/device/fp8_block_probe.py), us, the best of DENSE_BLOCK_CONFIGS / of these: DeepSeek-V3 7168x18432
+# 36.8 / 35.6 and 36.4 / 35.2, GLM-5 6144x16384 29.9 / 28.2 and 29.6 / 27.9, 4096x14336 18.4 / 18.0 and 18.3 / 17.8,
+# 6144x4096 9.8 / 9.3 and 9.9 / 9.3; on 28672x4096 and up the unscaled-x form stays ahead or level (36864x7168 65.4 /
+# 68.2, 128256x4096 123.3 / 125.9). Timed beside DENSE_BLOCK_CONFIGS by the gemm stage and the benchmark, which keep
+# the fastest. (torch._scaled_mm with 128x128 block scales on w and 1x128 on x: not at M=1 on the H200 with torch
+# 2.11, cuBLAS says not supported; at M=16 0.39-0.77 of read bandwidth, e.g. 28672x4096 35.1 us, 7168x18432 43.9)
+DENSE_BLOCK_XSCALE = (GemvConfig(16, 1024, 4, xscale=True), GemvConfig(8, 2048, 4, xscale=True))
 
 
 def _m16_plan(n: int, k: int, sms: int) -> GemvConfig:
@@ -2021,6 +2054,9 @@ class DenseGemv:
         if self.scale_kind == 2 and (bk % FP8_BLOCK if m == 1 else FP8_BLOCK % bk):
             raise DecodeGapError(f"dense gemv: 128x128 block scales need BLOCK_K a multiple of 128 at M=1 and a "
                                  f"divisor of 128 above (BLOCK_K={bk}, M={m})")
+        if self.cfg.xscale and FP8_BLOCK % self.cfg.block_n:
+            raise DecodeGapError(f"dense gemv: block scales applied to x need a program's rows in one 128-row block "
+                                 f"(BLOCK_N dividing 128: {self.cfg.name})")
         n_tiles = math.ceil(n / self.cfg.block_n)
         split = split or self.cfg.split
         if split is None:
@@ -2059,7 +2095,8 @@ class DenseGemv:
             self.cnt, SCALE=self.scale_kind, BLOCK_M=_pow2(self.m), BLOCK_N=self.cfg.block_n,
             BLOCK_K=self.cfg.block_k, EVEN_K=self.even_k, EVEN_N=self.n % self.cfg.block_n == 0, HAS_IDS=False,
             PAIRED=False, ATOMIC=self.acc is not None, ROW_WEIGHT=False, FINISH=self.finish,
-            USE_ASM=not interpreted(), num_warps=self.cfg.warps)
+            USE_ASM=not interpreted(), XSCALE=self.cfg.xscale and self.scale_kind == 2 and self.m == 1,
+            num_warps=self.cfg.warps)
         if self.acc is not None and not self.finish:
             self.out.copy_(self.acc)
         return self.out

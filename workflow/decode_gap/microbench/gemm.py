@@ -106,7 +106,7 @@ def lowprec_variants(env: BenchEnv, be: Backend, m: int) -> list[str]:
         return []
     if be.dtype == FP8 and m == 1:  # CUDA-core FMA: M FMAs per weight byte, so only the GEMV
         return ([f"{FP8_GEMV} {c.name}" for c in lp.DENSE_CONFIGS[:3]]
-                + [f"{FP8_BLOCK_GEMV} {c.name}" for c in lp.DENSE_BLOCK_CONFIGS[:3]])
+                + [f"{FP8_BLOCK_GEMV} {c.name}" for c in lp.DENSE_BLOCK_CONFIGS[:3] + lp.DENSE_BLOCK_XSCALE])
     if be.dtype == NVFP4 and be.label == nv.WeightOnlyGemm.label:
         return [f"{FP4_GEMV} {c.name}" for c in (lp.FP4_STAGE_CONFIGS if m == 1 else lp.FP4_STAGE_CONFIGS_M)]
     return []
@@ -118,7 +118,8 @@ FP4_VARIANT_CONFIGS = lp.FP4_M1_CONFIGS + lp.FP4_STAGE_CONFIGS + lp.FP4_STAGE_CO
 
 def variant_config(variant: str) -> lp.GemvConfig:
     """The GEMV form a candidate name of lowprec_variants names (one lookup for building and checking it)."""
-    prefix, configs = ((FP8_BLOCK_GEMV, lp.DENSE_BLOCK_CONFIGS) if variant.startswith(FP8_BLOCK_GEMV)
+    block_configs = lp.DENSE_BLOCK_CONFIGS + lp.DENSE_BLOCK_XSCALE
+    prefix, configs = ((FP8_BLOCK_GEMV, block_configs) if variant.startswith(FP8_BLOCK_GEMV)
                        else (FP8_GEMV, lp.DENSE_CONFIGS) if variant.startswith(FP8_GEMV)
                        else (FP4_GEMV, FP4_VARIANT_CONFIGS))
     cfg = next((c for c in configs if variant == f"{prefix} {c.name}"), None)
