@@ -565,7 +565,8 @@ def main() -> int:
     if "llama" in sections:
         for n, k in llama:
             run(f"llama {n}x{k} M=1", lambda n=n, k=k: dense_case(env, "llama-3.1-8b", n, k, 1, old=True, fp8_all=True))
-        for (n, k), m in ((llama[0], 4), (llama[0], 16), (llama[2], 4), (llama[2], 8), (llama[2], 16)) if env.is_gpu else ():
+        for (n, k), m in ((llama[0], 4), (llama[0], 16), (llama[2], 4), (llama[2], 8), (llama[2], 16),
+                          (llama[4], 16)) if env.is_gpu else ():
             run(f"llama {n}x{k} M={m}", lambda n=n, k=k, m=m: dense_case(env, "llama-3.1-8b", n, k, m, old=m == 4,
                                                                          fp8_all=False))
     if "moe" in sections or "moe4" in sections:  # moe4: the two NVFP4 grouped forms only (no baselines)

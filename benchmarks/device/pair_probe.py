@@ -8,6 +8,17 @@ and the form that shares x through shared memory (xshare) pays two barriers and 
 A warp with two tiles loads x once for both: half the x loads, x registers and loop bookkeeping a weight byte, with
 no barrier, in 100 registers (sm_90, kernel_resources.py) where the one-tile form takes 72. Each form is checked
 against dequantise-then-matmul first, x changing each call.
+
+    PYTHONPATH=workflow python3 benchmarks/device/pair_probe.py extra [M ...]  # other M = 9-16 forms (EXTRA)
+
+What it found (2026-12-01, H200, read 4383 GB/s, us a call; lowprec.FP4_MMA_TP's comment has more):
+  M=16, the default before / tile pairs at best: the lm_heads 128256x4096 100.1 / 91.7, 129280x7168 189.7 / 177.5,
+  154880x6144 197.7 / 183.1 (no split, several waves: the default there since); with a K split tile pairs lost on
+  all seven mid-sized shapes (28672x4096 25.8 / 29.8 with the split cut to one wave, 36864x7168 53.7 / 61.9,
+  4096x14336 15.2 / 16.8), four programs an SM being too few; M=8: 7168x18432 23.9 / 23.5, the rest lost; M=1 lost.
+The extra run (read 4460 GB/s): one step an iteration (60-61 registers, 8 programs an SM) and 8-warp programs
+sharing one x chunk lost to the default on every shape at M=16 (28672x4096 25.9 against 27.3 at best, 36864x7168
+53.2 against 54.8, 6144x16384 22.7 against 24.2); more warps an SM did not make up for the extra steps' overhead.
 """
 
 from __future__ import annotations
@@ -56,6 +67,44 @@ def check(q, m: int, k: int, dev, forms: dict) -> None:
               flush=True)
 
 
+# `extra` mode: other ways to fit more warps an SM at M = 9-16, one step an iteration (sm_90: 60-61 registers for
+# 70-72, so 8 programs an SM for 7) and 8-warp programs sharing one x chunk
+EXTRA = {"xs 1 step": replace(lp.FP4_MMA_XS, block_k=64), "xs 1 step t=32": replace(lp.FP4_MMA_XS, block_k=64,
+                                                                                     warps_per_sm=32),
+         "xj 1 step": replace(lp.FP4_MMA_XJ, block_k=64), "xs 8 warps": replace(lp.FP4_MMA_XS, warps=8, block_n=128),
+         "xs 8 warps 1 step": replace(lp.FP4_MMA_XS, warps=8, block_n=128, block_k=64),
+         "xs ahead 1 step": replace(lp.FP4_MMA_XS_AHEAD, block_k=64)}
+
+
+def extra(ms: list[int]) -> None:
+    dev = torch.device("cuda")
+    env = BenchEnv(device=dev, warmup=3, iters=30, cpu_budget_s=0.05)
+    read = memory.measure_memory(env)["read_gbps"]
+    print(f"read {read:.0f} GB/s", flush=True)
+    for n, k in SHAPES:
+        q = nv.quantize_nvfp4(torch.randn((n, k), device=dev, dtype=torch.bfloat16))
+        qs = ld.nvfp4_copies(q, dev)
+        for m in ms:
+            forms = {"default": lp.fp4_config_for(m, k, dev, n), **EXTRA}
+            check(q, m, k, dev, forms)
+            x = torch.randn((m, k), device=dev, dtype=torch.bfloat16)
+            _, _, times = ld.best_of(env, ld.fp4_builders(qs, x, dev, list(forms.values())),
+                                     ld.nvfp4_call_bytes(n, k, m))
+            show(n, k, m, times, forms["default"], read)
+        qs = None
+        torch.cuda.empty_cache()
+
+
+def show(n: int, k: int, m: int, times: dict, default: lp.GemvConfig, read: float) -> None:
+    nb = nv.nvfp4_bytes(n, k)
+    for name, us in times.items():
+        us = us if us is not None else ld.RESULTS["errors"].get(name, "error")
+        tag = " (default)" if name == default.name else ""
+        fr = f"{nb / (us * 1e-6) / (read * 1e9):.2f} r" if isinstance(us, float) else ""
+        print(f"{n:>6}x{k:<6} M={m:<2} {name + tag:<58} {us if isinstance(us, str) else f'{us:7.2f} us'} {fr}",
+              flush=True)
+
+
 def main(ms: list[int]) -> None:
     dev = torch.device("cuda")
     env = BenchEnv(device=dev, warmup=3, iters=30, cpu_budget_s=0.05)
@@ -76,16 +125,13 @@ def main(ms: list[int]) -> None:
             x = torch.randn((m, k), device=dev, dtype=torch.bfloat16)
             _, _, times = ld.best_of(env, ld.fp4_builders(qs, x, dev, list(forms.values())),
                                      ld.nvfp4_call_bytes(n, k, m))
-            nb = nv.nvfp4_bytes(n, k)
-            for name, us in times.items():
-                us = us if us is not None else ld.RESULTS["errors"].get(name, "error")
-                tag = " (default)" if name == default.name else ""
-                fr = f"{nb / (us * 1e-6) / (read * 1e9):.2f} r" if isinstance(us, float) else ""
-                print(f"{n:>6}x{k:<6} M={m:<2} {name + tag:<58} "
-                      f"{us if isinstance(us, str) else f'{us:7.2f} us'} {fr}", flush=True)
+            show(n, k, m, times, default, read)
         qs = None
         torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
-    main([int(a) for a in sys.argv[1:]] or [16, 8, 1])
+    if sys.argv[1:2] == ["extra"]:
+        extra([int(a) for a in sys.argv[2:]] or [16])
+    else:
+        main([int(a) for a in sys.argv[1:]] or [16, 8, 1])
