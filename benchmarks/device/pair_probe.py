@@ -16,6 +16,11 @@ What it found (2026-12-01, H200, read 4383 GB/s, us a call; lowprec.FP4_MMA_TP's
   154880x6144 197.7 / 183.1 (no split, several waves: the default there since); with a K split tile pairs lost on
   all seven mid-sized shapes (28672x4096 25.8 / 29.8 with the split cut to one wave, 36864x7168 53.7 / 61.9,
   4096x14336 15.2 / 16.8), four programs an SM being too few; M=8: 7168x18432 23.9 / 23.5, the rest lost; M=1 lost.
+Two heads runs on the next machine (read 4460-4462 GB/s), M=16, tile pairs / x shared in place / x shared ahead:
+  128256x4096 94.1 / 103.5 / 99.4 and 94.1 / 103.2 / 97.0; 129280x7168 192.6 / 177.7 / 172.2 and 182.8 / 176.6 /
+  178.3; 154880x6144 202.5 / 168.2 / 180.3 and 202.3 / 170.9 / 186.7. M=12: 88.7 / 102.2 / 95.8, 161.0 / 177.0 /
+  178.6, 167.2 / 174.2 / 181.4. So on the lm_heads the three forms trade places by shape, M and machine (summed over
+  the heads at M = 12 and 16, within 0.5%); the gemm stage times them all.
 The extra run (read 4460 GB/s): one step an iteration (60-61 registers, 8 programs an SM) and 8-warp programs
 sharing one x chunk lost to the default on every shape at M=16 (28672x4096 25.9 against 27.3 at best, 36864x7168
 53.2 against 54.8, 6144x16384 22.7 against 24.2); more warps an SM did not make up for the extra steps' overhead.
@@ -76,16 +81,21 @@ EXTRA = {"xs 1 step": replace(lp.FP4_MMA_XS, block_k=64), "xs 1 step t=32": repl
          "xs ahead 1 step": replace(lp.FP4_MMA_XS_AHEAD, block_k=64)}
 
 
-def extra(ms: list[int]) -> None:
+# `heads` mode: the lm_heads at M = 9-16 (no K split), the forms the gemm stage times there
+HEADS = {"tp": lp.FP4_MMA_TP, "xs in place": lp.FP4_MMA_XS, "xs ahead": lp.FP4_MMA_XS_AHEAD,
+         "bx": lp.FP4_MMA_DEFAULT}
+
+
+def extra(ms: list[int], forms_extra: dict = EXTRA, shapes: list = SHAPES) -> None:
     dev = torch.device("cuda")
     env = BenchEnv(device=dev, warmup=3, iters=30, cpu_budget_s=0.05)
     read = memory.measure_memory(env)["read_gbps"]
     print(f"read {read:.0f} GB/s", flush=True)
-    for n, k in SHAPES:
+    for n, k in shapes:
         q = nv.quantize_nvfp4(torch.randn((n, k), device=dev, dtype=torch.bfloat16))
         qs = ld.nvfp4_copies(q, dev)
         for m in ms:
-            forms = {"default": lp.fp4_config_for(m, k, dev, n), **EXTRA}
+            forms = {"default": lp.fp4_config_for(m, k, dev, n), **forms_extra}
             check(q, m, k, dev, forms)
             x = torch.randn((m, k), device=dev, dtype=torch.bfloat16)
             _, _, times = ld.best_of(env, ld.fp4_builders(qs, x, dev, list(forms.values())),
@@ -133,5 +143,7 @@ def main(ms: list[int]) -> None:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["extra"]:
         extra([int(a) for a in sys.argv[2:]] or [16])
+    elif sys.argv[1:2] == ["heads"]:
+        extra([int(a) for a in sys.argv[2:]] or [16, 12], HEADS, SHAPES[-3:])
     else:
         main([int(a) for a in sys.argv[1:]] or [16, 8, 1])
