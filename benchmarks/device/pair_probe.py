@@ -20,7 +20,11 @@ Two heads runs on the next machine (read 4460-4462 GB/s), M=16, tile pairs / x s
   128256x4096 94.1 / 103.5 / 99.4 and 94.1 / 103.2 / 97.0; 129280x7168 192.6 / 177.7 / 172.2 and 182.8 / 176.6 /
   178.3; 154880x6144 202.5 / 168.2 / 180.3 and 202.3 / 170.9 / 186.7. M=12: 88.7 / 102.2 / 95.8, 161.0 / 177.0 /
   178.6, 167.2 / 174.2 / 181.4. So on the lm_heads the three forms trade places by shape, M and machine (summed over
-  the heads at M = 12 and 16, within 0.5%); the gemm stage times them all.
+  the heads at M = 12 and 16, within 0.5%); the gemm stage times them all. A third such run (read 4458 GB/s) agreed
+  (190.1 / 181.3 / 166.2, 202.2 / 183.3 / 189.4). A heads run at M = 9, 12, 14, 16 on a machine reading 4386 GB/s,
+  like the first two runs', put tile pairs first on all three heads at M = 12-16 (M=16: 89.7 / 104.7 / 101.8,
+  170.6 / 186.0 / 188.1, 178.9 / 189.1 / 196.0) and within 3% at M=9: which form wins the bigger heads at M=16
+  depends on the machine.
 The extra run (read 4460 GB/s): one step an iteration (60-61 registers, 8 programs an SM) and 8-warp programs
 sharing one x chunk lost to the default on every shape at M=16 (28672x4096 25.9 against 27.3 at best, 36864x7168
 53.2 against 54.8, 6144x16384 22.7 against 24.2); more warps an SM did not make up for the extra steps' overhead.
@@ -38,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "workflow"))
 import torch  # noqa: E402
 
 import lowprec_device as ld  # noqa: E402
+from xtraffic_probe import check  # noqa: E402  (this folder is the script's: on sys.path)
 from decode_gap.kernels import lowprec as lp  # noqa: E402
 from decode_gap.kernels import nvfp4 as nv  # noqa: E402
 from decode_gap.microbench import memory  # noqa: E402
@@ -59,19 +64,6 @@ def one_wave(cfg: lp.GemvConfig, n: int, k: int, dev) -> lp.GemvConfig | None:
     return replace(cfg, split=cut) if g.split * programs > places and cut > 1 else None
 
 
-def check(q, m: int, k: int, dev, forms: dict) -> None:
-    deq = nv.dequantize_nvfp4(q)
-    x = torch.randn((m, k), device=dev, dtype=torch.bfloat16)
-    for name, c in forms.items():
-        g = lp.Nvfp4Gemv(q, m, dev, c)
-        errs = []
-        for _ in range(3):
-            x.normal_()
-            errs.append(nv.relative_error(g(x), x.float() @ deq.t()))
-        print(f"check M={m} {name} {c.name}: rel err {max(errs):.2e} {'ok' if max(errs) < 2e-2 else 'FAILED'}",
-              flush=True)
-
-
 # `extra` mode: other ways to fit more warps an SM at M = 9-16, one step an iteration (sm_90: 60-61 registers for
 # 70-72, so 8 programs an SM for 7) and 8-warp programs sharing one x chunk
 EXTRA = {"xs 1 step": replace(lp.FP4_MMA_XS, block_k=64), "xs 1 step t=32": replace(lp.FP4_MMA_XS, block_k=64,
@@ -86,7 +78,9 @@ HEADS = {"tp": lp.FP4_MMA_TP, "xs in place": lp.FP4_MMA_XS, "xs ahead": lp.FP4_M
          "bx": lp.FP4_MMA_DEFAULT}
 
 
-def extra(ms: list[int], forms_extra: dict = EXTRA, shapes: list = SHAPES) -> None:
+def sweep(ms: list[int], forms_for, shapes: list = SHAPES) -> None:
+    """For each shape and M: the forms forms_for(n, k, m, dev) names (with "default", the plan's), each checked
+    against dequantise-then-matmul (xtraffic_probe.check), then timed."""
     dev = torch.device("cuda")
     env = BenchEnv(device=dev, warmup=3, iters=30, cpu_budget_s=0.05)
     read = memory.measure_memory(env)["read_gbps"]
@@ -94,8 +88,10 @@ def extra(ms: list[int], forms_extra: dict = EXTRA, shapes: list = SHAPES) -> No
     for n, k in shapes:
         q = nv.quantize_nvfp4(torch.randn((n, k), device=dev, dtype=torch.bfloat16))
         qs = ld.nvfp4_copies(q, dev)
+        per_shape = forms_for(n, k, None, dev)  # built once a shape (the one-wave cut compiles and runs the form)
         for m in ms:
-            forms = {"default": lp.fp4_config_for(m, k, dev, n), **forms_extra}
+            forms = {name: c for name, c in {"default": lp.fp4_config_for(m, k, dev, n), **per_shape(m)}.items()
+                     if k % c.k_multiple == 0}
             check(q, m, k, dev, forms)
             x = torch.randn((m, k), device=dev, dtype=torch.bfloat16)
             _, _, times = ld.best_of(env, ld.fp4_builders(qs, x, dev, list(forms.values())),
@@ -103,6 +99,13 @@ def extra(ms: list[int], forms_extra: dict = EXTRA, shapes: list = SHAPES) -> No
             show(n, k, m, times, forms["default"], read)
         qs = None
         torch.cuda.empty_cache()
+
+
+def pair_forms(n: int, k: int, _m, dev):
+    """The main run's forms: tile pairs (and each cut to one wave where its split overflows it), xj above M = 8."""
+    fits = [one_wave(c, n, k, dev) for c in (lp.FP4_MMA_TP, replace(lp.FP4_MMA_TP, block_k=64))]
+    return lambda m: {**{c.name: c for c in lp.FP4_MMA_PAIR}, **{f"one wave {c.name}": c for c in fits if c},
+                      **({"xj": lp.FP4_MMA_XJ} if m > 8 else {})}
 
 
 def show(n: int, k: int, m: int, times: dict, default: lp.GemvConfig, read: float) -> None:
@@ -115,35 +118,10 @@ def show(n: int, k: int, m: int, times: dict, default: lp.GemvConfig, read: floa
               flush=True)
 
 
-def main(ms: list[int]) -> None:
-    dev = torch.device("cuda")
-    env = BenchEnv(device=dev, warmup=3, iters=30, cpu_budget_s=0.05)
-    read = memory.measure_memory(env)["read_gbps"]
-    print(f"read {read:.0f} GB/s", flush=True)
-    for n, k in SHAPES:
-        q = nv.quantize_nvfp4(torch.randn((n, k), device=dev, dtype=torch.bfloat16))
-        qs = ld.nvfp4_copies(q, dev)
-        fits = [one_wave(c, n, k, dev) for c in (lp.FP4_MMA_TP, replace(lp.FP4_MMA_TP, block_k=64))]
-        for m in ms:
-            default = lp.fp4_config_for(m, k, dev, n)
-            forms = {"default": default, **{c.name: c for c in lp.FP4_MMA_PAIR}}
-            forms.update({f"one wave {c.name}": c for c in fits if c is not None})
-            if m > 8:
-                forms["xj"] = lp.FP4_MMA_XJ
-            forms = {name: c for name, c in forms.items() if k % c.k_multiple == 0}
-            check(q, m, k, dev, forms)
-            x = torch.randn((m, k), device=dev, dtype=torch.bfloat16)
-            _, _, times = ld.best_of(env, ld.fp4_builders(qs, x, dev, list(forms.values())),
-                                     ld.nvfp4_call_bytes(n, k, m))
-            show(n, k, m, times, default, read)
-        qs = None
-        torch.cuda.empty_cache()
-
-
 if __name__ == "__main__":
     if sys.argv[1:2] == ["extra"]:
-        extra([int(a) for a in sys.argv[2:]] or [16])
+        sweep([int(a) for a in sys.argv[2:]] or [16], lambda *_: lambda m: EXTRA)
     elif sys.argv[1:2] == ["heads"]:
-        extra([int(a) for a in sys.argv[2:]] or [16, 12], HEADS, SHAPES[-3:])
+        sweep([int(a) for a in sys.argv[2:]] or [16, 12], lambda *_: lambda m: HEADS, SHAPES[-3:])
     else:
-        main([int(a) for a in sys.argv[1:]] or [16, 8, 1])
+        sweep([int(a) for a in sys.argv[1:]] or [16, 8, 1], pair_forms)

@@ -33,9 +33,9 @@ NVFP4 tensor-core form (any M <= 16, the default where K % 64 == 0; `cfg.mma`):
   2-8% faster on the eight shapes tried (28672x4096 27.8 -> 25.9 us, DeepSeek-V3 36864x7168 58.5 -> 53.8);
 - tile pairs (`cfg.pair`, the default at M = 9-16 on the lm_heads): each warp two 16-row tiles against the same x
   fragments, so x is loaded once for twice the weight bytes, with no barrier; in 100-128 registers (4 programs an SM)
-  it can win only where the grid has many waves anyway (H200, M = 16: 128256x4096 91-94 us against 97-104 for the
-  x-shared forms; on the other two lm_heads level with them or up to 17% slower, run to run) and loses with a K
-  split (28672x4096 25.8 -> 29.8 at best);
+  it can win only where the grid has many waves anyway (H200, the lm_heads at M = 12-16: 128256x4096 89.7-94.2 us
+  against 96.2-104.7 for the x-shared forms, the other two heads 7-10% faster at M = 12-14 and at M=16 faster or
+  slower by machine) and loses with a K split (28672x4096 25.8 -> 29.8 at best);
 - the bf16 form (`cfg.bx`, the default): x as it is, its own bf16 pairs, is the B operand, so no
   packing kernel runs. The weight's values are reordered within each word at repack time (`bx_order`) so that plane j
   pairs values 2j and 2j+1, as x's word j does. The planes decode into bf16 (e1 e0 m at bits 8..6: E2M1 x 2^-126,
@@ -1202,6 +1202,23 @@ if HAVE_TRITON:
         tl.store(acc_ptr + k, tl.zeros_like(v), mask=m)
 
     @triton.jit
+    def _block_tile(x_base, w_base, rows, nmask, k0, k_end, stride_wn, NB: tl.constexpr, EVEN_K: tl.constexpr,
+                    EVEN_N: tl.constexpr):
+        """The weight's [BLOCK_N, NB, 128] and x's [NB, 128] from k0 (128-aligned), as 128-column blocks."""
+        kk = k0 + tl.arange(0, NB)[:, None] * 128 + tl.arange(0, 128)[None, :]  # [NB, 128]
+        wp = w_base + rows[:, None, None] * stride_wn + kk[None, :, :]
+        if EVEN_K:
+            if EVEN_N:
+                w = tl.load(wp)
+            else:
+                w = tl.load(wp, mask=nmask[:, None, None], other=0.0)
+            x = tl.load(x_base + kk)
+        else:
+            w = tl.load(wp, mask=nmask[:, None, None] & (kk < k_end)[None, :, :], other=0.0)
+            x = tl.load(x_base + kk, mask=kk < k_end, other=0.0)
+        return w, x
+
+    @triton.jit
     def _dense_rows_m1(x_base, w_base, s_base, rows, nmask, k_start, k_end, stride_wn, stride_sn,
                        SCALE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
                        EVEN_N: tl.constexpr, XSCALE: tl.constexpr = False):
@@ -1216,33 +1233,13 @@ if HAVE_TRITON:
             rb = tl.min(rows, axis=0) // 128  # the rows' one block
         for k0 in range(k_start, k_end, BLOCK_K):
             if SCALE == 2 and XSCALE:
-                kk = k0 + tl.arange(0, NB)[:, None] * 128 + tl.arange(0, 128)[None, :]  # [NB, 128]
-                wp = w_base + rows[:, None, None] * stride_wn + kk[None, :, :]
                 kb = k0 // 128 + tl.arange(0, NB)
                 sb = tl.load(s_base + rb * stride_sn + kb, mask=kb * 128 < k_end, other=0.0)
-                if EVEN_K:
-                    if EVEN_N:
-                        w = tl.load(wp)
-                    else:
-                        w = tl.load(wp, mask=nmask[:, None, None], other=0.0)
-                    x = tl.load(x_base + kk)
-                else:
-                    w = tl.load(wp, mask=nmask[:, None, None] & (kk < k_end)[None, :, :], other=0.0)
-                    x = tl.load(x_base + kk, mask=kk < k_end, other=0.0)
+                w, x = _block_tile(x_base, w_base, rows, nmask, k0, k_end, stride_wn, NB, EVEN_K, EVEN_N)
                 xs = x.to(tl.float32) * sb[:, None]
                 acc += tl.sum(tl.reshape(w.to(tl.float32) * xs[None, :, :], (BLOCK_N, BLOCK_K)), axis=1)
             elif SCALE == 2:  # BLOCK_K is a multiple of 128 and k0 is 128-aligned
-                kk = k0 + tl.arange(0, NB)[:, None] * 128 + tl.arange(0, 128)[None, :]  # [NB, 128]
-                wp = w_base + rows[:, None, None] * stride_wn + kk[None, :, :]
-                if EVEN_K:
-                    if EVEN_N:
-                        w = tl.load(wp)
-                    else:
-                        w = tl.load(wp, mask=nmask[:, None, None], other=0.0)
-                    x = tl.load(x_base + kk)
-                else:
-                    w = tl.load(wp, mask=nmask[:, None, None] & (kk < k_end)[None, :, :], other=0.0)
-                    x = tl.load(x_base + kk, mask=kk < k_end, other=0.0)
+                w, x = _block_tile(x_base, w_base, rows, nmask, k0, k_end, stride_wn, NB, EVEN_K, EVEN_N)
                 p = tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :, :], axis=2)  # [BN, NB]
                 kb = k0 // 128 + tl.arange(0, NB)
                 # scale columns past K are not read: 0 x (a stray NaN past the scales) would be NaN
@@ -1649,18 +1646,20 @@ FP4_MMA_XSHARE = (FP4_MMA_XS, FP4_MMA_XS_AHEAD, FP4_MMA_BX_SK_XS, replace(FP4_MM
 # fragments, loaded in the iteration that uses them: a warp loads x once for twice the weight bytes (at M = 16 x's
 # 2 KB a step against 1 KB of weight and 128 bytes of scales), with no shared memory or barrier (xshare's
 # conversion), and both tiles' weights double-buffered. sm_90: 100 registers at M = 9-16 with a K split, 128
-# without (4 programs an SM), 72 at M <= 8 (benchmarks/kernel_resources.py). H200 (2026-12-01, four runs of
-# benchmarks/device/pair_probe.py, read 4383-4462 GB/s), us. On the lm_heads (no split, several waves) at M=16 tile
-# pairs / x shared in place / x shared ahead: Llama-3.1-8B 128256x4096 90.7-94.1 / 103.2-103.5 / 97.0-102.7 in
-# every run; DeepSeek-V3 129280x7168 177.5-192.6 / 176.6-177.7 / 172.2-189.7 and GLM-5 154880x6144 183.1-202.5 /
-# 168.2-170.9 / 180.3-197.7, tile pairs fastest in the first run and slower than x in place in the next two; at
-# M=12 (one run) tile pairs won all three (88.7 / 102.2 / 95.8, 161.0 / 177.0 / 178.6, 167.2 / 174.2 / 181.4).
-# Summed over the three heads at M = 12 and 16 in that run the three forms are within 0.5% of each other; the
-# gemm stage times all three (the GLM-5 pipeline run at M=16 kept x in place, 181.5 against 186.6 and 188.2), and
-# the plan takes tile pairs there (_m16_plan). With a K split tile pairs lost on all seven mid-sized shapes, their
-# four programs an SM too few (28672x4096 25.8 / 29.8 at best, 36864x7168 53.7 / 61.9, 7168x18432 28.0 / 28.8),
-# and at M = 8 on all but one (7168x18432 23.9 / 23.5); 2 steps an iteration in 84 registers (5 programs an SM) lost
-# more, but on the M = 8 lm_heads (128256x4096 84.4 / 87.1)
+# without (4 programs an SM), 72 at M <= 8 (benchmarks/kernel_resources.py). H200 (2026-12-01, six runs of
+# benchmarks/device/pair_probe.py on four machines), us. On the lm_heads (no split, several waves) at M=16, tile pairs
+# / x shared in place / x shared ahead: Llama-3.1-8B 128256x4096 89.7-94.2 / 103.2-104.7 / 96.2-102.7, tile pairs
+# fastest in all six runs. DeepSeek-V3 129280x7168 and GLM-5 154880x6144 depend on the machine: on the two that
+# read 4383-4386 GB/s tile pairs were fastest (170.6 / 186.0 / 188.1 and 178.9 / 189.1 / 196.0 in the last run),
+# on the two that read 4458-4462 GB/s they were slowest at M=16 (e.g. 190.1 / 181.3 / 166.2 and 202.2 / 183.3 /
+# 189.4) but fastest at M=12 (161.0 / 177.0 / 178.6, 167.2 / 174.2 / 181.4). At M = 12 and 14 they won all three
+# heads in every run that timed them; at M=9 the three were within 3% (DeepSeek-V3: the unshared bf16 form, 168.8
+# against 173.9). The gemm stage times all of them and keeps the fastest on the machine at hand (the GLM-5 pipeline
+# at M=16, on a 4460 GB/s machine: x in place, 181.5 against 186.6 and 188.2); the plan takes tile pairs on the
+# lm_heads (_m16_plan). With a K split tile pairs lost on all seven mid-sized shapes, their four programs an SM too
+# few (28672x4096 25.8 / 29.8 at best, 36864x7168 53.7 / 61.9, 7168x18432 28.0 / 28.8), and at M = 8 on all but
+# one (7168x18432 23.9 / 23.5); 2 steps an iteration in 84 registers (5 programs an SM) lost more, but on the M = 8
+# lm_heads (128256x4096 84.4 / 87.1)
 FP4_MMA_TP = GemvConfig(128, 128, 4, mma=True, evict=True, warps_per_sm=14, bx=True, xjit=True, pair=True)
 FP4_MMA_PAIR = (FP4_MMA_TP, replace(FP4_MMA_TP, block_k=64))
 # tried on the H200 and left out (within 0.2 us of the bf16 default below the lm_heads, or slower): bf16 with about
@@ -1767,8 +1766,8 @@ DENSE_BLOCK_XSCALE = (GemvConfig(16, 1024, 4, xscale=True), GemvConfig(8, 2048, 
 def _m16_plan(n: int, k: int, sms: int) -> GemvConfig:
     """M = 9-16, x loaded once a program (xshare): with no K split (many short programs, several waves), x an
     iteration ahead (FP4_MMA_XS_AHEAD), but on the lm_heads (N >= FP4_WIDE_ROWS) two tiles a warp (FP4_MMA_TP: on
-    the H200 the fastest on Llama-3.1-8B's at M=16 in four runs and on all three at M=12, within 0.5% of the x-shared
-    forms summed over the three heads, slower than x in place on the other two at M=16 in two of three runs); where the K split's grid (as Nvfp4Gemv plans it) fits one wave of
+    the H200 the fastest on all three heads at M = 12-14 and on Llama-3.1-8B's at M=16 in every run, on the other two
+    at M=16 fastest or slowest by machine: FP4_MMA_TP's comment); where the K split's grid (as Nvfp4Gemv plans it) fits one wave of
     FP4_XJ_PROGRAMS_PER_SM programs an SM, x in place (FP4_MMA_XS: fewer registers); else the same with the split cut
     to what fits one wave, while that is still a split; else stream-K (FP4_MMA_BX_SK_XS). H200, M=16 (the forms'
     comment has the times): each the fastest of the eleven forms tried on the eight shapes tried, or within 3.5%
