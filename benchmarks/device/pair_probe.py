@@ -60,7 +60,8 @@ def one_wave(cfg: lp.GemvConfig, n: int, k: int, dev) -> lp.GemvConfig | None:
     fits = lp.resident_programs(g.compiled, cfg.warps, dev) or 4
     places, programs = fits * lp.sm_count(dev), g.grid[0]
     cut = places // programs
-    print(f"  {cfg.name}: {g.compiled.n_regs} registers, {fits} programs an SM, grid {g.grid}", flush=True)
+    print(f"  {cfg.name}: {getattr(g.compiled, 'n_regs', None)} registers, {fits} programs an SM, grid {g.grid}",
+          flush=True)
     return replace(cfg, split=cut) if g.split * programs > places and cut > 1 else None
 
 
