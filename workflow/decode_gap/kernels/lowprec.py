@@ -1332,7 +1332,7 @@ if HAVE_TRITON:
                 tot2 = tl.load(op + off2, mask=om2, other=0.0, cache_modifier=".cg")
                 tl.store(fp + off2, tot2.to(fp.dtype.element_ty), mask=om2)
                 tl.store(op + off2, tl.zeros_like(tot2), mask=om2)
-            if PAIR:
+            if PAIR:  # (the two sets above written through _finish_sums compile to other SASS for two stream-K forms)
                 _finish_sums(op + offb, fp + offb, omb)
                 if TWO:
                     _finish_sums(op + offb + off2, fp + offb + off2, omb2)
@@ -1537,7 +1537,8 @@ class GemvConfig:
                 + (f",t={self.warps_per_sm}" if self.warps_per_sm and not self.split else "")
                 + (",1k" if self.one_kernel else "") + (",bx" if self.bx else "") + (",sk" if self.stream else "")
                 + (f",ks={self.slices}" if self.slices > 1 else "") + (",pc" if self.chain else "")
-                + (",xj" if self.xjit else "") + (",xs" if self.xshare else "") + (",tp" if self.pair else "") + (",xb" if self.xscale else ""))
+                + (",xj" if self.xjit else "") + (",xs" if self.xshare else "") + (",tp" if self.pair else "")
+                + (",xb" if self.xscale else ""))
 
     @property
     def tiles_per_warp(self) -> int:
