@@ -23,8 +23,8 @@ Two heads runs on the next machine (read 4460-4462 GB/s), M=16, tile pairs / x s
   the heads at M = 12 and 16, within 0.5%); the gemm stage times them all. A third such run (read 4458 GB/s) agreed
   (190.1 / 181.3 / 166.2, 202.2 / 183.3 / 189.4). A heads run at M = 9, 12, 14, 16 on a machine reading 4386 GB/s,
   like the first two runs', put tile pairs first on all three heads at M = 12-16 (M=16: 89.7 / 104.7 / 101.8,
-  170.6 / 186.0 / 188.1, 178.9 / 189.1 / 196.0) and within 3% at M=9: which form wins the bigger heads at M=16
-  depends on the machine.
+  170.6 / 186.0 / 188.1, 178.9 / 189.1 / 196.0), and at M=9 none won all three (DeepSeek-V3: the unshared bf16
+  form, 168.8 against 173.9): which form wins the bigger heads at M=16 depends on the machine.
 The extra run (read 4460 GB/s): one step an iteration (60-61 registers, 8 programs an SM) and 8-warp programs
 sharing one x chunk lost to the default on every shape at M=16 (28672x4096 25.9 against 27.3 at best, 36864x7168
 53.2 against 54.8, 6144x16384 22.7 against 24.2); more warps an SM did not make up for the extra steps' overhead.

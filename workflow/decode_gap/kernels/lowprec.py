@@ -1654,8 +1654,8 @@ FP4_MMA_XSHARE = (FP4_MMA_XS, FP4_MMA_XS_AHEAD, FP4_MMA_BX_SK_XS, replace(FP4_MM
 # read 4383-4386 GB/s tile pairs were fastest (170.6 / 186.0 / 188.1 and 178.9 / 189.1 / 196.0 in the last run),
 # on the two that read 4458-4462 GB/s they were slowest at M=16 (e.g. 190.1 / 181.3 / 166.2 and 202.2 / 183.3 /
 # 189.4) but fastest at M=12 (161.0 / 177.0 / 178.6, 167.2 / 174.2 / 181.4). At M = 12 and 14 they won all three
-# heads in every run that timed them; at M=9 the three were within 3% (DeepSeek-V3: the unshared bf16 form, 168.8
-# against 173.9). The gemm stage times all of them and keeps the fastest on the machine at hand (the GLM-5 pipeline
+# heads in every run that timed them; at M=9 none won everywhere (Llama-3.1-8B: tile pairs, 91.6 against 95.7;
+# DeepSeek-V3: the unshared bf16 form, 168.8 against 173.9; GLM-5: x in place, 182.7 against 184.8). The gemm stage times all of them and keeps the fastest on the machine at hand (the GLM-5 pipeline
 # at M=16, on a 4460 GB/s machine: x in place, 181.5 against 186.6 and 188.2); the plan takes tile pairs on the
 # lm_heads (_m16_plan). With a K split tile pairs lost on all seven mid-sized shapes, their four programs an SM too
 # few (28672x4096 25.8 / 29.8 at best, 36864x7168 53.7 / 61.9, 7168x18432 28.0 / 28.8), and at M = 8 on all but
