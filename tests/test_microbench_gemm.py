@@ -95,5 +95,8 @@ def test_every_gemv_candidate_name_resolves_to_its_form():
     stage = gemm.lp.FP4_STAGE_CONFIGS + gemm.lp.FP4_STAGE_CONFIGS_M
     assert seen >= len(gemm.lp.FP4_STAGE_CONFIGS) + 3 * len(gemm.lp.FP4_STAGE_CONFIGS_M) + 6
     assert gemm.lp.FP4_MMA_XS in stage and gemm.lp.FP4_MMA_XJ in stage  # the M = 9-16 forms are offered
+    assert gemm.lp.FP4_MMA_TP in stage  # and tile pairs (the lm_heads' plan at M = 9-16)
+    fp8 = gemm.lowprec_variants(gpu, gemm.Backend(gemm.FP8, "torch._scaled_mm"), 1)
+    assert all(f"{gemm.FP8_BLOCK_GEMV} {c.name}" in fp8 for c in gemm.lp.DENSE_BLOCK_XSCALE)  # block scales on x
     with pytest.raises(gemm.DecodeGapError, match="no GEMV form is named"):
         gemm.variant_config(f"{gemm.FP4_GEMV} m,BN=1")
