@@ -202,12 +202,12 @@ def gemm_sub(b: Builder, bundle: Bundle, copy_gbps: float | None) -> dict[str, A
             mb = with_readings(df[df["M"] == batch].dropna(subset=["gbps"]))
             s["table_batch"] = df_table(mb, cols, formats=pct)
             s["m_batch"] = fmt_num(batch)
-            s["form_legend_batch"] = nvfp4_form_legend(mb["backend"]) if "backend" in mb.columns else ""
+            s["form_legend_batch"] = nvfp4_form_legend(mb.get("backend", ()))
         s["clock_note"] = clock_note(df)
-        s["form_legend"] = nvfp4_form_legend(m1["backend"]) if "backend" in m1.columns else ""
+        s["form_legend"] = nvfp4_form_legend(m1.get("backend", ()))
         s["table_all"] = df_table(df.drop(columns=["shape"]), formats=pct)
         # the forms of every M (M = 9-16 has its own: xs, sk), under the HTML's table of every case
-        s["form_legend_all"] = nvfp4_form_legend(df["backend"]) if "backend" in df.columns else ""
+        s["form_legend_all"] = nvfp4_form_legend(df.get("backend", ()))
     else:
         s["table_all"] = df_table(df.drop(columns=["shape"]))
     return s
