@@ -4,6 +4,7 @@
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,15 @@ from decode_gap.kernels import lowprec as lp
 from decode_gap.kernels import nvfp4 as nv
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def _assert_refused(n: int, k: int, m: int, bad_forms) -> None:
+    """Each form is refused at construction, in one line that names it (no kernel runs, so no interpreter)."""
+    q = nv.quantize_nvfp4(torch.randn(n, k))
+    for bad in bad_forms:
+        with pytest.raises(lp.DecodeGapError) as exc:
+            lp.Nvfp4Gemv(q, m, "cpu", cfg=bad)
+        assert "\n" not in str(exc.value) and bad.name in str(exc.value), bad
 
 
 def _interpret(code: str, *args: str) -> str:
@@ -532,16 +542,12 @@ for m, n, k, cfg, split in [(1, 300, 512, lp.FP4_MMA_KS2, 1), (1, 200, 1024, G(1
         assert err < 2e-3, (m, n, k, cfg.name, call, err)
     assert not g.finish or not g.acc.any()  # the finishing split leaves zeros
     print("ok", m, n, cfg.name, g.split, err)
-q = nv.quantize_nvfp4(torch.randn(64, 384))
-for bad in (G(32, 128, 4, mma=True, bx=True, slices=2), G(32, 128, 4, mma=True, bx=True, slices=2, stream=True),
-            G(16, 128, 3, mma=True, bx=True, slices=2)):
-    try:
-        lp.Nvfp4Gemv(q, 1, "cpu", cfg=bad)
-        raise AssertionError(bad)
-    except lp.DecodeGapError as exc:
-        assert "\n" not in str(exc) and bad.name in str(exc)
 ''')
     assert out.count("ok") == 6, out
+    G = lp.GemvConfig
+    _assert_refused(64, 384, 1, (G(32, 128, 4, mma=True, bx=True, slices=2),
+                                 G(32, 128, 4, mma=True, bx=True, slices=2, stream=True),
+                                 G(16, 128, 3, mma=True, bx=True, slices=2)))
 
 
 @pytest.mark.skipif(not lp.HAVE_TRITON, reason="Triton is not installed (pip install triton runs its CPU interpreter)")
@@ -552,7 +558,6 @@ def test_tile_pairs_cover_both_tiles_of_each_warp_in_the_interpreter():
     loop (_fp4_mma_loop_pair) runs on the H200 (benchmarks/lowprec_device.py checks). Forms that cannot pair are
     refused in one line."""
     out = _interpret(r'''
-from dataclasses import replace
 import torch
 from decode_gap.kernels import nvfp4 as nv, lowprec as lp
 torch.manual_seed(0)
@@ -569,16 +574,11 @@ for m, n, k, cfg, split in [(1, 256, 512, lp.FP4_MMA_TP, None), (5, 200, 256, lp
         assert err < 2e-3, (m, n, k, cfg.name, call, err)
     assert g.acc is None or not g.acc.any() and not g.cnt.any()
     print("ok", m, n, cfg.name, g.split, err)
-q = nv.quantize_nvfp4(torch.randn(64, 512))
-for bad in (replace(lp.FP4_MMA_TP, xjit=False), replace(lp.FP4_MMA_TP, stream=True), replace(lp.FP4_MMA_TP, block_n=64),
-            replace(lp.FP4_MMA_TP, bx=False)):
-    try:
-        lp.Nvfp4Gemv(q, 16, "cpu", cfg=bad)
-        raise AssertionError(bad)
-    except lp.DecodeGapError as exc:
-        assert "\n" not in str(exc) and bad.name in str(exc)
 ''')
     assert out.count("ok") == 5, out
+    tp = lp.FP4_MMA_TP
+    _assert_refused(64, 512, 16, (replace(tp, xjit=False), replace(tp, stream=True), replace(tp, block_n=64),
+                                  replace(tp, bx=False)))
 
 
 def test_chained_forms_are_bf16_and_leave_pdl_to_gpus():
