@@ -7,7 +7,8 @@ Run on a GPU host from the repository root:
 2. correctness of every kernel (NVFP4 tensor-core and CUDA-core forms, FP8 per-tensor/128x128, bf16, grouped experts) against
    dequantise-then-matmul at awkward shapes;
 3. per shape (Llama-3.1-8B, DeepSeek-V3, GLM-5) at M=1 and M=16: bf16, FP8 (`_scaled_mm` against our GEMVs) and
-   NVFP4 (the earlier kernel against the new one), every Triton config timed and the fastest kept (the sweep);
+   NVFP4 (the earlier kernel against the new one), every Triton config timed and the fastest kept (the sweep),
+   beside a plain read of the same bytes (microbench.launch.plain_read: what they cost alone at that size);
 4. MoE at M=1, 8 of 256 experts: routing as its own row, then the experts as a per-expert loop,
    `_grouped_mm`, `_scaled_grouped_mm` and our grouped GEMV in bf16 / fp8 / nvfp4.
 GPU time is CUDA-graph replay over rotating weight copies larger than twice the L2 (decode_gap.microbench.timing).
@@ -284,15 +285,17 @@ def dense_case(env: BenchEnv, model: str, n: int, k: int, m: int, old: bool, fp8
     ok = {k2: v for k2, v in tried.items() if isinstance(v, float)}
     best = min(ok, key=ok.get) if ok else None
     put("nvfp4_new", best, ok.get(best), nb4, tried)
-    RESULTS["gemm"].append(row)
     qs = q = None
+    read_st = launch.plain_read(env, nb4)  # what the call's bytes alone cost at this size (the stage's yardstick)
+    put("nvfp4_plain_read", "plain read", read_st.median_us if read_st else None, nb4)
+    RESULTS["gemm"].append(row)
     if env.is_gpu:
         torch.cuda.empty_cache()
     pr = lambda key: (f"{row.get(key + '_us') or float('nan'):8.1f}us {100 * (row.get(key + '_of_read') or 0):4.0f}%r"
                       if row.get(key + "_us") else "       n/a      ")
     log(f"{model:12s} {n:>6}x{k:<6} M={m:<2} bf16 {pr('bf16')} | fp8 mm {pr('fp8_scaled_mm')} gemv {pr('fp8_gemv')} "
         f"blk {pr('fp8_block_gemv')} | nvfp4 v1 {pr('nvfp4_old')} prev {pr('nvfp4_prev')} new {pr('nvfp4_new')} "
-        f"[{row.get('nvfp4_new_kernel')}]")
+        f"[{row.get('nvfp4_new_kernel')}] | plain read {pr('nvfp4_plain_read')}")
 
 
 def fp4_sweep(env: BenchEnv, n: int, k: int, m: int) -> None:
@@ -304,9 +307,14 @@ def fp4_sweep(env: BenchEnv, n: int, k: int, m: int) -> None:
     nb4 = nvfp4_call_bytes(n, k, m)
     cfgs = lp.FP4_MMA_CONFIGS + lp.FP4_MMA_CHAINED + lp.FP4_MMA_XJIT + lp.FP4_MMA_XSHARE + lp.FP4_MMA_PAIR
     _, _, times = best_of(env, fp4_builders(nvfp4_copies(q, dev), x, dev, cfgs), nb4)
-    RESULTS["gemm"].append({"model": "sweep", "N": n, "K": k, "M": m, "nvfp4_bytes": nb4, "nvfp4_new_tried": times})
+    read_st = launch.plain_read(env, nb4)
+    RESULTS["gemm"].append({"model": "sweep", "N": n, "K": k, "M": m, "nvfp4_bytes": nb4, "nvfp4_new_tried": times,
+                            "nvfp4_plain_read_us": read_st.median_us if read_st else None})
     read = env.extra.get("read_gbps")
     ok = sorted((v, name) for name, v in times.items() if isinstance(v, float))
+    if read_st:
+        log(f"sweep {n:>6}x{k:<6} M={m:<2} {read_st.median_us:8.2f} us "
+            f"{100 * (frac(nb4, read_st.median_us, read) or 0):5.1f}%r  a plain read of the same bytes")
     for us, name in ok:
         log(f"sweep {n:>6}x{k:<6} M={m:<2} {us:8.2f} us {100 * (frac(nb4, us, read) or 0):5.1f}%r  {name}")
 
@@ -485,15 +493,19 @@ def closing_table(res: dict) -> str:
                                  (res.get("latency_floor") or {}).get("one_row_gemv_us"))
         return f"{b:.2f}" if b is not None else "n/a"
 
-    lines = ["| model | N x K | M | nvfp4 v1 | nvfp4 previous | nvfp4 now (kernel) | bound at floor | fp8 _scaled_mm | bf16 |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    def over_read(row):  # the GEMV's time over a plain read of the same bytes (measured)
+        us, read_us = row.get("nvfp4_new_us"), row.get("nvfp4_plain_read_us")
+        return f"{us / read_us:.2f}x" if us and read_us else "n/a"
+
+    lines = ["| model | N x K | M | nvfp4 v1 | nvfp4 previous | nvfp4 now (kernel) | bound at floor | plain read of its bytes "
+             "| now / read | fp8 _scaled_mm | bf16 |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res["gemm"]:
         lines.append(f"| {r['model']} | {r['N']}x{r['K']} | {r['M']} | {cell(r, 'nvfp4_old')} | {cell(r, 'nvfp4_prev')} | "
-                     f"{cell(r, 'nvfp4_new')} ({r.get('nvfp4_new_kernel')}) | {bound(r)} | {cell(r, 'fp8_scaled_mm')} | "
-                     f"{cell(r, 'bf16')} |")
+                     f"{cell(r, 'nvfp4_new')} ({r.get('nvfp4_new_kernel')}) | {bound(r)} | "
+                     f"{cell(r, 'nvfp4_plain_read')} | {over_read(r)} | {cell(r, 'fp8_scaled_mm')} | {cell(r, 'bf16')} |")
     for r in res["moe"]:
         if r.get("of_read") is not None:
-            lines.append(f"| {r['model']} MoE | {r['what']} | 1 | | | {r['us']:.1f} us, {r['of_read']:.2f} | | | |")
+            lines.append(f"| {r['model']} MoE | {r['what']} | 1 | | | {r['us']:.1f} us, {r['of_read']:.2f} | | | | | |")
     return "\n".join(lines)
 
 

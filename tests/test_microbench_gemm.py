@@ -68,6 +68,20 @@ def test_cpu_gemm_bench_rows_and_summary():
     assert set(js["dtypes"]["fp32"]["by_m"]) == {"1", "4"}
     m1 = js["dtypes"]["fp32"]["by_m"]["1"]
     assert 0 < m1["frac_of_copy_bw_median"] and math.isfinite(m1["gbps_aggregate"])
+    # every row beside a measured plain read of its own bytes (torch.sum's wall time on a CPU host), one a size
+    assert (df["plain_read_us"] > 0).all() and js["plain_read_method"].startswith("torch.sum")
+    assert (df["frac_of_plain_read"] == df["plain_read_us"] / df["eager_us"]).all()
+    assert 0 < m1["frac_of_plain_read_median"]
+
+
+def test_plain_read_times_the_bytes_it_is_given():
+    """The yardstick a kernel's time reads against: a measured read of the same bytes (wall time on a CPU host)."""
+    from decode_gap.microbench.launch import plain_read
+
+    env = BenchEnv(device=torch.device("cpu"), warmup=1, iters=5, cpu_budget_s=0.05)
+    small, large = plain_read(env, 4096), plain_read(env, 64 * 2**20)
+    assert 0 < small.min_us <= small.median_us and large.n >= 3
+    assert large.median_us > small.median_us  # 64 MiB is not read in the time of 4 KiB
 
 
 def test_cpu_reference_check_passes():

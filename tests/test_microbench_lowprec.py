@@ -610,6 +610,7 @@ def test_lowprec_benchmark_sweep_runs_in_the_interpreter(tmp_path):
     forms = lp.FP4_MMA_CONFIGS + lp.FP4_MMA_CHAINED
     assert not res["errors"] and {c.name for c in forms if 256 % c.k_multiple == 0} <= set(tried)
     assert all(isinstance(v, float) for v in tried.values())
+    assert res["gemm"][0]["nvfp4_plain_read_us"] > 0  # the same bytes read plainly, beside the forms
 
 
 @pytest.mark.skipif(not lp.HAVE_TRITON, reason="Triton is not installed")

@@ -24,6 +24,50 @@ def test_a_small_kernel_under_the_latency_floor_is_latency_bound():
     assert kernel_reading(0.24, 7.9, None, 8_300_000, 4250.0) == "our kernel is slow here (24% of bandwidth)"
 
 
+def test_a_measured_plain_read_of_the_same_bytes_decides_the_reading():
+    """Below half the bandwidth, with a plain read of the row's bytes measured (gemm.csv plain_read_us), the reading
+    says what that read reaches on the same yardstick; the modelled floor is not used."""
+    # a 2 MB call (an NVFP4 576x6144): even a plain read of its bytes stays under half the bandwidth: latency bound
+    assert kernel_reading(0.11, 4.19, 2.47, 2_000_000, 4250.0, 2.6) == (
+        "small kernel, latency bound (a plain read of its bytes: 18%)")
+    # the H200's NVFP4 o_proj 4096x4096 (9.4 MB): the kernel 6.03 us, a plain read 3.98 us, which reaches 56%: the
+    # modelled floor called it capped at 54%; measured, the rest is ours
+    assert kernel_reading(0.37, 6.03, 2.47, 9_400_000, 4250.0, 3.98) == (
+        "our kernel is slow here (37% of bandwidth; a plain read of its bytes: 56%)")
+    # above half the bandwidth a ceiling, as before (the table's "× plain read" column says how far from the read)
+    assert kernel_reading(0.73, 22.46, 2.47, 74_300_000, 4250.0, 18.76) == "ceiling (73% of bandwidth)"
+    # an empty plain read (older results, a failed capture) falls back to the floor
+    assert kernel_reading(0.35, 9.5, 2.47, 14_200_000, 4250.0, float("nan")).endswith("floor, modelled)")
+
+
+def test_gemm_m1_table_shows_the_plain_read_and_names_its_method(tmp_path):
+    import json
+    import shutil
+    from pathlib import Path
+
+    import pandas as pd
+
+    from decode_gap.report.data import files_in_dir, load_bundle
+    from decode_gap.report.sections.common import Builder
+    from decode_gap.report.sections.microbench import gemm_sub
+
+    tree = tmp_path / "run"
+    shutil.copytree(Path(__file__).resolve().parent / "fixtures" / "report" / "h200x2", tree)
+    gemm, js = tree / "microbench" / "gemm.csv", tree / "microbench" / "gemm.json"
+    sub = gemm_sub(Builder(), load_bundle(files_in_dir(tree)), 4250.0)
+    assert "plain read µs" not in sub["table_m1"]["columns"] and "plain_read" not in sub  # results before it
+    df = pd.read_csv(gemm)
+    df.assign(plain_read_us=df["gpu_us"] * 0.8).to_csv(gemm, index=False)
+    js.write_text(json.dumps({**json.loads(js.read_text()), "plain_read_method": "a streaming Triton read"}))
+    sub = gemm_sub(Builder(), load_bundle(files_in_dir(tree)), 4250.0)
+    cols = sub["table_m1"]["columns"]
+    assert "plain read µs" in cols and sub["plain_read"] == "a streaming Triton read"
+    assert {r[cols.index("× plain read")] for r in sub["table_m1"]["rows"]} == {"1.25×"}  # 1 / 0.8
+    readings = [r[cols.index("reading")] for r in sub["table_m1"]["rows"]]
+    slow = [r for r in readings if not r.startswith("ceiling")]
+    assert slow and all("a plain read of its bytes" in r for r in slow if r != "—")
+
+
 def test_the_floor_bound_is_the_transfer_over_transfer_plus_floor():
     from decode_gap.metrics import floor_bound_fraction
 

@@ -138,6 +138,24 @@ def test_kernel_change_plans_the_stages_the_issue_names(work, workflow_rules):
     assert must <= planned and "compute_roofline" not in planned
 
 
+def test_report_code_change_rerenders_and_measures_nothing(work):
+    """The report package's Python is an input of render_report, as its templates are: a change to how the result
+    files are read re-renders the report (Snakemake's code trigger covers the rule's script only), and no stage
+    measures again. Snakemake compares an input's checksum, not only its mtime, so the module gets a comment line
+    for the dry run; its bytes and mtime are put back."""
+    from decode_gap.report.sections import microbench
+
+    src = Path(microbench.__file__)
+    text, st = src.read_bytes(), src.stat()
+    try:
+        src.write_bytes(text + b"# test_reruns: a change to the report's code\n")
+        assert _planned(work) == {"render_report", "archive_report", "report"}
+    finally:
+        src.write_bytes(text)
+        os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert _planned(work) == set()
+
+
 def test_server_change_reruns_only_audit_live_and_after(work):
     planned = _planned(work, {ENV_PREFIX + "SERVER": "http://127.0.0.1:9/v1|model=other"})
     assert not {r for r in planned if r.startswith(("bench_", "simulate_", "measure_memory", "compute_"))}

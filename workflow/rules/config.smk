@@ -39,3 +39,12 @@ def report_templates(wildcards):
     from decode_gap.report.render import DEFAULT_TEMPLATES
 
     return sorted(str(p) for p in DEFAULT_TEMPLATES.glob("*.j2"))
+
+
+def report_code(wildcards):
+    """The report package's Python (how it reads the result files): a change to it re-renders the report, as a
+    template change does; Snakemake's code trigger covers the rule's script only, not the modules it imports.
+    """
+    from decode_gap.report.render import DEFAULT_TEMPLATES
+
+    return sorted(str(p) for p in DEFAULT_TEMPLATES.parent.rglob("*.py"))

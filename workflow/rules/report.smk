@@ -22,6 +22,7 @@ rule render_report:
     input:
         **{name: res(rel) for name, rel in STAGE_FILES.items() if rel in REPORT_FILES},
         templates=report_templates,
+        report_code=report_code,
     output:
         html=res("report.html"),
         pdf=res("report.pdf"),
@@ -70,6 +71,7 @@ rule compare_runs:
     input:
         unpack(lambda wildcards: COMPARE.inputs),
         templates=report_templates,
+        report_code=report_code,
     output:
         html=f"results/compare/{COMPARE.slug}.html",
         pdf=f"results/compare/{COMPARE.slug}.pdf",

@@ -2,7 +2,7 @@
 from decode_gap.report.build import render_run
 from decode_gap.smk import run_script
 
-STAGE_INPUTS = [k for k in snakemake.input.keys() if k != "templates"]  # noqa: F821
+STAGE_INPUTS = [k for k in snakemake.input.keys() if k not in ("templates", "report_code")]  # noqa: F821
 
 
 def body():

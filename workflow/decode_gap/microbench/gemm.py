@@ -27,7 +27,7 @@ COLUMNS = [
     "name", "dtype", "backend", "M", "N", "K", "gpu_us", "eager_us", "gbps", "tflops", "frac_of_copy_bw",
     "gpu_min_us", "gpu_p99_us", "eager_min_us", "eager_p99_us", "eager_loop_us", "timing", "iters",
     "bytes", "flops", "group", "layers", "per_layer", "quantizable", "copies", "note", "latency_floor_us",
-    "clock_capped_frac", "clock_capped_by", "sm_clock_mhz",
+    "plain_read_us", "frac_of_plain_read", "clock_capped_frac", "clock_capped_by", "sm_clock_mhz",
 ]
 
 BF16 = "bf16"
@@ -279,10 +279,11 @@ def run_gemm_bench(env: BenchEnv, shapes: list[GemmShape], m_values: list[int], 
     check_rows: list[dict[str, Any]] = []
     not_quantised: set[str] = set()
     groups = unique_shapes(shapes)
-    from .launch import latency_floor  # same stage
+    from .launch import PLAIN_READ_METHOD, PLAIN_READ_METHOD_CPU, latency_floor, plain_read  # same stage
 
     floor = latency_floor(env)
     floor_us = (floor.get("one_row_gemv_us") or {}).get("value")
+    reads: dict[int, float | None] = {}  # a plain read's time by bytes: shapes of one size share it
     for be in chosen:
         failed_check = False
         for (n, k), names in groups.items():
@@ -353,6 +354,9 @@ def run_gemm_bench(env: BenchEnv, shapes: list[GemmShape], m_values: list[int], 
                 del fns
                 watch.stop()
                 nb = bytes_moved(be.dtype, m, n, k, be.label)
+                if nb not in reads:
+                    st = plain_read(env, nb)
+                    reads[nb] = st.median_us if st is not None else None
                 fl = flops(m, n, k)
                 bw = gbps(nb, t.device_us)
                 for s in names:
@@ -362,6 +366,7 @@ def run_gemm_bench(env: BenchEnv, shapes: list[GemmShape], m_values: list[int], 
                         "frac_of_copy_bw": fraction(bw, env.copy_gbps), "bytes": nb, "flops": fl, "group": s.group,
                         "layers": s.layers, "per_layer": s.per_layer, "quantizable": s.quantizable, "copies": copies,
                         "note": "; ".join(x for x in (note, t.note) if x), "latency_floor_us": floor_us,
+                        "plain_read_us": reads[nb], "frac_of_plain_read": fraction(reads[nb], t.device_us),
                         **watch.columns(),
                     })
                 log(f"gemm {case}: {t.device_us:.2f} us ({t.method}), eager {t.eager.median_us:.2f} us, "
@@ -375,6 +380,7 @@ def run_gemm_bench(env: BenchEnv, shapes: list[GemmShape], m_values: list[int], 
     out = gemm_summary(env, df, chosen, skipped, check_rows)
     out["not_quantised"] = sorted(not_quantised)
     out["latency_floor"] = floor
+    out["plain_read_method"] = PLAIN_READ_METHOD if env.is_gpu else PLAIN_READ_METHOD_CPU
     return df, out
 
 
@@ -396,6 +402,7 @@ def gemm_summary(env: BenchEnv, df: pd.DataFrame, chosen: list[Backend], skipped
                 "gbps_median": _nanmedian(g["gbps"]),
                 "gbps_aggregate": agg,
                 "frac_of_copy_bw_aggregate": fraction(agg, env.copy_gbps),
+                "frac_of_plain_read_median": _nanmedian(g["frac_of_plain_read"]),
                 "shapes": int(len(g)),
             }
         checks = [c for c in check_rows if c.get("dtype") == be.dtype and c.get("backend") == be.label]
@@ -424,6 +431,10 @@ def gemm_summary(env: BenchEnv, df: pd.DataFrame, chosen: list[Backend], skipped
             "eager_loop_us": "wall time per call of back-to-back eager calls (CPU launch-bound when kernels are short)",
             "gbps": "bytes (weight+scales, activation, output in the stored format) / (gpu_us, or eager_us on CPU)",
             "frac_of_copy_bw": "gbps / memory.json copy_gbps",
+            "plain_read_us": "time of a plain read of the row's bytes at this size (plain_read_method), measured as "
+                             "the row is timed: what its bytes alone cost, ramp-up and tail included",
+            "frac_of_plain_read": "plain_read_us / gpu_us (eager_us on CPU): 1.0 moves the bytes as fast as a plain "
+                                  "read of them",
         },
     )
 

@@ -12,6 +12,7 @@ On a CPU host only the eager figures exist (per-op dispatch cost); graph figures
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import pandas as pd
@@ -20,7 +21,7 @@ import torch
 from ..provenance import measured, unavailable
 from ..timing import back_to_back_us
 from .common import BenchEnv, short_error, skip, summary
-from .timing import capture_graph, stats_us, time_cpu, time_eager_loop
+from .timing import Stats, capture_graph, rotating_copies, stats_us, time_cpu, time_eager_loop, time_graph
 
 COLUMNS = ["kernel", "mode", "n_kernels", "per_kernel_us", "per_kernel_min_us", "per_kernel_p99_us", "total_us",
            "iters", "backend", "note"]
@@ -28,9 +29,22 @@ COLUMNS = ["kernel", "mode", "n_kernels", "per_kernel_us", "per_kernel_min_us", 
 try:
     import triton
 
+    import triton.language as tl
+
     @triton.jit
     def _empty_kernel(x_ptr):
         pass
+
+    @triton.jit
+    def _read_kernel(src, out, n_words, per_prog, BLOCK: tl.constexpr):
+        """Stream one contiguous range of int32 words a program (16-byte loads, streamed once), xor-folded so the
+        loads are kept, one store a program."""
+        pid = tl.program_id(0)
+        offs = tl.arange(0, BLOCK)
+        acc = tl.zeros([BLOCK], dtype=tl.int32)
+        for i in range(pid * per_prog, (pid + 1) * per_prog, BLOCK):
+            acc ^= tl.load(src + i + offs, mask=i + offs < n_words, other=0, eviction_policy="evict_first")
+        tl.store(out + pid, tl.xor_sum(acc, axis=0))
 
     HAVE_TRITON = True
 except Exception:  # pragma: no cover - depends on the host
@@ -133,6 +147,48 @@ def latency_floor(env: BenchEnv, k: int = 4096, n_kernels: int = 100) -> dict[st
         except Exception as exc:
             out[key] = unavailable(short_error(exc), "us")
     return out
+
+
+# the plain read's grids: (programs of 4 warps an SM, int32 words a program loads an iteration). H200 (2026-12-02,
+# benchmarks/device/read_probe.py, 9-535 MB): these two were the fastest of twelve (2-16 an SM, 1024-4096 words) on
+# every shape, within 2% of each other; torch's sum of the same bytes took 1.06-2.8x as long (9.4 MB: 9.7 against
+# 4.0 us), so it would understate what a read of a mid-sized call's bytes can reach
+PLAIN_READ_GRIDS = ((8, 2048), (16, 1024))
+PLAIN_READ_METHOD = "a streaming Triton read of the row's bytes (rotating copies past the L2, CUDA-graph replay)"
+PLAIN_READ_METHOD_CPU = "torch.sum over the same bytes (wall time)"
+
+
+def plain_read(env: BenchEnv, nbytes: int) -> Stats | None:
+    """GPU time (graph replay) of a plain read of `nbytes`, on copies that rotate past the L2 as a kernel's weights
+    do: what moving a call's bytes costs at its size, ramp-up and tail included, measured (the issue-14 yardstick
+    beside the latency floor: a 30-75 MB call does not reach the 2 GiB read bandwidth even as a plain read). On a
+    CPU host the wall time of torch.sum over the bytes; None where it cannot be timed (no Triton on a GPU, a
+    failed capture, too little memory), and the caller leaves the column empty."""
+    words = max(nbytes // 4, 1)
+    dev = env.device
+    if not env.is_gpu:
+        buf = torch.ones(words, dtype=torch.float32)
+        return time_cpu(lambda: buf.sum(), max(1, min(env.warmup, 2)), env.iters, budget_s=env.cpu_budget_s)
+    if not HAVE_TRITON:
+        return None
+    try:
+        bufs = [torch.empty(words, dtype=torch.int32, device=dev) for _ in range(rotating_copies(4 * words, dev))]
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count
+        best = None
+        for per_sm, block in PLAIN_READ_GRIDS:
+            per = math.ceil(words / (per_sm * sms) / block) * block  # whole iterations a program
+            grid = (math.ceil(words / per),)
+            out = torch.empty(grid[0], dtype=torch.int32, device=dev)
+            calls = [(lambda b=b, out=out, per=per, grid=grid: _read_kernel[grid](b, out, words, per, BLOCK=block,
+                                                                                 num_warps=4)) for b in bufs]
+            st = time_graph(calls, max(env.warmup, 1), env.iters, dev)
+            best = st if best is None or st.median_us < best.median_us else best
+        return best
+    except Exception:  # out of memory or a failed capture: the row keeps its other figures
+        torch.cuda.synchronize(dev)
+        return None
+    finally:
+        bufs = None
 
 
 def _row(kernel, mode, n, st, total, backend, note=""):

@@ -68,13 +68,22 @@ SLOW_BELOW = 0.5  # below half the measured bandwidth a figure is our kernel's, 
 
 
 def kernel_reading(frac: Any, gpu_us: Any = None, floor_us: Any = None, nbytes: Any = None,
-                   copy_gbps: float | None = None) -> str:
-    """How to read one kernel's bandwidth figure: a ceiling, a small latency-bound kernel (moving its bytes at
-    full bandwidth takes less than the measured per-kernel floor), or our slow kernel."""
+                   copy_gbps: float | None = None, plain_read_us: Any = None) -> str:
+    """How to read one kernel's bandwidth figure: a ceiling, a small latency-bound kernel, or our slow kernel.
+    Below half the bandwidth, against a measured plain read of the same bytes where the row has one
+    (`plain_read_us`): latency bound when even that read stays below half, else ours, with what the read reaches;
+    without one, against the modelled one-row GEMV floor (moving the bytes at copy bandwidth takes less than the
+    floor). The table's `× plain read` column says how many times the read's time each kernel takes."""
     f = num(frac)
     if f is None:
         return "—"
     pct = f"{f * 100:.0f}% of bandwidth"
+    us, read_us = num(gpu_us), num(plain_read_us)
+    if us and read_us and f < SLOW_BELOW:
+        read_pct = f"{f * us / read_us * 100:.0f}%"  # the same bytes over the read's time, on the same yardstick
+        if f * us / read_us < SLOW_BELOW:
+            return f"small kernel, latency bound (a plain read of its bytes: {read_pct})"
+        return f"our kernel is slow here ({pct}; a plain read of its bytes: {read_pct})"
     if f >= SLOW_BELOW:
         return f"ceiling ({pct})"
     floor = num(floor_us)
@@ -147,7 +156,8 @@ def gemm_frame(bundle: Bundle) -> pd.DataFrame | None:
     t = bundle.table("gemm")
     if not t.usable:
         return None
-    df = _numeric(t.df, "M", "N", "K", "gpu_us", "eager_us", "gbps", "tflops", "frac_of_copy_bw")
+    df = _numeric(t.df, "M", "N", "K", "gpu_us", "eager_us", "gbps", "tflops", "frac_of_copy_bw", "plain_read_us",
+                  "frac_of_plain_read")
     if "name" not in df.columns or "dtype" not in df.columns:
         return None
     n = df["N"].astype("Int64").astype(str) if "N" in df.columns else ""
@@ -176,23 +186,35 @@ def gemm_sub(b: Builder, bundle: Bundle, copy_gbps: float | None) -> dict[str, A
             s["chart_sweep"] = b.chart("Achieved bandwidth against M", ch.gemm_m_sweep, df.dropna(subset=["gbps"]),
                                        copy_gbps, caption=f"measured · {t.rel}")
         def with_readings(rows: pd.DataFrame) -> pd.DataFrame:
-            return rows.assign(reading=[kernel_reading(r.get("frac_of_copy_bw"), r.get("gpu_us"),
-                                                       r.get("latency_floor_us"), r.get("bytes"), copy_gbps)
-                                        for _, r in rows.iterrows()])
+            # the time the fraction came from: GPU time, or wall time on a CPU host (gemm.json definitions)
+            times = [r.get("gpu_us") if num(r.get("gpu_us")) is not None else r.get("eager_us")
+                     for _, r in rows.iterrows()]
+            reads = rows["plain_read_us"] if "plain_read_us" in rows.columns else [None] * len(rows)
+            out = rows.assign(reading=[kernel_reading(r.get("frac_of_copy_bw"), us, r.get("latency_floor_us"),
+                                                      r.get("bytes"), copy_gbps, read)
+                                       for (_, r), us, read in zip(rows.iterrows(), times, reads)])
+            if "plain_read_us" in rows.columns:
+                out["over_read"] = [num(us) / num(read) if num(us) and num(read) else None
+                                    for us, read in zip(times, reads)]
+            return out
 
         m1 = with_readings(m1)
         cols = [("name", "shape"), ("dtype", "dtype"), ("backend", "backend"), ("N", "N"), ("K", "K"),
-                ("gpu_us", "GPU µs"), ("latency_floor_us", "latency floor µs"), ("eager_us", "eager µs"),
-                ("gbps", "GB/s"), ("tflops", "TFLOP/s"), ("frac_of_copy_bw", "of copy BW"), ("reading", "reading")]
+                ("gpu_us", "GPU µs"), ("plain_read_us", "plain read µs"), ("over_read", "× plain read"),
+                ("latency_floor_us", "latency floor µs"),
+                ("eager_us", "eager µs"), ("gbps", "GB/s"), ("frac_of_copy_bw", "of copy BW"), ("reading", "reading")]
         floors = pd.to_numeric(m1["latency_floor_us"], errors="coerce").dropna().unique() \
             if "latency_floor_us" in m1.columns else []
         if len(floors) == 1 and m1["latency_floor_us"].notna().all():  # one floor a run: said once, in the caption
             s["m1_floor"] = fmt_num(float(floors[0]))
             cols = [c for c in cols if c[0] != "latency_floor_us"]
         pct = {"frac_of_copy_bw": _pct, "backend": _breakable,
+               "over_read": lambda v: f"{num(v):.2f}×" if num(v) is not None else "—",
                "N": lambda v: f"{int(num(v)):,}" if num(v) is not None else "—",
                "K": lambda v: f"{int(num(v)):,}" if num(v) is not None else "—"}
         s["table_m1"] = df_table(m1, cols, formats=pct)
+        if doc.usable and doc.get("plain_read_method") and "plain_read_us" in m1.columns:
+            s["plain_read"] = str(doc.get("plain_read_method"))
         s["m_min"] = fmt_num(m_min)
         # the run's own decode rows (config batch_size, as roofline.json records it), where the sweep has them: the
         # M a server at that batch runs, read the same way
