@@ -114,3 +114,17 @@ def test_every_gemv_candidate_name_resolves_to_its_form():
     assert all(f"{gemm.FP8_BLOCK_GEMV} {c.name}" in fp8 for c in gemm.lp.DENSE_BLOCK_XSCALE)  # block scales on x
     with pytest.raises(gemm.DecodeGapError, match="no GEMV form is named"):
         gemm.variant_config(f"{gemm.FP4_GEMV} m,BN=1")
+
+
+def test_cpu_moe_expert_rows_carry_a_plain_read_of_their_bytes():
+    """The MoE stage's expert rows beside a plain read of their bytes (as the gemm stage's); routing pieces are not
+    bandwidth kernels and get none."""
+    from decode_gap.microbench.moe import run_moe_bench
+    from decode_gap.microbench.shapes import MoeShape
+
+    env = BenchEnv(device=torch.device("cpu"), warmup=1, iters=3, cpu_budget_s=0.02, copy_gbps=10.0)
+    shape = MoeShape(hidden=64, experts_total=8, experts_local=8, top_k=2, inter=32, scoring="softmax")
+    df, js = run_moe_bench(env, shape, [1], log=lambda s: None)
+    experts, routing = df[df["impl"] != "routing"], df[df["impl"] == "routing"]
+    assert not experts.empty and (experts["plain_read_us"] > 0).all() and experts["frac_of_plain_read"].notna().all()
+    assert routing["plain_read_us"].isna().all() and js["plain_read_method"].startswith("torch.sum")

@@ -205,3 +205,31 @@ def test_nvfp4_gemv_config_names_are_explained_once_under_the_table():
     assert "ks: K slices" in legend and "xj: x loaded in the iteration" in legend and "xs: x loaded once" in legend
     assert "1k:" not in legend and "a: CUDA-core" not in legend  # parts that do not occur are not explained
     assert nvfp4_form_legend(["torch.mm", "triton gemv (BLOCK_N=4, BLOCK_K=2048, warps=4)"]) == ""
+
+
+def test_moe_table_reads_expert_rows_against_their_plain_read(tmp_path):
+    """The MoE table, as the GEMM table: an expert row with a plain read of its bytes shows it and its time over
+    it; the routing pieces get no reading."""
+    import shutil
+    from pathlib import Path
+
+    import pandas as pd
+
+    from decode_gap.report.data import files_in_dir, load_bundle
+    from decode_gap.report.sections.common import Builder
+    from decode_gap.report.sections.microbench import moe_sub
+
+    tree = tmp_path / "run"
+    shutil.copytree(Path(__file__).resolve().parent / "fixtures" / "report" / "h200x2", tree)
+    moe = tree / "microbench" / "moe.csv"
+    df = pd.read_csv(moe)
+    experts = df["impl"] != "router+softmax+topk+permute"
+    df = df.assign(impl=df["impl"].where(experts, "routing"), bytes=58_000_000,
+                   frac_of_copy_bw=(58_000_000 / df["gpu_us"] / 1e3 / 4250.0).where(experts),
+                   plain_read_us=(df["gpu_us"] / 2).where(experts))
+    df.to_csv(moe, index=False)
+    table = moe_sub(Builder(), load_bundle(files_in_dir(tree)), 4250.0)["table"]
+    cols = table["columns"]
+    by_impl = {r[cols.index("impl")]: r for r in table["rows"]}
+    assert by_impl["routing"][cols.index("reading")] == "" and by_impl["routing"][cols.index("× plain read")] == "—"
+    assert by_impl["loop"][cols.index("× plain read")] == "2.00×" and "plain read µs" in cols

@@ -279,11 +279,11 @@ def run_gemm_bench(env: BenchEnv, shapes: list[GemmShape], m_values: list[int], 
     check_rows: list[dict[str, Any]] = []
     not_quantised: set[str] = set()
     groups = unique_shapes(shapes)
-    from .launch import PLAIN_READ_METHOD, PLAIN_READ_METHOD_CPU, latency_floor, plain_read  # same stage
+    from .launch import PlainReads, latency_floor  # same stage
 
     floor = latency_floor(env)
     floor_us = (floor.get("one_row_gemv_us") or {}).get("value")
-    reads: dict[int, float | None] = {}  # a plain read's time by bytes: shapes of one size share it
+    reads = PlainReads(env)
     for be in chosen:
         failed_check = False
         for (n, k), names in groups.items():
@@ -354,9 +354,6 @@ def run_gemm_bench(env: BenchEnv, shapes: list[GemmShape], m_values: list[int], 
                 del fns
                 watch.stop()
                 nb = bytes_moved(be.dtype, m, n, k, be.label)
-                if nb not in reads:
-                    st = plain_read(env, nb)
-                    reads[nb] = st.median_us if st is not None else None
                 fl = flops(m, n, k)
                 bw = gbps(nb, t.device_us)
                 for s in names:
@@ -366,7 +363,7 @@ def run_gemm_bench(env: BenchEnv, shapes: list[GemmShape], m_values: list[int], 
                         "frac_of_copy_bw": fraction(bw, env.copy_gbps), "bytes": nb, "flops": fl, "group": s.group,
                         "layers": s.layers, "per_layer": s.per_layer, "quantizable": s.quantizable, "copies": copies,
                         "note": "; ".join(x for x in (note, t.note) if x), "latency_floor_us": floor_us,
-                        "plain_read_us": reads[nb], "frac_of_plain_read": fraction(reads[nb], t.device_us),
+                        **reads.columns(nb, t.device_us),
                         **watch.columns(),
                     })
                 log(f"gemm {case}: {t.device_us:.2f} us ({t.method}), eager {t.eager.median_us:.2f} us, "
@@ -380,7 +377,7 @@ def run_gemm_bench(env: BenchEnv, shapes: list[GemmShape], m_values: list[int], 
     out = gemm_summary(env, df, chosen, skipped, check_rows)
     out["not_quantised"] = sorted(not_quantised)
     out["latency_floor"] = floor
-    out["plain_read_method"] = PLAIN_READ_METHOD if env.is_gpu else PLAIN_READ_METHOD_CPU
+    out["plain_read_method"] = reads.method
     return df, out
 
 

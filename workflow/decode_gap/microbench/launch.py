@@ -191,6 +191,29 @@ def plain_read(env: BenchEnv, nbytes: int) -> Stats | None:
         bufs = None
 
 
+class PlainReads:
+    """Plain reads (`plain_read`) by byte count, each size measured once a stage: the gemm and MoE stages' rows get
+    `plain_read_us` and `frac_of_plain_read` (the read's time over the row's, 1.0 = as fast as reading the bytes)."""
+
+    def __init__(self, env: BenchEnv):
+        self.env = env
+        self._us: dict[int, float | None] = {}
+
+    def us(self, nbytes: int) -> float | None:
+        if nbytes not in self._us:
+            st = plain_read(self.env, nbytes)
+            self._us[nbytes] = st.median_us if st is not None else None
+        return self._us[nbytes]
+
+    def columns(self, nbytes: int, kernel_us: float | None) -> dict[str, float | None]:
+        read = self.us(nbytes)
+        return {"plain_read_us": read, "frac_of_plain_read": read / kernel_us if read and kernel_us else None}
+
+    @property
+    def method(self) -> str:
+        return PLAIN_READ_METHOD if self.env.is_gpu else PLAIN_READ_METHOD_CPU
+
+
 def _row(kernel, mode, n, st, total, backend, note=""):
     return {"kernel": kernel, "mode": mode, "n_kernels": n, "per_kernel_us": st.median_us, "per_kernel_min_us": st.min_us,
             "per_kernel_p99_us": st.p99_us, "total_us": total, "iters": st.n, "backend": backend, "note": note}

@@ -33,7 +33,7 @@ from .timing import ClockWatch, L2Flusher, fraction, gbps, measure, tflops
 COLUMNS = [
     "name", "impl", "dtype", "backend", "M", "top_k", "experts_hit", "rows", "H", "I", "gpu_us", "eager_us",
     "gbps", "tflops", "frac_of_copy_bw", "gpu_min_us", "gpu_p99_us", "eager_min_us", "eager_p99_us",
-    "eager_loop_us", "timing", "iters", "bytes", "flops", "kernels", "note",
+    "eager_loop_us", "timing", "iters", "bytes", "flops", "kernels", "note", "plain_read_us", "frac_of_plain_read",
     "clock_capped_frac", "clock_capped_by", "sm_clock_mhz",
 ]
 
@@ -276,8 +276,16 @@ def run_moe_bench(env: BenchEnv, shape: MoeShape | None, m_values: list[int], lo
         if env.is_gpu:
             torch.cuda.empty_cache()
     rows = [r for r in rows if r]
+    from .launch import PlainReads  # same stage
+
+    reads = PlainReads(env)  # the expert rows beside a plain read of their bytes, as the gemm stage's rows
+    for r in rows:
+        if r["impl"] != "routing":
+            r.update(reads.columns(r["bytes"], r["gpu_us"] if r["gpu_us"] is not None else r["eager_us"]))
     df = pd.DataFrame(rows, columns=COLUMNS)
-    return df, moe_summary(env, df, shape, skipped)
+    out = moe_summary(env, df, shape, skipped)
+    out["plain_read_method"] = reads.method
+    return df, out
 
 
 def _time_row(env, flush, name, impl, dtype, backend, fn, nbytes, fl, base, skipped, log) -> dict[str, Any] | None:

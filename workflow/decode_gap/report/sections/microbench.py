@@ -96,6 +96,28 @@ def kernel_reading(frac: Any, gpu_us: Any = None, floor_us: Any = None, nbytes: 
     return f"our kernel is slow here ({pct}; at most {bound * 100:.0f}% with the {fmt_num(floor)} µs floor, modelled)"
 
 
+def with_readings(rows: pd.DataFrame, copy_gbps: float | None, skip: pd.Series | None = None) -> pd.DataFrame:
+    """rows with a `reading` a kernel (kernel_reading) and, where the rows have a plain read of their bytes, its
+    time over the read's (`over_read`); rows `skip` marks (the MoE's routing pieces, not bandwidth kernels) get
+    neither."""
+    # the time the fraction came from: GPU time, or wall time on a CPU host (the stages' definitions)
+    times = [r.get("gpu_us") if num(r.get("gpu_us")) is not None else r.get("eager_us") for _, r in rows.iterrows()]
+    reads = list(rows["plain_read_us"]) if "plain_read_us" in rows.columns else [None] * len(rows)
+    skips = list(skip) if skip is not None else [False] * len(rows)
+    out = rows.assign(reading=["" if sk else kernel_reading(r.get("frac_of_copy_bw"), us, r.get("latency_floor_us"),
+                                                            r.get("bytes"), copy_gbps, read)
+                               for (_, r), us, read, sk in zip(rows.iterrows(), times, reads, skips)])
+    if "plain_read_us" in rows.columns:
+        out["over_read"] = [num(us) / num(read) if num(us) and num(read) and not sk else None
+                            for us, read, sk in zip(times, reads, skips)]
+    return out
+
+
+def _times(v: Any) -> str:
+    """A kernel's time over its plain read's (over_read), e.g. 1.20×."""
+    return f"{num(v):.2f}×" if num(v) is not None else "—"
+
+
 def _pct(v: Any) -> str:
     """A fraction (frac_of_copy_bw) as a whole percentage, for the GEMM and MoE tables."""
     return f"{num(v) * 100:.0f}%" if num(v) is not None else "—"
@@ -185,20 +207,7 @@ def gemm_sub(b: Builder, bundle: Bundle, copy_gbps: float | None) -> dict[str, A
         if df["M"].nunique() > 1:
             s["chart_sweep"] = b.chart("Achieved bandwidth against M", ch.gemm_m_sweep, df.dropna(subset=["gbps"]),
                                        copy_gbps, caption=f"measured · {t.rel}")
-        def with_readings(rows: pd.DataFrame) -> pd.DataFrame:
-            # the time the fraction came from: GPU time, or wall time on a CPU host (gemm.json definitions)
-            times = [r.get("gpu_us") if num(r.get("gpu_us")) is not None else r.get("eager_us")
-                     for _, r in rows.iterrows()]
-            reads = rows["plain_read_us"] if "plain_read_us" in rows.columns else [None] * len(rows)
-            out = rows.assign(reading=[kernel_reading(r.get("frac_of_copy_bw"), us, r.get("latency_floor_us"),
-                                                      r.get("bytes"), copy_gbps, read)
-                                       for (_, r), us, read in zip(rows.iterrows(), times, reads)])
-            if "plain_read_us" in rows.columns:
-                out["over_read"] = [num(us) / num(read) if num(us) and num(read) else None
-                                    for us, read in zip(times, reads)]
-            return out
-
-        m1 = with_readings(m1)
+        m1 = with_readings(m1, copy_gbps)
         cols = [("name", "shape"), ("dtype", "dtype"), ("backend", "backend"), ("N", "N"), ("K", "K"),
                 ("gpu_us", "GPU µs"), ("plain_read_us", "plain read µs"), ("over_read", "× plain read"),
                 ("latency_floor_us", "latency floor µs"),
@@ -209,7 +218,7 @@ def gemm_sub(b: Builder, bundle: Bundle, copy_gbps: float | None) -> dict[str, A
             s["m1_floor"] = fmt_num(float(floors[0]))
             cols = [c for c in cols if c[0] != "latency_floor_us"]
         pct = {"frac_of_copy_bw": _pct, "backend": _breakable,
-               "over_read": lambda v: f"{num(v):.2f}×" if num(v) is not None else "—",
+               "over_read": _times,
                "N": lambda v: f"{int(num(v)):,}" if num(v) is not None else "—",
                "K": lambda v: f"{int(num(v)):,}" if num(v) is not None else "—"}
         s["table_m1"] = df_table(m1, cols, formats=pct)
@@ -221,7 +230,7 @@ def gemm_sub(b: Builder, bundle: Bundle, copy_gbps: float | None) -> dict[str, A
         roofline = bundle.doc("roofline")
         batch = num(roofline.get("batch_size")) if roofline.usable else None
         if batch is not None and batch > m_min and (df["M"] == batch).any():
-            mb = with_readings(df[df["M"] == batch].dropna(subset=["gbps"]))
+            mb = with_readings(df[df["M"] == batch].dropna(subset=["gbps"]), copy_gbps)
             s["table_batch"] = df_table(mb, cols, formats=pct)
             s["m_batch"] = fmt_num(batch)
             s["form_legend_batch"] = nvfp4_form_legend(mb.get("backend", ()))
@@ -355,7 +364,7 @@ def eager_graph_sub(b: Builder, bundle: Bundle) -> dict[str, Any]:
     return s
 
 
-def moe_sub(b: Builder, bundle: Bundle) -> dict[str, Any]:
+def moe_sub(b: Builder, bundle: Bundle, copy_gbps: float | None = None) -> dict[str, Any]:
     s, doc, t = _table_sub(bundle, "MoE: routing, per-expert loop against grouped GEMM", "moe_json", "moe")
     if not s["ok"]:
         return s
@@ -384,15 +393,15 @@ def moe_sub(b: Builder, bundle: Bundle) -> dict[str, Any]:
         s["chart"] = {"why": f"{t.rel} lacks impl/M/gpu_us columns", "title": "MoE"}
     s["clock_note"] = clock_note(df)
     if "frac_of_copy_bw" in df.columns:  # routing rows are not bandwidth kernels: no reading for them
-        df = df.assign(reading=[kernel_reading(r.get("frac_of_copy_bw")) if str(r.get("impl")) != "routing" else ""
-                                for _, r in df.iterrows()])
+        df = with_readings(_numeric(df, "gpu_us", "eager_us", "plain_read_us", "frac_of_copy_bw"), copy_gbps,
+                           skip=df[impl].astype(str) == "routing" if impl else None)
     # short labels and a percentage, as the GEMM table has: thirteen raw names did not fit a PDF page's width
     labels = {"case": "case", "name": "name", "impl": "impl", "dtype": "dtype", "backend": "backend", "M": "M",
               "top_k": "top-k", "experts_active": "experts active", "experts_hit": "experts hit", "gpu_us": "GPU µs",
-              "eager_us": "eager µs", "gbps": "GB/s", "frac_of_copy_bw": "of copy BW", "reading": "reading",
-              "note": "note"}
+              "plain_read_us": "plain read µs", "over_read": "× plain read", "eager_us": "eager µs", "gbps": "GB/s",
+              "frac_of_copy_bw": "of copy BW", "reading": "reading", "note": "note"}
     cols = [(c, label) for c, label in labels.items() if c in df.columns] or None  # none there: every column
-    s["table"] = df_table(df, cols, formats={"frac_of_copy_bw": _pct, "backend": _breakable})
+    s["table"] = df_table(df, cols, formats={"frac_of_copy_bw": _pct, "backend": _breakable, "over_read": _times})
     return s
 
 
@@ -409,7 +418,7 @@ def microbench_section(b: Builder, bundle: Bundle, datasheet: dict[str, Any]) ->
     mem = memory_sub(b, bundle, datasheet)
     copy = num(bundle.doc("memory").get("copy_gbps")) if bundle.doc("memory").usable else None
     subs = [mem, gemm_sub(b, bundle, copy), allreduce_sub(b, bundle), eager_graph_sub(b, bundle),
-            moe_sub(b, bundle), attention_sub(b, bundle)]
+            moe_sub(b, bundle, copy), attention_sub(b, bundle)]
     docs = [bundle.doc(n) for n in ("memory", "gemm_json", "allreduce_json", "moe_json", "attention_json", "launch_json")]
     ok = any(s["ok"] for s in subs)
     why = ""
