@@ -400,8 +400,15 @@ def moe_sub(b: Builder, bundle: Bundle, copy_gbps: float | None = None) -> dict[
               "top_k": "top-k", "experts_active": "experts active", "experts_hit": "experts hit", "gpu_us": "GPU µs",
               "plain_read_us": "plain read µs", "over_read": "× plain read", "eager_us": "eager µs", "gbps": "GB/s",
               "frac_of_copy_bw": "of copy BW", "reading": "reading", "note": "note"}
+    if "note" in df.columns and not df["note"].fillna("").astype(str).str.strip().any():
+        labels.pop("note")  # an empty column would push the reading past a PDF page's edge
+    top_k = pd.to_numeric(df["top_k"], errors="coerce").dropna().unique() if "top_k" in df.columns else []
+    if len(top_k) == 1:  # one top-k a run: said once, above the table, its column left out for the page's width
+        labels.pop("top_k")
+        s["note"] = " ".join(x for x in (s.get("note"), f"Top-k {fmt_num(float(top_k[0]))} in every row of the table.") if x)
     cols = [(c, label) for c, label in labels.items() if c in df.columns] or None  # none there: every column
     s["table"] = df_table(df, cols, formats={"frac_of_copy_bw": _pct, "backend": _breakable, "over_read": _times})
+    s["table_cls"] = "compact reading-last"
     return s
 
 
