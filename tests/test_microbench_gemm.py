@@ -128,3 +128,19 @@ def test_cpu_moe_expert_rows_carry_a_plain_read_of_their_bytes():
     experts, routing = df[df["impl"] != "routing"], df[df["impl"] == "routing"]
     assert not experts.empty and (experts["plain_read_us"] > 0).all() and experts["frac_of_plain_read"].notna().all()
     assert routing["plain_read_us"].isna().all() and js["plain_read_method"].startswith("torch.sum")
+
+
+def test_a_plain_read_that_cannot_be_timed_says_why_and_leaves_the_row(monkeypatch):
+    """Out of memory or a failed capture: the row's plain-read columns stay empty and the stage's skipped list
+    names the size and the reason (never a made-up figure)."""
+    from decode_gap.microbench import launch
+
+    def refuse(env, nbytes):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(launch, "plain_read", refuse)
+    reads = launch.PlainReads(BenchEnv(device=torch.device("cpu")))
+    assert reads.columns(4096, 10.0) == {"plain_read_us": None, "frac_of_plain_read": None}
+    reads.columns(4096, 12.0)  # one attempt a size
+    assert len(reads.skipped) == 1 and reads.skipped[0]["case"] == "plain read of 4096 bytes"
+    assert "out of memory" in reads.skipped[0]["reason"]

@@ -374,7 +374,7 @@ def run_gemm_bench(env: BenchEnv, shapes: list[GemmShape], m_values: list[int], 
             skipped.append(skip(f"{be.dtype} check", f"{be.label} disagreed with its reference on at least one shape "
                                 "(see checks); its timings are kept but flagged"))
     df = pd.DataFrame(rows, columns=COLUMNS)
-    out = gemm_summary(env, df, chosen, skipped, check_rows)
+    out = gemm_summary(env, df, chosen, skipped + reads.skipped, check_rows)
     out["not_quantised"] = sorted(not_quantised)
     out["latency_floor"] = floor
     out["plain_read_method"] = reads.method

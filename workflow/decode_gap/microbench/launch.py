@@ -158,37 +158,31 @@ PLAIN_READ_METHOD = "a streaming Triton read of the row's bytes (rotating copies
 PLAIN_READ_METHOD_CPU = "torch.sum over the same bytes (wall time)"
 
 
-def plain_read(env: BenchEnv, nbytes: int) -> Stats | None:
+def plain_read(env: BenchEnv, nbytes: int) -> Stats:
     """GPU time (graph replay) of a plain read of `nbytes`, on copies that rotate past the L2 as a kernel's weights
     do: what moving a call's bytes costs at its size, ramp-up and tail included, measured (the issue-14 yardstick
     beside the latency floor: a 30-75 MB call does not reach the 2 GiB read bandwidth even as a plain read). On a
-    CPU host the wall time of torch.sum over the bytes; None where it cannot be timed (no Triton on a GPU, a
-    failed capture, too little memory), and the caller leaves the column empty."""
+    CPU host the wall time of torch.sum over the bytes. Raises where it cannot be timed (no Triton on a GPU, too
+    little memory, a failed capture): PlainReads says why in the stage's skipped list."""
     words = max(nbytes // 4, 1)
     dev = env.device
     if not env.is_gpu:
         buf = torch.ones(words, dtype=torch.float32)
         return time_cpu(lambda: buf.sum(), max(1, min(env.warmup, 2)), env.iters, budget_s=env.cpu_budget_s)
     if not HAVE_TRITON:
-        return None
-    try:
-        bufs = [torch.empty(words, dtype=torch.int32, device=dev) for _ in range(rotating_copies(4 * words, dev))]
-        sms = torch.cuda.get_device_properties(dev).multi_processor_count
-        best = None
-        for per_sm, block in PLAIN_READ_GRIDS:
-            per = math.ceil(words / (per_sm * sms) / block) * block  # whole iterations a program
-            grid = (math.ceil(words / per),)
-            out = torch.empty(grid[0], dtype=torch.int32, device=dev)
-            calls = [(lambda b=b, out=out, per=per, grid=grid: _read_kernel[grid](b, out, words, per, BLOCK=block,
-                                                                                 num_warps=4)) for b in bufs]
-            st = time_graph(calls, max(env.warmup, 1), env.iters, dev)
-            best = st if best is None or st.median_us < best.median_us else best
-        return best
-    except Exception:  # out of memory or a failed capture: the row keeps its other figures
-        torch.cuda.synchronize(dev)
-        return None
-    finally:
-        bufs = None
+        raise RuntimeError("Triton is not installed")
+    bufs = [torch.empty(words, dtype=torch.int32, device=dev) for _ in range(rotating_copies(4 * words, dev))]
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    best = None
+    for per_sm, block in PLAIN_READ_GRIDS:
+        per = math.ceil(words / (per_sm * sms) / block) * block  # whole iterations a program
+        grid = (math.ceil(words / per),)
+        out = torch.empty(grid[0], dtype=torch.int32, device=dev)
+        calls = [(lambda b=b, out=out, per=per, grid=grid: _read_kernel[grid](b, out, words, per, BLOCK=block,
+                                                                             num_warps=4)) for b in bufs]
+        st = time_graph(calls, max(env.warmup, 1), env.iters, dev)
+        best = st if best is None or st.median_us < best.median_us else best
+    return best
 
 
 class PlainReads:
@@ -198,11 +192,17 @@ class PlainReads:
     def __init__(self, env: BenchEnv):
         self.env = env
         self._us: dict[int, float | None] = {}
+        self.skipped: list[dict[str, str]] = []  # sizes that could not be timed, and why (the stage's skipped list)
 
     def us(self, nbytes: int) -> float | None:
         if nbytes not in self._us:
-            st = plain_read(self.env, nbytes)
-            self._us[nbytes] = st.median_us if st is not None else None
+            try:
+                self._us[nbytes] = plain_read(self.env, nbytes).median_us
+            except Exception as exc:  # out of memory, a failed capture: the row keeps its other figures
+                if self.env.is_gpu:
+                    torch.cuda.synchronize(self.env.device)
+                self._us[nbytes] = None
+                self.skipped.append(skip(f"plain read of {nbytes} bytes", short_error(exc)))
         return self._us[nbytes]
 
     def columns(self, nbytes: int, kernel_us: float | None) -> dict[str, float | None]:

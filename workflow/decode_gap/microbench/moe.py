@@ -283,7 +283,7 @@ def run_moe_bench(env: BenchEnv, shape: MoeShape | None, m_values: list[int], lo
         if r["impl"] != "routing":
             r.update(reads.columns(r["bytes"], r["gpu_us"] if r["gpu_us"] is not None else r["eager_us"]))
     df = pd.DataFrame(rows, columns=COLUMNS)
-    out = moe_summary(env, df, shape, skipped)
+    out = moe_summary(env, df, shape, skipped + reads.skipped)
     out["plain_read_method"] = reads.method
     return df, out
 
