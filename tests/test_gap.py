@@ -394,3 +394,20 @@ def test_server_trace_idle_without_and_with_the_profilers_measured_cost():
     assert math.isclose(idle["ms"], 7.1) and idle["status"] == "modelled" and "raw 8.000 ms" in idle["note"]
     assert g["sum_check"]["exact"] is True
     assert math.isclose(g["predicted_ms"], 12.0 - 0.9 + 0.25)
+
+
+def test_kernel_lever_splits_the_dense_gemms_into_the_kernels_own_and_what_their_sizes_cost():
+    """The kernel-shape lever's evidence, where gemm.json has the step's totals for the run's format and batch:
+    measured GEMM time against a plain read of the same bytes (the GEMM kernels' own) and against the bytes at copy
+    bandwidth (what the sizes cost); older gemm.json files (no step totals) leave the evidence as it was."""
+    step = {"step_gemm_us": 4915.2, "step_plain_read_us": 3589.6, "step_at_copy_bw_us": 2383.0, "step_gemm_rows": 12}
+    gemm = {"dtypes": {"nvfp4": {"by_m": {"1": step}}}}
+    inputs = gpu_inputs(gemm=gemm)
+    inputs["roofline"] = {**inputs["roofline"], "weight_format": "nvfp4", "batch_size": 1}
+    lever = next(l for l in attribute(inputs)["levers"] if l["name"].startswith("decode kernels at streaming"))
+    assert ("the step's nvfp4 dense GEMMs (M=1, 12 of them x their layers) take 4.915 ms against 3.590 ms for a "
+            "plain read of their bytes, so 1.326 ms is the GEMM kernels' own and 1.207 ms what their sizes cost"
+            ) in lever["evidence"]
+    inputs["gemm"] = {"dtypes": {"nvfp4": {"by_m": {"1": {"frac_of_copy_bw_median": 0.5}}}}}
+    lever = next(l for l in attribute(inputs)["levers"] if l["name"].startswith("decode kernels at streaming"))
+    assert "plain read" not in lever["evidence"] and lever["evidence"].endswith("below streaming speed)")

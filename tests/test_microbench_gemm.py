@@ -144,3 +144,18 @@ def test_a_plain_read_that_cannot_be_timed_says_why_and_leaves_the_row(monkeypat
     reads.columns(4096, 12.0)  # one attempt a size
     assert len(reads.skipped) == 1 and reads.skipped[0]["case"] == "plain read of 4096 bytes"
     assert "out of memory" in reads.skipped[0]["reason"]
+
+
+def test_step_totals_weigh_each_named_gemm_by_its_layers_and_leave_the_routed_experts_out():
+    import pandas as pd
+
+    rows = pd.DataFrame({"group": ["attention", "mlp", "routed_expert", "lm_head"], "layers": [78, 3, 75, 1],
+                         "per_layer": [1, 1, 256, 1], "gpu_us": [10.0, 20.0, 5.0, 100.0],
+                         "plain_read_us": [8.0, 18.0, 4.0, 90.0], "bytes": [4e7, 8e7, 1e7, 4e8]})
+    t = gemm.step_totals(rows, "gpu_us", 4000.0)
+    assert t["step_gemm_us"] == 78 * 10 + 3 * 20 + 100 and t["step_plain_read_us"] == 78 * 8 + 3 * 18 + 90
+    assert t["step_at_copy_bw_us"] == pytest.approx((78 * 4e7 + 3 * 8e7 + 4e8) / 4000.0 / 1e3)
+    assert t["step_gemm_rows"] == 3 and t["step_groups"] == ["attention", "lm_head", "mlp"]
+    # one row without a plain read: no partial total
+    assert gemm.step_totals(rows.assign(plain_read_us=[8.0, None, 4.0, 90.0]), "gpu_us", 4000.0)[
+        "step_plain_read_us"] is None

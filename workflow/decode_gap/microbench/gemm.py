@@ -401,6 +401,7 @@ def gemm_summary(env: BenchEnv, df: pd.DataFrame, chosen: list[Backend], skipped
                 "frac_of_copy_bw_aggregate": fraction(agg, env.copy_gbps),
                 "frac_of_plain_read_median": _nanmedian(g["frac_of_plain_read"]),
                 "shapes": int(len(g)),
+                **step_totals(df[(df["dtype"] == be.dtype) & (df["M"] == m)], time_col, env.copy_gbps),
             }
         checks = [c for c in check_rows if c.get("dtype") == be.dtype and c.get("backend") == be.label]
         labels = sorted(set(sub["backend"]))
@@ -432,8 +433,32 @@ def gemm_summary(env: BenchEnv, df: pd.DataFrame, chosen: list[Backend], skipped
                              "the row is timed: what its bytes alone cost, ramp-up and tail included",
             "frac_of_plain_read": "plain_read_us / gpu_us (eager_us on CPU): 1.0 moves the bytes as fast as a plain "
                                   "read of them",
+            "by_m.<M>.step_*": "the dense GEMMs of one decode step at M (every named row's time x layers x "
+                               "per_layer, routed experts left out): step_gemm_us measured, step_plain_read_us a "
+                               "plain read of their bytes, step_at_copy_bw_us their bytes at copy bandwidth",
         },
     )
+
+
+STEP_EXCLUDES = ("routed_expert",)  # a decode step runs top-k of them, not every one the rows count (moe.csv has those)
+
+
+def step_totals(rows: pd.DataFrame, time_col: str, copy_gbps: float | None) -> dict[str, Any]:
+    """The dense GEMMs of one decode step at this M, from every named row (each shape's time x layers x per_layer,
+    the routed experts left out): their time, a plain read of their bytes, and their bytes at copy bandwidth. What
+    lies between the first two is the GEMM kernels' own; between the last two, what those sizes cost as a plain
+    read. A total is None where a row it needs has no figure (no partial sums)."""
+    rows = rows[~rows["group"].isin(STEP_EXCLUDES)]
+    times = rows["layers"] * rows["per_layer"]
+
+    def total(col: str) -> float | None:
+        v = pd.to_numeric(rows[col], errors="coerce") * times
+        return float(v.sum()) if len(v) and v.notna().all() else None
+
+    nbytes = float((rows["bytes"] * times).sum()) if len(rows) else None
+    return {"step_gemm_us": total(time_col), "step_plain_read_us": total("plain_read_us"),
+            "step_at_copy_bw_us": nbytes / copy_gbps / 1e3 if nbytes and copy_gbps else None,
+            "step_gemm_rows": int(len(rows)), "step_groups": sorted(set(rows["group"]))}
 
 
 def _nanmedian(s: pd.Series) -> float | None:
