@@ -411,3 +411,23 @@ def test_kernel_lever_splits_the_dense_gemms_into_the_kernels_own_and_what_their
     inputs["gemm"] = {"dtypes": {"nvfp4": {"by_m": {"1": {"frac_of_copy_bw_median": 0.5}}}}}
     lever = next(l for l in attribute(inputs)["levers"] if l["name"].startswith("decode kernels at streaming"))
     assert "plain read" not in lever["evidence"] and lever["evidence"].endswith("below streaming speed)")
+
+
+def test_kernel_lever_adds_the_routed_experts_grouped_gemv_against_a_plain_read():
+    """moe.json at the run's batch and format, times its MoE layers: the grouped GEMV's time against a plain read of
+    the selected experts' bytes joins the kernel-shape lever's evidence; a moe.json from another device is refused
+    like any other level."""
+    moe = {"device": "cuda: NVIDIA H200", "shape": {"moe_layers": 75},
+           "by_m": {"1": {"experts_grouped_gemv_nvfp4_us": 53.18, "experts_grouped_gemv_nvfp4_plain_read_us": 40.55}}}
+    inputs = gpu_inputs(moe=moe)
+    inputs["roofline"] = {**inputs["roofline"], "weight_format": "nvfp4", "batch_size": 1}
+    lever = next(l for l in attribute(inputs)["levers"] if l["name"].startswith("decode kernels at streaming"))
+    assert ("the routed experts' grouped GEMV (nvfp4, M=1, x 75 MoE layers) takes 3.989 ms against 3.041 ms for a "
+            "plain read of the selected experts' bytes") in lever["evidence"]
+    for level in ("memory", "gemm", "launch"):
+        inputs[level] = {"device": "cuda: NVIDIA H200"}
+    inputs["moe"] = {**moe, "device": "cuda: NVIDIA B200"}
+    g = attribute(inputs)
+    assert g["refused_levels"]["moe"].startswith("microbench/moe.json was measured on cuda: NVIDIA B200")
+    lever = next(l for l in g["levers"] if l["name"].startswith("decode kernels at streaming"))
+    assert "routed experts" not in lever["evidence"]

@@ -52,7 +52,7 @@ DOWNSTREAM = {
     "merge_simulation": {"simulate_kernel", "simulate_engine", "calibrate_server"},
     "simulate_kernel": {"bench_allreduce"},
     "bench_gemm": {"measure_memory"},
-    "attribute_gap": {"compute_roofline", "measure_memory", "bench_allreduce", "bench_gemm", "bench_launch",
+    "attribute_gap": {"compute_roofline", "measure_memory", "bench_allreduce", "bench_gemm", "bench_moe", "bench_launch",
                       "merge_simulation", "measure_live", "collect_audit"},
     "report": {"render_report", "archive_report"},
 }

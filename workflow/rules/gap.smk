@@ -7,6 +7,7 @@ rule attribute_gap:
         memory=rules.measure_memory.output.json,
         allreduce=rules.bench_allreduce.output.json,
         gemm=rules.bench_gemm.output.json,
+        moe=rules.bench_moe.output.json,
         launch=rules.bench_launch.output.json,
         simulate=rules.merge_simulation.output.json,
         live=rules.measure_live.output.summary,

@@ -75,6 +75,7 @@ def _identities(inputs: dict[str, dict | None], kern: dict | None, eng: dict | N
         "memory": identity(inputs.get("memory"), "microbench/memory.json"),
         "allreduce": identity(inputs.get("allreduce"), "microbench/allreduce.json"),
         "gemm": identity(inputs.get("gemm"), "microbench/gemm.json"),
+        "moe": identity(inputs.get("moe"), "microbench/moe.json"),
         "launch": identity(inputs.get("launch"), "microbench/launch.json"),
         "kernel": identity(kern, "simulate/kernel.json"),
         "engine": identity(eng, "simulate/engine.json"),

@@ -62,6 +62,21 @@ def gemm_step_split(gemm: dict, roof: dict) -> str:
     return text + " (microbench/gemm.json, measured)"
 
 
+def experts_step_split(moe: dict, roof: dict) -> str:
+    """The routed experts' grouped GEMV of one decode step in the run's weight format (moe.json at the run's batch,
+    times its MoE layers) against a plain read of the selected experts' bytes; "" where moe.json has no such pair."""
+    fmt, batch = str(roof.get("weight_format") or ""), _num(roof.get("batch_size"))
+    entry = (moe.get("by_m") or {}).get(str(int(batch))) if batch is not None else None
+    layers = _num((moe.get("shape") or {}).get("moe_layers"))
+    key = f"experts_grouped_gemv_{fmt.replace('-', '_')}"
+    if not entry or not layers or _num(entry.get(f"{key}_us")) is None or _num(entry.get(f"{key}_plain_read_us")) is None:
+        return ""
+    gemv_ms, read_ms = entry[f"{key}_us"] * layers / 1e3, entry[f"{key}_plain_read_us"] * layers / 1e3
+    return (f"the routed experts' grouped GEMV ({fmt}, M={int(batch)}, x {int(layers)} MoE layers) takes {gemv_ms:.3f} "
+            f"ms against {read_ms:.3f} ms for a plain read of the selected experts' bytes (microbench/moe.json, "
+            f"measured)")
+
+
 def rank_levers(waterfall, kern, eng, inputs, server_graphs: bool, roof: dict, ar_ms: float | None) -> list[dict]:
     levers: list[dict[str, Any]] = []
 
@@ -85,11 +100,11 @@ def rank_levers(waterfall, kern, eng, inputs, server_graphs: bool, roof: dict, a
     if kshape and kshape["ms"] > 0:
         ev = (f"kernel level in CUDA graphs takes {kshape['ms']:.3f} ms more than streaming its bytes at the "
               f"measured bandwidth (decode GEMVs, attention, norms and routing below streaming speed)")
-        split = gemm_step_split(inputs.get("gemm") or {}, roof)
-        if split:
-            ev += f"; {split}"
+        for split in (gemm_step_split(inputs.get("gemm") or {}, roof),
+                      experts_step_split(inputs.get("moe") or {}, roof)):
+            ev += f"; {split}" if split else ""
         add("decode kernels at streaming bandwidth (fused / better-tuned GEMV, attention, MoE kernels)",
-            kshape["ms"], ev, source="simulate.json (kernel level), microbench/gemm.json")
+            kshape["ms"], ev, source="simulate.json (kernel level), microbench/gemm.json, microbench/moe.json")
     fw = _step(waterfall, "framework overhead")
     if fw and fw["ms"] > 0 and not fw.get("absorbs"):
         add("leaner framework step (fewer host-side ops per layer, fused kernels)", fw["ms"],

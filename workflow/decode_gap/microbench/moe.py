@@ -315,6 +315,8 @@ def moe_summary(env: BenchEnv, df: pd.DataFrame, shape: MoeShape, skipped: list[
             entry[f"{key}_us"] = r[col]
             if r["name"] == "moe.experts":
                 entry[f"{key}_eager_us"] = r["eager_us"]
+                if pd.notna(r.get("plain_read_us")):  # a plain read of the same (selected experts') bytes
+                    entry[f"{key}_plain_read_us"] = r["plain_read_us"]
         if "experts_loop_us" in entry and "experts_grouped_mm_us" in entry and entry["experts_grouped_mm_us"]:
             entry["loop_over_grouped"] = entry["experts_loop_us"] / entry["experts_grouped_mm_us"]
         per_m[str(int(m))] = entry
@@ -322,7 +324,7 @@ def moe_summary(env: BenchEnv, df: pd.DataFrame, shape: MoeShape, skipped: list[
         "microbench.moe", env, env.backend, skipped, int(len(df)),
         shape={"hidden": shape.hidden, "experts_total": shape.experts_total, "experts_local": shape.experts_local,
                "top_k": shape.top_k, "inter": shape.inter, "scoring": shape.scoring, "n_group": shape.n_group,
-               "topk_group": shape.topk_group},
+               "topk_group": shape.topk_group, "moe_layers": shape.moe_layers},
         by_m=per_m,
         timing="gpu_us: CUDA-graph replay (GPU time); eager_us: one isolated call" if env.is_gpu else "perf_counter wall time",
     )
