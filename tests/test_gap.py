@@ -431,3 +431,15 @@ def test_kernel_lever_adds_the_routed_experts_grouped_gemv_against_a_plain_read(
     assert g["refused_levels"]["moe"].startswith("microbench/moe.json was measured on cuda: NVIDIA B200")
     lever = next(l for l in g["levers"] if l["name"].startswith("decode kernels at streaming"))
     assert "routed experts" not in lever["evidence"]
+
+
+def test_kernel_lever_reads_a_block_scaled_fp8_run_from_the_gemm_stages_fp8_rows():
+    step = {"step_gemm_us": 2000.0, "step_plain_read_us": 1600.0, "step_at_copy_bw_us": None, "step_gemm_rows": 9}
+    inputs = gpu_inputs(gemm={"dtypes": {"fp8": {"by_m": {"1": step}}}},
+                        moe={"shape": {"moe_layers": 58}, "by_m": {"1": {"experts_grouped_gemv_fp8_block_us": 80.0,
+                                                                          "experts_grouped_gemv_fp8_block_plain_read_us": 66.0}}})
+    inputs["roofline"] = {**inputs["roofline"], "weight_format": "fp8-block", "batch_size": 1}
+    lever = next(l for l in attribute(inputs)["levers"] if l["name"].startswith("decode kernels at streaming"))
+    assert "the step's fp8 dense GEMMs (M=1, 9 of them x their layers) take 2.000 ms against 1.600 ms" in lever["evidence"]
+    assert "so 0.400 ms is the GEMM kernels' own (microbench/gemm.json" in lever["evidence"]  # no copy-bandwidth part
+    assert "grouped GEMV (fp8-block, M=1, x 58 MoE layers) takes 4.640 ms against 3.828 ms" in lever["evidence"]

@@ -47,7 +47,9 @@ def gemm_step_split(gemm: dict, roof: dict) -> str:
     (gemm.json by_m.<M>.step_*): their measured time against a plain read of their bytes (the part that is the
     GEMM kernels' own) and against their bytes at copy bandwidth (what their sizes cost); "" where it has no such
     figures (older results, a format the stage does not time)."""
-    fmt, batch = roof.get("weight_format"), _num(roof.get("batch_size"))
+    # the gemm stage times both FP8 scalings under one dtype, fp8 (the fastest form a shape kept)
+    fmt = {"fp8-block": "fp8"}.get(roof.get("weight_format"), roof.get("weight_format"))
+    batch = _num(roof.get("batch_size"))
     dt = (gemm.get("dtypes") or {}).get(fmt) or {}
     step = (dt.get("by_m") or {}).get(str(int(batch))) if batch is not None else None
     if not step or _num(step.get("step_gemm_us")) is None or _num(step.get("step_plain_read_us")) is None:
@@ -69,9 +71,10 @@ def experts_step_split(moe: dict, roof: dict) -> str:
     entry = (moe.get("by_m") or {}).get(str(int(batch))) if batch is not None else None
     layers = _num((moe.get("shape") or {}).get("moe_layers"))
     key = f"experts_grouped_gemv_{fmt.replace('-', '_')}"
-    if not entry or not layers or _num(entry.get(f"{key}_us")) is None or _num(entry.get(f"{key}_plain_read_us")) is None:
+    gemv_us, read_us = (_num(entry.get(f"{key}{part}")) if entry else None for part in ("_us", "_plain_read_us"))
+    if not layers or gemv_us is None or read_us is None:
         return ""
-    gemv_ms, read_ms = entry[f"{key}_us"] * layers / 1e3, entry[f"{key}_plain_read_us"] * layers / 1e3
+    gemv_ms, read_ms = gemv_us * layers / 1e3, read_us * layers / 1e3
     return (f"the routed experts' grouped GEMV ({fmt}, M={int(batch)}, x {int(layers)} MoE layers) takes {gemv_ms:.3f} "
             f"ms against {read_ms:.3f} ms for a plain read of the selected experts' bytes (microbench/moe.json, "
             f"measured)")
