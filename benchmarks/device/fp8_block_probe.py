@@ -16,6 +16,10 @@ What it found (2026-12-01, H200, read 4458 GB/s, us a call; the first run at 438
   4096x14336 18.8 / 17.8 / 20.6;  6144x4096 9.9 / 9.3 (8x2048 xb) / 8.5;  128256x4096 123.3 / 125.9 / 116.4
   Larger tiles without xb (8x2048, 16x1024) were slower than 8x1024 on every shape. So the xb forms join the
   candidates (lowprec.DENSE_BLOCK_XSCALE) and none replaces the default.
+  4-row forms with xb (the per-tensor form's 4x2048 wins 4096x14336 there, 16.7 against 20.8 us): 2026-12-02, read
+  4385 GB/s, 4x2048 xb / 4x1024 xb / the best block form: 28672x4096 33.2 / 35.4 / 31.9, 36864x7168 83.0 / 78.3 /
+  65.3, 24576x6144 41.5 / 46.3 / 40.1, 6144x16384 30.9 / 37.0 / 28.2, 4096x14336 18.8 / 21.3 / 18.0, 6144x4096 9.7 /
+  11.0 / 9.3: neither won a shape, so neither joins the candidates.
   torch._scaled_mm with block scales: at M=1 no scale layout works (cuBLAS: CUBLAS_STATUS_NOT_SUPPORTED, or "Invalid
   scaling configuration"); at M=16, x's scales outer-dim-major and w's a [K/128, N/128] view of [N/128, K/128]:
   28672x4096 35.1 us (0.75 r), 36864x7168 76.9, 24576x6144 45.7, 7168x18432 43.9, 6144x16384 38.5, 4096x14336 26.6,
@@ -42,7 +46,7 @@ SHAPES = [(28672, 4096), (36864, 7168), (24576, 6144), (7168, 18432), (6144, 163
           (128256, 4096)]
 G = lp.GemvConfig
 BLOCK = (G(8, 1024, 4), G(16, 512, 4), G(8, 2048, 4), G(16, 1024, 4), G(4, 2048, 4), G(8, 1024, 4, xscale=True),
-         G(8, 2048, 4, xscale=True), G(16, 1024, 4, xscale=True))
+         G(8, 2048, 4, xscale=True), G(16, 1024, 4, xscale=True), G(4, 2048, 4, xscale=True), G(4, 1024, 4, xscale=True))
 
 
 def scaled_mm_block(x: torch.Tensor, w: torch.Tensor):
@@ -92,6 +96,7 @@ def main() -> None:
             print(f"check {n}x{k} block {c.name}: rel err {err:.2e} {'ok' if err < 2e-2 else 'FAILED'}", flush=True)
             forms[f"block {c.name}"] = (fb, c)
         forms["tensor BN=8,BK=2048,w=4"] = (ft, lp.DENSE_CONFIGS[0])
+        forms["tensor BN=4,BK=2048,w=4"] = (ft, lp.DENSE_CONFIGS[2])
         bld = {}
         for name, (f, c) in forms.items():
             fs = [f] + [lp.Fp8Weight(f.data.clone(), f.scales.clone(), f.block) for _ in range(copies - 1)]
