@@ -210,15 +210,14 @@ def gemm_sub(b: Builder, bundle: Bundle, copy_gbps: float | None) -> dict[str, A
         m1 = with_readings(m1, copy_gbps)
         cols = [("name", "shape"), ("dtype", "dtype"), ("backend", "backend"), ("N", "N"), ("K", "K"),
                 ("gpu_us", "GPU µs"), ("plain_read_us", "plain read µs"), ("over_read", "× plain read"),
-                ("latency_floor_us", "latency floor µs"),
-                ("eager_us", "eager µs"), ("gbps", "GB/s"), ("frac_of_copy_bw", "of copy BW"), ("reading", "reading")]
+                ("latency_floor_us", "latency floor µs"), ("eager_us", "eager µs"), ("gbps", "GB/s"),
+                ("frac_of_copy_bw", "of copy BW"), ("reading", "reading")]
         floors = pd.to_numeric(m1["latency_floor_us"], errors="coerce").dropna().unique() \
             if "latency_floor_us" in m1.columns else []
         if len(floors) == 1 and m1["latency_floor_us"].notna().all():  # one floor a run: said once, in the caption
             s["m1_floor"] = fmt_num(float(floors[0]))
             cols = [c for c in cols if c[0] != "latency_floor_us"]
-        pct = {"frac_of_copy_bw": _pct, "backend": _breakable,
-               "over_read": _times,
+        pct = {"frac_of_copy_bw": _pct, "backend": _breakable, "over_read": _times,
                "N": lambda v: f"{int(num(v)):,}" if num(v) is not None else "—",
                "K": lambda v: f"{int(num(v)):,}" if num(v) is not None else "—"}
         s["table_m1"] = df_table(m1, cols, formats=pct)
@@ -405,7 +404,8 @@ def moe_sub(b: Builder, bundle: Bundle, copy_gbps: float | None = None) -> dict[
     top_k = pd.to_numeric(df["top_k"], errors="coerce").dropna().unique() if "top_k" in df.columns else []
     if len(top_k) == 1:  # one top-k a run: said once, above the table, its column left out for the page's width
         labels.pop("top_k")
-        s["note"] = " ".join(x for x in (s.get("note"), f"Top-k {fmt_num(float(top_k[0]))} in every row of the table.") if x)
+        said = f"Top-k {fmt_num(float(top_k[0]))} in every row of the table."
+        s["note"] = " ".join(x for x in (s.get("note"), said) if x)
     cols = [(c, label) for c, label in labels.items() if c in df.columns] or None  # none there: every column
     s["table"] = df_table(df, cols, formats={"frac_of_copy_bw": _pct, "backend": _breakable, "over_read": _times})
     s["table_cls"] = "compact reading-last"
