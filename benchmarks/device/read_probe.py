@@ -33,7 +33,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "workflow"))
 
 import torch  # noqa: E402
-import triton  # noqa: E402
 
 import lowprec_device as ld  # noqa: E402
 from decode_gap.kernels import lowprec as lp  # noqa: E402
@@ -44,15 +43,6 @@ from decode_gap.microbench.timing import rotating_copies  # noqa: E402
 
 SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096), (36864, 7168), (7168, 18432),
           (129280, 7168), (24576, 6144), (6144, 16384), (154880, 6144)]
-
-
-def triton_reader(buf: torch.Tensor, programs: int, block: int):
-    words = buf.view(torch.int32)
-    n = words.numel()
-    per = triton.cdiv(triton.cdiv(n, programs), block) * block
-    out = torch.empty(programs, dtype=torch.int32, device=buf.device)
-    grid = (triton.cdiv(n, per),)
-    return lambda: launch._read_kernel[grid](words, out, n, per, BLOCK=block, num_warps=4)
 
 
 def main() -> None:
@@ -69,7 +59,7 @@ def main() -> None:
         for per_sm in (2, 4, 8, 16):
             for block in (1024, 2048, 4096):
                 times[f"triton {per_sm}/SM BLOCK={block}"] = ld.gpu_us(
-                    [triton_reader(b, per_sm * sms, block) for b in bufs], env)
+                    [launch.read_call(b, per_sm * sms, block) for b in bufs], env)
         bufs = None
         best_read = min(times, key=times.get)
         q = nv.quantize_nvfp4(torch.randn((n, k), device=dev, dtype=torch.bfloat16))

@@ -175,14 +175,20 @@ def plain_read(env: BenchEnv, nbytes: int) -> Stats:
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     best = None
     for per_sm, block in PLAIN_READ_GRIDS:
-        per = math.ceil(words / (per_sm * sms) / block) * block  # whole iterations a program
-        grid = (math.ceil(words / per),)
-        out = torch.empty(grid[0], dtype=torch.int32, device=dev)
-        calls = [(lambda b=b, out=out, per=per, grid=grid: _read_kernel[grid](b, out, words, per, BLOCK=block,
-                                                                             num_warps=4)) for b in bufs]
-        st = time_graph(calls, max(env.warmup, 1), env.iters, dev)
+        st = time_graph([read_call(b, per_sm * sms, block) for b in bufs], max(env.warmup, 1), env.iters, dev)
         best = st if best is None or st.median_us < best.median_us else best
     return best
+
+
+def read_call(words: torch.Tensor, programs: int, block: int) -> Callable[[], Any]:
+    """One launch of the plain read over the int32 tensor `words`: about `programs` programs of 4 warps, each a
+    contiguous range of whole `block`-word iterations (plain_read's grids; benchmarks/device/read_probe.py sweeps
+    them)."""
+    n = words.numel()
+    per = math.ceil(n / programs / block) * block  # whole iterations a program
+    grid = (math.ceil(n / per),)
+    out = torch.empty(grid[0], dtype=torch.int32, device=words.device)
+    return lambda: _read_kernel[grid](words, out, n, per, BLOCK=block, num_warps=4)
 
 
 class PlainReads:
