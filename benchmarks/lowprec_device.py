@@ -206,6 +206,15 @@ def nvfp4_copies(q: nv.NVFP4Tensor, dev) -> list[nv.NVFP4Tensor]:
                   for _ in range(rotating_copies(nv.nvfp4_bytes(*q.shape), dev) - 1)]
 
 
+def plain_read_us(env: BenchEnv, nbytes: int) -> float | None:
+    """A plain read of `nbytes` as the gemm stage times it (launch.PlainReads); None where it cannot be timed, with
+    the reason in RESULTS["errors"], so the shape's other figures are kept."""
+    reads = launch.PlainReads(env)
+    us = reads.us(nbytes)
+    RESULTS["errors"].update({s["case"]: s["reason"] for s in reads.skipped})
+    return us
+
+
 def fp4_builders(qs: list[nv.NVFP4Tensor], x: torch.Tensor, dev, cfgs) -> dict:
     """For each NVFP4 GEMV form that applies to x's M and the weight's K: a builder of its calls, one a copy."""
     m, k = x.shape
@@ -286,8 +295,7 @@ def dense_case(env: BenchEnv, model: str, n: int, k: int, m: int, old: bool, fp8
     best = min(ok, key=ok.get) if ok else None
     put("nvfp4_new", best, ok.get(best), nb4, tried)
     qs = q = None
-    read_st = launch.plain_read(env, nb4)  # what the call's bytes alone cost at this size (the stage's yardstick)
-    put("nvfp4_plain_read", "plain read", read_st.median_us if read_st else None, nb4)
+    put("nvfp4_plain_read", "plain read", plain_read_us(env, nb4), nb4)
     RESULTS["gemm"].append(row)
     if env.is_gpu:
         torch.cuda.empty_cache()
@@ -307,14 +315,14 @@ def fp4_sweep(env: BenchEnv, n: int, k: int, m: int) -> None:
     nb4 = nvfp4_call_bytes(n, k, m)
     cfgs = lp.FP4_MMA_CONFIGS + lp.FP4_MMA_CHAINED + lp.FP4_MMA_XJIT + lp.FP4_MMA_XSHARE + lp.FP4_MMA_PAIR
     _, _, times = best_of(env, fp4_builders(nvfp4_copies(q, dev), x, dev, cfgs), nb4)
-    read_st = launch.plain_read(env, nb4)
+    read_us = plain_read_us(env, nb4)
     RESULTS["gemm"].append({"model": "sweep", "N": n, "K": k, "M": m, "nvfp4_bytes": nb4, "nvfp4_new_tried": times,
-                            "nvfp4_plain_read_us": read_st.median_us if read_st else None})
+                            "nvfp4_plain_read_us": read_us})
     read = env.extra.get("read_gbps")
     ok = sorted((v, name) for name, v in times.items() if isinstance(v, float))
-    if read_st:
-        log(f"sweep {n:>6}x{k:<6} M={m:<2} {read_st.median_us:8.2f} us "
-            f"{100 * (frac(nb4, read_st.median_us, read) or 0):5.1f}%r  a plain read of the same bytes")
+    if read_us:
+        log(f"sweep {n:>6}x{k:<6} M={m:<2} {read_us:8.2f} us "
+            f"{100 * (frac(nb4, read_us, read) or 0):5.1f}%r  a plain read of the same bytes")
     for us, name in ok:
         log(f"sweep {n:>6}x{k:<6} M={m:<2} {us:8.2f} us {100 * (frac(nb4, us, read) or 0):5.1f}%r  {name}")
 
