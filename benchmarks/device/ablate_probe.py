@@ -1,0 +1,102 @@
+"""Probe (H200): where the NVFP4 tensor-core GEMV's time over a plain read of its bytes goes at M=1, by taking the
+DRAM traffic away from its operands one at a time (the same compiled loop, grid and launch; the sums are wrong and
+never used, only timed).
+
+    PYTHONPATH=workflow python3 benchmarks/device/ablate_probe.py
+
+Each shape runs its default form (fp4_config_for) four ways, through the kernel's own strides:
+  base   as the GEMV runs;
+  s-L2   every tile reads tile 0's block scales (scale stride 0): the scales come from L2, the weights from DRAM;
+  w-L2   every tile reads tile 0's weights (weight stride 0): the weights come from L2, the scales from DRAM;
+  L2     both: the loop's decode and MMAs with no DRAM traffic but x's, the time the instructions alone take.
+Beside them, a plain read of the call's bytes (launch.plain_read). Rotating copies of the weight past the L2 as the
+benchmark's GEMV rows use.
+
+If `L2` comes close to the plain read, the loop's instructions, not its memory traffic, hold it back; if `s-L2` is
+clearly faster than `base`, the scales' own small loads (64 bytes a warp a step, their own stream) cost DRAM
+efficiency beyond their 11% of the bytes.
+
+What it found (2026-12-02, H200, read 4381 GB/s; us a call, and over the plain read):
+  shape        form                        read   base         s-L2         w-L2         L2
+  128256x4096  m,BN=64,BK=256,w=4,t=18,bx  69.08  75.81 1.10x  77.19 1.12x  66.48 0.96x  60.29 0.87x
+  28672x4096   ...,ef,t=27,bx,ks=2         17.21  19.43 1.13x  19.36 1.12x  16.98 0.99x  16.46 0.96x
+  24576x6144   ...,BK=256,t=18,bx,ks=2     21.58  22.30 1.03x  22.28 1.03x  20.24 0.94x  19.59 0.91x
+  7168x18432   ...,BK=256,t=18,bx,ks=2     19.12  22.85 1.19x  22.86 1.20x  21.09 1.10x  21.09 1.10x
+  6144x16384   ...,BK=256,t=18,bx,ks=2     14.86  17.26 1.16x  17.21 1.16x  15.43 1.04x  15.39 1.04x
+  4096x14336   ...,BK=256,t=18,bx,ks=2      9.51  11.95 1.26x  11.88 1.25x  10.40 1.09x  10.43 1.10x
+  6144x4096    m,BN=64,BK=128,...,t=27,bx   5.05   7.37 1.46x   7.38 1.46x   6.33 1.25x   6.33 1.25x
+The scales' loads cost nothing (s-L2 within 0.1 us of base, one shape 1.4 us slower). With no weight traffic at all
+the loop still takes 0.87-0.96 of the read's time on the wide shapes and 1.04-1.25 on the narrow and small ones
+(the split's finish, about 1 us, included): the instructions a byte, not the memory, hold the kernel back, and the
+time a call takes is close to its instruction time plus part of its transfer. noscale_probe.py measures the largest
+single part of those instructions.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "workflow"))
+
+import torch  # noqa: E402
+
+import lowprec_device as ld  # noqa: E402
+from decode_gap.kernels import lowprec as lp  # noqa: E402
+from decode_gap.kernels import nvfp4 as nv  # noqa: E402
+from decode_gap.microbench import launch, memory  # noqa: E402
+from decode_gap.microbench.common import BenchEnv  # noqa: E402
+
+SHAPES = [(128256, 4096), (28672, 4096), (24576, 6144), (7168, 18432), (6144, 16384), (4096, 14336), (6144, 4096)]
+WAYS = {"base": (True, True), "s-L2": (True, False), "w-L2": (False, True), "L2": (False, False)}
+
+
+def launcher(g: lp.Nvfp4Gemv, x: torch.Tensor, w_stride: bool, s_stride: bool):
+    """g's own launch (bf16 forms: x is its own B operand) with the weight or scale stride between tiles set to 0."""
+    xp = lp.bf16_pairs(x)
+    target = g.acc if g.acc is not None else g.out
+    cfg = g.cfg
+
+    def call():
+        lp._fp4_mma_kernel[g.grid](
+            xp, g.words, g.scales, g.q.tensor_scale, target, g.m, g.n, g.words.shape[0], g.per, g.words.shape[1],
+            xp.stride(0), g.words.stride(0) if w_stride else 0, g.scales.stride(0) if s_stride else 0,
+            target.stride(0), x, x.stride(0), g.out, g.out.stride(0), g.cnt if g.finish else target,
+            WARPS=cfg.warps, BLOCK_M=g.block_m, UNROLL=g.steps, ATOMIC=g.acc is not None, USE_ASM=True,
+            EV=lp._evict(cfg), PDL=g.pdl, SELF_PACK=False, FINISH=g.finish, BX=True, STREAM=g.stream,
+            SLICES=cfg.slices, DEPS=g.pdl and cfg.chain, XJIT=cfg.xjit, XS=cfg.xshare, PAIR=cfg.pair,
+            num_warps=cfg.warps, **lp._pdl_launch(g.pdl))
+    return call
+
+
+def main() -> None:
+    dev = torch.device("cuda")
+    env = BenchEnv(device=dev, warmup=3, iters=40, cpu_budget_s=0.05)
+    read = memory.measure_memory(env)["read_gbps"]
+    reads = launch.PlainReads(env)
+    print(f"read {read:.0f} GB/s; plain read: {reads.method}")
+    for n, k in SHAPES:
+        q = nv.quantize_nvfp4(torch.randn((n, k), device=dev, dtype=torch.bfloat16))
+        x = torch.randn((1, k), device=dev, dtype=torch.bfloat16)
+        nb = ld.nvfp4_call_bytes(n, k, 1)
+        cfg = lp.fp4_config_for(1, k, dev, n)
+        if not cfg.bx:
+            print(f"{n}x{k}: default form {cfg.name} is not a bf16 form; skipped")
+            continue
+        gs = [lp.Nvfp4Gemv(qq, 1, dev, cfg) for qq in ld.nvfp4_copies(q, dev)]
+        for g in gs:
+            g(x)
+        err = nv.relative_error(gs[0](x).float(), nv.reference_mm(x, q))
+        read_us = reads.us(nb)
+        line = [f"{n:>6}x{k:<6} {cfg.name:38s} err {err:.1e} | read {read_us:6.2f}"]
+        for way, (w_stride, s_stride) in WAYS.items():
+            us = ld.gpu_us([launcher(g, x, w_stride, s_stride) for g in gs], env)
+            line.append(f"{way} {us:6.2f} ({us / read_us:4.2f}x)")
+        print("  ".join(line), flush=True)
+        gs = None
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
