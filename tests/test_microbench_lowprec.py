@@ -631,3 +631,23 @@ def test_default_tensor_core_forms_compile_for_sm90_without_spills():
         except FileNotFoundError as exc:  # a Triton wheel without its CUDA tools
             pytest.skip(f"no ptxas/cuobjdump: {exc}")
         assert r["stack"] == 0 and r["registers"] <= 255, (name, r)
+
+
+@pytest.mark.skipif(not lp.HAVE_TRITON, reason="Triton is not installed (pip install triton runs its CPU interpreter)")
+def test_grouped_alternatives_add_the_wide_down_to_the_default_bf16_pair():
+    """The MoE stage times each of grouped_alternatives on the same repacked experts and keeps the fastest: the
+    default bf16 pair first, then its down at 4 steps an iteration where I is whole 256-value blocks (that form
+    gives the same sums); a form that is not the default pair, or an I it does not divide, has no alternative."""
+    out = _interpret(_GROUPED_BX_SETUP + r'''
+g = lp.grouped_from_bf16("nvfp4", w13, w2, ids, rw, "cpu")
+forms = lp.grouped_alternatives(g)
+assert forms == [(lp.FP4_GROUPED_BX_13, lp.FP4_GROUPED_BX_2), (lp.FP4_GROUPED_BX_13, lp.FP4_GROUPED_BX_2_WIDE)], forms
+CASES = (forms[1] + (3,),)
+''' + _GROUPED_BX_RUN + r'''
+g.cfg13, g.cfg2 = lp.FP4_GROUPED_MMA_13, lp.FP4_GROUPED_MMA_2
+assert len(lp.grouped_alternatives(g)) == 1
+small = lp.grouped_from_bf16("nvfp4", w13[:, :128], w2[:, :, :64], ids, rw, "cpu")  # I = 64: one step a down
+assert len(lp.grouped_alternatives(small)) == 1
+print("ok alternatives")
+''', "128", "256")
+    assert out.count("ok") == 2, out

@@ -2324,6 +2324,20 @@ class GroupedExperts:
         return fp8_bytes(2 * i, h, block) + fp8_bytes(h, i, block)
 
 
+# the grouped bf16 form's down at 4 steps an iteration: which wins depends on the model (H200, 2026-12-02, read 4446
+# GB/s, whole calls: GLM-5 51.6 against 53.2 us, DeepSeek-V3 62.9 against 59.7), so the MoE stage times both
+FP4_GROUPED_BX_2_WIDE = replace(FP4_GROUPED_BX_2, block_k=256)
+
+
+def grouped_alternatives(g: "GroupedExperts") -> list[tuple[GemvConfig, GemvConfig]]:
+    """The (gate_up, down) forms worth timing for g's weights as they are repacked: its own first, then the grouped
+    bf16 form's down at 4 steps an iteration where g runs the default bf16 pair and its I is whole 4-step blocks."""
+    forms = [(g.cfg13, g.cfg2)]
+    if (g.cfg13, g.cfg2) == (FP4_GROUPED_BX_13, FP4_GROUPED_BX_2) and g.i % FP4_GROUPED_BX_2_WIDE.block_k == 0:
+        forms.append((FP4_GROUPED_BX_13, FP4_GROUPED_BX_2_WIDE))
+    return forms
+
+
 def grouped_from_bf16(fmt: str, w13: torch.Tensor, w2: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                       device, cfg13: GemvConfig | None = None, cfg2: GemvConfig | None = None) -> GroupedExperts:
     """Quantise bf16 expert weights [E, 2I, H] / [E, H, I] to `fmt` (bf16 | fp8 | fp8-block | nvfp4) and wrap them."""
