@@ -53,21 +53,10 @@ WAYS = {"base": (True, True), "s-L2": (True, False), "w-L2": (False, True), "L2"
 
 
 def launcher(g: lp.Nvfp4Gemv, x: torch.Tensor, w_stride: bool, s_stride: bool):
-    """g's own launch (bf16 forms: x is its own B operand) with the weight or scale stride between tiles set to 0."""
-    xp = lp.bf16_pairs(x)
-    target = g.acc if g.acc is not None else g.out
-    cfg = g.cfg
-
-    def call():
-        lp._fp4_mma_kernel[g.grid](
-            xp, g.words, g.scales, g.q.tensor_scale, target, g.m, g.n, g.words.shape[0], g.per, g.words.shape[1],
-            xp.stride(0), g.words.stride(0) if w_stride else 0, g.scales.stride(0) if s_stride else 0,
-            target.stride(0), x, x.stride(0), g.out, g.out.stride(0), g.cnt if g.finish else target,
-            WARPS=cfg.warps, BLOCK_M=g.block_m, UNROLL=g.steps, ATOMIC=g.acc is not None, USE_ASM=True,
-            EV=lp._evict(cfg), PDL=g.pdl, SELF_PACK=False, FINISH=g.finish, BX=True, STREAM=g.stream,
-            SLICES=cfg.slices, DEPS=g.pdl and cfg.chain, XJIT=cfg.xjit, XS=cfg.xshare, PAIR=cfg.pair,
-            num_warps=cfg.warps, **lp._pdl_launch(g.pdl))
-    return call
+    """g's own launch (Nvfp4Gemv.mma_args) with the weight or scale stride between tiles set to 0."""
+    args = g.mma_args(x)
+    args.update(stride_wt=args["stride_wt"] if w_stride else 0, stride_st=args["stride_st"] if s_stride else 0)
+    return lambda: lp._fp4_mma_kernel[g.grid](**args)
 
 
 def main() -> None:

@@ -56,19 +56,13 @@ if sys.argv[1:2] == ["finish"]:
 
 
 def launcher(g: lp.Nvfp4Gemv, x: torch.Tensor, atomic: bool, finish: bool):
-    """g's kernel on g's buffers with the split's epilogue chosen (bf16 forms only: x is its own B operand)."""
-    xp = lp.bf16_pairs(x)
-    target = g.acc if g.acc is not None else g.out
-    out_dt = g.out
-
-    def call():
-        lp._fp4_mma_kernel[g.grid](
-            xp, g.words, g.scales, g.q.tensor_scale, target, g.m, g.n, g.words.shape[0], g.per, g.words.shape[1],
-            xp.stride(0), g.words.stride(0), g.scales.stride(0), target.stride(0), x, x.stride(0), out_dt,
-            out_dt.stride(0), g.cnt if finish else target, WARPS=g.cfg.warps, BLOCK_M=g.block_m, UNROLL=g.steps,
-            ATOMIC=atomic, USE_ASM=True, EV=lp._evict(g.cfg), PDL=False, SELF_PACK=False, FINISH=finish, BX=True,
-            STREAM=False, SLICES=g.cfg.slices, DEPS=False, num_warps=g.cfg.warps)
-    return call
+    """g's own launch (Nvfp4Gemv.mma_args) with the split's epilogue chosen (bf16 forms only: x is its own B
+    operand)."""
+    args = {**g.mma_args(x), "ATOMIC": atomic, "FINISH": finish, "PDL": False, "DEPS": False}
+    args.pop("launch_pdl", None)
+    if not finish:
+        args["cnt_ptr"] = args["out_ptr"]
+    return lambda: lp._fp4_mma_kernel[g.grid](**args)
 
 
 def main() -> None:

@@ -1979,28 +1979,33 @@ class Nvfp4Gemv:
         sliced = f", {cfg.slices} K slices x {cfg.warps // cfg.slices} tiles" if self.mma and cfg.slices > 1 else ""
         return f"triton nvfp4 gemv ({kind}, {cfg.name}{sliced}, split={self.split})"
 
+    def mma_args(self, x: torch.Tensor) -> dict[str, Any]:
+        """The tensor-core GEMV kernel's arguments for a call on x, by name (x packed already where the form packs
+        it): what _call_mma launches, and what the probes in benchmarks/device launch with some of them changed."""
+        target = self.acc if self.acc is not None else self.out
+        xp = bf16_pairs(x) if self.bx else self.xp  # the bf16 form: x's own bf16 pairs are the B operand
+        cfg = self.cfg
+        return dict(
+            xp_ptr=xp, w_ptr=self.words, s_ptr=self.scales, ts_ptr=self.q.tensor_scale, out_ptr=target, M=self.m,
+            N=self.n, NT=self.words.shape[0], steps_per_split=self.per, NSTEPS=self.words.shape[1],
+            stride_xm=xp.stride(0), stride_wt=self.words.stride(0), stride_st=self.scales.stride(0),
+            stride_om=target.stride(0), x_ptr=x, stride_x=x.stride(0), fin_ptr=self.out, stride_fm=self.out.stride(0),
+            cnt_ptr=self.cnt if self.finish else target, WARPS=cfg.warps, BLOCK_M=self.block_m, UNROLL=self.steps,
+            ATOMIC=self.acc is not None, USE_ASM=not interpreted(), EV=_evict(cfg), PDL=self.pdl,
+            SELF_PACK=self.one_kernel and not self.bx, FINISH=self.finish, BX=self.bx, STREAM=self.stream,
+            SLICES=cfg.slices, DEPS=self.pdl and cfg.chain, XJIT=cfg.xjit, XS=cfg.xshare, PAIR=cfg.pair,
+            num_warps=cfg.warps, **_pdl_launch(self.pdl))
+
     def _call_mma(self, x: torch.Tensor) -> torch.Tensor:
         target = self.acc if self.acc is not None else self.out
         split_sums = self.acc is not None
-        xp = self.xp
-        if self.bx:  # x's own bf16 pairs are the B operand
-            xp = bf16_pairs(x)
-        elif not self.one_kernel:
+        if not self.bx and not self.one_kernel:
             nz = self.m * self.n
             grid0 = max(triton.cdiv(self.kw, 512), triton.cdiv(nz, 2048) if split_sums else 1)
             _fp4_xpack4_kernel[(grid0, self.m)](x, self.xp, self.kw, x.stride(0), self.xp.stride(0), target, nz,
                                                 BLOCK=512, ZERO=split_sums and not self.finish, DEPS=self.pdl)
         finish = self.finish
-        self.compiled = _fp4_mma_kernel[self.grid](
-            xp, self.words, self.scales, self.q.tensor_scale, target, self.m, self.n, self.words.shape[0],
-            self.per, self.words.shape[1], xp.stride(0), self.words.stride(0), self.scales.stride(0),
-            target.stride(0), x, x.stride(0), self.out, self.out.stride(0), self.cnt if finish else target,
-            WARPS=self.cfg.warps, BLOCK_M=self.block_m, UNROLL=self.steps, ATOMIC=split_sums,
-            USE_ASM=not interpreted(), EV=_evict(self.cfg), PDL=self.pdl, SELF_PACK=self.one_kernel and not self.bx,
-            FINISH=finish, BX=self.bx, STREAM=self.stream, SLICES=self.cfg.slices, DEPS=self.pdl and self.cfg.chain,
-            XJIT=self.cfg.xjit, XS=self.cfg.xshare, PAIR=self.cfg.pair,
-            num_warps=self.cfg.warps,
-            **_pdl_launch(self.pdl))
+        self.compiled = _fp4_mma_kernel[self.grid](**self.mma_args(x))
         if split_sums and not finish:
             self.out.copy_(self.acc)
         if not self.planned:
