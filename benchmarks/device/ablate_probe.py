@@ -25,7 +25,11 @@ What it found (2026-12-02, H200, read 4381 GB/s; us a call, and over the plain r
   6144x16384   ...,BK=256,t=18,bx,ks=2     14.86  17.26 1.16x  17.21 1.16x  15.43 1.04x  15.39 1.04x
   4096x14336   ...,BK=256,t=18,bx,ks=2      9.51  11.95 1.26x  11.88 1.25x  10.40 1.09x  10.43 1.10x
   6144x4096    m,BN=64,BK=128,...,t=27,bx   5.05   7.37 1.46x   7.38 1.46x   6.33 1.25x   6.33 1.25x
-The scales' loads cost nothing (s-L2 within 0.1 us of base, one shape 1.4 us slower). With no weight traffic at all
+A second machine (read 4377 GB/s, after mma_args) agreed within 2% on every cell but one: the lm_head's s-L2 took
+68.97 us against its base 74.45 (1.01x against 1.09x), where the first machine's took 1.4 us longer than its base.
+So on the mid-sized shapes the scales' loads cost nothing beyond their bytes (s-L2 within 0.1 us of base); on the
+lm_head, served from L2 they took 11% of the bytes off a kernel that was then as fast as the read on one machine and
+not on the other: not a finding either way. With no weight traffic at all
 the loop still takes 0.87-0.96 of the read's time on the wide shapes and 1.04-1.25 on the narrow and small ones
 (the split's finish, about 1 us, included): the instructions a byte, not the memory, hold the kernel back, and the
 time a call takes is close to its instruction time plus part of its transfer. noscale_probe.py measures the largest
