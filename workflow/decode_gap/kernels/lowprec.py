@@ -57,7 +57,11 @@ benchmarks/kernel_resources.py; 92 before the scales were converted together and
 thirds of them the decode and its scale multiply, on the integer and FMA pipes; at the 0.62-0.66 issued warps a
 scheduler ncu showed (an earlier build), that is about 4.0 TB/s at the most. The last 4% fewer instructions bought
 about 1%, so issue is not the whole limit. L2 prefetch ahead of the register double buffer (prefetch.global.L2 lane
-by lane, or sm90 cp.async.bulk.prefetch of a tile's steps) was 5-30% slower on every shape tried.
+by lane, or sm90 cp.async.bulk.prefetch of a tile's steps) was 5-30% slower on every shape tried. With every tile
+reading tile 0's weights and scales (no DRAM traffic; benchmarks/device/ablate_probe.py) the loop alone takes
+0.87-0.97 of a plain read's time on the wide shapes and 1.04-1.25 on the narrow and small ones (their K split's
+finish included), and the 16 scale multiplies a step with their conversion (22 of 79 instructions, sm_90 SASS of
+the K-sliced form) cost 2-12% (noscale_probe.py): the instruction stream, not the access pattern, is the limit.
 What is left on the mid-sized shapes (measured before the bf16 form, which removed the packing kernel and the cast):
 the x packing and the split-K cast were two more kernels (2.0 and 1.1 us a call beside a 19.9 us GEMV on
 28672x4096), and the GEMV itself issues
