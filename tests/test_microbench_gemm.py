@@ -159,3 +159,38 @@ def test_step_totals_weigh_each_named_gemm_by_its_layers_and_leave_the_routed_ex
     # one row without a plain read: no partial total
     assert gemm.step_totals(rows.assign(plain_read_us=[8.0, None, 4.0, 90.0]), "gpu_us", 4000.0)[
         "step_plain_read_us"] is None
+
+
+def test_moe_stage_keeps_the_fastest_grouped_form_and_names_one_that_failed():
+    """The MoE stage times each of a grouped GEMV's forms (lowprec.grouped_alternatives: the default bf16 pair, then
+    its down at 4 steps an iteration) and keeps the fastest row; a form that fails is named as itself in the stage's
+    skipped list, and the row another form gave stays. (The timing itself needs a GPU: a stand-in timer here.)"""
+    from decode_gap.kernels import lowprec as lp
+    from decode_gap.microbench.moe import fastest_form
+
+    torch.manual_seed(0)
+    e, h, i = 3, 128, 256
+    w13 = (torch.randn(e, 2 * i, h) * 0.1).to(torch.bfloat16)
+    w2 = (torch.randn(e, h, i) * 0.1).to(torch.bfloat16)
+    g = lp.grouped_from_bf16("nvfp4", w13, w2, torch.tensor([0, 2]), torch.rand(2), "cpu")
+    assert len(lp.grouped_alternatives(g)) == 2
+
+    def timer(us_by_down):
+        def time_form(failed):
+            us = us_by_down[g.cfg2.block_k]
+            if us is None:
+                failed.append({"case": "moe.experts grouped_gemv M=1", "reason": "RuntimeError: no"})
+                return None
+            return {"backend": g.label, "gpu_us": us}
+        return time_form
+
+    skipped: list = []
+    best = fastest_form(g, timer({128: 53.2, 256: 51.6}), skipped)
+    assert best["gpu_us"] == 51.6 and "down m,BN=64,BK=256" in best["backend"] and best["kernels"] == g.kernels
+    assert not skipped
+    best = fastest_form(g, timer({128: 59.7, 256: 62.9}), skipped)
+    assert best["gpu_us"] == 59.7 and "BK=128,w=4,ef,bx)" in best["backend"]
+    best = fastest_form(g, timer({128: 59.7, 256: None}), skipped)
+    assert best["gpu_us"] == 59.7 and len(skipped) == 1 and "BK=256" in skipped[0]["case"]
+    assert g.cfg2 == lp.FP4_GROUPED_BX_2  # left in the form that won
+    assert fastest_form(g, timer({128: None, 256: None}), []) is None

@@ -2339,12 +2339,12 @@ FP4_GROUPED_BX_2_WIDE = replace(FP4_GROUPED_BX_2, block_k=256)
 
 
 def grouped_alternatives(g: "GroupedExperts") -> list[tuple[GemvConfig, GemvConfig]]:
-    """The (gate_up, down) forms worth timing for g's weights as they are repacked: its own first, then the grouped
-    bf16 form's down at 4 steps an iteration where g runs the default bf16 pair and its I is whole 4-step blocks."""
-    forms = [(g.cfg13, g.cfg2)]
-    if (g.cfg13, g.cfg2) == (FP4_GROUPED_BX_13, FP4_GROUPED_BX_2) and g.i % FP4_GROUPED_BX_2_WIDE.block_k == 0:
-        forms.append((FP4_GROUPED_BX_13, FP4_GROUPED_BX_2_WIDE))
-    return forms
+    """The (gate_up, down) forms worth timing for g's weights as they are repacked: where g runs the default bf16
+    pair or its wide-down variant and I is whole 4-step blocks, both, the default first; else g's own."""
+    pair = [(FP4_GROUPED_BX_13, FP4_GROUPED_BX_2), (FP4_GROUPED_BX_13, FP4_GROUPED_BX_2_WIDE)]
+    if (g.cfg13, g.cfg2) in pair and g.i % FP4_GROUPED_BX_2_WIDE.block_k == 0:
+        return pair
+    return [(g.cfg13, g.cfg2)]
 
 
 def grouped_from_bf16(fmt: str, w13: torch.Tensor, w2: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,

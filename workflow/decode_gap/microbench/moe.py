@@ -189,6 +189,24 @@ def grouped_gemv(es: ExpertSet, fmt: str) -> "lp.GroupedExperts":
     return lp.grouped_from_bf16(fmt, es.w13, es.w2, ids, es.row_weights, es.x.device)
 
 
+def fastest_form(g: "lp.GroupedExperts", time_form: Callable[[list], dict[str, Any] | None],
+                 skipped: list[dict[str, str]]) -> dict[str, Any] | None:
+    """g timed in each of its forms (lp.grouped_alternatives, the default first) by time_form(failures), which
+    returns a row or None and appends why to failures; the fastest row with its kernel count, or None if no form
+    ran; g is left in that form. A form that fails is named as itself in `skipped`, beside the row another form
+    still gives."""
+    best, best_forms = None, (g.cfg13, g.cfg2)
+    for forms in lp.grouped_alternatives(g):
+        g.cfg13, g.cfg2 = forms
+        failed: list[dict[str, str]] = []
+        row = time_form(failed)
+        skipped.extend({**f, "case": f"{f['case']} ({g.label})"} for f in failed)
+        if row and (best is None or row["gpu_us"] < best["gpu_us"]):
+            best, best_forms = {**row, "kernels": g.kernels}, forms
+    g.cfg13, g.cfg2 = best_forms
+    return best
+
+
 def _expert_bytes(es: ExpertSet, weight_bytes_per_elem: float, act_bytes: int) -> int:
     rows, h = es.rows.shape
     i = es.w2.shape[2]
@@ -251,13 +269,9 @@ def run_moe_bench(env: BenchEnv, shape: MoeShape | None, m_values: list[int], lo
                     skipped.append(skip(f"grouped_gemv {fmt} M={m}", short_error(exc)))
                     continue
                 nb = g.weight_bytes() + 2 * shape.hidden * 2 + g.slots * shape.inter * 4
-                best = None
-                for forms in lp.grouped_alternatives(g):  # the default forms first; keep the fastest that ran
-                    g.cfg13, g.cfg2 = forms
-                    row = _time_row(env, flush, "moe.experts", "grouped_gemv", fmt, g.label, lambda g=g: g(es.x), nb,
-                                    _expert_flops(es), base, skipped, log)
-                    if row and (best is None or row["gpu_us"] < best["gpu_us"]):
-                        best = {**row, "kernels": g.kernels}
+                best = fastest_form(g, lambda failed, g=g: _time_row(
+                    env, flush, "moe.experts", "grouped_gemv", fmt, g.label, lambda: g(es.x), nb, _expert_flops(es),
+                    base, failed, log), skipped)
                 if best:
                     rows.append(best)
                 g = None
