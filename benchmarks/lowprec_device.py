@@ -25,7 +25,6 @@ import math
 import sys
 import time
 import traceback
-from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -447,8 +446,9 @@ GROUPED_SLICED = [(lp.GemvConfig(16, 128, 4, slices=4, **_S), lp.FP4_GROUPED_BX_
                   (lp.GemvConfig(16, 128, 4, slices=4, **_S), lp.GemvConfig(32, 128, 4, slices=2, **_S))]
 
 # the default gate_up with down at 4 steps an iteration (the fp16 form's sweep put GLM-5's down at 17.1 us with it
-# against 18.9 for 2 steps, DeepSeek-V3's at 23.3 against 21.0: 2026-12-02, read 4384 GB/s), timed whole in bf16
-GROUPED_BX_DOWN = [(lp.FP4_GROUPED_BX_13, replace(lp.FP4_GROUPED_BX_2, block_k=256))]
+# against 18.9 for 2 steps, DeepSeek-V3's at 23.3 against 21.0: 2026-12-02, read 4384 GB/s), timed whole in bf16: the
+# MoE stage's alternative (lowprec.grouped_alternatives)
+GROUPED_BX_DOWN = [(lp.FP4_GROUPED_BX_13, lp.FP4_GROUPED_BX_2_WIDE)]
 
 # gate_up (K = H): paired with the SiLU fused (no split), or split over K (fp32 partials, then the SiLU kernel);
 # down (K = I = 2048): split or not; evict-first weight loads except where marked

@@ -70,9 +70,9 @@ SLOW_BELOW = 0.5  # below half the measured bandwidth a figure is our kernel's, 
 # same bytes rather than on the 2 GiB figure. Below it the gap is the kernel's, whatever its share of the bandwidth
 AT_LIMIT = 0.85
 READING_LEGEND = (
-    "Reading: \u201cceiling\u201d where the kernel runs at 85% or more of the speed its size allows (a plain read of "
-    "its bytes, or the one-row GEMV floor where that is slower) and reaches half the bandwidth; \u201csmall kernel, "
-    "latency bound\u201d where it runs that fast but its size keeps it under half; \u201cour kernel is slow "
+    f"Reading: \u201cceiling\u201d where the kernel runs at {AT_LIMIT:.0%} or more of the speed its size allows (a plain "
+    "read of its bytes, or the one-row GEMV floor where that is slower) and reaches half the bandwidth; \u201csmall "
+    "kernel, latency bound\u201d where it runs that fast but its size keeps it under half; \u201cour kernel is slow "
     "here\u201d (torch's, for a torch backend) where it runs slower than that: the missing bandwidth is the "
     "kernel's, not the hardware's.")
 READING_LEGEND_NO_READ = (  # results without a plain read column (older runs, a read that could not be timed)
