@@ -38,6 +38,7 @@ from decode_gap.kernels import lowprec as lp  # noqa: E402
 from decode_gap.kernels import nvfp4 as nv  # noqa: E402
 from decode_gap.microbench.common import BenchEnv, pick_device  # noqa: E402
 from decode_gap.microbench.timing import rotating_copies, time_graph  # noqa: E402
+from decode_gap.timing import ClockWatch  # noqa: E402
 from decode_gap.model import load_model_card  # noqa: E402
 from decode_gap.metrics import floor_bound_fraction  # noqa: E402
 
@@ -118,6 +119,7 @@ def grouped_checks(env: BenchEnv) -> None:
     x = torch.randn((1, h), generator=gen, device=dev).to(torch.bfloat16)
     G = lp.GemvConfig
     forms = {"bf16": (None, None), "fp8": (None, None), "fp8-block": (None, None), "nvfp4": (None, None),
+             "fp8-block-rows": (lp.DENSE_BLOCK_CONFIGS[0], lp.DENSE_BLOCK_CONFIGS[0]),  # the default puts scales on x
              "nvfp4-mma": (G(64, 128, 4, mma=True), G(64, 128, 4, mma=True)),
              "nvfp4-mma-split": (G(32, 256, 2, split=3, mma=True), G(128, 64, 8, split=2, mma=True)),
              "nvfp4-mma-bx": (lp.FP4_GROUPED_BX_13, lp.FP4_GROUPED_BX_2),
@@ -132,7 +134,8 @@ def grouped_checks(env: BenchEnv) -> None:
     if env.is_gpu:
         forms["nvfp4-asm"] = (G(16, 512, 4, asm=True), G(16, 512, 4, asm=True))
     for fmt, (c13, c2) in forms.items():
-        g = lp.grouped_from_bf16(fmt.split("-")[0] if fmt.startswith("nvfp4") else fmt, w13, w2, ids, rw, dev, c13, c2)
+        base = fmt.split("-")[0] if fmt.startswith("nvfp4") else fmt.removesuffix("-rows")
+        g = lp.grouped_from_bf16(base, w13, w2, ids, rw, dev, c13, c2)
         d13, d2 = lp.dequantized_experts(g)
         call = (lambda: (g(x), g(x))[1]) if g.bx else (lambda: g(x))  # bx: the second call sees the zeros left
         _check(f"grouped {fmt}", 1, e, h, call, lp.reference_experts(x, d13, d2, ids, rw), 1e-2)
@@ -223,6 +226,25 @@ def fp4_builders(qs: list[nv.NVFP4Tensor], x: torch.Tensor, dev, cfgs) -> dict:
 
 
 def dense_case(env: BenchEnv, model: str, n: int, k: int, m: int, old: bool, fp8_all: bool) -> None:
+    """One shape's row: every format's fastest form, and what the GPU's clocks did meanwhile (NVML: the share of
+    the time held down by a power or thermal cap, and the SM clock at the end), since the same kernel on another
+    H200 or under a power cap takes a few per cent longer (the Llama-3.1-8B lm_head 74-82 us across machines)."""
+    with ClockWatch(env.device) as watch:
+        row = _dense_row(env, model, n, k, m, old, fp8_all)
+    row.update(watch.columns())
+    RESULTS["gemm"].append(row)
+    if env.is_gpu:
+        torch.cuda.empty_cache()
+    pr = lambda key: (f"{row.get(key + '_us') or float('nan'):8.1f}us {100 * (row.get(key + '_of_read') or 0):4.0f}%r"
+                      if row.get(key + "_us") else "       n/a      ")
+    capped = row["clock_capped_frac"]
+    log(f"{model:12s} {n:>6}x{k:<6} M={m:<2} bf16 {pr('bf16')} | fp8 mm {pr('fp8_scaled_mm')} gemv {pr('fp8_gemv')} "
+        f"blk {pr('fp8_block_gemv')} | nvfp4 v1 {pr('nvfp4_old')} prev {pr('nvfp4_prev')} new {pr('nvfp4_new')} "
+        f"[{row.get('nvfp4_new_kernel')}] | plain read {pr('nvfp4_plain_read')} | SM {row['sm_clock_mhz']} MHz, "
+        f"capped {'n/a' if capped is None else f'{100 * capped:.0f}%'} {row['clock_capped_by']}")
+
+
+def _dense_row(env: BenchEnv, model: str, n: int, k: int, m: int, old: bool, fp8_all: bool) -> dict:
     dev = env.device
     w = torch.randn((n, k), device=dev, dtype=torch.bfloat16)
     x = torch.randn((m, k), device=dev, dtype=torch.bfloat16)
@@ -296,14 +318,7 @@ def dense_case(env: BenchEnv, model: str, n: int, k: int, m: int, old: bool, fp8
     put("nvfp4_new", best, ok.get(best), nb4, tried)
     qs = q = None
     put("nvfp4_plain_read", "plain read", plain_read_us(env, nb4), nb4)
-    RESULTS["gemm"].append(row)
-    if env.is_gpu:
-        torch.cuda.empty_cache()
-    pr = lambda key: (f"{row.get(key + '_us') or float('nan'):8.1f}us {100 * (row.get(key + '_of_read') or 0):4.0f}%r"
-                      if row.get(key + "_us") else "       n/a      ")
-    log(f"{model:12s} {n:>6}x{k:<6} M={m:<2} bf16 {pr('bf16')} | fp8 mm {pr('fp8_scaled_mm')} gemv {pr('fp8_gemv')} "
-        f"blk {pr('fp8_block_gemv')} | nvfp4 v1 {pr('nvfp4_old')} prev {pr('nvfp4_prev')} new {pr('nvfp4_new')} "
-        f"[{row.get('nvfp4_new_kernel')}] | plain read {pr('nvfp4_plain_read')}")
+    return row
 
 
 def fp4_sweep(env: BenchEnv, n: int, k: int, m: int) -> None:
@@ -377,8 +392,9 @@ def moe_case(env: BenchEnv, model: str, moe_fmts=("bf16", "fp8", "fp8-block", "n
         mcfgs = []
     dcfgs = [(lp.DENSE_CONFIGS[0], lp.DENSE_CONFIGS[0]), (lp.DENSE_CONFIGS[1], lp.DENSE_CONFIGS[2]),
              (lp.DENSE_CONFIGS[2], lp.DENSE_CONFIGS[1])]
-    bcfgs = [(lp.DENSE_BLOCK_CONFIGS[0], lp.DENSE_BLOCK_CONFIGS[0]), (lp.DENSE_BLOCK_CONFIGS[1], lp.DENSE_BLOCK_CONFIGS[1]),
-             (lp.DENSE_BLOCK_CONFIGS[3], lp.DENSE_BLOCK_CONFIGS[2])]
+    bcfgs = [(c, c) for c in lp.DENSE_BLOCK_XSCALE] + [
+        (lp.DENSE_BLOCK_CONFIGS[0], lp.DENSE_BLOCK_CONFIGS[0]), (lp.DENSE_BLOCK_CONFIGS[1], lp.DENSE_BLOCK_CONFIGS[1]),
+        (lp.DENSE_BLOCK_CONFIGS[3], lp.DENSE_BLOCK_CONFIGS[2])]
     sel_ids = torch.arange(es.experts_hit, dtype=torch.int32, device=env.device)
     forms = {"bf16": ("bf16", dcfgs), "fp8": ("fp8", dcfgs), "fp8-block": ("fp8-block", bcfgs),
              "nvfp4-prev": ("nvfp4", cfgs), "nvfp4": ("nvfp4", mcfgs),
@@ -511,15 +527,21 @@ def closing_table(res: dict) -> str:
         us, read_us = row.get("nvfp4_new_us"), row.get("nvfp4_plain_read_us")
         return f"{us / read_us:.2f}x" if us and read_us else "n/a"
 
+    def clocks(row):  # NVML while the row was timed: SM clock at the end, share of the time under a cap
+        mhz, capped = row.get("sm_clock_mhz"), row.get("clock_capped_frac")
+        return "n/a" if mhz is None else f"{mhz}" + ("" if capped is None else f" ({100 * capped:.0f}% capped)")
+
     lines = ["| model | N x K | M | nvfp4 v1 | nvfp4 previous | nvfp4 now (kernel) | bound at floor | plain read of its bytes "
-             "| now / read | fp8 _scaled_mm | bf16 |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| now / read | fp8 _scaled_mm | fp8 gemv | fp8 128x128 gemv | bf16 | SM MHz |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res["gemm"]:
         lines.append(f"| {r['model']} | {r['N']}x{r['K']} | {r['M']} | {cell(r, 'nvfp4_old')} | {cell(r, 'nvfp4_prev')} | "
                      f"{cell(r, 'nvfp4_new')} ({r.get('nvfp4_new_kernel')}) | {bound(r)} | "
-                     f"{cell(r, 'nvfp4_plain_read')} | {over_read(r)} | {cell(r, 'fp8_scaled_mm')} | {cell(r, 'bf16')} |")
+                     f"{cell(r, 'nvfp4_plain_read')} | {over_read(r)} | {cell(r, 'fp8_scaled_mm')} | "
+                     f"{cell(r, 'fp8_gemv')} | {cell(r, 'fp8_block_gemv')} | {cell(r, 'bf16')} | {clocks(r)} |")
     for r in res["moe"]:
         if r.get("of_read") is not None:
-            lines.append(f"| {r['model']} MoE | {r['what']} | 1 | | | {r['us']:.1f} us, {r['of_read']:.2f} | | | | | |")
+            lines.append(f"| {r['model']} MoE | {r['what']} | 1 | | | {r['us']:.1f} us, {r['of_read']:.2f} | | | | | | | | |")
     return "\n".join(lines)
 
 

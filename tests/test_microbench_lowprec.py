@@ -242,7 +242,8 @@ for m, n, k, kind, cfg in [(1, 40, 256, "bf16", lp.GemvConfig(16, 64)), (3, 40, 
                            (1, 300, 384, "fp8b", lp.GemvConfig(16, 256)), (1, 130, 260, "fp8b", lp.GemvConfig(8, 128, split=2)), (5, 130, 260, "fp8b", lp.GemvConfig(32, 128, split=2)),
                            # block scales applied to x (xscale): one 128-row block a program, ragged K and N, split or not
                            (1, 300, 384, "fp8b", lp.GemvConfig(16, 256, xscale=True)), (1, 130, 260, "fp8b", lp.GemvConfig(8, 128, split=2, xscale=True)),
-                           (1, 256, 1024, "fp8b", lp.DENSE_BLOCK_XSCALE[0])]:
+                           (1, 256, 1024, "fp8b", lp.DENSE_BLOCK_XSCALE[0]), (1, 136, 4096, "fp8b", lp.DENSE_BLOCK_XSCALE[0]),
+                           (1, 256, 4096, "fp8b", None), (2, 136, 384, "fp8b", None)]:  # None: the default form at that M
     w = torch.randn(n, k)
     x = torch.randn(m, k).to(torch.bfloat16)
     if kind == "bf16":
@@ -250,6 +251,8 @@ for m, n, k, kind, cfg in [(1, 40, 256, "bf16", lp.GemvConfig(16, 64)), (3, 40, 
     else:
         wq = lp.quantize_fp8(w, block=(kind == "fp8b")); ref = x.float() @ lp.dequantize_fp8(wq).t()
     g = lp.DenseGemv(wq, m, "cpu", cfg=cfg, out_dtype=torch.float32)
+    if cfg is None:  # block scales: applied to x at M=1, per row and column block above
+        assert g.cfg.xscale == (m == 1), (m, g.cfg)
     g.out.fill_(float("nan"))
     err = nv.relative_error(g(x), ref)
     assert err < 1e-5, (kind, m, n, k, err)
@@ -274,6 +277,21 @@ for fmt, c13, c2 in (("bf16", lp.GemvConfig(16, 64), lp.GemvConfig(16, 64)), ("f
     sel = {"bf16": 2 * 3 * H * I, "nvfp4": nv.nvfp4_bytes(2 * I, H) + nv.nvfp4_bytes(H, I)}
     if fmt in sel:
         assert g.weight_bytes() == 3 * sel[fmt]  # only the three selected experts are read
+# 128x128 block scales on x, the default where I is whole 128-row blocks (gate's paired up rows in one block too)
+w13b = (torch.randn(E, 2 * 128, H) * 0.1).to(torch.bfloat16); w2b = (torch.randn(E, H, 128) * 0.1).to(torch.bfloat16)
+g = lp.grouped_from_bf16("fp8-block", w13b, w2b, ids, rw, "cpu")
+assert g.cfg13.xscale and g.cfg2.xscale and len(lp.grouped_alternatives(g)) == 2
+for forms in lp.grouped_alternatives(g):
+    g.cfg13, g.cfg2 = forms
+    d13, d2 = lp.dequantized_experts(g)
+    err = nv.relative_error(g(x).float(), lp.reference_experts(x, d13, d2, ids, rw))
+    assert err < 1e-2, (forms, err)
+assert not lp.grouped_from_bf16("fp8-block", w13, w2, ids, rw, "cpu").cfg13.xscale  # I = 64
+try:
+    lp.grouped_from_bf16("fp8-block", w13, w2, ids, rw, "cpu", lp.DENSE_BLOCK_XSCALE[0], lp.DENSE_BLOCK_XSCALE[0])
+    raise AssertionError("xscale with I = 64 was accepted")
+except lp.DecodeGapError as exc:
+    assert "I a multiple of 128" in str(exc)
 print("ok")
 ''')
     assert out.startswith("ok")

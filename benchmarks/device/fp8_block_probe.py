@@ -1,7 +1,7 @@
 """Probe (H200): the FP8 GEMV with 128x128 block scales at M=1, its tiles against the per-tensor form's and against
 torch._scaled_mm (per-tensor, and with block scales where this torch has them on this GPU).
 
-    PYTHONPATH=workflow python3 benchmarks/device/fp8_block_probe.py
+    PYTHONPATH=workflow python3 benchmarks/device/fp8_block_probe.py [--scaled-mm]
 
 Why: on the full benchmark the block-scaled GEMV trailed the per-tensor one by 3-10% on the mid-sized shapes
 (Llama-3.1-8B gate_up 31.7 against 28.8 us), though its SASS is about as long. Its tiles stopped at 1024 columns an
@@ -20,6 +20,13 @@ What it found (2026-12-01, H200, read 4458 GB/s, us a call; the first run at 438
   4385 GB/s, 4x2048 xb / 4x1024 xb / the best block form: 28672x4096 33.2 / 35.4 / 31.9, 36864x7168 83.0 / 78.3 /
   65.3, 24576x6144 41.5 / 46.3 / 40.1, 6144x16384 30.9 / 37.0 / 28.2, 4096x14336 18.8 / 21.3 / 18.0, 6144x4096 9.7 /
   11.0 / 9.3: neither won a shape, so neither joins the candidates.
+  x's scales gathered a value at a time onto the per-tensor form's 2-D tile (xb now; 2026-12-02, read 4386 GB/s),
+  the block form 8x1024 / the 3-D xb at best / gathered at best / per-tensor at best: 28672x4096 31.8 / 31.9 / 29.4
+  (8x2048, 0.91 r) / 29.2; 36864x7168 65.3 / 67.7 / 64.9 (8x1024) / 66.3; 24576x6144 39.9 / 40.1 / 37.9 (8x1024) /
+  36.9; 7168x18432 36.8 / 35.5 / 34.1 / 33.3; 6144x16384 29.9 / 28.1 / 26.7 / 26.2; 4096x14336 18.8 / 18.0 / 17.6
+  (8x1024) / 16.7; 6144x4096 9.8 / 9.3 / 8.8 / 8.6; 128256x4096 132.1 / 130.0 / 118.5 (1.01 r) / 118.4. Gathered
+  4x2048, 16x1024 and 4x4096 won nothing. So the gathered form replaces the 3-D one, its 8x2048 and 8x1024 tiles
+  are the candidates (lowprec.DENSE_BLOCK_XSCALE) and 8x2048 the default at M=1.
   torch._scaled_mm with block scales: at M=1 no scale layout works (cuBLAS: CUBLAS_STATUS_NOT_SUPPORTED, or "Invalid
   scaling configuration"); at M=16, x's scales outer-dim-major and w's a [K/128, N/128] view of [N/128, K/128]:
   28672x4096 35.1 us (0.75 r), 36864x7168 76.9, 24576x6144 45.7, 7168x18432 43.9, 6144x16384 38.5, 4096x14336 26.6,
@@ -45,8 +52,9 @@ from decode_gap.microbench.common import BenchEnv  # noqa: E402
 SHAPES = [(28672, 4096), (36864, 7168), (24576, 6144), (7168, 18432), (6144, 16384), (4096, 14336), (6144, 4096),
           (128256, 4096)]
 G = lp.GemvConfig
-BLOCK = (G(8, 1024, 4), G(16, 512, 4), G(8, 2048, 4), G(16, 1024, 4), G(4, 2048, 4), G(8, 1024, 4, xscale=True),
-         G(8, 2048, 4, xscale=True), G(16, 1024, 4, xscale=True), G(4, 2048, 4, xscale=True), G(4, 1024, 4, xscale=True))
+# the block form's two best tiles, then block scales on x at the per-tensor form's tiles and others
+BLOCK = lp.DENSE_BLOCK_CONFIGS[:2] + tuple(
+    G(bn, bk, 4, xscale=True) for bn, bk in ((8, 2048), (8, 1024), (4, 2048), (16, 1024), (4, 4096)))
 
 
 def scaled_mm_block(x: torch.Tensor, w: torch.Tensor):
@@ -102,7 +110,7 @@ def main() -> None:
             fs = [f] + [lp.Fp8Weight(f.data.clone(), f.scales.clone(), f.block) for _ in range(copies - 1)]
             bld[name] = lambda fs=fs, c=c: [(lambda g=g: g(x)) for g in [lp.DenseGemv(ff, 1, dev, c) for ff in fs]]
         w8s = [w.to(torch.float8_e4m3fn) for _ in range(copies)]
-        for mm in (1, 16):
+        for mm in (1, 16) if "--scaled-mm" in sys.argv else ():
             make, how = scaled_mm_block(x.expand(mm, k).contiguous(), w)
             label = f"_scaled_mm blocks M={mm} ({how if make else 'unavailable'})"
             if make is not None:

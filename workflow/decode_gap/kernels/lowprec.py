@@ -1228,20 +1228,32 @@ if HAVE_TRITON:
                        EVEN_N: tl.constexpr, XSCALE: tl.constexpr = False):
         """M=1: a 2-D tile, reduced every iteration (what gemv.py does for bf16); block scales per 128 columns
         through a [BLOCK_N, BLOCK_K / 128, 128] view of the same tile. XSCALE (block scales, BLOCK_N dividing 128:
-        the program's rows in one 128-row block): the block's scales applied to x's 128-column blocks, once for all
-        the rows, then one sum a row, as with a per-tensor scale, instead of a sum a row and column block."""
+        the program's rows in one 128-row block): each x value times its column block's scale (gathered, one load a
+        value from L1), once for all the rows, then the per-tensor form's 2-D tile and one sum a row. (The same
+        through a [NB, 128] view of x and a 3-D tile, as the block form, was no faster than the block form:
+        DENSE_BLOCK_XSCALE's comment.)"""
         acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
         NB: tl.constexpr = BLOCK_K // 128 if SCALE == 2 else 1
         rb = 0
         if XSCALE:
             rb = tl.min(rows, axis=0) // 128  # the rows' one block
         for k0 in range(k_start, k_end, BLOCK_K):
-            if SCALE == 2 and XSCALE:
-                kb = k0 // 128 + tl.arange(0, NB)
-                sb = tl.load(s_base + rb * stride_sn + kb, mask=kb * 128 < k_end, other=0.0)
-                w, x = _block_tile(x_base, w_base, rows, nmask, k0, k_end, stride_wn, NB, EVEN_K, EVEN_N)
-                xs = x.to(tl.float32) * sb[:, None]
-                acc += tl.sum(tl.reshape(w.to(tl.float32) * xs[None, :, :], (BLOCK_N, BLOCK_K)), axis=1)
+            if SCALE == 2 and XSCALE:  # a 2-D tile as with a per-tensor scale, each x value's block scale gathered
+                offs = k0 + tl.arange(0, BLOCK_K)
+                kin = offs < k_end
+                wp = w_base + rows[:, None] * stride_wn + offs[None, :]
+                if EVEN_K:
+                    if EVEN_N:
+                        w = tl.load(wp)
+                    else:
+                        w = tl.load(wp, mask=nmask[:, None], other=0.0)
+                    x = tl.load(x_base + offs)
+                    sx = tl.load(s_base + rb * stride_sn + offs // 128)
+                else:
+                    w = tl.load(wp, mask=nmask[:, None] & kin[None, :], other=0.0)
+                    x = tl.load(x_base + offs, mask=kin, other=0.0)
+                    sx = tl.load(s_base + rb * stride_sn + offs // 128, mask=kin, other=0.0)
+                acc += tl.sum(w.to(tl.float32) * (x.to(tl.float32) * sx)[None, :], axis=1)
             elif SCALE == 2:  # BLOCK_K is a multiple of 128 and k0 is 128-aligned
                 w, x = _block_tile(x_base, w_base, rows, nmask, k0, k_end, stride_wn, NB, EVEN_K, EVEN_N)
                 p = tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :, :], axis=2)  # [BN, NB]
@@ -1758,14 +1770,20 @@ DENSE_CONFIGS = (GemvConfig(8, 2048, 4), GemvConfig(16, 1024, 4), GemvConfig(4, 
 DENSE_BLOCK_CONFIGS = (GemvConfig(8, 1024, 4), GemvConfig(16, 512, 4), GemvConfig(4, 1024, 4), GemvConfig(8, 512, 4),
                        GemvConfig(8, 512, 4, split=1))
 # the block scales of a program's one 128-row block applied to x (xscale, M=1 dense only), then one sum a row as with
-# a per-tensor scale, instead of a sum a row and 128-column block: H200 (2026-12-01, two runs, read 4381 and 4458
-# GB/s, benchmarks/device/fp8_block_probe.py), us, the best of DENSE_BLOCK_CONFIGS / of these: DeepSeek-V3 7168x18432
-# 36.8 / 35.6 and 36.4 / 35.2, GLM-5 6144x16384 29.9 / 28.2 and 29.6 / 27.9, 4096x14336 18.4 / 18.0 and 18.3 / 17.8,
-# 6144x4096 9.8 / 9.3 and 9.9 / 9.3; on 28672x4096 and up the unscaled-x form stays ahead or level (36864x7168 65.4 /
-# 68.2, 128256x4096 123.3 / 125.9). Timed beside DENSE_BLOCK_CONFIGS by the gemm stage and the benchmark, which keep
-# the fastest. (torch._scaled_mm with 128x128 block scales on w and 1x128 on x: not at M=1 on the H200 with torch
-# 2.11, cuBLAS says not supported; at M=16 0.39-0.77 of read bandwidth, e.g. 28672x4096 35.1 us, 7168x18432 43.9)
-DENSE_BLOCK_XSCALE = (GemvConfig(16, 1024, 4, xscale=True), GemvConfig(8, 2048, 4, xscale=True))
+# a per-tensor scale, instead of a sum a row and 128-column block. Through a [NB, 128] view of x and a 3-D tile (as
+# the block form) it won only the narrow shapes, by 3-6%; with each x value's scale gathered onto the per-tensor
+# form's 2-D tile it wins every shape tried and draws level with the per-tensor form (the scales cost a load a value
+# from L1 and a multiply, once for all the program's rows). H200 (2026-12-02, read 4386 GB/s, benchmarks/device/
+# fp8_block_probe.py), us, the block form BN=8,BK=1024 / the 3-D xscale at best / gathered at best / per-tensor at
+# best: 28672x4096 31.8 / 31.9 / 29.4 (0.91 of read) / 29.2; 36864x7168 65.3 / 67.7 / 64.9 (8x1024) / 66.3;
+# 24576x6144 39.9 / 40.1 / 37.9 (8x1024) / 36.9; 7168x18432 36.8 / 35.5 / 34.1 / 33.3; 6144x16384 29.9 / 28.1 /
+# 26.7 / 26.2; 4096x14336 18.8 / 18.0 / 17.6 (8x1024) / 16.7; 6144x4096 9.8 / 9.3 / 8.8 / 8.6; 128256x4096 132.1 /
+# 130.0 / 118.5 (1.01) / 118.4. The default at M=1 (DenseGemv without a config); the gemm stage and the benchmark
+# time both beside DENSE_BLOCK_CONFIGS and keep the fastest. (torch._scaled_mm with 128x128 block scales on w and
+# 1x128 on x: not at M=1 on the H200 with torch 2.11, cuBLAS says not supported; at M=16 0.39-0.77 of read
+# bandwidth, e.g. 28672x4096 35.1 us, 7168x18432 43.9)
+DENSE_BLOCK_XSCALE = (GemvConfig(8, 2048, 4, xscale=True), GemvConfig(8, 1024, 4, xscale=True))
+DENSE_BLOCK_M = GemvConfig(16, 128, 4)  # block scales at M > 1: one 128-column block an iteration (untimed on a GPU)
 
 
 def _m16_plan(n: int, k: int, sms: int) -> GemvConfig:
@@ -2065,7 +2083,7 @@ class DenseGemv:
         if m < 1 or m > 16:
             raise DecodeGapError(f"dense gemv: 1 <= M <= 16 (M={m})")
         self.m, self.n, self.k = m, n, k
-        configs = DENSE_BLOCK_CONFIGS if self.scale_kind == 2 else DENSE_CONFIGS
+        configs = (DENSE_BLOCK_XSCALE if m == 1 else (DENSE_BLOCK_M,)) if self.scale_kind == 2 else DENSE_CONFIGS
         self.cfg = cfg or configs[0]
         bk = self.cfg.block_k
         if self.scale_kind == 2 and (bk % FP8_BLOCK if m == 1 else FP8_BLOCK % bk):
@@ -2165,6 +2183,10 @@ class GroupedExperts:
             defaults = tuple(c if k % c.block_k == 0 else replace(c, block_k=64)
                              for c, k in ((FP4_GROUPED_BX_13, h), (FP4_GROUPED_BX_2, i)))
         self.cfg13, self.cfg2 = cfg13 or defaults[0], cfg2 or defaults[1]
+        for c in (self.cfg13, self.cfg2):  # block scales on x: a program's rows (and gate's paired up rows) in one
+            if c.xscale and (FP8_BLOCK % c.block_n or i % FP8_BLOCK):  # 128-row block
+                raise DecodeGapError(f"grouped experts: block scales applied to x need BLOCK_N dividing 128 and I a "
+                                     f"multiple of 128 ({c.name}, I={i})")
         self.bx = bool(self.cfg13.mma and self.cfg13.bx)
         if self.cfg13.mma and self.cfg2.mma and self.cfg13.bx != self.cfg2.bx:
             raise DecodeGapError("grouped experts: gate_up and down must both use the bf16 tensor-core form or neither")
@@ -2230,7 +2252,7 @@ class GroupedExperts:
             stride_xs, 0, data.stride(0), data.stride(1), s_se, s_sn, 0 if final else out.stride(0), 0,
             out, 0, self.ids, SCALE=kind, BLOCK_M=1, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0,
             EVEN_N=n % cfg.block_n == 0, HAS_IDS=True, PAIRED=paired, ATOMIC=final, ROW_WEIGHT=final,
-            num_warps=cfg.warps)
+            XSCALE=cfg.xscale and kind == 2, num_warps=cfg.warps)
 
     def _mma_plan(self, cfg: GemvConfig, k: int) -> tuple[int, int, int]:
         """(steps a loop iteration, steps per K split, splits) of the tensor-core form for K = k."""
@@ -2340,10 +2362,13 @@ FP4_GROUPED_BX_2_WIDE = replace(FP4_GROUPED_BX_2, block_k=256)
 
 def grouped_alternatives(g: "GroupedExperts") -> list[tuple[GemvConfig, GemvConfig]]:
     """The (gate_up, down) forms worth timing for g's weights as they are repacked: where g runs the default bf16
-    pair or its wide-down variant and I is whole 4-step blocks, both, the default first; else g's own."""
+    pair or its wide-down variant and I is whole 4-step blocks, both, the default first; with 128x128 block scales
+    applied to x, that form and the block form; else g's own."""
     pair = [(FP4_GROUPED_BX_13, FP4_GROUPED_BX_2), (FP4_GROUPED_BX_13, FP4_GROUPED_BX_2_WIDE)]
     if (g.cfg13, g.cfg2) in pair and g.i % FP4_GROUPED_BX_2_WIDE.block_k == 0:
         return pair
+    if g.cfg13 == g.cfg2 == DENSE_BLOCK_XSCALE[0]:
+        return [(g.cfg13, g.cfg2), (DENSE_BLOCK_CONFIGS[0], DENSE_BLOCK_CONFIGS[0])]
     return [(g.cfg13, g.cfg2)]
 
 
@@ -2354,8 +2379,9 @@ def grouped_from_bf16(fmt: str, w13: torch.Tensor, w2: torch.Tensor, ids: torch.
         return GroupedExperts("bf16", w13, w2, ids, weights, device, cfg13, cfg2)
     if fmt in ("fp8", "fp8-block"):
         block = fmt == "fp8-block"
-        if block:
-            cfg13, cfg2 = cfg13 or DENSE_BLOCK_CONFIGS[0], cfg2 or DENSE_BLOCK_CONFIGS[0]
+        if block:  # scales on x where I is whole 128-row blocks (grouped_alternatives times the block form too)
+            dflt = DENSE_BLOCK_XSCALE[0] if w2.shape[-1] % FP8_BLOCK == 0 else DENSE_BLOCK_CONFIGS[0]
+            cfg13, cfg2 = cfg13 or dflt, cfg2 or dflt
         return GroupedExperts("fp8", quantize_fp8(w13, block), quantize_fp8(w2, block), ids, weights, device, cfg13, cfg2)
     if fmt == "nvfp4":
         return GroupedExperts("nvfp4", [nv.quantize_nvfp4(w) for w in w13], [nv.quantize_nvfp4(w) for w in w2], ids,
