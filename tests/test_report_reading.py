@@ -256,3 +256,13 @@ def test_moe_table_reads_expert_rows_against_their_plain_read(tmp_path):
     by_impl = {r[cols.index("impl")]: r for r in table["rows"]}
     assert by_impl["routing"][cols.index("reading")] == "" and by_impl["routing"][cols.index("× plain read")] == "—"
     assert by_impl["loop"][cols.index("× plain read")] == "2.00×" and "plain read µs" in cols
+
+
+def test_moe_names_may_wrap_after_dots_and_underscores():
+    """The MoE table's name and impl columns wrap ("moe.experts", "scaled_grouped_mm"), so the reading column keeps
+    a phrase a line in the PDF; a missing value is a dash."""
+    from decode_gap.report.sections.microbench import _breakable_name
+
+    assert _breakable_name("moe.experts") == "moe.\u200bexperts"
+    assert _breakable_name("scaled_grouped_mm") == "scaled_\u200bgrouped_\u200bmm"
+    assert _breakable_name(None) == "—" and _breakable_name(float("nan")) == "—"

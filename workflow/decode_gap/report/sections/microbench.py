@@ -162,6 +162,13 @@ def _breakable(v: Any) -> str:
     return "—" if v is None or (isinstance(v, float) and v != v) else str(v).replace(",", ",\u200b")
 
 
+def _breakable_name(v: Any) -> str:
+    """A snake_case or dotted name ("moe.experts", "scaled_grouped_mm") that may wrap after its dots and underscores:
+    unbroken, the MoE table's name and impl columns left its reading column one word a line in the PDF."""
+    return _breakable(v if v is None or (isinstance(v, float) and v != v)
+                      else str(v).replace("_", "_\u200b").replace(".", ".\u200b"))
+
+
 # what the parts of a Triton NVFP4 GEMV's config name mean (GemvConfig.name), said once under a table that shows one
 NVFP4_FORM_PARTS = (("m", "tensor cores (mma.sync)"), ("a", "CUDA-core asm decode"), ("g", "16-value words"),
                     ("BN", "rows a program"), ("BK", "K values an iteration"), ("w", "warps a program"),
@@ -441,7 +448,8 @@ def moe_sub(b: Builder, bundle: Bundle, copy_gbps: float | None = None) -> dict[
         said = f"Top-k {fmt_num(float(top_k[0]))} in every row of the table."
         s["note"] = " ".join(x for x in (s.get("note"), said) if x)
     cols = [(c, label) for c, label in labels.items() if c in df.columns] or None  # none there: every column
-    s["table"] = df_table(df, cols, formats={"frac_of_copy_bw": _pct, "backend": _breakable, "over_read": _times})
+    s["table"] = df_table(df, cols, formats={"frac_of_copy_bw": _pct, "backend": _breakable, "over_read": _times,
+                                             "name": _breakable_name, "impl": _breakable_name})
     s["table_cls"] = "compact reading-last"
     s["reading_legend"] = reading_legend(df)
     return s
