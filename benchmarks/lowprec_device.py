@@ -392,7 +392,7 @@ def moe_case(env: BenchEnv, model: str, moe_fmts=("bf16", "fp8", "fp8-block", "n
         mcfgs = []
     dcfgs = [(lp.DENSE_CONFIGS[0], lp.DENSE_CONFIGS[0]), (lp.DENSE_CONFIGS[1], lp.DENSE_CONFIGS[2]),
              (lp.DENSE_CONFIGS[2], lp.DENSE_CONFIGS[1])]
-    bcfgs = [(c, c) for c in lp.DENSE_BLOCK_XSCALE] + [
+    bcfgs = [(lp.block_xscale_for(shp.hidden), lp.block_xscale_for(shp.inter))] + [(c, c) for c in lp.DENSE_BLOCK_XSCALE] + [
         (lp.DENSE_BLOCK_CONFIGS[0], lp.DENSE_BLOCK_CONFIGS[0]), (lp.DENSE_BLOCK_CONFIGS[1], lp.DENSE_BLOCK_CONFIGS[1]),
         (lp.DENSE_BLOCK_CONFIGS[3], lp.DENSE_BLOCK_CONFIGS[2])]
     sel_ids = torch.arange(es.experts_hit, dtype=torch.int32, device=env.device)

@@ -669,3 +669,11 @@ assert len(lp.grouped_alternatives(small)) == 1
 print("ok alternatives")
 ''', "128", "256")
     assert out.count("ok") == 2, out
+
+
+def test_block_scales_on_x_take_whole_iterations_of_k():
+    """The 2048-value form where K is whole iterations of it (6144, 18432), else the 1024-value one (7168, where the
+    2048 form masked every load): the dense default at M=1 and each grouped GEMV's own."""
+    assert lp.block_xscale_for(6144) == lp.DENSE_BLOCK_XSCALE[0] and lp.block_xscale_for(18432).block_k == 2048
+    assert lp.block_xscale_for(7168) == lp.DENSE_BLOCK_XSCALE[1] and lp.block_xscale_for(1024).block_k == 1024
+    assert all(c.xscale and 128 % c.block_n == 0 for c in lp.DENSE_BLOCK_XSCALE)

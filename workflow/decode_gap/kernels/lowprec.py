@@ -73,7 +73,10 @@ kernel to overlap, does: `_split_finish`). The fp16 one-kernel form (`one_kernel
 words, the last split casts) beat the fp16 form only on narrow shapes (H200, 32-576 rows: 3.3-4.7 us against 4.4-5.6
 us) and the bf16 form beats both there; from 1536 rows up it is 1.5-2.2x slower, hundreds of programs storing the
 same x words. FP8 per-tensor GEMVs reach 87-103% on the large shapes (against 77-100% for
-`_scaled_mm`), 80% on Llama-3.1-8B down (4096 rows: more K splits were slower); bf16 91-103%.
+`_scaled_mm`), 80% on Llama-3.1-8B down (4096 rows: more K splits were slower); with 128x128 block scales applied
+to x (DENSE_BLOCK_XSCALE) 86-102% from 6144x16384 (100M weights) up (28672x4096 91%, where summing each 128-column
+block apart took 84%; H200, 2026-12-02);
+bf16 91-103%.
 
 Grouped form (MoE at M=1, `GroupedExperts`): a third grid axis is the expert slot, whose id picks the expert's
 repacked weight (repacked once at construction). NVFP4 tensor-core form (`_fp4_mma_grouped_kernel`, the default where
@@ -84,7 +87,7 @@ before). Gate and up paired in one warp with the SiLU fused (no split, kept as a
 (8 experts x 128 tiles) and was 2.5x slower. Measured on an H200 (8 of 256 experts, fraction of read bandwidth on the
 selected experts' bytes): DeepSeek-V3 (2048x7168 experts) 61 us, 73% (the CUDA-core form: 130 us, 34%), GLM-5
 (2048x6144) 54 us, 71% (131 us, 29%); the halves apart: gate_up 40 / 35 us (74-75%), down 21 / 19 us (67-72%).
-bf16 / fp8 / fp8-block grouped: 97-98% / 86-87% / 81-82%. The grouped bf16 form (`FP4_GROUPED_BX_*`, the default:
+bf16 / fp8 / fp8-block grouped: 97-98% / 86-87% / 83-85% (81-82% before the block scales went onto x). The grouped bf16 form (`FP4_GROUPED_BX_*`, the default:
 no packing kernel, the SiLU kernel and a cast-and-zero kernel leave the sums at zero): 59.8 / 53.4 us, 76% / 72%
 (H200, read bandwidth 4387 GB/s).
 
@@ -1783,6 +1786,17 @@ DENSE_BLOCK_CONFIGS = (GemvConfig(8, 1024, 4), GemvConfig(16, 512, 4), GemvConfi
 # 1x128 on x: not at M=1 on the H200 with torch 2.11, cuBLAS says not supported; at M=16 0.39-0.77 of read
 # bandwidth, e.g. 28672x4096 35.1 us, 7168x18432 43.9)
 DENSE_BLOCK_XSCALE = (GemvConfig(8, 2048, 4, xscale=True), GemvConfig(8, 1024, 4, xscale=True))
+
+
+def block_xscale_for(k: int) -> GemvConfig:
+    """The block-scaled form on x for K: 2048 values an iteration where K is whole iterations of it, else 1024 (a
+    K of 7168 masks every load of the 2048 form: H200, 36864x7168 80.2 us against 64.9 for the 1024 form). The
+    grouped form takes it per GEMV: H200 (2026-12-02, read 4386 GB/s), 8 of 256 experts, us, so chosen / both 2048
+    / both 1024 / the block form 8x1024: DeepSeek-V3 (H 7168, I 2048) 95.7 (0.83 of read) / 99.9 / 97.7 / 97.7,
+    GLM-5 (H 6144) 79.7 (0.85) / 79.7 / 85.3 / 85.3."""
+    return DENSE_BLOCK_XSCALE[0] if k % DENSE_BLOCK_XSCALE[0].block_k == 0 else DENSE_BLOCK_XSCALE[1]
+
+
 DENSE_BLOCK_M = GemvConfig(16, 128, 4)  # block scales at M > 1: one 128-column block an iteration (untimed on a GPU)
 
 
@@ -2083,7 +2097,7 @@ class DenseGemv:
         if m < 1 or m > 16:
             raise DecodeGapError(f"dense gemv: 1 <= M <= 16 (M={m})")
         self.m, self.n, self.k = m, n, k
-        configs = (DENSE_BLOCK_XSCALE if m == 1 else (DENSE_BLOCK_M,)) if self.scale_kind == 2 else DENSE_CONFIGS
+        configs = ((block_xscale_for(k),) if m == 1 else (DENSE_BLOCK_M,)) if self.scale_kind == 2 else DENSE_CONFIGS
         self.cfg = cfg or configs[0]
         bk = self.cfg.block_k
         if self.scale_kind == 2 and (bk % FP8_BLOCK if m == 1 else FP8_BLOCK % bk):
@@ -2367,7 +2381,7 @@ def grouped_alternatives(g: "GroupedExperts") -> list[tuple[GemvConfig, GemvConf
     pair = [(FP4_GROUPED_BX_13, FP4_GROUPED_BX_2), (FP4_GROUPED_BX_13, FP4_GROUPED_BX_2_WIDE)]
     if (g.cfg13, g.cfg2) in pair and g.i % FP4_GROUPED_BX_2_WIDE.block_k == 0:
         return pair
-    if g.cfg13 == g.cfg2 == DENSE_BLOCK_XSCALE[0]:
+    if (g.cfg13, g.cfg2) == (block_xscale_for(g.h), block_xscale_for(g.i)):
         return [(g.cfg13, g.cfg2), (DENSE_BLOCK_CONFIGS[0], DENSE_BLOCK_CONFIGS[0])]
     return [(g.cfg13, g.cfg2)]
 
@@ -2380,8 +2394,9 @@ def grouped_from_bf16(fmt: str, w13: torch.Tensor, w2: torch.Tensor, ids: torch.
     if fmt in ("fp8", "fp8-block"):
         block = fmt == "fp8-block"
         if block:  # scales on x where I is whole 128-row blocks (grouped_alternatives times the block form too)
-            dflt = DENSE_BLOCK_XSCALE[0] if w2.shape[-1] % FP8_BLOCK == 0 else DENSE_BLOCK_CONFIGS[0]
-            cfg13, cfg2 = cfg13 or dflt, cfg2 or dflt
+            xs = w2.shape[-1] % FP8_BLOCK == 0
+            cfg13 = cfg13 or (block_xscale_for(w13.shape[-1]) if xs else DENSE_BLOCK_CONFIGS[0])
+            cfg2 = cfg2 or (block_xscale_for(w2.shape[-1]) if xs else DENSE_BLOCK_CONFIGS[0])
         return GroupedExperts("fp8", quantize_fp8(w13, block), quantize_fp8(w2, block), ids, weights, device, cfg13, cfg2)
     if fmt == "nvfp4":
         return GroupedExperts("nvfp4", [nv.quantize_nvfp4(w) for w in w13], [nv.quantize_nvfp4(w) for w in w2], ids,
