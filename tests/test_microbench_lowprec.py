@@ -677,3 +677,32 @@ def test_block_scales_on_x_take_whole_iterations_of_k():
     assert lp.block_xscale_for(6144) == lp.DENSE_BLOCK_XSCALE[0] and lp.block_xscale_for(18432).block_k == 2048
     assert lp.block_xscale_for(7168) == lp.DENSE_BLOCK_XSCALE[1] and lp.block_xscale_for(1024).block_k == 1024
     assert all(c.xscale and 128 % c.block_n == 0 for c in lp.DENSE_BLOCK_XSCALE)
+
+
+@pytest.mark.skipif(not lp.HAVE_TRITON, reason="Triton is not installed (pip install triton runs its CPU interpreter)")
+def test_kernel_level_fp8_block_layers_run_the_block_scaled_gemvs_in_the_interpreter():
+    """The simulated step's fp8-block layers at batch 1 (probe_formats on a GPU picks them): a linear is our
+    block-scaled GEMV with the scales applied to x, the routed experts the grouped GEMV with the same scales, each
+    against dequantise-then-matmul; the bytes they count are the fp8 values plus one fp32 scale a 128x128 block."""
+    out = _interpret(r'''
+import torch
+from decode_gap.kernels import lowprec as lp
+from decode_gap.simulate.layers import Experts, Linear
+torch.manual_seed(0)
+lin = Linear(200, 384, "fp8-block", "fp32", "cpu", m=1)
+assert lin.gemm.cfg.xscale and lin.nbytes == 200 * 384 + 4 * 2 * 3
+x = torch.randn(1, 384)
+ref = x @ lp.dequantize_fp8(lp.Fp8Weight(lin.gemm.data, lin.gemm.scales, True)).t()
+assert torch.allclose(lin(x).float(), ref, rtol=2e-2, atol=1e-4), (lin(x), ref)
+E, I, H = 4, 128, 256
+ex = Experts(E, I, H, "fp8-block", "fp32", "cpu", "grouped_gemv", top_k=2)
+g = ex.grouped
+assert g.cfg13.xscale and g.cfg2.xscale and ex.per_expert_bytes == lp.fp8_bytes(2 * I, H, True) + lp.fp8_bytes(H, I, True)
+ids, w = torch.tensor([[3, 1]]), torch.tensor([[0.7, 0.3]])
+d13, d2 = lp.dequantized_experts(g)
+ref = lp.reference_experts(x[:, :H].to(torch.bfloat16), d13, d2, ids[0], w[0])
+y = ex(x[:, :H], ids, w, None)
+assert torch.allclose(y.float(), ref.float(), rtol=3e-2, atol=1e-3), (y, ref)
+print("ok")
+''')
+    assert out.startswith("ok")

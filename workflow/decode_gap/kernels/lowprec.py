@@ -2192,6 +2192,8 @@ class GroupedExperts:
         self.h, self.i = h, i
         self.mma13 = self.mma2 = None
         defaults = (configs[0], configs[0])
+        if configs is DENSE_BLOCK_CONFIGS and i % FP8_BLOCK == 0:  # block scales on x (grouped_alternatives times
+            defaults = (block_xscale_for(h), block_xscale_for(i))  # the block form too)
         fits = fmt == "nvfp4" and grouped_mma_fits(h, i, device)
         if fits and cfg13 is None and cfg2 is None:  # one step an iteration where K is not whole 2-step blocks
             defaults = tuple(c if k % c.block_k == 0 else replace(c, block_k=64)
@@ -2393,10 +2395,6 @@ def grouped_from_bf16(fmt: str, w13: torch.Tensor, w2: torch.Tensor, ids: torch.
         return GroupedExperts("bf16", w13, w2, ids, weights, device, cfg13, cfg2)
     if fmt in ("fp8", "fp8-block"):
         block = fmt == "fp8-block"
-        if block:  # scales on x where I is whole 128-row blocks (grouped_alternatives times the block form too)
-            xs = w2.shape[-1] % FP8_BLOCK == 0
-            cfg13 = cfg13 or (block_xscale_for(w13.shape[-1]) if xs else DENSE_BLOCK_CONFIGS[0])
-            cfg2 = cfg2 or (block_xscale_for(w2.shape[-1]) if xs else DENSE_BLOCK_CONFIGS[0])
         return GroupedExperts("fp8", quantize_fp8(w13, block), quantize_fp8(w2, block), ids, weights, device, cfg13, cfg2)
     if fmt == "nvfp4":
         return GroupedExperts("nvfp4", [nv.quantize_nvfp4(w) for w in w13], [nv.quantize_nvfp4(w) for w in w2], ids,

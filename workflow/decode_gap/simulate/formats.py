@@ -15,8 +15,9 @@ def _torch():
     return torch
 
 
-def probe_formats(weight_format: str, device: str) -> dict[str, Any]:
-    """Decide the dtypes the kernel level runs for `weight_format` on `device`, by trying them."""
+def probe_formats(weight_format: str, device: str, batch: int = 1) -> dict[str, Any]:
+    """Decide the dtypes the kernel level runs for `weight_format` on `device` at `batch` rows a step, by trying
+    them."""
     torch = _torch()
     on_gpu = device.startswith("cuda")
     act = "bf16" if on_gpu else ("bf16" if weight_format == "bf16" else "fp32")
@@ -35,8 +36,14 @@ def probe_formats(weight_format: str, device: str) -> dict[str, Any]:
                 torch._scaled_mm(x, w.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
                 info["pad_m"] = 16
             info["linear"] = "fp8"
-            if weight_format == "fp8-block":
-                info["note"] = "fp8-block runs with per-tensor scales (block scales are not simulated)"
+            if weight_format == "fp8-block" and batch == 1 and _probe_block_gemvs(device):
+                info.update(linear="fp8-block", experts="fp8-block", note=(
+                    "fp8-block linears run our 128x128 block-scaled Triton GEMV (decode_gap.kernels.lowprec."
+                    "DenseGemv, the scales applied to x) and routed experts the grouped GEMV with the same scales"))
+            elif weight_format == "fp8-block":
+                info["note"] = ("fp8-block runs with per-tensor scales (block scales are not simulated: " +
+                                (f"at {batch} rows a step our block-scaled GEMVs would run on CUDA cores and cuBLAS "
+                                 "has none below 16 rows)" if batch != 1 else "the block-scaled GEMV failed here)"))
             return info
         except Exception as exc:  # no fp8 tensor cores (sm < 89) or no kernel
             why = f"torch._scaled_mm fp8 failed here ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})"
@@ -69,6 +76,25 @@ def probe_formats(weight_format: str, device: str) -> dict[str, Any]:
     return info
 
 
+def _probe_block_gemvs(device: str) -> bool:
+    """Whether our 128x128 block-scaled FP8 GEMVs run here at M=1 (Triton on a GPU with fp8): a dense 64 x 256 and
+    a grouped pair of two experts of 128 rows, each finite."""
+    torch = _torch()
+    try:
+        from ..kernels import lowprec as lp
+
+        if not lp.available(device):
+            return False
+        x = torch.randn(1, 256, device=device, dtype=torch.bfloat16)
+        dense = lp.DenseGemv(lp.quantize_fp8(torch.randn(64, 256, device=device), block=True), 1, device)
+        g = lp.grouped_from_bf16("fp8-block", torch.randn(2, 256, 256, device=device), torch.randn(2, 256, 128,
+                                 device=device), torch.tensor([1, 0], device=device), torch.ones(2, device=device),
+                                 device)
+        return bool(torch.isfinite(dense(x)).all() and torch.isfinite(g(x)).all())
+    except Exception:  # no Triton, no fp8 conversion on this GPU, or no kernel
+        return False
+
+
 def _probe_grouped_nvfp4(device: str) -> bool:
     """Whether the grouped NVFP4 GEMV (tensor-core form, sm89+) runs here: four experts of 64 x 64, two selected."""
     torch = _torch()
@@ -91,7 +117,7 @@ def _probe_grouped(device: str, linear: str) -> str:
     """MoE expert kernel: grouped GEMM (reads only the experts hit) where it runs, else gather + bmm; NVFP4 experts
     (probe_formats found the grouped NVFP4 GEMV) run it."""
     torch = _torch()
-    if linear == "nvfp4":
+    if linear in ("nvfp4", "fp8-block"):  # our grouped GEMVs (probe_formats found them running)
         return "grouped_gemv"
     if not device.startswith("cuda"):
         return "loop"

@@ -15,8 +15,11 @@ All-reduce: with a world size above 1 (tp GPUs present, or gloo ranks on a CPU) 
 the step (torch.distributed). With one rank and tp > 1 the measured all-reduce time at the model's message size
 (microbench/allreduce.json) times the collectives per token is added as a `modelled` component.
 
-Weight formats: bf16 runs as bf16; fp8 and fp8-block run `torch._scaled_mm` / `torch._scaled_grouped_mm` where
-the device has them (per-tensor scales; block scales are not simulated, their bytes are negligible). NVFP4 runs the
+Weight formats: bf16 runs as bf16; fp8 runs `torch._scaled_mm` / `torch._scaled_grouped_mm` where the device has
+them (per-tensor scales). fp8-block at batch 1 runs our 128x128 block-scaled Triton GEMVs (`kernels.lowprec.DenseGemv`
+with the scales applied to x, and the grouped GEMV over each token's selected experts), which the H200 runs level with
+the per-tensor ones; above batch 1 it runs fp8's kernels with per-tensor scales and says so (ours would run on CUDA
+cores, cuBLAS has no block scales below 16 rows; the scales' bytes are negligible). NVFP4 runs the
 micro-benchmarks' weight-only Triton kernels: the linears through `kernels.nvfp4.WeightOnlyGemm`, the routed experts
 through the grouped NVFP4 GEMV over the experts each token selects (`kernels.lowprec.GroupedExperts`, one call a
 token, sm89+). A format the kernel level cannot run here (GGUF quants, NVFP4 without a kernel, fp8 on a CPU) runs a
@@ -124,7 +127,7 @@ def _device_name(device: str) -> str:
 def _fits(shapes: StepShapes, fmt: dict, device: str, settings: KernelSettings, world: int = 1) -> int | None:
     """Layers that fit in the device memory budget ("auto"), or the CPU's small default."""
     torch = _torch()
-    wb = {"fp8": 1.0, "bf16": 2.0, "fp32": 4.0, "nvfp4-wo": 2.0}[fmt["linear"]]  # nvfp4: bf16 scratch at init
+    wb = {"fp8": 1.0, "fp8-block": 1.0, "bf16": 2.0, "fp32": 4.0, "nvfp4-wo": 2.0}[fmt["linear"]]  # nvfp4: bf16 scratch at init
     ab = {"bf16": 2.0, "fp32": 4.0}[fmt["activations"]]
     per = max(layer_bytes(shapes, k, wb, ab, shapes.context_len + 1) for k in shapes.kinds)
     head = (1 if shapes.spec.tie_embeddings else 2) * shapes.vocab * shapes.spec.hidden * ab
@@ -147,7 +150,7 @@ def simulate_rank(spec: ModelSpec, settings: KernelSettings, device: str, group=
         torch.cuda.set_device(torch.device(device))
     torch.manual_seed(0)
     shapes = step_shapes(spec, settings.tp, settings.ep, settings.batch, settings.context_len)
-    fmt = probe_formats(settings.weight_format, device)
+    fmt = probe_formats(settings.weight_format, device, settings.batch)
     if fmt.get("experts_stand_in") and spec.is_moe:
         fmt = {**fmt, "format_match": False,
                "stand_in": f"routed experts run bf16 stand-in weights (no grouped {settings.weight_format} kernel here)"}

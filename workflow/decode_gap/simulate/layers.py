@@ -28,6 +28,16 @@ def _rand(shape, dtype_name: str, device: str, std: float = 0.02):
     return t
 
 
+def _block_fp8(shape, device: str):
+    """A random fp8 weight [..., N, K] with random 128x128 block scales (values do not matter, shapes and bytes do)."""
+    torch = _torch()
+    from ..kernels import lowprec as lp
+
+    *lead, n, k = shape
+    scales = torch.empty((*lead, -(-n // lp.FP8_BLOCK), -(-k // lp.FP8_BLOCK)), device=device).uniform_(1e-3, 1e-2)
+    return lp.Fp8Weight(_rand(shape, "fp8", device), scales, True)
+
+
 class Linear:
     """y = x @ W^T for one weight matrix in the kernel level's dtype for it."""
 
@@ -43,6 +53,12 @@ class Linear:
             self.gemm = nv.WeightOnlyGemm(q, m, device, out_dtype=self.act_dtype)
             self.nbytes = nv.nvfp4_bytes(n, k)
             return
+        if kind == "fp8-block":  # batch 1 (probe_formats): our block-scaled GEMV, the scales applied to x
+            from ..kernels import lowprec as lp
+
+            self.gemm = lp.DenseGemv(_block_fp8((n, k), device), m, device, out_dtype=self.act_dtype)
+            self.nbytes = lp.fp8_bytes(n, k, True)
+            return
         self.w = _rand((n, k), kind, device)
         self.nbytes = self.w.numel() * self.w.element_size()
         if kind == "fp8":
@@ -50,7 +66,7 @@ class Linear:
 
     def __call__(self, x):
         torch = _torch()
-        if self.kind == "nvfp4-wo":
+        if self.kind in ("nvfp4-wo", "fp8-block"):
             return self.gemm(x)
         if self.kind == "fp8":
             M = x.shape[0]
@@ -82,6 +98,16 @@ class Experts:
             self.grouped = lp.GroupedExperts("nvfp4", w13, w2, torch.zeros(top_k, dtype=torch.int32, device=device),
                                              torch.ones(top_k, device=device), device)
             return
+        if kind == "fp8-block":  # batch 1 (probe_formats): the grouped GEMV with 128x128 block scales
+            from ..kernels import lowprec as lp
+
+            self.grouped = lp.GroupedExperts("fp8", _block_fp8((E, 2 * inter, hidden), device),
+                                             _block_fp8((E, hidden, inter), device),
+                                             torch.zeros(top_k, dtype=torch.int32, device=device),
+                                             torch.ones(top_k, device=device), device)
+            self.per_expert_bytes = lp.fp8_bytes(2 * inter, hidden, True) + lp.fp8_bytes(hidden, inter, True)
+            self.nbytes = self.per_expert_bytes * E
+            return
         self.gu = _rand((E, 2 * inter, hidden), kind, device)
         self.down = _rand((E, hidden, inter), kind, device)
         self.nbytes = (self.gu.numel() + self.down.numel()) * self.gu.element_size()
@@ -94,9 +120,9 @@ class Experts:
         """x [M, h], ids/weights [M, k] -> [M, h]."""
         torch = _torch()
         M, k = ids.shape
-        # NVFP4: one grouped call a token, its k experts' ids and weights copied in (graph-safe); the kernel fuses
-        # SiLU-and-mul whatever act_fn is (every MoE card here is SiLU; another GLU reads the same bytes)
-        if self.kind == "nvfp4":
+        # NVFP4 and fp8-block: one grouped call a token, its k experts' ids and weights copied in (graph-safe); the
+        # kernel fuses SiLU-and-mul whatever act_fn is (every MoE card here is SiLU; another GLU reads the same bytes)
+        if self.kind in ("nvfp4", "fp8-block"):
             g = self.grouped
             rows = []
             for m in range(M):
