@@ -1241,23 +1241,7 @@ if HAVE_TRITON:
         if XSCALE:
             rb = tl.min(rows, axis=0) // 128  # the rows' one block
         for k0 in range(k_start, k_end, BLOCK_K):
-            if SCALE == 2 and XSCALE:  # a 2-D tile as with a per-tensor scale, each x value's block scale gathered
-                offs = k0 + tl.arange(0, BLOCK_K)
-                kin = offs < k_end
-                wp = w_base + rows[:, None] * stride_wn + offs[None, :]
-                if EVEN_K:
-                    if EVEN_N:
-                        w = tl.load(wp)
-                    else:
-                        w = tl.load(wp, mask=nmask[:, None], other=0.0)
-                    x = tl.load(x_base + offs)
-                    sx = tl.load(s_base + rb * stride_sn + offs // 128)
-                else:
-                    w = tl.load(wp, mask=nmask[:, None] & kin[None, :], other=0.0)
-                    x = tl.load(x_base + offs, mask=kin, other=0.0)
-                    sx = tl.load(s_base + rb * stride_sn + offs // 128, mask=kin, other=0.0)
-                acc += tl.sum(w.to(tl.float32) * (x.to(tl.float32) * sx)[None, :], axis=1)
-            elif SCALE == 2:  # BLOCK_K is a multiple of 128 and k0 is 128-aligned
+            if SCALE == 2 and not XSCALE:  # BLOCK_K is a multiple of 128 and k0 is 128-aligned
                 w, x = _block_tile(x_base, w_base, rows, nmask, k0, k_end, stride_wn, NB, EVEN_K, EVEN_N)
                 p = tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :, :], axis=2)  # [BN, NB]
                 kb = k0 // 128 + tl.arange(0, NB)
@@ -1265,18 +1249,23 @@ if HAVE_TRITON:
                 sb = tl.load(s_base + (rows // 128)[:, None] * stride_sn + kb[None, :],
                              mask=nmask[:, None] & (kb * 128 < k_end)[None, :], other=0.0)
                 acc += tl.sum(p * sb, axis=1)
-            else:
+            else:  # a 2-D tile; XSCALE: each x value times its column block's scale (gathered), for all the rows
                 offs = k0 + tl.arange(0, BLOCK_K)
                 wp = w_base + rows[:, None] * stride_wn + offs[None, :]
+                sp = s_base + rb * stride_sn + offs // 128
                 if EVEN_K:
                     if EVEN_N:
                         w = tl.load(wp)
                     else:
                         w = tl.load(wp, mask=nmask[:, None], other=0.0)
                     x = tl.load(x_base + offs)
+                    if XSCALE:
+                        x = x.to(tl.float32) * tl.load(sp)
                 else:
                     w = tl.load(wp, mask=nmask[:, None] & (offs < k_end)[None, :], other=0.0)
                     x = tl.load(x_base + offs, mask=offs < k_end, other=0.0)
+                    if XSCALE:
+                        x = x.to(tl.float32) * tl.load(sp, mask=offs < k_end, other=0.0)
                 acc += tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
         return acc
 
