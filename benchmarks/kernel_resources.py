@@ -1,11 +1,14 @@
-"""Registers, spills, shared memory and SASS length of the NVFP4 tensor-core GEMV forms, compiled for a GPU
-architecture without a GPU (Triton's own ptxas and cuobjdump, from its wheel).
+"""Registers, spills, shared memory and SASS length of the NVFP4 tensor-core GEMV forms (and with --dense the
+bf16 / FP8 CUDA-core GEMV forms), compiled for a GPU architecture without a GPU (Triton's own ptxas and
+cuobjdump, from its wheel).
 
 What a kernel change does to the compiled code, checked on a CPU host before spending device time: a form that
 spills or grows its SASS is unlikely to be faster; a change meant to leave a form alone must leave these figures
-alone. This is not a timing: the device benchmark (lowprec_device.py) measures.
+alone, and with --sass-dir its SASS too (one file a form, addresses stripped: diff two checkouts' folders; the
+FP8 block-scales-on-x refactor left all seven dense forms' SASS identical). This is not a timing: the device
+benchmark (lowprec_device.py) measures.
 
-    python benchmarks/kernel_resources.py [--arch 90]
+    python benchmarks/kernel_resources.py [--arch 90] [--dense] [--sass-dir DIR]
 """
 
 from __future__ import annotations
@@ -49,9 +52,41 @@ def forms() -> dict[str, dict]:
     return out
 
 
-def compile_form(const: dict, arch: int) -> dict:
-    fn = lp._fp4_mma_kernel
-    sig = {n: POINTERS.get(n, "i32") for n in fn.arg_names}
+DENSE_POINTERS = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "ids_ptr": "*i32", "rw_ptr": "*fp32",
+                  "out_ptr": "*fp32", "fin_ptr": "*bf16", "cnt_ptr": "*i32"}
+
+
+def dense_forms() -> dict[str, dict]:
+    """The constexprs of the dense / grouped CUDA-core GEMVs (_dense_gemv_kernel) at M=1, as DenseGemv and
+    GroupedExperts launch them: per-tensor FP8 (the bf16 form is the same code without a scale), 128x128 block
+    scales summed per column block or applied to x, a K split that finishes itself or not, ragged K."""
+    base = dict(BLOCK_M=1, HAS_IDS=False, PAIRED=False, ROW_WEIGHT=False, USE_ASM=True, EVEN_N=True, WARPS=4,
+                XSCALE=False)
+    split = dict(ATOMIC=True, FINISH=True)
+    whole = dict(ATOMIC=False, FINISH=False)
+    return {
+        "fp8 per-tensor BN=8,BK=2048 split": {**base, **split, "SCALE": 1, "BLOCK_N": 8, "BLOCK_K": 2048, "EVEN_K": True},
+        "fp8 per-tensor BN=4,BK=2048": {**base, **whole, "SCALE": 1, "BLOCK_N": 4, "BLOCK_K": 2048, "EVEN_K": True},
+        "bf16 BN=8,BK=1024 split ragged K": {**base, **split, "SCALE": 0, "BLOCK_N": 8, "BLOCK_K": 1024,
+                                             "EVEN_K": False},
+        "fp8 blocks BN=8,BK=1024 split": {**base, **split, "SCALE": 2, "BLOCK_N": 8, "BLOCK_K": 1024, "EVEN_K": True},
+        "fp8 blocks on x BN=8,BK=2048 split": {**base, **split, "SCALE": 2, "BLOCK_N": 8, "BLOCK_K": 2048,
+                                               "EVEN_K": True, "XSCALE": True},
+        "fp8 blocks on x BN=8,BK=1024 ragged K": {**base, **whole, "SCALE": 2, "BLOCK_N": 8, "BLOCK_K": 1024,
+                                                  "EVEN_K": False, "XSCALE": True},
+        "grouped fp8 blocks on x, gate+up paired": {**base, **whole, "SCALE": 2, "BLOCK_N": 8, "BLOCK_K": 2048,
+                                                    "EVEN_K": True, "XSCALE": True, "HAS_IDS": True,
+                                                    "PAIRED": True},
+    }
+
+
+def compile_form(const: dict, arch: int, sass_to: Path | None = None) -> dict:
+    const = dict(const)
+    dense = "SCALE" in const
+    fn = lp._dense_gemv_kernel if dense else lp._fp4_mma_kernel
+    warps = const.pop("WARPS") if dense else const["WARPS"]
+    pointers = ({**DENSE_POINTERS, "w_ptr": "*bf16"} if const["SCALE"] == 0 else DENSE_POINTERS) if dense else POINTERS
+    sig = {n: pointers.get(n, "i32") for n in fn.arg_names}
     sig.update({k: "constexpr" for k in const})
     # as the runtime specialises it: 16-byte-aligned pointers and every integer but M a multiple of 16 (true of
     # the model shapes); without it the weight loads are 32-bit and the register count is not the GPU's (80 for 56)
@@ -59,7 +94,7 @@ def compile_form(const: dict, arch: int) -> dict:
              if n not in const and n != "M"}
     src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
                     attrs=attrs)
-    kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": const["WARPS"]})
+    kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
@@ -67,19 +102,28 @@ def compile_form(const: dict, arch: int) -> dict:
         usage = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
         sass = subprocess.run([str(tool), "-sass", f.name], capture_output=True, text=True, check=True).stdout
     field = lambda key: int(re.search(rf"{key}:(\d+)", usage).group(1))  # noqa: E731
+    code = [re.sub(r"/\*[0-9a-f]{4}\*/", "", line).split(";")[0].strip() for line in sass.splitlines()
+            if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
+    if sass_to is not None:
+        sass_to.write_text("\n".join(code) + "\n")
     return {"registers": field("REG"), "stack": field("STACK"), "shared": field("SHARED"),
-            "sass_instructions": sum(1 for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", line))}
+            "sass_instructions": len(code)}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: Hopper)")
+    ap.add_argument("--dense", action="store_true", help="the bf16 / FP8 CUDA-core GEMVs instead of the NVFP4 ones")
+    ap.add_argument("--sass-dir", type=Path, help="write each form's SASS here (addresses stripped), to diff")
     args = ap.parse_args()
+    if args.sass_dir:
+        args.sass_dir.mkdir(parents=True, exist_ok=True)
     print(f"triton {triton.__version__}, sm_{args.arch}")
     print(f"{'form':44s} {'regs':>5s} {'stack':>6s} {'shared':>7s} {'SASS':>6s}")
-    for name, const in forms().items():
+    for name, const in (dense_forms() if args.dense else forms()).items():
         try:
-            r = compile_form(const, args.arch)
+            to = args.sass_dir / (re.sub(r"[^A-Za-z0-9=.-]+", "_", name) + ".sass") if args.sass_dir else None
+            r = compile_form(const, args.arch, to)
             print(f"{name:44s} {r['registers']:5d} {r['stack']:6d} {r['shared']:7d} {r['sass_instructions']:6d}")
         except Exception as exc:  # one form failing to compile is a finding, not the end of the listing
             print(f"{name:44s} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")

@@ -651,6 +651,28 @@ def test_default_tensor_core_forms_compile_for_sm90_without_spills():
         assert r["stack"] == 0 and r["registers"] <= 255, (name, r)
 
 
+@pytest.mark.skipif(not lp.HAVE_TRITON, reason="Triton is not installed")
+def test_dense_gemv_forms_compile_for_sm90_without_spills(tmp_path):
+    """kernel_resources.py --dense: the bf16 / FP8 CUDA-core GEMVs (per-tensor, 128x128 blocks summed per column
+    block or applied to x, grouped with gate and up paired) compile for sm_90 without spills, and --sass-dir writes
+    each form's SASS without addresses, so two checkouts' folders diff line by line."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import kernel_resources as kr
+    finally:
+        sys.path.pop(0)
+    forms = kr.dense_forms()
+    assert sum(1 for f in forms.values() if f.get("XSCALE")) == 3 and any(f["SCALE"] == 0 for f in forms.values())
+    for name in ("fp8 per-tensor BN=8,BK=2048 split", "fp8 blocks on x BN=8,BK=2048 split"):
+        try:
+            r = kr.compile_form(forms[name], 90, tmp_path / "form.sass")
+        except FileNotFoundError as exc:  # a Triton wheel without its CUDA tools
+            pytest.skip(f"no ptxas/cuobjdump: {exc}")
+        assert r["stack"] == 0 and r["registers"] <= 255, (name, r)
+        sass = (tmp_path / "form.sass").read_text().splitlines()
+        assert len(sass) == r["sass_instructions"] and not any("/*" in line for line in sass)
+
+
 @pytest.mark.skipif(not lp.HAVE_TRITON, reason="Triton is not installed (pip install triton runs its CPU interpreter)")
 def test_grouped_alternatives_add_the_wide_down_to_the_default_bf16_pair():
     """The MoE stage times each of grouped_alternatives on the same repacked experts and keeps the fastest: the
