@@ -214,12 +214,12 @@ def test_kernel_level_step_says_when_its_replays_ran_under_the_power_cap():
     assert cpu["capped_frac"] is None and step_clock_note(cpu) == "" and step_clock_note(None) == ""
 
 
-def test_nvfp4_gemv_config_names_are_explained_once_under_the_table():
-    """The backend column names a Triton NVFP4 GEMV by its config ("m,BN=64,...,bx,sk"): a line under the M=1 table
+def test_gemv_config_names_are_explained_once_under_the_table():
+    """The backend column names a Triton GEMV (NVFP4, FP8, grouped) by its config ("m,BN=64,...,bx,sk"): a line under the M=1 table
     says what each part that occurs means, and nothing where no such kernel ran."""
-    from decode_gap.report.sections.microbench import nvfp4_form_legend
+    from decode_gap.report.sections.microbench import gemv_form_legend
 
-    legend = nvfp4_form_legend(["torch.mm", "triton nvfp4 gemv m,BN=64,BK=128,w=4,ef,t=27,bx,sk",
+    legend = gemv_form_legend(["torch.mm", "triton nvfp4 gemv m,BN=64,BK=128,w=4,ef,t=27,bx,sk",
                                 "triton nvfp4 gemv m,BN=32,BK=128,w=4,ef,t=27,bx,ks=2",
                                 "triton nvfp4 gemv m,BN=64,BK=128,w=4,ef,t=27,bx,xj,xs",
                                 "triton nvfp4 gemv m,BN=128,BK=128,w=4,ef,t=14,bx,xj,tp"])
@@ -227,7 +227,13 @@ def test_nvfp4_gemv_config_names_are_explained_once_under_the_table():
     assert "m: tensor cores" in legend and "sk: stream-K" in legend and "bx: bf16" in legend
     assert "ks: K slices" in legend and "xj: x loaded in the iteration" in legend and "xs: x loaded once" in legend
     assert "1k:" not in legend and "a: CUDA-core" not in legend  # parts that do not occur are not explained
-    assert nvfp4_form_legend(["torch.mm", "triton gemv (BLOCK_N=4, BLOCK_K=2048, warps=4)"]) == ""
+    assert gemv_form_legend(["torch.mm", "triton gemv (BLOCK_N=4, BLOCK_K=2048, warps=4)"]) == ""
+    # FP8's block scales on x, and the grouped forms' two configs (the MoE table says the same under it)
+    fp8 = gemv_form_legend(["triton fp8 gemv (128x128 block scales) BN=8,BK=1024,w=4,xb"])
+    assert "xb: FP8 128x128 block scales applied to x" in fp8 and "BN: rows a program" in fp8 and "m:" not in fp8
+    grouped = gemv_form_legend(["triton grouped gemv nvfp4 (gate_up m,BN=64,BK=128,w=4,s=2,ef,bx, down m,BN=64,"
+                                "BK=256,w=4,ef,bx)", "torch._grouped_mm"])
+    assert "m: tensor cores" in grouped and "s: K splits" in grouped and "xb" not in grouped
 
 
 def test_moe_table_reads_expert_rows_against_their_plain_read(tmp_path):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from typing import Any
 
 import pandas as pd
@@ -169,25 +171,27 @@ def _breakable_name(v: Any) -> str:
                       else str(v).replace("_", "_\u200b").replace(".", ".\u200b"))
 
 
-# what the parts of a Triton NVFP4 GEMV's config name mean (GemvConfig.name), said once under a table that shows one
-NVFP4_FORM_PARTS = (("m", "tensor cores (mma.sync)"), ("a", "CUDA-core asm decode"), ("g", "16-value words"),
-                    ("BN", "rows a program"), ("BK", "K values an iteration"), ("w", "warps a program"),
-                    ("s", "K splits"), ("ef", "weights loaded evict-first"), ("t", "warps an SM the K split aims at"),
-                    ("bx", "bf16 on x as it is, one kernel a call"), ("sk", "stream-K: one wave, equal work a program"),
-                    ("1k", "fp16, one kernel a call"), ("ks", "K slices a tile, summed in the program"),
-                    ("xj", "x loaded in the iteration that uses it, only the weights double-buffered"),
-                    ("xs", "x loaded once a program and shared by its warps through shared memory"),
-                    ("tp", "two 16-row tiles a warp against the same x loads"))
+# what the parts of a Triton GEMV's config name mean (GemvConfig.name), said once under a table that shows one
+GEMV_FORM_PARTS = (("m", "tensor cores (mma.sync)"), ("a", "CUDA-core asm decode"), ("g", "16-value words"),
+                   ("BN", "rows a program"), ("BK", "K values an iteration"), ("w", "warps a program"),
+                   ("s", "K splits"), ("ef", "weights loaded evict-first"), ("t", "warps an SM the K split aims at"),
+                   ("bx", "bf16 on x as it is, one kernel a call"), ("sk", "stream-K: one wave, equal work a program"),
+                   ("1k", "fp16, one kernel a call"), ("ks", "K slices a tile, summed in the program"),
+                   ("xj", "x loaded in the iteration that uses it, only the weights double-buffered"),
+                   ("xs", "x loaded once a program and shared by its warps through shared memory"),
+                   ("tp", "two 16-row tiles a warp against the same x loads"),
+                   ("xb", "FP8 128x128 block scales applied to x, once for a program's rows (one 128-row block)"))
+# a config name in a backend label: comma-separated parts without spaces ("m,BN=64,...,bx", "BN=8,BK=1024,w=4,xb")
+_CONFIG_NAME = re.compile(r"[\w=]+(?:,[\w=]+)+")
 
 
-def nvfp4_form_legend(backends: Any) -> str:
-    """A line explaining the config names of the NVFP4 GEMV forms in `backends` (only the parts that occur)."""
-    names = [str(b).split(" gemv ", 1)[1] for b in backends if "nvfp4 gemv " in str(b)]
-    if not names:
-        return ""
+def gemv_form_legend(backends: Any) -> str:
+    """A line explaining the config names of the Triton GEMV forms (NVFP4, FP8, grouped) in `backends`: only the
+    parts that occur, nothing where none ran (torch's and the bf16 GEMV's labels spell themselves out)."""
+    names = [n for b in backends if "gemv" in str(b) for n in _CONFIG_NAME.findall(str(b))]
     parts = {p.split("=")[0] for n in names for p in n.split(",")}
-    said = [f"{key}: {what}" for key, what in NVFP4_FORM_PARTS if key in parts]
-    return "NVFP4 GEMV forms (lowprec.GemvConfig): " + "; ".join(said) + "." if said else ""
+    said = [f"{key}: {what}" for key, what in GEMV_FORM_PARTS if key in parts]
+    return "Triton GEMV forms (lowprec.GemvConfig): " + "; ".join(said) + "." if said else ""
 
 
 CAPPED_FROM = 0.1  # a case held down by its GPU's power or thermal cap for at least this share of its time
@@ -273,12 +277,12 @@ def gemm_sub(b: Builder, bundle: Bundle, copy_gbps: float | None) -> dict[str, A
             mb = with_readings(df[df["M"] == batch].dropna(subset=["gbps"]), copy_gbps)
             s["table_batch"] = df_table(mb, cols, formats=pct)
             s["m_batch"] = fmt_num(batch)
-            s["form_legend_batch"] = nvfp4_form_legend(mb.get("backend", ()))
+            s["form_legend_batch"] = gemv_form_legend(mb.get("backend", ()))
         s["clock_note"] = clock_note(df)
-        s["form_legend"] = nvfp4_form_legend(m1.get("backend", ()))
+        s["form_legend"] = gemv_form_legend(m1.get("backend", ()))
         s["table_all"] = df_table(df.drop(columns=["shape"]), formats=pct)
         # the forms of every M (M = 9-16 has its own: xs, sk), under the HTML's table of every case
-        s["form_legend_all"] = nvfp4_form_legend(df.get("backend", ()))
+        s["form_legend_all"] = gemv_form_legend(df.get("backend", ()))
     else:
         s["table_all"] = df_table(df.drop(columns=["shape"]))
     return s
@@ -452,6 +456,7 @@ def moe_sub(b: Builder, bundle: Bundle, copy_gbps: float | None = None) -> dict[
                                              "name": _breakable_name, "impl": _breakable_name})
     s["table_cls"] = "compact reading-last"
     s["reading_legend"] = reading_legend(df)
+    s["form_legend_all"] = gemv_form_legend(df["backend"] if "backend" in df.columns else ())
     return s
 
 
