@@ -75,8 +75,7 @@ us) and the bf16 form beats both there; from 1536 rows up it is 1.5-2.2x slower,
 same x words. FP8 per-tensor GEMVs reach 87-103% on the large shapes (against 77-100% for
 `_scaled_mm`), 80% on Llama-3.1-8B down (4096 rows: more K splits were slower); with 128x128 block scales applied
 to x (DENSE_BLOCK_XSCALE) 86-102% from 6144x16384 (100M weights) up (28672x4096 91%, where summing each 128-column
-block apart took 84%; H200, 2026-12-02);
-bf16 91-103%.
+block apart took 84%; H200, 2026-12-02); bf16 91-103%.
 
 Grouped form (MoE at M=1, `GroupedExperts`): a third grid axis is the expert slot, whose id picks the expert's
 repacked weight (repacked once at construction). NVFP4 tensor-core form (`_fp4_mma_grouped_kernel`, the default where
@@ -87,8 +86,8 @@ before). Gate and up paired in one warp with the SiLU fused (no split, kept as a
 (8 experts x 128 tiles) and was 2.5x slower. Measured on an H200 (8 of 256 experts, fraction of read bandwidth on the
 selected experts' bytes): DeepSeek-V3 (2048x7168 experts) 61 us, 73% (the CUDA-core form: 130 us, 34%), GLM-5
 (2048x6144) 54 us, 71% (131 us, 29%); the halves apart: gate_up 40 / 35 us (74-75%), down 21 / 19 us (67-72%).
-bf16 / fp8 / fp8-block grouped: 97-98% / 86-87% / 83-85% (81-82% before the block scales went onto x). The grouped bf16 form (`FP4_GROUPED_BX_*`, the default:
-no packing kernel, the SiLU kernel and a cast-and-zero kernel leave the sums at zero): 59.8 / 53.4 us, 76% / 72%
+bf16 / fp8 / fp8-block grouped: 97-98% / 86-87% / 83-85% (81-82% before the block scales went onto x). The grouped
+bf16 form (`FP4_GROUPED_BX_*`, the default: no packing kernel, the SiLU kernel and a cast-and-zero kernel leave the sums at zero): 59.8 / 53.4 us, 76% / 72%
 (H200, read bandwidth 4387 GB/s).
 
 One module on purpose: the dense, grouped, FP8 and NVFP4 kernels share the same decode helpers, tile
@@ -2163,6 +2162,7 @@ class GroupedExperts:
         self.ids = ids.to(torch.int32).contiguous()
         self.rw = weights.float().contiguous()
         self.slots = int(self.ids.numel())
+        self.block = isinstance(w13, Fp8Weight) and w13.block  # fp8 with 128x128 block scales
         if fmt == "nvfp4":
             self.w13 = _stack_fp4(w13)
             self.w2 = _stack_fp4(w2)
@@ -2175,14 +2175,14 @@ class GroupedExperts:
             data2 = w2.data if isinstance(w2, Fp8Weight) else w2
             _, two_i, h = data13.shape
             _, hh, i = data2.shape
-            configs = DENSE_BLOCK_CONFIGS if isinstance(w13, Fp8Weight) and w13.block else DENSE_CONFIGS
+            configs = DENSE_BLOCK_CONFIGS if self.block else DENSE_CONFIGS
         if two_i != 2 * i or hh != h:
             raise DecodeGapError(f"grouped experts: w13 {two_i}x{h} and w2 {hh}x{i} do not fit together")
         self.h, self.i = h, i
         self.mma13 = self.mma2 = None
         defaults = (configs[0], configs[0])
-        if configs is DENSE_BLOCK_CONFIGS and i % FP8_BLOCK == 0:  # block scales on x (grouped_alternatives times
-            defaults = (block_xscale_for(h), block_xscale_for(i))  # the block form too)
+        if self.block and i % FP8_BLOCK == 0:  # on x (grouped_alternatives times the block form too)
+            defaults = (block_xscale_for(h), block_xscale_for(i))
         fits = fmt == "nvfp4" and grouped_mma_fits(h, i, device)
         if fits and cfg13 is None and cfg2 is None:  # one step an iteration where K is not whole 2-step blocks
             defaults = tuple(c if k % c.block_k == 0 else replace(c, block_k=64)
@@ -2356,8 +2356,7 @@ class GroupedExperts:
             return nv.nvfp4_bytes(2 * i, h) + nv.nvfp4_bytes(h, i)
         if self.fmt == "bf16":
             return 2 * 3 * h * i
-        block = isinstance(self.w13, Fp8Weight) and self.w13.block
-        return fp8_bytes(2 * i, h, block) + fp8_bytes(h, i, block)
+        return fp8_bytes(2 * i, h, self.block) + fp8_bytes(h, i, self.block)
 
 
 # the grouped bf16 form's down at 4 steps an iteration: which wins depends on the model (H200, 2026-12-02, read 4446
@@ -2372,7 +2371,7 @@ def grouped_alternatives(g: "GroupedExperts") -> list[tuple[GemvConfig, GemvConf
     pair = [(FP4_GROUPED_BX_13, FP4_GROUPED_BX_2), (FP4_GROUPED_BX_13, FP4_GROUPED_BX_2_WIDE)]
     if (g.cfg13, g.cfg2) in pair and g.i % FP4_GROUPED_BX_2_WIDE.block_k == 0:
         return pair
-    if (g.cfg13, g.cfg2) == (block_xscale_for(g.h), block_xscale_for(g.i)):
+    if g.block and (g.cfg13, g.cfg2) == (block_xscale_for(g.h), block_xscale_for(g.i)):
         return [(g.cfg13, g.cfg2), (DENSE_BLOCK_CONFIGS[0], DENSE_BLOCK_CONFIGS[0])]
     return [(g.cfg13, g.cfg2)]
 

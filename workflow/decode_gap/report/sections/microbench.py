@@ -161,14 +161,17 @@ def _pct(v: Any) -> str:
 def _breakable(v: Any) -> str:
     """A backend label that may wrap after its commas (a zero-width space): kernel config names such as
     "m,BN=64,BK=128,w=4,ef,t=27,bx" have no spaces, and unbroken they squeeze the reading column of a PDF page."""
-    return "—" if v is None or (isinstance(v, float) and v != v) else str(v).replace(",", ",\u200b")
+    return "—" if _missing(v) else str(v).replace(",", ",\u200b")
+
+
+def _missing(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and v != v)
 
 
 def _breakable_name(v: Any) -> str:
     """A snake_case or dotted name ("moe.experts", "scaled_grouped_mm") that may wrap after its dots and underscores:
     unbroken, the MoE table's name and impl columns left its reading column one word a line in the PDF."""
-    return _breakable(v if v is None or (isinstance(v, float) and v != v)
-                      else str(v).replace("_", "_\u200b").replace(".", ".\u200b"))
+    return _breakable(v if _missing(v) else str(v).replace("_", "_\u200b").replace(".", ".\u200b"))
 
 
 # what the parts of a Triton GEMV's config name mean (GemvConfig.name), said once under a table that shows one
@@ -456,7 +459,7 @@ def moe_sub(b: Builder, bundle: Bundle, copy_gbps: float | None = None) -> dict[
                                              "name": _breakable_name, "impl": _breakable_name})
     s["table_cls"] = "compact reading-last"
     s["reading_legend"] = reading_legend(df)
-    s["form_legend_all"] = gemv_form_legend(df["backend"] if "backend" in df.columns else ())
+    s["form_legend_all"] = gemv_form_legend(df.get("backend", ()))
     return s
 
 
