@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """GPU validation of the simulation levels (issue 5): kernel level eager vs one CUDA graph, engine level.
 
-Usage: python3 benchmarks/simulate_gpu.py OUT_DIR [--budget-s 270]
+Usage: python3 benchmarks/simulate_gpu.py OUT_DIR [--budget-s 270] [--cases a,b] [--workflow DIR]
 Runs, each in its own process with a time limit inside the budget, and writes one JSON each to OUT_DIR:
   kernel_llama1b.json     the random-weight ~1B Llama (config/models/llama-1b-random.json), bf16, TP1, all layers
   engine_llama1b.json     transformers on the same card: generate() eager vs static cache + torch.compile
   kernel_dsv3_tp8.json    DeepSeek-V3 per-GPU shapes of a TP8 deployment, fp8, on one GPU (all-reduce not run)
   kernel_glm5_tp1.json    GLM-5 (MLA + DSA indexer + 256 experts), fp8, TP1, layers that fit, scaled
+  kernel_llama8b_fp8.json Llama-3.1-8B, fp8, TP1 (only with --cases; kernel_llama8b_fp8_b8: 8 rows a step)
+--cases picks cases by name; --workflow imports decode_gap from another checkout's workflow/ (e.g. `git archive` of
+an older commit) to time the kernel level before and after a change on the same machine.
 Prints a table of eager / graph / launch overhead per case. It reports; it asserts nothing.
 """
 
@@ -27,10 +30,12 @@ CASES = [
     ("kernel_dsv3_tp8", "kernel", dict(model="deepseek-v3.json", weight_format="fp8", tp=8, ranks=1), 90),
     ("kernel_glm5_tp1", "kernel", dict(model="glm-5.json", weight_format="fp8", tp=1), 90),
 ]
+EXTRA = [("kernel_llama8b_fp8", "kernel", dict(model="llama-3.1-8b.json", weight_format="fp8", tp=1), 70),
+         ("kernel_llama8b_fp8_b8", "kernel", dict(model="llama-3.1-8b.json", weight_format="fp8", tp=1, batch=8), 70)]
 
 
-def child(kind: str, args: dict, out: str) -> None:
-    sys.path.insert(0, str(REPO / "workflow"))
+def child(kind: str, args: dict, out: str, workflow: Path) -> None:
+    sys.path.insert(0, str(workflow))
     from decode_gap.io import write_json
     from decode_gap.model import load_model_card
 
@@ -39,7 +44,7 @@ def child(kind: str, args: dict, out: str) -> None:
         from decode_gap.simulate.kernel import KernelSettings, simulate_kernel
 
         s = KernelSettings(tp=args["tp"], weight_format=args["weight_format"], context_len=512, layers="auto",
-                           ranks=args.get("ranks"), warmup=3, iters=20)
+                           ranks=args.get("ranks"), warmup=3, iters=20, batch=args.get("batch", 1))
         write_json(out, simulate_kernel(load_model_card(card), s))
     else:
         from decode_gap.simulate.engine import EngineSettings, simulate_engine
@@ -53,15 +58,23 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", type=Path)
     ap.add_argument("--budget-s", type=float, default=270.0)
+    ap.add_argument("--cases", default="", help="comma-separated case names (default: the four above)")
+    ap.add_argument("--workflow", type=Path, default=REPO / "workflow", help="the decode_gap package's parent")
     ap.add_argument("--child", nargs=3, metavar=("KIND", "ARGS", "OUT"))
     a = ap.parse_args()
     if a.child:
-        child(a.child[0], json.loads(a.child[1]), a.child[2])
+        child(a.child[0], json.loads(a.child[1]), a.child[2], a.workflow.resolve())
         return 0
+    wanted = [c for c in a.cases.split(",") if c]
+    cases = [c for c in CASES + EXTRA if c[0] in wanted] if wanted else CASES
+    unknown = sorted(set(wanted) - {c[0] for c in cases})
+    if unknown:
+        print(f"unknown case(s): {', '.join(unknown)}; known: {', '.join(c[0] for c in CASES + EXTRA)}")
+        return 2
     a.out.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + a.budget_s
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    for name, kind, args, limit in CASES:
+    for name, kind, args, limit in cases:
         left = deadline - time.monotonic()
         if left < 20:
             print(f"{name}: skipped, {left:.0f} s of the budget left", flush=True)
@@ -69,7 +82,8 @@ def main() -> int:
         out = a.out / f"{name}.json"
         t0 = time.monotonic()
         try:
-            p = subprocess.run([sys.executable, __file__, str(a.out), "--child", kind, json.dumps(args), str(out)],
+            p = subprocess.run([sys.executable, __file__, str(a.out), "--workflow", str(a.workflow), "--child", kind,
+                                json.dumps(args), str(out)],
                                env=env, timeout=min(limit, left - 5), capture_output=True, text=True)
             tail = (p.stderr or "").strip().splitlines()[-3:]
             status = "ok" if p.returncode == 0 else f"rc={p.returncode}: {' | '.join(tail)}"
@@ -85,6 +99,9 @@ def main() -> int:
             if kind == "kernel":
                 print("  components:", ", ".join(f"{c['name']}={c['ms']:.3f}" for c in r.get("components", [])
                                                    if c.get("ms") is not None), flush=True)
+                for ch in r.get("kernel_choices", []):
+                    print(f"  {ch['shape']}: {ch['chosen']} " + " ".join(f"{k}={v}" for k, v in ch["us"].items()),
+                          flush=True)
             else:
                 for run in r.get("runs", []):
                     print("  graph_compile_s:", run.get("graph_compile_s"), "eager:", run.get("eager"),

@@ -1,6 +1,9 @@
 """Kernel level on the CPU: tiny layer counts, real torch kernels, real gloo all-reduce between two ranks."""
 
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -124,10 +127,6 @@ def test_nvfp4_routed_experts_run_the_grouped_gemv_in_the_interpreter():
     """NVFP4 experts at the kernel level: the grouped NVFP4 GEMV over each token's selected experts (ids and routing
     weights copied into its buffers), against dequantise-then-matmul; its asm needs a GPU, so the CPU interpreter
     runs the same layout and decode (lowprec_device.py checks the GPU)."""
-    import os
-    import subprocess
-    import sys
-
     code = r'''
 import torch
 from decode_gap.kernels import lowprec as lp
@@ -147,6 +146,61 @@ for m in range(3):
     ref = lp.reference_experts(x[m:m + 1].to(torch.bfloat16), d13, d2, ids[m].to(torch.int32), w[m])
     err = ((got[m:m + 1] - ref).norm() / ref.norm()).item()
     assert err < 1e-2, (m, err)
+print("ok")
+'''
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "workflow")}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stderr[-3000:]
+
+
+def test_kernel_picker_keeps_the_fastest_and_records_each_shape():
+    """The kernel level's build-time choice (fp8 linears at batch 1): the faster candidate wins, a shape already
+    timed keeps its choice without timing again, and every shape's times are recorded."""
+    import time
+
+    from decode_gap.simulate.layers import KernelPicker
+
+    picker = KernelPicker("cpu", warmup=1, iters=3)
+    calls = {"slow": 0, "fast": 0}
+
+    def slow():
+        calls["slow"] += 1
+        time.sleep(0.003)
+
+    def fast():
+        calls["fast"] += 1
+
+    assert picker.pick((64, 256, 1), {"slow": slow, "fast": fast}) == "fast"
+    before = dict(calls)
+    assert picker.pick((64, 256, 1), {"slow": slow, "fast": fast}) == "fast" and calls == before
+    assert picker.pick((32, 256, 1), {"slow": fast, "fast": slow}) == "slow"
+    assert [r["shape"] for r in picker.records] == ["64x256x1", "32x256x1"]
+    rec = picker.records[0]
+    assert rec["chosen"] == "fast" and rec["us"]["slow"] > rec["us"]["fast"] and rec["clock"] == "wall time"
+    assert picker.summary("fp8 linears") == ("fp8 linears: fast on 1 of 2 shapes, slow on 1 of 2 shapes "
+                                             "(timed at build, kernel_choices in this file)")
+
+
+def test_fp8_linear_runs_the_kernel_the_picker_chose():
+    """An fp8 per-tensor linear at batch 1 holds our GEMV and torch._scaled_mm over the same bytes and runs the one
+    the picker timed faster; both agree with the dequantised weight (TRITON_INTERPRET on the CPU)."""
+    code = r'''
+import torch
+from decode_gap.simulate.layers import KernelPicker, Linear
+torch.manual_seed(0)
+picker = KernelPicker("cpu", warmup=1, iters=2)
+lin = Linear(64, 256, "fp8-gemv", "fp32", "cpu", picker=picker)
+assert lin.nbytes == 64 * 256 + 4
+rec = picker.records[0]
+assert rec["shape"] == "64x256x1" and set(rec["us"]) == {"lowprec.DenseGemv", "torch._scaled_mm"}
+assert lin.kind == ("fp8-gemv" if rec["chosen"] == "lowprec.DenseGemv" else "fp8")
+x = torch.randn(1, 256)
+ref = x @ lin.w.float().t() * lin.w_scale  # x @ W^T, up to the fp8 rounding of x in torch._scaled_mm
+for y in (lin.gemm(x) if lin.gemm is not None else None, lin._scaled_mm(x)):
+    if y is None:
+        continue
+    err = ((y.float() - ref).norm() / ref.norm()).item()
+    assert err < 0.1, err
 print("ok")
 '''
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "workflow")}

@@ -163,14 +163,17 @@ def back_to_back_us(fn: Callable[[], object], n: int, device: Any = None,
     return [float(s.elapsed_time(e)) * 1e3 for s, e in zip(starts, ends)]
 
 
-def graph_spans_us(graph: Any, n: int, sleep_cycles: int) -> list[float]:
+def graph_spans_us(graph: Any, n: int, sleep_cycles: int, before: Callable[[], None] | None = None) -> list[float]:
     """GPU span of each of `n` replays of a captured CUDA graph, in µs. A sleep kernel queued ahead of each
     replay keeps the GPU busy while the host launches the graph, so the event pair times the graph's own span
-    and not cudaGraphLaunch (which a profiler slows by far more than the graph runs)."""
+    and not cudaGraphLaunch (which a profiler slows by far more than the graph runs). `before` (e.g. an L2
+    flush) is queued ahead of the sleep."""
     torch = _torch()
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
     for start, end in events:
         torch.cuda.synchronize()
+        if before is not None:
+            before()
         torch.cuda._sleep(sleep_cycles)
         start.record()
         graph.replay()

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+# expert kinds that run our grouped GEMV over the experts each token selects (one call a token)
+GROUPED_GEMV_KINDS = ("nvfp4", "fp8-block", "fp8-gemv")
+
 # ----------------------------------------------------------------------------------------------------------
 # capability probes
 
@@ -36,11 +39,17 @@ def probe_formats(weight_format: str, device: str, batch: int = 1) -> dict[str, 
                 torch._scaled_mm(x, w.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
                 info["pad_m"] = 16
             info["linear"] = "fp8"
-            if weight_format == "fp8-block" and batch == 1 and _probe_block_gemvs(device):
-                info.update(linear="fp8-block", experts="fp8-block", note=(
+            block = weight_format == "fp8-block"
+            if batch == 1 and _probe_fp8_gemvs(device, block):
+                kind = "fp8-block" if block else "fp8-gemv"
+                info.update(linear=kind, experts=kind, note=(
                     "fp8-block linears run our 128x128 block-scaled Triton GEMV (decode_gap.kernels.lowprec."
-                    "DenseGemv, the scales applied to x) and routed experts the grouped GEMV with the same scales"))
-            elif weight_format == "fp8-block":
+                    "DenseGemv, the scales applied to x) and routed experts the grouped GEMV with the same scales"
+                    if block else
+                    "fp8 linears run, shape by shape, the faster of torch._scaled_mm and our per-tensor Triton GEMV "
+                    "(decode_gap.kernels.lowprec.DenseGemv; both timed once a shape at build, as engines pick "
+                    "tactics); routed experts the grouped fp8 GEMV over each token's selected experts"))
+            elif block:
                 info["note"] = ("fp8-block runs with per-tensor scales (block scales are not simulated: " +
                                 (f"at {batch} rows a step our block-scaled GEMVs would run on CUDA cores and cuBLAS "
                                  "has none below 16 rows)" if batch != 1 else "the block-scaled GEMV failed here)"))
@@ -76,9 +85,9 @@ def probe_formats(weight_format: str, device: str, batch: int = 1) -> dict[str, 
     return info
 
 
-def _probe_block_gemvs(device: str) -> bool:
-    """Whether our 128x128 block-scaled FP8 GEMVs run here at M=1 (Triton on a GPU with fp8): a dense 64 x 256 and
-    a grouped pair of two experts of 128 rows, each finite."""
+def _probe_fp8_gemvs(device: str, block: bool) -> bool:
+    """Whether our FP8 GEMVs (per-tensor or 128x128 block scales) run here at M=1 (Triton on a GPU with fp8): a
+    dense 64 x 256 and a grouped pair of two experts of 128 rows, each finite."""
     torch = _torch()
     try:
         from ..kernels import lowprec as lp
@@ -86,10 +95,10 @@ def _probe_block_gemvs(device: str) -> bool:
         if not lp.available(device):
             return False
         x = torch.randn(1, 256, device=device, dtype=torch.bfloat16)
-        dense = lp.DenseGemv(lp.quantize_fp8(torch.randn(64, 256, device=device), block=True), 1, device)
-        g = lp.grouped_from_bf16("fp8-block", torch.randn(2, 256, 256, device=device), torch.randn(2, 256, 128,
-                                 device=device), torch.tensor([1, 0], device=device), torch.ones(2, device=device),
-                                 device)
+        dense = lp.DenseGemv(lp.quantize_fp8(torch.randn(64, 256, device=device), block=block), 1, device)
+        g = lp.grouped_from_bf16("fp8-block" if block else "fp8", torch.randn(2, 256, 256, device=device),
+                                 torch.randn(2, 256, 128, device=device), torch.tensor([1, 0], device=device),
+                                 torch.ones(2, device=device), device)
         return bool(torch.isfinite(dense(x)).all() and torch.isfinite(g(x)).all())
     except Exception:  # no Triton, no fp8 conversion on this GPU, or no kernel
         return False
@@ -117,7 +126,7 @@ def _probe_grouped(device: str, linear: str) -> str:
     """MoE expert kernel: grouped GEMM (reads only the experts hit) where it runs, else gather + bmm; NVFP4 experts
     (probe_formats found the grouped NVFP4 GEMV) run it."""
     torch = _torch()
-    if linear in ("nvfp4", "fp8-block"):  # our grouped GEMVs (probe_formats found them running)
+    if linear in GROUPED_GEMV_KINDS:  # our grouped GEMVs (probe_formats found them running)
         return "grouped_gemv"
     if not device.startswith("cuda"):
         return "loop"

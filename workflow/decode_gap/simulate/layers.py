@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .formats import _torch
+from .formats import GROUPED_GEMV_KINDS, _torch
 
 # ----------------------------------------------------------------------------------------------------------
 # tensors
@@ -28,20 +28,71 @@ def _rand(shape, dtype_name: str, device: str, std: float = 0.02):
     return t
 
 
-def _block_fp8(shape, device: str):
-    """A random fp8 weight [..., N, K] with random 128x128 block scales (values do not matter, shapes and bytes do)."""
+def _fp8_weight(shape, device: str, block: bool):
+    """A random fp8 weight [..., N, K] with random per-tensor (per expert) or 128x128 block scales (values do not
+    matter, shapes and bytes do)."""
     torch = _torch()
     from ..kernels import lowprec as lp
 
     *lead, n, k = shape
-    scales = torch.empty((*lead, -(-n // lp.FP8_BLOCK), -(-k // lp.FP8_BLOCK)), device=device).uniform_(1e-3, 1e-2)
-    return lp.Fp8Weight(_rand(shape, "fp8", device), scales, True)
+    grid = (*lead, -(-n // lp.FP8_BLOCK), -(-k // lp.FP8_BLOCK)) if block else tuple(lead)
+    return lp.Fp8Weight(_rand(shape, "fp8", device), torch.empty(grid, device=device).uniform_(1e-3, 1e-2), block)
+
+
+class KernelPicker:
+    """Times the candidate kernels for one shape once and keeps the fastest, as an engine picks its tactics at
+    build. On a GPU each candidate is captured in a CUDA graph and its replays are timed (CUDA events, the L2
+    flushed and a sleep kernel queued ahead of each, so the span is the kernel's GPU time and not its launch);
+    on a CPU, wall time. The median of `iters` after a warm-up decides. Shapes already timed keep their choice;
+    `records` holds every shape's times for the result file."""
+
+    SLEEP_CYCLES = 200_000  # ~0.1 ms at H200 clocks: longer than a graph launch takes on the host
+
+    def __init__(self, device: str, warmup: int = 3, iters: int = 15) -> None:
+        from ..timing import L2Flusher
+
+        self.device, self.warmup, self.iters = device, warmup, iters
+        self.flush = L2Flusher(device)
+        self.chosen: dict[tuple, str] = {}
+        self.records: list[dict] = []
+
+    def _time_us(self, fn) -> list[float]:
+        from ..timing import capture_graph, graph_spans_us, time_cpu_us
+
+        if not self.device.startswith("cuda"):
+            return time_cpu_us(fn, self.warmup, self.iters, self.flush)
+        graph = capture_graph([fn], self.device, self.warmup)
+        return graph_spans_us(graph, self.iters, self.SLEEP_CYCLES, self.flush)
+
+    def pick(self, key: tuple, candidates: dict) -> str:
+        """The name of the fastest of `candidates` (name -> call) for `key`, timing them the first time."""
+        if key in self.chosen:
+            return self.chosen[key]
+        import numpy as np
+
+        times = {name: float(np.median(self._time_us(fn))) for name, fn in candidates.items()}
+        best = min(times, key=times.__getitem__)
+        self.chosen[key] = best
+        self.records.append({"shape": "x".join(str(v) for v in key), "chosen": best,
+                             "us": {n: round(t, 2) for n, t in times.items()},
+                             "clock": "CUDA-graph replay, CUDA events" if self.device.startswith("cuda")
+                             else "wall time"})
+        return best
+
+    def summary(self, what: str) -> str:
+        """One line: how many shapes took each kernel."""
+        counts: dict[str, int] = {}
+        for r in self.records:
+            counts[r["chosen"]] = counts.get(r["chosen"], 0) + 1
+        return (f"{what}: " + ", ".join(f"{name} on {n} of {len(self.records)} shapes" for name, n in counts.items())
+                + " (timed at build, kernel_choices in this file)")
 
 
 class Linear:
     """y = x @ W^T for one weight matrix in the kernel level's dtype for it."""
 
-    def __init__(self, n: int, k: int, kind: str, act: str, device: str, m: int = 1, pad_m: int = 0) -> None:
+    def __init__(self, n: int, k: int, kind: str, act: str, device: str, m: int = 1, pad_m: int = 0,
+                 picker: KernelPicker | None = None) -> None:
         torch = _torch()
         self.kind = kind
         self.pad_m = pad_m
@@ -53,29 +104,45 @@ class Linear:
             self.gemm = nv.WeightOnlyGemm(q, m, device, out_dtype=self.act_dtype)
             self.nbytes = nv.nvfp4_bytes(n, k)
             return
-        if kind == "fp8-block":  # batch 1 (probe_formats): our block-scaled GEMV, the scales applied to x
+        if kind in ("fp8-block", "fp8-gemv"):  # batch 1 (probe_formats): our fp8 GEMV
             from ..kernels import lowprec as lp
 
-            self.gemm = lp.DenseGemv(_block_fp8((n, k), device), m, device, out_dtype=self.act_dtype)
-            self.nbytes = lp.fp8_bytes(n, k, True)
+            block = kind == "fp8-block"
+            w = _fp8_weight((n, k), device, block)
+            self.gemm = lp.DenseGemv(w, m, device, out_dtype=self.act_dtype)
+            self.nbytes = lp.fp8_bytes(n, k, block)
+            if not block:  # per-tensor: torch._scaled_mm on the same bytes is the other candidate
+                self.w, self.w_scale, self.one = w.data, w.scales, torch.ones((), device=device)
+                if picker is not None:
+                    x = torch.randn(m, k, device=device).to(self.act_dtype)
+                    ours = "lowprec.DenseGemv"
+                    if picker.pick((n, k, m), {ours: lambda: self.gemm(x),
+                                               "torch._scaled_mm": lambda: self._scaled_mm(x)}) != ours:
+                        self.kind, self.gemm = "fp8", None
             return
         self.w = _rand((n, k), kind, device)
         self.nbytes = self.w.numel() * self.w.element_size()
         if kind == "fp8":
-            self.one = torch.ones((), device=device)
+            self.w_scale = self.one = torch.ones((), device=device)
 
     def __call__(self, x):
         torch = _torch()
-        if self.kind in ("nvfp4-wo", "fp8-block"):
+        if self.kind in ("nvfp4-wo", "fp8-block", "fp8-gemv"):
             return self.gemm(x)
         if self.kind == "fp8":
-            M = x.shape[0]
-            if self.pad_m and M % self.pad_m:
-                x = torch.nn.functional.pad(x, (0, 0, 0, self.pad_m - M % self.pad_m))
-            y = torch._scaled_mm(x.to(torch.float8_e4m3fn), self.w.t(), scale_a=self.one, scale_b=self.one,
-                                 out_dtype=self.act_dtype)
-            return y[:M] if y.shape[0] != M else y
+            return self._scaled_mm(x)
         return torch.nn.functional.linear(x, self.w)
+
+    def _scaled_mm(self, x):
+        """fp8 x fp8 -> act dtype through cuBLASLt (x cast with a unit scale: the bytes and the kernel, not the
+        values, matter here; the weight's per-tensor scale), M padded where the build wants it."""
+        torch = _torch()
+        M = x.shape[0]
+        if self.pad_m and M % self.pad_m:
+            x = torch.nn.functional.pad(x, (0, 0, 0, self.pad_m - M % self.pad_m))
+        y = torch._scaled_mm(x.to(torch.float8_e4m3fn), self.w.t(), scale_a=self.one, scale_b=self.w_scale,
+                             out_dtype=self.act_dtype)
+        return y[:M] if y.shape[0] != M else y
 
 
 class Experts:
@@ -98,14 +165,15 @@ class Experts:
             self.grouped = lp.GroupedExperts("nvfp4", w13, w2, torch.zeros(top_k, dtype=torch.int32, device=device),
                                              torch.ones(top_k, device=device), device)
             return
-        if kind == "fp8-block":  # batch 1 (probe_formats): the grouped GEMV with 128x128 block scales
+        if kind in ("fp8-block", "fp8-gemv"):  # batch 1 (probe_formats): the grouped fp8 GEMV
             from ..kernels import lowprec as lp
 
-            self.grouped = lp.GroupedExperts("fp8", _block_fp8((E, 2 * inter, hidden), device),
-                                             _block_fp8((E, hidden, inter), device),
+            block = kind == "fp8-block"
+            self.grouped = lp.GroupedExperts("fp8", _fp8_weight((E, 2 * inter, hidden), device, block),
+                                             _fp8_weight((E, hidden, inter), device, block),
                                              torch.zeros(top_k, dtype=torch.int32, device=device),
                                              torch.ones(top_k, device=device), device)
-            self.per_expert_bytes = lp.fp8_bytes(2 * inter, hidden, True) + lp.fp8_bytes(hidden, inter, True)
+            self.per_expert_bytes = lp.fp8_bytes(2 * inter, hidden, block) + lp.fp8_bytes(hidden, inter, block)
             self.nbytes = self.per_expert_bytes * E
             return
         self.gu = _rand((E, 2 * inter, hidden), kind, device)
@@ -122,7 +190,7 @@ class Experts:
         M, k = ids.shape
         # NVFP4 and fp8-block: one grouped call a token, its k experts' ids and weights copied in (graph-safe); the
         # kernel fuses SiLU-and-mul whatever act_fn is (every MoE card here is SiLU; another GLU reads the same bytes)
-        if self.kind in ("nvfp4", "fp8-block"):
+        if self.kind in GROUPED_GEMV_KINDS:
             g = self.grouped
             rows = []
             for m in range(M):

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 from ..model import ModelSpec
 from .formats import _probe_grouped, _torch
-from .layers import Experts, Linear, _rand, _tdtype
+from .layers import Experts, KernelPicker, Linear, _rand, _tdtype
 from .shapes import StepShapes
 
 # ----------------------------------------------------------------------------------------------------------
@@ -55,6 +55,8 @@ class DecodeStep:
         self.experts_kind = fmt.get("experts", fmt["linear"])
         self.pad_m = int(fmt.get("pad_m", 0))
         self.moe_backend = _probe_grouped(device, self.experts_kind) if spec.is_moe else ""
+        # fp8 per-tensor at batch 1: each linear shape keeps the faster of our GEMV and torch._scaled_mm
+        self.picker = KernelPicker(device) if self.lin_kind == "fp8-gemv" else None
         M, h = shapes.batch, spec.hidden
         self.kv_len = kv_len
         self.T = kv_len + 1  # the new token attends to the cache and itself
@@ -166,7 +168,7 @@ class DecodeStep:
     def _lin(self, name: str) -> Linear:
         l = self.shapes.linears[name]
         kind = self.lin_kind if l.quantizable else self.act
-        lin = Linear(l.n, l.k, kind, self.act, self.device, m=self.shapes.batch, pad_m=self.pad_m)
+        lin = Linear(l.n, l.k, kind, self.act, self.device, m=self.shapes.batch, pad_m=self.pad_m, picker=self.picker)
         self.weight_bytes += lin.nbytes
         return lin
 
