@@ -15,6 +15,8 @@ Expert GEMMs for the permuted rows: gate_up [2I, H], SiLU-and-mul, down [H, I] f
   the same weights (`grouped_alternatives`), each is timed and the fastest kept, as the gemm stage keeps the fastest
   GEMV form of a shape.
 Routing is also timed as one row, `moe.routing` (router GEMM, scoring, top-k, permute and unpermute together).
+On a GPU `moe.route_fused` is `moe.route` with the scoring and top-k as one Triton kernel (`kernels.routing`, what
+the kernel level runs), against the dozen small torch kernels of `moe.route`.
 Only the experts the routing hits are allocated (a compact id per hit expert), which changes no kernel's
 work: an expert with no rows costs nothing in either form.
 """
@@ -28,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels import lowprec as lp
+from ..kernels import routing as rt
 from .common import BenchEnv, short_error, skip, summary
 from .shapes import MoeShape
 from .timing import ClockWatch, L2Flusher, fraction, gbps, measure, tflops
@@ -40,28 +43,14 @@ COLUMNS = [
 ]
 
 
+def routing_of(shape: MoeShape) -> rt.Routing:
+    return rt.Routing(shape.experts_total, shape.top_k, shape.scoring == "sigmoid", shape.n_group, shape.topk_group,
+                      shape.norm_topk_prob, shape.routed_scaling_factor)
+
+
 def route(x: torch.Tensor, w_router: torch.Tensor, shape: MoeShape, bias: torch.Tensor | None = None):
-    """Router GEMM + scoring + top-k. Returns (topk weights [M, k] fp32, topk ids [M, k] int64)."""
-    logits = (x @ w_router.t()).float()
-    k = shape.top_k
-    if shape.scoring == "sigmoid":
-        scores = logits.sigmoid()
-        choice = scores + bias if bias is not None else scores
-        if shape.n_group > 1:
-            m = x.shape[0]
-            grouped = choice.view(m, shape.n_group, -1)
-            group_scores = grouped.topk(2, dim=-1).values.sum(-1)
-            keep = group_scores.topk(shape.topk_group, dim=-1).indices
-            mask = torch.zeros_like(group_scores).scatter_(1, keep, 1.0)
-            choice = grouped.masked_fill(mask[..., None] == 0, float("-inf")).view(m, -1)
-        ids = choice.topk(k, dim=-1).indices
-        weights = scores.gather(1, ids)
-    else:
-        scores = logits.softmax(dim=-1)
-        weights, ids = scores.topk(k, dim=-1)
-    if shape.norm_topk_prob:
-        weights = weights / weights.sum(-1, keepdim=True).clamp(min=1e-20)
-    return weights * shape.routed_scaling_factor, ids
+    """Router GEMM + scoring + top-k in torch ops. Returns (topk weights [M, k] fp32, topk ids [M, k] int64)."""
+    return rt.route_reference(x @ w_router.t(), routing_of(shape), bias)
 
 
 def permute(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, experts: int):
@@ -255,11 +244,16 @@ def run_moe_bench(env: BenchEnv, shape: MoeShape | None, m_values: list[int], lo
             ("moe.permute", lambda: permute(es.x, ids, weights, shape.experts_total), rows_all.numel() * 2 * 2, 0, 0),
             ("moe.unpermute", lambda: unpermute(rows_all, token, roww, m), rows_all.numel() * 2 + m * shape.hidden * 2, 0, 0),
         ]
+        if env.is_gpu and rt.fused_fits(routing_of(shape)) is None:  # scoring and top-k as one kernel
+            fused = rt.FusedRoute(routing_of(shape), m, env.device)
+            pieces.append(("moe.route_fused", lambda: fused(es.x @ w_router.t()), w_router.numel() * 2,
+                           2 * m * shape.hidden * shape.experts_total, 0))
         pieces.append(("moe.routing", lambda: unpermute(permute(es.x, route(es.x, w_router, shape)[1], weights,
                                                                 shape.experts_total)[0], token, roww, m),
                        w_router.numel() * 2 + rows_all.numel() * 2 * 3, 2 * m * shape.hidden * shape.experts_total, 0))
         for name, fn, nb, fl, _ in pieces:
-            rows.append(_time_row(env, flush, name, "routing", "bf16", "torch", fn, nb, fl, base, skipped, log))
+            backend = "triton fused + torch router GEMM" if name == "moe.route_fused" else "torch"
+            rows.append(_time_row(env, flush, name, "routing", "bf16", backend, fn, nb, fl, base, skipped, log))
         if m == 1 and env.is_gpu and lp.HAVE_TRITON:
             for fmt in GEMV_FORMATS:
                 try:

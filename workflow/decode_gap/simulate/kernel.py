@@ -3,7 +3,8 @@
 Real tensors of the per-GPU shapes (random weights: timing does not depend on their values) run through the
 kernels a decode step launches: the embedding row; per layer the norms, the attention projections (or MLA in its
 absorbed decode form, with the DSA indexer where the card has one), attention over the KV length, the
-all-reduces, the router and the shared plus top-k routed experts (or the dense MLP); the final norm, the lm_head
+all-reduces, the router (its GEMM, then the scoring and top-k as one Triton kernel on a GPU, as engines fuse it:
+`kernels.routing`) and the shared plus top-k routed experts (or the dense MLP); the final norm, the lm_head
 and sampling. The step runs eagerly and as one captured CUDA graph; eager minus graph is the launch overhead.
 
 Layers: `simulate.layers` of them ("auto": what fits in GPU memory, a few on a CPU), keeping the model's mix of
@@ -245,6 +246,7 @@ def simulate_rank(spec: ModelSpec, settings: KernelSettings, device: str, group=
     )
     backend = (f"torch {torch.__version__} " + ("CUDA eager + CUDA graph" if on_gpu else "CPU eager") +
                f"; linear {fmt['linear']}" + (f"; MoE {step.moe_backend}" if step.moe_backend else "") +
+               (f"; routing {step.routing_impl}" if step.routing_impl else "") +
                "; attention " + ("MLA absorbed (bmm)" if spec.mla else "SDPA"))
     graph_reason = None
     if not on_gpu:

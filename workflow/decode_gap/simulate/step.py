@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..model import ModelSpec
-from .formats import _probe_grouped, _torch
+from ..kernels.routing import FusedRoute, Routing, fused_fits, route_reference
+from .formats import GROUPED_GEMV_KINDS, _probe_grouped, _torch
 from .layers import Experts, KernelPicker, Linear, _rand, _tdtype
 from .shapes import StepShapes
 
@@ -57,6 +58,9 @@ class DecodeStep:
         self.moe_backend = _probe_grouped(device, self.experts_kind) if spec.is_moe else ""
         # fp8 per-tensor at batch 1: each linear shape keeps the faster of our GEMV and torch._scaled_mm
         self.picker = KernelPicker(device) if self.lin_kind == "fp8-gemv" else None
+        # MoE routing as one Triton kernel on a GPU (where it fits), as engines fuse it; else torch ops
+        self.fused_routing = bool(spec.is_moe) and device.startswith("cuda")
+        self.routing_impl = ""
         M, h = shapes.batch, spec.hidden
         self.kv_len = kv_len
         self.T = kv_len + 1  # the new token attends to the cache and itself
@@ -356,20 +360,18 @@ class DecodeStep:
         act = self.act_fn
         M = sh.batch
 
+        routing = Routing(E, k, sigmoid, n_group, topk_group, norm, rscale)
+        fused = FusedRoute(routing, M, self.device) if self.fused_routing and fused_fits(routing) is None else None
+        self.routing_impl = "triton fused" if fused is not None else "torch ops"
+        int32_ids = self.experts_kind in GROUPED_GEMV_KINDS  # the other expert kernels index with int64
+
         def route(S):
-            logits = router(S["h"]).float()
-            scores = torch.sigmoid(logits) if sigmoid else torch.softmax(logits, dim=-1)
-            choice = scores + bias if bias is not None else scores
-            if n_group > 1:
-                g = choice.view(M, n_group, -1).topk(2, dim=-1).values.sum(-1)
-                keep = torch.zeros_like(g).scatter_(1, g.topk(topk_group, dim=-1).indices, 1.0)
-                mask = keep.unsqueeze(-1).expand(M, n_group, E // n_group).reshape(M, E)
-                choice = choice.masked_fill(mask == 0, float("-inf"))
-            ids = torch.topk(choice, k, dim=-1).indices
-            w = scores.gather(1, ids)
-            if norm:
-                w = w / (w.sum(-1, keepdim=True) + 1e-20)
-            S["ids"], S["w"] = ids, w * rscale
+            logits = router(S["h"])
+            if fused is None:
+                S["w"], S["ids"] = route_reference(logits, routing, bias)
+                return
+            w, ids = fused(logits, bias)
+            S["w"], S["ids"] = w, ids if int32_ids else ids.long()
 
         def shared_fn(S):
             S["sh"] = shared[1](act(shared[0](S["h"])))

@@ -1,0 +1,155 @@
+"""MoE routing for a decode step: scoring, DeepSeek's group-limited selection and top-k in one Triton kernel.
+
+Why hand-written: in torch ops the routing of one token is a dozen small kernels (sigmoid, bias, the groups' top-2
+sums, the groups' top-k, a scatter, a mask, the experts' top-k, a gather, the normalisation), each a launch and a
+trip through memory for 256 scores; at decode that is tens of microseconds a layer, where engines run one fused
+kernel (SGLang's moe_fused_gate, vLLM's grouped_topk). One program a token holds its E scores in registers and
+selects with repeated argmax (k and the group count are small), so the result is one kernel whatever the model.
+
+`route_reference` is the same selection in torch ops: the CPU path, the fallback where the kernel does not fit
+(groups of a size that is not a power of two) and the reference the tests hold the kernel to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import DecodeGapError
+
+try:
+    import triton
+    import triton.language as tl
+
+    HAVE_TRITON = True
+except Exception:  # pragma: no cover - depends on the host
+    triton = None
+    tl = None
+    HAVE_TRITON = False
+
+MAX_EXPERTS = 1024  # one program holds a token's scores in registers
+
+
+@dataclass(frozen=True)
+class Routing:
+    """How a model's router turns logits into the top-k experts and their weights."""
+
+    experts: int
+    top_k: int
+    sigmoid: bool  # DeepSeek-V3 / GLM: sigmoid scores (+ a selection bias); else softmax over all experts
+    n_group: int = 1  # group-limited selection: keep the topk_group groups with the best top-2 sums
+    topk_group: int = 1
+    norm: bool = True  # renormalise the k weights to sum to one
+    scale: float = 1.0  # routed_scaling_factor
+
+
+def route_reference(logits: torch.Tensor, r: Routing, bias: torch.Tensor | None = None):
+    """logits [M, E] -> (weights [M, k] fp32, ids [M, k] int64), in torch ops."""
+    logits = logits.float()
+    scores = logits.sigmoid() if r.sigmoid else logits.softmax(dim=-1)
+    choice = scores + bias if bias is not None else scores
+    if r.n_group > 1:
+        m = logits.shape[0]
+        grouped = choice.view(m, r.n_group, -1)
+        group_scores = grouped.topk(2, dim=-1).values.sum(-1)
+        keep = group_scores.topk(r.topk_group, dim=-1).indices
+        mask = torch.zeros_like(group_scores).scatter_(1, keep, 1.0)
+        choice = grouped.masked_fill(mask[..., None] == 0, float("-inf")).view(m, -1)
+    ids = choice.topk(r.top_k, dim=-1).indices
+    weights = scores.gather(1, ids)
+    if r.norm:
+        weights = weights / weights.sum(-1, keepdim=True).clamp(min=1e-20)
+    return weights * r.scale, ids
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def fused_fits(r: Routing) -> str | None:
+    """None where the fused kernel takes this routing, else why not."""
+    if not HAVE_TRITON:
+        return "Triton is not installed"
+    if r.experts > MAX_EXPERTS:
+        return f"{r.experts} experts (the kernel holds up to {MAX_EXPERTS} a token)"
+    if not 1 <= r.top_k <= r.experts:
+        return f"top_k {r.top_k} of {r.experts} experts"
+    if r.n_group > 1:
+        if r.experts % r.n_group or r.experts != _pow2(r.experts) or r.n_group != _pow2(r.n_group):
+            return f"{r.experts} experts in {r.n_group} groups (powers of two only)"
+        if not 1 <= r.topk_group <= r.n_group or r.experts // r.n_group < 2:
+            return f"topk_group {r.topk_group} of {r.n_group} groups of {r.experts // r.n_group}"
+    return None
+
+
+if HAVE_TRITON:
+
+    @triton.jit
+    def _route_kernel(logits, bias, out_w, out_ids, E, stride_l, scale,
+                      BLOCK_E: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr, N_GROUP: tl.constexpr,
+                      TOPK_GROUP: tl.constexpr, SIGMOID: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr):
+        m = tl.program_id(0)
+        offs = tl.arange(0, BLOCK_E)
+        valid = offs < E
+        lg = tl.load(logits + m * stride_l + offs, mask=valid, other=float("-inf")).to(tl.float32)
+        if SIGMOID:
+            scores = tl.where(valid, 1.0 / (1.0 + tl.exp(-lg)), 0.0)
+        else:
+            ex = tl.where(valid, tl.exp(lg - tl.max(lg, axis=0)), 0.0)
+            scores = ex / tl.sum(ex, axis=0)
+        choice = scores
+        if HAS_BIAS:
+            choice = choice + tl.load(bias + offs, mask=valid, other=0.0).to(tl.float32)
+        choice = tl.where(valid, choice, float("-inf"))
+        if N_GROUP > 1:  # E == BLOCK_E here (fused_fits): the groups are rows of a [N_GROUP, G] view
+            G: tl.constexpr = BLOCK_E // N_GROUP
+            grouped = tl.reshape(choice, (N_GROUP, G))
+            col = tl.arange(0, G)[None, :]
+            first = tl.argmax(grouped, axis=1)
+            top2 = tl.max(grouped, axis=1) + tl.max(tl.where(col == first[:, None], float("-inf"), grouped), axis=1)
+            gidx = tl.arange(0, N_GROUP)
+            keep = gidx < 0
+            for _ in tl.static_range(TOPK_GROUP):
+                best = tl.argmax(top2, axis=0)
+                keep = keep | (gidx == best)
+                top2 = tl.where(gidx == best, float("-inf"), top2)
+            choice = tl.reshape(tl.where(keep[:, None], grouped, float("-inf")), (BLOCK_E,))
+        kidx = tl.arange(0, BLOCK_K)
+        ids = tl.zeros((BLOCK_K,), dtype=tl.int32)
+        w = tl.zeros((BLOCK_K,), dtype=tl.float32)
+        for j in tl.static_range(K):
+            best = tl.argmax(choice, axis=0)
+            ids = tl.where(kidx == j, best, ids)
+            w = tl.where(kidx == j, tl.sum(tl.where(offs == best, scores, 0.0), axis=0), w)
+            choice = tl.where(offs == best, float("-inf"), choice)
+        if NORM:
+            w = w / tl.maximum(tl.sum(w, axis=0), 1e-20)
+        tl.store(out_w + m * K + kidx, w * scale, mask=kidx < K)
+        tl.store(out_ids + m * K + kidx, ids, mask=kidx < K)
+
+
+class FusedRoute:
+    """The routing of M tokens as one Triton kernel into buffers it owns (graph-safe): call(logits [M, E][, bias])
+    -> (weights [M, k] fp32, ids [M, k] int32)."""
+
+    def __init__(self, r: Routing, m: int, device) -> None:
+        why = fused_fits(r)
+        if why:
+            raise DecodeGapError(f"fused routing: {why}")
+        self.r, self.m = r, m
+        self.weights = torch.empty((m, r.top_k), dtype=torch.float32, device=device)
+        self.ids = torch.empty((m, r.top_k), dtype=torch.int32, device=device)
+
+    label = "triton fused routing (scores, group-limited top-k, weights)"
+
+    def __call__(self, logits: torch.Tensor, bias: torch.Tensor | None = None):
+        r = self.r
+        if logits.shape != (self.m, r.experts) or logits.stride(1) != 1:
+            raise DecodeGapError(f"fused routing: logits {tuple(logits.shape)}, expected {(self.m, r.experts)} "
+                                 "with contiguous rows")
+        _route_kernel[(self.m,)](
+            logits, bias if bias is not None else logits, self.weights, self.ids, r.experts, logits.stride(0),
+            float(r.scale), BLOCK_E=_pow2(r.experts), K=r.top_k, BLOCK_K=_pow2(r.top_k), N_GROUP=r.n_group,
+            TOPK_GROUP=r.topk_group, SIGMOID=r.sigmoid, HAS_BIAS=bias is not None, NORM=r.norm, num_warps=4)
+        return self.weights, self.ids
