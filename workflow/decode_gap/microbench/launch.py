@@ -39,7 +39,7 @@ try:
     def _read_kernel(src, out, n_words, per_prog, BLOCK: tl.constexpr):
         """Stream one contiguous range of int32 words a program (16-byte loads, streamed once), xor-folded so the
         loads are kept, one store a program."""
-        pid = tl.program_id(0)
+        pid = tl.program_id(0).to(tl.int64)  # 64-bit offsets: a MoE row's bytes can pass 8 GiB (2^31 words)
         offs = tl.arange(0, BLOCK)
         acc = tl.zeros([BLOCK], dtype=tl.int32)
         for i in range(pid * per_prog, (pid + 1) * per_prog, BLOCK):
