@@ -103,6 +103,22 @@ def test_malformed_and_odd_stage_files_do_not_crash(tmp_path):
     assert "live/chunks.parquet cannot be read" in html
 
 
+def test_kernel_level_notes_say_which_kernels_ran(tmp_path):
+    """The kernel level's notes (e.g. which fp8 kernel each linear shape kept) appear under its component table;
+    a notes field that is not a list is left out."""
+    d = tmp_path / "run"
+    shutil.copytree(FIX / "h200x2", d)
+    sim = json.loads((d / "simulate.json").read_text())
+    line = "fp8 linears: lowprec.DenseGemv on 3 of 4 shapes, torch._scaled_mm on 1 of 4 shapes"
+    sim["kernel"]["notes"] = [line]
+    (d / "simulate.json").write_text(json.dumps(sim))
+    html, ctx = _html(d)
+    assert ctx["simulation"]["kernel_notes"] == [line] and line in html
+    sim["kernel"]["notes"] = "not a list"
+    (d / "simulate.json").write_text(json.dumps(sim))
+    assert _html(d)[1]["simulation"]["kernel_notes"] == []
+
+
 def test_server_text_is_escaped(tmp_path):
     d = tmp_path / "run"
     shutil.copytree(FIX / "h200x2", d)

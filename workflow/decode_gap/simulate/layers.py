@@ -85,7 +85,7 @@ class KernelPicker:
         for r in self.records:
             counts[r["chosen"]] = counts.get(r["chosen"], 0) + 1
         return (f"{what}: " + ", ".join(f"{name} on {n} of {len(self.records)} shapes" for name, n in counts.items())
-                + " (timed at build, kernel_choices in this file)")
+                + " (each shape timed at build: kernel_choices in simulate/kernel.json)")
 
 
 class Linear:

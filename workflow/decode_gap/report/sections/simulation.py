@@ -212,5 +212,7 @@ def simulation_section(b: Builder, bundle: Bundle, figs: dict[str, Fig]) -> dict
     s["engine_reason"] = str(sim.get("engine", "reason", default="") or "") if sim.usable else ""
     s["kernel_backend"] = str(sim.get("kernel", "backend", default="") or "") if sim.usable else ""
     s["kernel_clock_note"] = step_clock_note(sim.get("kernel", "clock", default=None) if sim.usable else None)
+    notes = kern.get("notes") if isinstance(kern, dict) else None  # which kernels ran (e.g. fp8 GEMV choices)
+    s["kernel_notes"] = [str(n) for n in notes] if isinstance(notes, list) else []
     s["engine_backend"] = str(sim.get("engine", "backend", default="") or "") if sim.usable else ""
     return s
