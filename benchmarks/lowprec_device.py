@@ -9,7 +9,8 @@ Run on a GPU host from the repository root:
 3. per shape (Llama-3.1-8B, DeepSeek-V3, GLM-5) at M=1 and M=16: bf16, FP8 (`_scaled_mm` against our GEMVs) and
    NVFP4 (the earlier kernel against the new one), every Triton config timed and the fastest kept (the sweep),
    beside a plain read of the same bytes (microbench.launch.plain_read: what they cost alone at that size);
-4. MoE at M=1, 8 of 256 experts: routing as its own row, then the experts as a per-expert loop,
+4. MoE at M=1, 8 of 256 experts: routing as its own rows (torch ops, and fused: kernels.routing), then the
+   experts as a per-expert loop,
    `_grouped_mm`, `_scaled_grouped_mm` and our grouped GEMV in bf16 / fp8 / nvfp4.
 GPU time is CUDA-graph replay over rotating weight copies larger than twice the L2 (decode_gap.microbench.timing).
 Fractions: of read bandwidth (src.sum()) and of copy bandwidth (dst.copy_(src)); NVFP4 bytes are the packed
@@ -36,6 +37,7 @@ from decode_gap.microbench import gemv as gemv_kernel  # noqa: E402
 from decode_gap.microbench import launch, memory, moe, shapes  # noqa: E402
 from decode_gap.kernels import lowprec as lp  # noqa: E402
 from decode_gap.kernels import nvfp4 as nv  # noqa: E402
+from decode_gap.kernels import routing as rt  # noqa: E402
 from decode_gap.microbench.common import BenchEnv, pick_device  # noqa: E402
 from decode_gap.microbench.timing import rotating_copies, time_graph  # noqa: E402
 from decode_gap.timing import ClockWatch  # noqa: E402
@@ -105,6 +107,29 @@ def checks(env: BenchEnv) -> None:
             _check("bf16", m, n, k, lambda: lp.DenseGemv(wb, m, dev, out_dtype=torch.float32)(x),
                    x.float() @ wb.float().t(), 1e-4)
     grouped_checks(env)
+    routing_checks(env)
+
+
+def routing_checks(env: BenchEnv) -> None:
+    """The fused MoE routing against route_reference: DeepSeek-V3 (8 groups, 4 kept, bias, scale 2.5), GLM-5 style
+    (sigmoid + bias, no groups) and softmax (Qwen3-MoE: 128 experts, top 8), 1 / 16 / 64 tokens. Compared as the
+    dense [M, E] matrix of weights at the chosen ids, so a wrong id fails the check as a wrong weight does. The
+    logits are fp32: bf16 ones tie (either tied expert is a right answer, and the two break ties differently)."""
+    dev = env.device
+    gen = torch.Generator(device=dev).manual_seed(0)
+    cases = [("deepseek-v3", rt.Routing(256, 8, True, 8, 4, True, 2.5), True),
+             ("glm-5", rt.Routing(256, 8, True), True), ("softmax", rt.Routing(128, 8, False), False)]
+
+    def dense(weights, ids, e):
+        return torch.zeros(ids.shape[0], e, device=dev).scatter_(1, ids.long(), weights.float())
+
+    for name, r, with_bias in cases:
+        for m in (1, 16, 64):
+            logits = torch.randn((m, r.experts), generator=gen, device=dev)
+            bias = 0.1 * torch.randn(r.experts, generator=gen, device=dev) if with_bias else None
+            ref = dense(*rt.route_reference(logits, r, bias), r.experts)
+            _check(f"routing {name}", m, r.experts, r.top_k,
+                   lambda: dense(*rt.FusedRoute(r, m, dev)(logits, bias), r.experts), ref, 1e-5)
 
 
 def grouped_checks(env: BenchEnv) -> None:
@@ -364,6 +389,12 @@ def moe_case(env: BenchEnv, model: str, moe_fmts=("bf16", "fp8", "fp8-block", "n
         return moe.unpermute(r, t, rw, 1)
 
     rows.append({"model": model, "what": "routing (router gemm, top-k, permute, unpermute)", "us": gpu_us([routing], env)})
+    rows.append({"model": model, "what": "route in torch ops (router gemm, scores, top-k)",
+                 "us": gpu_us([lambda: moe.route(es.x, w_router, shp)], env)})
+    if rt.fused_fits(moe.routing_of(shp)) is None and (env.is_gpu or lp.interpreted()):
+        fused = rt.FusedRoute(moe.routing_of(shp), 1, env.device)
+        rows.append({"model": model, "what": "route fused (router gemm, then one Triton kernel)",
+                     "us": gpu_us([lambda: fused(es.x @ w_router.t())], env)})
     sel16 = es.weight_elements * 2
     impls = {"per-expert loop bf16": (moe.loop_fn(es), sel16), "torch._grouped_mm bf16": (moe.grouped_fn(es), sel16)}
     if env.is_gpu and hasattr(torch, "_scaled_grouped_mm"):

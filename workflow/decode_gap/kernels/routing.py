@@ -7,7 +7,8 @@ kernel (SGLang's moe_fused_gate, vLLM's grouped_topk). One program a token holds
 selects with repeated argmax (k and the group count are small), so the result is one kernel whatever the model.
 
 `route_reference` is the same selection in torch ops: the CPU path, the fallback where the kernel does not fit
-(groups of a size that is not a power of two) and the reference the tests hold the kernel to.
+(groups of a size that is not a power of two) and the reference the tests hold the kernel to. Between tied scores
+(bf16 logits tie often) the two may pick different experts; either is a right answer.
 """
 
 from __future__ import annotations
