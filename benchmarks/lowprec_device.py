@@ -37,6 +37,7 @@ from decode_gap.microbench import gemv as gemv_kernel  # noqa: E402
 from decode_gap.microbench import launch, memory, moe, shapes  # noqa: E402
 from decode_gap.kernels import lowprec as lp  # noqa: E402
 from decode_gap.kernels import nvfp4 as nv  # noqa: E402
+from decode_gap.kernels import attention as attn  # noqa: E402
 from decode_gap.kernels import routing as rt  # noqa: E402
 from decode_gap.microbench.common import BenchEnv, pick_device  # noqa: E402
 from decode_gap.microbench.timing import rotating_copies, time_graph  # noqa: E402
@@ -108,6 +109,30 @@ def checks(env: BenchEnv) -> None:
                    x.float() @ wb.float().t(), 1e-4)
     grouped_checks(env)
     routing_checks(env)
+    attention_checks(env)
+
+
+def attention_checks(env: BenchEnv) -> None:
+    """The kernel level's fused attention pieces against torch ops: MLA decode (DeepSeek-V3's 512 + 64 latent at
+    TP8 and TP1 head counts, a short and a long cache, the default split and one split) and the rotary embedding
+    of a strided slice, in bf16."""
+    dev = env.device
+    gen = torch.Generator(device=dev).manual_seed(0)
+    cases = [(1, 16, 513, None), (1, 128, 4097, None), (4, 16, 2048, None), (1, 16, 513, 1)]
+    if not env.is_gpu:
+        cases = [(1, 20, 50, None), (2, 4, 33, 1)]
+    lora, rope = (512, 64) if env.is_gpu else (32, 16)
+    for m, h, t, splits in cases:
+        qq = torch.randn((m, h, lora + rope), generator=gen, device=dev).to(torch.bfloat16)
+        kv = torch.randn((m, t, lora + rope), generator=gen, device=dev).to(torch.bfloat16)
+        scale = 1.0 / math.sqrt(192)
+        ref = attn.reference_mla(qq.float(), kv.float(), lora, scale)
+        k = attn.MlaDecode(m, h, lora, rope, t, dev, splits=splits)
+        _check(f"mla decode splits={k.splits}", m, h, t, lambda: k(qq, kv, scale).float(), ref, 1e-2)
+    x = torch.randn((1, 16, 192), generator=gen, device=dev).to(torch.bfloat16)[..., 128:]
+    cos, sin = (torch.randn(32, generator=gen, device=dev).to(torch.bfloat16) for _ in range(2))
+    _check("rope", 1, 16, 64, lambda: attn.rope(x, cos, sin).float(),
+           attn.rope_reference(x.float(), cos.float(), sin.float()), 1e-2)
 
 
 def routing_checks(env: BenchEnv) -> None:
@@ -586,7 +611,8 @@ def main() -> int:
                     help="the sweep section's N x K shapes (comma-separated), each at every --ms")
     ap.add_argument("--ms", default="1", help="the sweep section's M values (comma-separated)")
     ap.add_argument("--sections", default="memory,checks,llama,moe,dsv3,glm5,stage",
-                    help="also: bw (bandwidths only), stats, moechecks (grouped checks only), moe4 (the NVFP4 grouped forms only)")
+                    help="also: bw (bandwidths only), stats, moechecks (grouped checks only), kernelchecks (routing and "
+                         "attention checks only), moe4 (the NVFP4 grouped forms only)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -653,6 +679,10 @@ def main() -> int:
             ("bf16", "fp8", "fp8-block", "nvfp4-prev", "nvfp4", "nvfp4-bx")
         for model in ("deepseek-v3", "glm-5") if env.is_gpu else ("deepseek-v3",):
             run(f"moe {model}", lambda model=model: moe_case(env, model, fmts, baselines="moe" in sections))
+    if "kernelchecks" in sections:  # the fused routing and attention checks only
+        run("kernelchecks", lambda: (routing_checks(env), attention_checks(env)))
+        bad = [c for c in RESULTS["checks"] if not c["ok"]]
+        log(f"checks: {len(RESULTS['checks']) - len(bad)} passed, {len(bad)} failed: {bad}")
     if "moechecks" in sections:  # the grouped experts' checks only (awkward sizes)
         run("moechecks", lambda: grouped_checks(env))
         bad = [c for c in RESULTS["checks"] if not c["ok"]]

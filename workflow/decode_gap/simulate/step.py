@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..model import ModelSpec
+from ..errors import DecodeGapError
+from ..kernels import attention as attn_kernels
 from ..kernels.routing import FusedRoute, Routing, fused_fits, route_reference
 from .formats import GROUPED_GEMV_KINDS, _probe_grouped, _torch
 from .layers import Experts, KernelPicker, Linear, _rand, _tdtype
@@ -58,6 +60,10 @@ class DecodeStep:
         self.moe_backend = _probe_grouped(device, self.experts_kind) if spec.is_moe else ""
         # fp8 per-tensor at batch 1: each linear shape keeps the faster of our GEMV and torch._scaled_mm
         self.picker = KernelPicker(device) if self.lin_kind == "fp8-gemv" else None
+        # rotary embedding and MLA's attention as fused Triton kernels on a GPU, as engines run them; else torch ops
+        self.fused_attention = device.startswith("cuda") and attn_kernels.triton_runs(device)
+        self.rope = attn_kernels.rope if self.fused_attention else _rope
+        self.attention_impl = "MLA absorbed (bmm)" if spec.mla else "SDPA"
         # MoE routing as one Triton kernel on a GPU (where it fits), as engines fuse it; else torch ops
         self.fused_routing = bool(spec.is_moe) and device.startswith("cuda")
         self.routing_impl = ""
@@ -240,6 +246,7 @@ class DecodeStep:
         cos, sin, pos, eps = self.cos, self.sin, self.pos, self.eps
         start = self.T - T_att
         scale = 1.0 / math.sqrt(float((spec.raw or {}).get("query_pre_attn_scalar") or D))
+        rope = self.rope
 
         def proj(S):
             S["qkv"] = qkv(S["h"])
@@ -250,7 +257,7 @@ class DecodeStep:
             if qn is not None:
                 q = F.rms_norm(q, (D,), qn, eps)
                 k = F.rms_norm(k, (D,), kn, eps)
-            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+            q, k = rope(q, cos, sin), rope(k, cos, sin)
             kc.index_copy_(2, pos, k)
             vc.index_copy_(2, pos, v)
             a = F.scaled_dot_product_attention(q, kc[:, :, start:], vc[:, :, start:], scale=scale, enable_gqa=KV != H)
@@ -281,6 +288,15 @@ class DecodeStep:
         self.kv_bytes += M * T_att * (lora + rope) * cache.element_size()
         cos, sin, pos = self.cos, self.sin, self.pos
         scale = 1.0 / math.sqrt(nope + rope)
+        rope_fn = self.rope
+        mla = None
+        if self.fused_attention:
+            try:
+                rows = min(spec.index_topk or self.T, self.T) if spec.index_heads else self.T
+                mla = attn_kernels.MlaDecode(M, H, lora, rope, rows, self.device, _tdtype(self.act))
+                self.attention_impl = f"MLA absorbed ({mla.label})"
+            except DecodeGapError:  # a latent or rope width the kernel does not take: torch ops
+                pass
         idx = None
         if spec.index_heads:
             IH, ID = spec.index_heads, spec.index_head_dim
@@ -309,10 +325,10 @@ class DecodeStep:
             q_nope, q_pe = q.split([nope, rope], dim=-1)
             lat, k_pe = S["kv"].split([lora, rope], dim=-1)
             lat = F.rms_norm(lat, (lora,), kv_norm, eps)
-            k_pe = _rope(k_pe, cos, sin)
+            k_pe = rope_fn(k_pe, cos, sin)
             cache.index_copy_(1, pos, torch.cat((lat, k_pe), dim=-1).unsqueeze(1))
             q_lat = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [M, H, lora]
-            qq = torch.cat((q_lat, _rope(q_pe, cos, sin)), dim=-1)  # [M, H, lora+rope]
+            qq = torch.cat((q_lat, rope_fn(q_pe, cos, sin)), dim=-1)  # [M, H, lora+rope]
             kv = cache
             if idx is not None:
                 IH, ID, wq, wk, wp, icache, kn_w, kn_b, topk = idx
@@ -325,6 +341,9 @@ class DecodeStep:
                 if topk < self.T:
                     sel = torch.topk(score, topk, dim=-1).indices
                     kv = cache.gather(1, sel.unsqueeze(-1).expand(-1, -1, lora + rope))
+            if mla is not None:
+                S["attn_lat"] = mla(qq, kv, scale)
+                return
             s = torch.bmm(qq, kv.transpose(1, 2)).float() * scale  # [M, H, T]
             p = torch.softmax(s, dim=-1).to(qq.dtype)
             o_lat = torch.bmm(p, kv[..., :lora])  # [M, H, lora]
