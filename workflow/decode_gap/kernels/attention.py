@@ -22,17 +22,7 @@ import math
 import torch
 
 from ..errors import DecodeGapError
-from .nvfp4 import interpreted
-
-try:
-    import triton
-    import triton.language as tl
-
-    HAVE_TRITON = True
-except Exception:  # pragma: no cover - depends on the host
-    triton = None
-    tl = None
-    HAVE_TRITON = False
+from .nvfp4 import HAVE_TRITON, interpreted, tl, triton  # Triton is optional (one import guard for the kernels)
 
 
 def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

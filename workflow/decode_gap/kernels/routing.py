@@ -18,16 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import DecodeGapError
-
-try:
-    import triton
-    import triton.language as tl
-
-    HAVE_TRITON = True
-except Exception:  # pragma: no cover - depends on the host
-    triton = None
-    tl = None
-    HAVE_TRITON = False
+from .nvfp4 import HAVE_TRITON, tl, triton  # Triton is optional (one import guard for the kernels)
 
 MAX_EXPERTS = 1024  # one program holds a token's scores in registers
 
