@@ -38,6 +38,7 @@ from decode_gap.microbench import launch, memory, moe, shapes  # noqa: E402
 from decode_gap.kernels import lowprec as lp  # noqa: E402
 from decode_gap.kernels import nvfp4 as nv  # noqa: E402
 from decode_gap.kernels import attention as attn  # noqa: E402
+from decode_gap.kernels import norm as norm_kernels  # noqa: E402
 from decode_gap.kernels import routing as rt  # noqa: E402
 from decode_gap.microbench.common import BenchEnv, pick_device  # noqa: E402
 from decode_gap.microbench.timing import rotating_copies, time_graph  # noqa: E402
@@ -113,9 +114,9 @@ def checks(env: BenchEnv) -> None:
 
 
 def attention_checks(env: BenchEnv) -> None:
-    """The kernel level's fused attention pieces against torch ops: MLA decode (DeepSeek-V3's 512 + 64 latent at
-    TP8 and TP1 head counts, a short and a long cache, the default split and one split) and the rotary embedding
-    of a strided slice, in bf16."""
+    """The kernel level's fused pieces against torch ops: MLA decode (DeepSeek-V3's 512 + 64 latent at TP8 and TP1
+    head counts, a short and a long cache, the default split and one split), the rotary embedding of a strided
+    slice, and the norms (alone and with the residual add), in bf16."""
     dev = env.device
     gen = torch.Generator(device=dev).manual_seed(0)
     cases = [(1, 16, 513, None), (1, 128, 4097, None), (4, 16, 2048, None), (1, 16, 513, 1)]
@@ -133,6 +134,12 @@ def attention_checks(env: BenchEnv) -> None:
     cos, sin = (torch.randn(32, generator=gen, device=dev).to(torch.bfloat16) for _ in range(2))
     _check("rope", 1, 16, 64, lambda: attn.rope(x, cos, sin).float(),
            attn.rope_reference(x.float(), cos.float(), sin.float()), 1e-2)
+    for n in (7168, 6144, 4096, 1536, 100):  # the norms: hidden sizes, a q_a width and an odd one, bf16
+        x, o = (torch.randn((2, n), generator=gen, device=dev).to(torch.bfloat16) for _ in range(2))
+        w = torch.rand(n, generator=gen, device=dev).to(torch.bfloat16)
+        ref = torch.nn.functional.rms_norm((x + o).float(), (n,), w.float(), 1e-6)
+        _check("rms norm", 2, n, 1, lambda: norm_kernels.rms_norm(x + o, w, 1e-6).float(), ref, 1e-2)
+        _check("add + rms norm", 2, n, 1, lambda: norm_kernels.add_rms_norm(x, o, w, 1e-6)[1].float(), ref, 1e-2)
 
 
 def routing_checks(env: BenchEnv) -> None:

@@ -4,7 +4,8 @@ Real tensors of the per-GPU shapes (random weights: timing does not depend on th
 kernels a decode step launches: the embedding row; per layer the norms, the attention projections (or MLA in its
 absorbed decode form, with the DSA indexer where the card has one), attention over the KV length (on a GPU the rotary
 embedding as one Triton kernel and MLA's attention as a split-KV decode kernel, as engines fuse them:
-`kernels.attention`; GQA through torch's fused scaled_dot_product_attention), the
+`kernels.attention`; GQA through torch's fused scaled_dot_product_attention; the norms one Triton kernel each with
+the residual add fused in: `kernels.norm`), the
 all-reduces, the router (its GEMM, then the scoring and top-k as one Triton kernel on a GPU, as engines fuse it:
 `kernels.routing`) and the shared plus top-k routed experts (or the dense MLP); the final norm, the lm_head
 and sampling. The step runs eagerly and as one captured CUDA graph; eager minus graph is the launch overhead.
@@ -249,7 +250,7 @@ def simulate_rank(spec: ModelSpec, settings: KernelSettings, device: str, group=
     backend = (f"torch {torch.__version__} " + ("CUDA eager + CUDA graph" if on_gpu else "CPU eager") +
                f"; linear {fmt['linear']}" + (f"; MoE {step.moe_backend}" if step.moe_backend else "") +
                (f"; routing {step.routing_impl}" if step.routing_impl else "") +
-               "; attention " + step.attention_impl + ("; rope triton fused" if step.fused_attention else ""))
+               "; attention " + step.attention_impl + ("; rope and rms norms triton fused" if step.fused else ""))
     graph_reason = None
     if not on_gpu:
         graph_reason = "CUDA graphs need a GPU: on a CPU the step runs eagerly only"

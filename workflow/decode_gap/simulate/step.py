@@ -10,6 +10,7 @@ from typing import Any, Callable
 from ..model import ModelSpec
 from ..errors import DecodeGapError
 from ..kernels import attention as attn_kernels
+from ..kernels import norm as norm_kernels
 from ..kernels.routing import FusedRoute, Routing, fused_fits, route_reference
 from .formats import GROUPED_GEMV_KINDS, _probe_grouped, _torch
 from .layers import Experts, KernelPicker, Linear, _rand, _tdtype
@@ -38,6 +39,15 @@ def _act_fn(spec: ModelSpec):
     return glu
 
 
+def _torch_rms(x, w, eps):
+    return _torch().nn.functional.rms_norm(x, (x.shape[-1],), w, eps)
+
+
+def _torch_add_rms(x, residual, w, eps):
+    total = x + residual
+    return total, _torch_rms(total, w, eps)
+
+
 def _rope(x, cos, sin):
     torch = _torch()
     a, b = x.chunk(2, dim=-1)
@@ -60,9 +70,12 @@ class DecodeStep:
         self.moe_backend = _probe_grouped(device, self.experts_kind) if spec.is_moe else ""
         # fp8 per-tensor at batch 1: each linear shape keeps the faster of our GEMV and torch._scaled_mm
         self.picker = KernelPicker(device) if self.lin_kind == "fp8-gemv" else None
-        # rotary embedding and MLA's attention as fused Triton kernels on a GPU, as engines run them; else torch ops
-        self.fused_attention = device.startswith("cuda") and attn_kernels.triton_runs(device)
-        self.rope = attn_kernels.rope if self.fused_attention else _rope
+        # norms (the residual add fused in), the rotary embedding and MLA's attention as Triton kernels on a GPU, as
+        # engines run them; else torch ops
+        self.fused = device.startswith("cuda") and attn_kernels.triton_runs(device)
+        self.rope = attn_kernels.rope if self.fused else _rope
+        self.rms = norm_kernels.rms_norm if self.fused else _torch_rms
+        self.add_rms = norm_kernels.add_rms_norm if self.fused else _torch_add_rms
         self.attention_impl = "MLA absorbed (bmm)" if spec.mla else "SDPA"
         # MoE routing as one Triton kernel on a GPU (where it fits), as engines fuse it; else torch ops
         self.fused_routing = bool(spec.is_moe) and device.startswith("cuda")
@@ -113,7 +126,7 @@ class DecodeStep:
         fn_w = torch.ones(h, dtype=dt, device=device)
 
         def final_norm(S):
-            S["x"] = F.rms_norm(S["x"], (h,), fn_w, eps)
+            S["x"] = self.rms(S["x"], fn_w, eps)
 
         def lm_head(S):
             S["logits"] = F.linear(S["x"], lm)
@@ -197,8 +210,10 @@ class DecodeStep:
         dt = _tdtype(self.act)
         T_att = min(self.T, spec.sliding_window) if attn_kind == "sliding" else self.T
 
+        rms, add_rms = self.rms, self.add_rms
+
         def norm_in(S):
-            S["h"] = F.rms_norm(S["x"], (h,), w_in, eps)
+            S["h"] = rms(S["x"], w_in, eps)
 
         add(Op("norms", seg, norm_in))
         if spec.mla:
@@ -209,9 +224,8 @@ class DecodeStep:
             add(Op("all-reduce", seg, self._allreduce("o")))
 
         def norm_post(S):
-            o = F.rms_norm(S["o"], (h,), w_pa, eps) if gemma else S["o"]
-            S["x"] = S["x"] + o
-            S["h"] = F.rms_norm(S["x"], (h,), w_post, eps)
+            o = rms(S["o"], w_pa, eps) if gemma else S["o"]
+            S["x"], S["h"] = add_rms(S["x"], o, w_post, eps)
 
         add(Op("norms", seg, norm_post))
         if mlp_kind == "dense":
@@ -228,7 +242,7 @@ class DecodeStep:
             add(Op("all-reduce", seg, self._allreduce("o")))
 
         def norm_out(S):
-            o = F.rms_norm(S["o"], (h,), w_pf, eps) if gemma else S["o"]
+            o = rms(S["o"], w_pf, eps) if gemma else S["o"]
             S["x"] = S["x"] + o
 
         add(Op("norms", seg, norm_out))
@@ -246,7 +260,7 @@ class DecodeStep:
         cos, sin, pos, eps = self.cos, self.sin, self.pos, self.eps
         start = self.T - T_att
         scale = 1.0 / math.sqrt(float((spec.raw or {}).get("query_pre_attn_scalar") or D))
-        rope = self.rope
+        rope, rms = self.rope, self.rms
 
         def proj(S):
             S["qkv"] = qkv(S["h"])
@@ -255,8 +269,8 @@ class DecodeStep:
             q, k, v = S["qkv"].split([H * D, KV * D, KV * D], dim=-1)
             q, k, v = q.view(M, H, 1, D), k.view(M, KV, 1, D), v.view(M, KV, 1, D)
             if qn is not None:
-                q = F.rms_norm(q, (D,), qn, eps)
-                k = F.rms_norm(k, (D,), kn, eps)
+                q = rms(q, qn, eps)
+                k = rms(k, kn, eps)
             q, k = rope(q, cos, sin), rope(k, cos, sin)
             kc.index_copy_(2, pos, k)
             vc.index_copy_(2, pos, v)
@@ -288,9 +302,9 @@ class DecodeStep:
         self.kv_bytes += M * T_att * (lora + rope) * cache.element_size()
         cos, sin, pos = self.cos, self.sin, self.pos
         scale = 1.0 / math.sqrt(nope + rope)
-        rope_fn = self.rope
+        rope_fn, rms = self.rope, self.rms
         mla = None
-        if self.fused_attention:
+        if self.fused:
             try:
                 rows = min(spec.index_topk or self.T, self.T) if spec.index_heads else self.T
                 mla = attn_kernels.MlaDecode(M, H, lora, rope, rows, self.device, _tdtype(self.act))
@@ -312,7 +326,7 @@ class DecodeStep:
         def proj(S):
             x = S["h"]
             if q_a is not None:
-                S["q_in"] = F.rms_norm(q_a(x), (ql,), qa_norm, eps)
+                S["q_in"] = rms(q_a(x), qa_norm, eps)
                 q = q_b(S["q_in"])
             else:
                 S["q_in"] = x
@@ -324,7 +338,7 @@ class DecodeStep:
             q = S["q"]
             q_nope, q_pe = q.split([nope, rope], dim=-1)
             lat, k_pe = S["kv"].split([lora, rope], dim=-1)
-            lat = F.rms_norm(lat, (lora,), kv_norm, eps)
+            lat = rms(lat, kv_norm, eps)
             k_pe = rope_fn(k_pe, cos, sin)
             cache.index_copy_(1, pos, torch.cat((lat, k_pe), dim=-1).unsqueeze(1))
             q_lat = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [M, H, lora]
