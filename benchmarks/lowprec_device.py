@@ -116,7 +116,7 @@ def checks(env: BenchEnv) -> None:
 def attention_checks(env: BenchEnv) -> None:
     """The kernel level's fused pieces against torch ops: MLA decode (DeepSeek-V3's 512 + 64 latent at TP8 and TP1
     head counts, a short and a long cache, the default split and one split), the rotary embedding of a strided
-    slice, and the norms (alone and with the residual add), in bf16."""
+    slice, GLM-5's DSA indexer scores, and the norms (alone and with the residual add), in bf16."""
     dev = env.device
     gen = torch.Generator(device=dev).manual_seed(0)
     cases = [(1, 16, 513, None), (1, 128, 4097, None), (4, 16, 2048, None), (1, 16, 513, 1)]
@@ -134,6 +134,12 @@ def attention_checks(env: BenchEnv) -> None:
     cos, sin = (torch.randn(32, generator=gen, device=dev).to(torch.bfloat16) for _ in range(2))
     _check("rope", 1, 16, 64, lambda: attn.rope(x, cos, sin).float(),
            attn.rope_reference(x.float(), cos.float(), sin.float()), 1e-2)
+    ih, idim, t = (32, 128, 4097) if env.is_gpu else (12, 32, 70)  # GLM-5's DSA indexer: 32 heads of 128
+    qi = torch.randn((1, ih, idim), generator=gen, device=dev).to(torch.bfloat16)
+    keys = torch.randn((1, t, idim), generator=gen, device=dev).to(torch.bfloat16)
+    wts = torch.rand((1, ih), generator=gen, device=dev)
+    _check("dsa indexer scores", 1, ih, t, lambda: attn.index_scores(qi, keys, wts),
+           attn.index_scores_reference(qi.float(), keys.float(), wts), 1e-2)
     for n in (7168, 6144, 4096, 1536, 100):  # the norms: hidden sizes, a q_a width and an odd one, bf16
         x, o = (torch.randn((2, n), generator=gen, device=dev).to(torch.bfloat16) for _ in range(2))
         w = torch.rand(n, generator=gen, device=dev).to(torch.bfloat16)

@@ -49,3 +49,21 @@ print("ok")
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO / "workflow")}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stderr[-3000:]
+
+
+def test_indexer_scores_match_torch_ops_in_the_interpreter():
+    """The DSA indexer's scores (GLM-5: 32 heads of 128 at full size) as one kernel: heads not a power of two and a
+    cache length that is not whole blocks, against bmm + relu + the weighted sum over heads."""
+    code = r'''
+import torch
+from decode_gap.kernels.attention import index_scores, index_scores_reference
+torch.manual_seed(0)
+for dt, tol in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
+    q, keys, w = torch.randn(2, 12, 32).to(dt), torch.randn(2, 70, 32).to(dt), torch.rand(2, 12)
+    got, ref = index_scores(q, keys, w), index_scores_reference(q.float(), keys.float(), w)
+    assert got.shape == (2, 70) and ((got - ref).norm() / ref.norm()).item() < tol, dt
+print("ok")
+'''
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO / "workflow")}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stderr[-3000:]

@@ -1,5 +1,6 @@
-"""Decode attention pieces for the kernel level as engines run them: rotary embedding as one kernel, and MLA's
-absorbed attention (DeepSeek-V3, GLM-5) as a split-KV flash-decoding kernel plus a combine.
+"""Decode attention pieces for the kernel level as engines run them: rotary embedding as one kernel, MLA's
+absorbed attention (DeepSeek-V3, GLM-5) as a split-KV flash-decoding kernel plus a combine, and the DSA indexer's
+scores (GLM-5) as one kernel.
 
 Why hand-written: in torch ops the rotary embedding of one tensor is seven kernels (chunk, four multiplies, a sum,
 a difference, a concatenation) and MLA's attention over the latent cache five (scores, cast, scale, softmax, cast,
@@ -110,6 +111,50 @@ if HAVE_TRITON:
                     mask=smask[:, None], other=0.0)
         o = tl.sum(p * w[:, None], axis=0)
         tl.store(out + m * stride_om + h * stride_oh + dl, o.to(out.dtype.element_ty))
+
+
+if HAVE_TRITON:
+
+    @triton.jit
+    def _index_score_kernel(q, keys, wts, out, T, IH, stride_qm, stride_qh, stride_km, stride_kt, stride_wm,
+                            stride_om, ID: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr,
+                            F32_DOTS: tl.constexpr):
+        pid_t, m = tl.program_id(0), tl.program_id(1)
+        hs = tl.arange(0, BLOCK_H)
+        hmask = hs < IH
+        d = tl.arange(0, ID)
+        qh = tl.load(q + m * stride_qm + hs[:, None] * stride_qh + d[None, :], mask=hmask[:, None], other=0.0)
+        w = tl.load(wts + m * stride_wm + hs, mask=hmask, other=0.0).to(tl.float32)
+        ts = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+        tmask = ts < T
+        k = tl.load(keys + m * stride_km + ts[:, None] * stride_kt + d[None, :], mask=tmask[:, None], other=0.0)
+        if F32_DOTS:  # Triton's CPU interpreter mishandles bf16 dots: fp32 operands there, same indexing
+            qh, k = qh.to(tl.float32), k.to(tl.float32)
+        s = tl.maximum(tl.dot(qh, tl.trans(k)), 0.0)  # [heads, rows]
+        tl.store(out + m * stride_om + ts, tl.sum(s * w[:, None], axis=0), mask=tmask)
+
+
+def index_scores_reference(q: torch.Tensor, keys: torch.Tensor, wts: torch.Tensor) -> torch.Tensor:
+    """The DSA indexer's scores: q [M, IH, ID], keys [M, T, ID], wts [M, IH] -> [M, T] fp32, the sum over the
+    indexer heads of each head's weight times relu(q . key)."""
+    s = torch.relu(torch.bmm(q, keys.transpose(1, 2))).float()
+    return (s * wts.float().unsqueeze(-1)).sum(1)
+
+
+def index_scores(q: torch.Tensor, keys: torch.Tensor, wts: torch.Tensor) -> torch.Tensor:
+    """`index_scores_reference` as one Triton kernel (rows of the cache in blocks, every indexer head a block in
+    one tensor-core dot) where Triton runs and the widths tile; else torch ops."""
+    m, ih, idim = q.shape
+    t = keys.shape[1]
+    if (not triton_runs(q.device) or idim < 16 or idim != _pow2(idim) or ih > 128 or q.stride(2) != 1
+            or keys.stride(2) != 1):
+        return index_scores_reference(q, keys, wts)
+    out = torch.empty((m, t), dtype=torch.float32, device=q.device)
+    block_t = 64
+    _index_score_kernel[(math.ceil(t / block_t), m)](
+        q, keys, wts, out, t, ih, q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), wts.stride(0),
+        out.stride(0), ID=idim, BLOCK_H=max(16, _pow2(ih)), BLOCK_T=block_t, F32_DOTS=interpreted(), num_warps=4)
+    return out
 
 
 def _pow2(n: int) -> int:

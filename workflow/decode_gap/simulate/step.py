@@ -303,6 +303,7 @@ class DecodeStep:
         cos, sin, pos = self.cos, self.sin, self.pos
         scale = 1.0 / math.sqrt(nope + rope)
         rope_fn, rms = self.rope, self.rms
+        index_scores = attn_kernels.index_scores if self.fused else attn_kernels.index_scores_reference
         mla = None
         if self.fused:
             try:
@@ -350,8 +351,7 @@ class DecodeStep:
                 ki = F.layer_norm(wk(S["h"]), (ID,), kn_w, kn_b)
                 icache.index_copy_(1, pos, ki.unsqueeze(1))
                 wts = wp(S["h"]).float()  # [M, IH]
-                sc = torch.relu(torch.bmm(qi, icache.transpose(1, 2))).float()  # [M, IH, T]
-                score = (sc * wts.unsqueeze(-1)).sum(1)
+                score = index_scores(qi, icache, wts)  # [M, T]: sum over heads of w * relu(q . k)
                 if topk < self.T:
                     sel = torch.topk(score, topk, dim=-1).indices
                     kv = cache.gather(1, sel.unsqueeze(-1).expand(-1, -1, lora + rope))
