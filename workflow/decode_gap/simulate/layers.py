@@ -188,7 +188,7 @@ class Experts:
         """x [M, h], ids/weights [M, k] -> [M, h]."""
         torch = _torch()
         M, k = ids.shape
-        # NVFP4 and fp8-block: one grouped call a token, its k experts' ids and weights copied in (graph-safe); the
+        # our grouped GEMVs (NVFP4, fp8): one call a token, its k experts' ids and weights copied in (graph-safe); the
         # kernel fuses SiLU-and-mul whatever act_fn is (every MoE card here is SiLU; another GLU reads the same bytes)
         if self.kind in GROUPED_GEMV_KINDS:
             g = self.grouped

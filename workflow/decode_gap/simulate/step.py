@@ -77,9 +77,7 @@ class DecodeStep:
         self.rms = norm_kernels.rms_norm if self.fused else _torch_rms
         self.add_rms = norm_kernels.add_rms_norm if self.fused else _torch_add_rms
         self.attention_impl = "MLA absorbed (bmm)" if spec.mla else "SDPA"
-        # MoE routing as one Triton kernel on a GPU (where it fits), as engines fuse it; else torch ops
-        self.fused_routing = bool(spec.is_moe) and device.startswith("cuda")
-        self.routing_impl = ""
+        self.routing_impl = ""  # MoE: the routing as one Triton kernel where fused (and it fits), else torch ops
         M, h = shapes.batch, spec.hidden
         self.kv_len = kv_len
         self.T = kv_len + 1  # the new token attends to the cache and itself
@@ -199,15 +197,13 @@ class DecodeStep:
         return self.torch.ones(n, dtype=_tdtype(self.act), device=self.device)
 
     def _layer(self, kind: str, i: int) -> None:
-        torch, F, spec, sh = self.torch, self.torch.nn.functional, self.spec, self.shapes
-        M, h, eps = sh.batch, spec.hidden, self.eps
+        spec, h, eps = self.spec, self.spec.hidden, self.eps
         mlp_kind, attn_kind = kind.split("/")
         seg = kind
         add = self.ops.append
         w_in, w_post = self._norm_w(h), self._norm_w(h)
         gemma = spec.family == "gemma3"
         w_pa, w_pf = (self._norm_w(h), self._norm_w(h)) if gemma else (None, None)
-        dt = _tdtype(self.act)
         T_att = min(self.T, spec.sliding_window) if attn_kind == "sliding" else self.T
 
         rms, add_rms = self.rms, self.add_rms
@@ -394,7 +390,7 @@ class DecodeStep:
         M = sh.batch
 
         routing = Routing(E, k, sigmoid, n_group, topk_group, norm, rscale)
-        fused = FusedRoute(routing, M, self.device) if self.fused_routing and fused_fits(routing) is None else None
+        fused = FusedRoute(routing, M, self.device) if self.fused and fused_fits(routing) is None else None
         self.routing_impl = "triton fused" if fused is not None else "torch ops"
         int32_ids = self.experts_kind in GROUPED_GEMV_KINDS  # the other expert kernels index with int64
 
