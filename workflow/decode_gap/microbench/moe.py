@@ -10,10 +10,10 @@ Expert GEMMs for the permuted rows: gate_up [2I, H], SiLU-and-mul, down [H, I] f
 - `grouped_mm`: `torch._grouped_mm` (bf16, one launch per projection);
 - `scaled_grouped_mm`: `torch._scaled_grouped_mm` (fp8 e4m3 with row-wise scales, sm90+);
 - `grouped_gemv` (M=1, GPU with Triton): our grouped GEMV over only the selected experts (lowprec.py) in bf16,
-  fp8 (per-tensor and 128x128 block scales) and nvfp4: gate+up with the SiLU fused, then down with the routing weights and the
-  sum fused. Its bytes are the selected experts' weights in their stored format. Where lowprec has other forms of
-  the same weights (`grouped_alternatives`), each is timed and the fastest kept, as the gemm stage keeps the fastest
-  GEMV form of a shape.
+  fp8 (per-tensor and 128x128 block scales) and nvfp4: gate+up with the SiLU fused, then down with the routing
+  weights and the sum fused. Its bytes are the selected experts' weights in their stored format. Where lowprec has
+  other forms of the same weights (`grouped_alternatives`), each is timed and the fastest kept, as the gemm stage
+  keeps the fastest GEMV form of a shape.
 Routing is also timed as one row, `moe.routing` (router GEMM, scoring, top-k, permute and unpermute together).
 On a GPU `moe.route_fused` is `moe.route` with the scoring and top-k as one Triton kernel (`kernels.routing`, what
 the kernel level runs), against the dozen small torch kernels of `moe.route`.

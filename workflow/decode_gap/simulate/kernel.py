@@ -24,8 +24,9 @@ them (per-tensor scales); at batch 1 each linear shape runs the faster of `torch
 Triton GEMV (`kernels.lowprec.DenseGemv`, both timed once a shape at build: `kernel_choices`), and the routed experts
 our grouped fp8 GEMV over each token's selected experts. fp8-block at batch 1 runs our 128x128 block-scaled Triton
 GEMVs (`kernels.lowprec.DenseGemv` with the scales applied to x, and the grouped GEMV over each token's selected
-experts), which the H200 runs level with the per-tensor ones; above batch 1 it runs fp8's kernels with per-tensor scales and says so (ours would run on CUDA
-cores, cuBLAS has no block scales below 16 rows; the scales' bytes are negligible). NVFP4 runs the
+experts), which the H200 runs level with the per-tensor ones; above batch 1 it runs fp8's kernels with per-tensor
+scales and says so (ours would run on CUDA cores, cuBLAS has no block scales below 16 rows; the scales' bytes are
+negligible). NVFP4 runs the
 micro-benchmarks' weight-only Triton kernels: the linears through `kernels.nvfp4.WeightOnlyGemm`, the routed experts
 through the grouped NVFP4 GEMV over the experts each token selects (`kernels.lowprec.GroupedExperts`, one call a
 token, sm89+). A format the kernel level cannot run here (GGUF quants, NVFP4 without a kernel, fp8 on a CPU) runs a
