@@ -25,6 +25,7 @@ import math
 import torch
 
 from ..errors import DecodeGapError
+from .lowprec import _pow2, available
 from .nvfp4 import HAVE_TRITON, interpreted, tl, triton  # Triton is optional (one import guard for the kernels)
 
 
@@ -114,9 +115,6 @@ if HAVE_TRITON:
         o = tl.sum(p * w[:, None], axis=0)
         tl.store(out + m * stride_om + h * stride_oh + dl, o.to(out.dtype.element_ty))
 
-
-if HAVE_TRITON:
-
     @triton.jit
     def _index_score_kernel(q, keys, wts, out, T, IH, stride_qm, stride_qh, stride_km, stride_kt, stride_wm,
                             stride_om, ID: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr,
@@ -148,7 +146,7 @@ def index_scores(q: torch.Tensor, keys: torch.Tensor, wts: torch.Tensor) -> torc
     one tensor-core dot) where Triton runs and the widths tile; else torch ops."""
     m, ih, idim = q.shape
     t = keys.shape[1]
-    if (not triton_runs(q.device) or idim < 16 or idim != _pow2(idim) or ih > 128 or q.stride(2) != 1
+    if (not available(q.device) or idim < 16 or idim != _pow2(idim) or ih > 128 or q.stride(2) != 1
             or keys.stride(2) != 1):
         return index_scores_reference(q, keys, wts)
     out = torch.empty((m, t), dtype=torch.float32, device=q.device)
@@ -159,18 +157,10 @@ def index_scores(q: torch.Tensor, keys: torch.Tensor, wts: torch.Tensor) -> torc
     return out
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
-def triton_runs(device) -> bool:
-    return HAVE_TRITON and (torch.device(device).type == "cuda" or interpreted())
-
-
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate-half rotary embedding of x [..., R] as one Triton kernel (a new contiguous tensor); torch ops where
     Triton does not run."""
-    if not triton_runs(x.device):
+    if not available(x.device):
         return rope_reference(x, cos, sin)
     r = x.shape[-1]
     rows = x.reshape(-1, r)  # a view for the decode step's slices (one token's heads); else a copy
@@ -194,7 +184,7 @@ class MlaDecode:
         for name, v in (("kv_lora_rank", lora), ("qk_rope_head_dim", rope_dim)):
             if v < 16 or v != _pow2(v):
                 raise DecodeGapError(f"MLA decode kernel: {name} {v} is not a power of two of 16 or more")
-        if not triton_runs(device):
+        if not available(device):
             raise DecodeGapError("MLA decode kernel: needs Triton on a GPU (or TRITON_INTERPRET)")
         self.m, self.h, self.lora, self.rope = m, heads, lora, rope_dim
         self.block_h = 16  # the smallest tensor-core tile; its fp32 output [16, L] stays in registers

@@ -10,11 +10,17 @@ from __future__ import annotations
 
 import torch
 
-from .nvfp4 import HAVE_TRITON, interpreted, tl, triton  # Triton is optional (one import guard for the kernels)
+from .lowprec import available
+from .nvfp4 import HAVE_TRITON, tl, triton  # Triton is optional (one import guard for the kernels)
 
 
-def _triton_runs(device) -> bool:
-    return HAVE_TRITON and (torch.device(device).type == "cuda" or interpreted())
+def rms_norm_reference(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return torch.nn.functional.rms_norm(x, (x.shape[-1],), w, eps)
+
+
+def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: float):
+    total = x + residual
+    return total, rms_norm_reference(total, w, eps)
 
 
 if HAVE_TRITON:
@@ -55,15 +61,14 @@ def _launch(x: torch.Tensor, res: torch.Tensor | None, w: torch.Tensor, eps: flo
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dimension, weighted by w: one Triton kernel where it runs, else torch's."""
-    if not _triton_runs(x.device):
-        return torch.nn.functional.rms_norm(x, (x.shape[-1],), w, eps)
+    if not available(x.device):
+        return rms_norm_reference(x, w, eps)
     return _launch(x, None, w, eps)[0]
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: float):
     """(x + residual, RMSNorm(x + residual)): one Triton kernel where it runs, else an add and torch's norm."""
-    if not _triton_runs(x.device):
-        total = x + residual
-        return total, torch.nn.functional.rms_norm(total, (x.shape[-1],), w, eps)
+    if not available(x.device):
+        return add_rms_norm_reference(x, residual, w, eps)
     out, total = _launch(x, residual, w, eps)
     return total, out

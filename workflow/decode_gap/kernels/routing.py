@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import DecodeGapError
+from .lowprec import _pow2
 from .nvfp4 import HAVE_TRITON, tl, triton  # Triton is optional (one import guard for the kernels)
 
 MAX_EXPERTS = 1024  # one program holds a token's scores in registers
@@ -55,10 +56,6 @@ def route_reference(logits: torch.Tensor, r: Routing, bias: torch.Tensor | None 
     if r.norm:
         weights = weights / weights.sum(-1, keepdim=True).clamp(min=1e-20)
     return weights * r.scale, ids
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
 
 
 def fused_fits(r: Routing) -> str | None:

@@ -11,6 +11,7 @@ from ..model import ModelSpec
 from ..errors import DecodeGapError
 from ..kernels import attention as attn_kernels
 from ..kernels import norm as norm_kernels
+from ..kernels.lowprec import available
 from ..kernels.routing import FusedRoute, Routing, fused_fits, route_reference
 from .formats import GROUPED_GEMV_KINDS, _probe_grouped, _torch
 from .layers import Experts, KernelPicker, Linear, _rand, _tdtype
@@ -39,21 +40,6 @@ def _act_fn(spec: ModelSpec):
     return glu
 
 
-def _torch_rms(x, w, eps):
-    return _torch().nn.functional.rms_norm(x, (x.shape[-1],), w, eps)
-
-
-def _torch_add_rms(x, residual, w, eps):
-    total = x + residual
-    return total, _torch_rms(total, w, eps)
-
-
-def _rope(x, cos, sin):
-    torch = _torch()
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
-
-
 class DecodeStep:
     """Builds the tensors and the op list of one decode step for the simulated layers."""
 
@@ -72,10 +58,10 @@ class DecodeStep:
         self.picker = KernelPicker(device) if self.lin_kind == "fp8-gemv" else None
         # norms (the residual add fused in), the rotary embedding and MLA's attention as Triton kernels on a GPU, as
         # engines run them; else torch ops
-        self.fused = device.startswith("cuda") and attn_kernels.triton_runs(device)
-        self.rope = attn_kernels.rope if self.fused else _rope
-        self.rms = norm_kernels.rms_norm if self.fused else _torch_rms
-        self.add_rms = norm_kernels.add_rms_norm if self.fused else _torch_add_rms
+        self.fused = device.startswith("cuda") and available(device)
+        self.rope = attn_kernels.rope if self.fused else attn_kernels.rope_reference
+        self.rms = norm_kernels.rms_norm if self.fused else norm_kernels.rms_norm_reference
+        self.add_rms = norm_kernels.add_rms_norm if self.fused else norm_kernels.add_rms_norm_reference
         self.attention_impl = "MLA absorbed (bmm)" if spec.mla else "SDPA"
         self.routing_impl = ""  # MoE: the routing as one Triton kernel where fused (and it fits), else torch ops
         M, h = shapes.batch, spec.hidden
@@ -300,14 +286,6 @@ class DecodeStep:
         scale = 1.0 / math.sqrt(nope + rope)
         rope_fn, rms = self.rope, self.rms
         index_scores = attn_kernels.index_scores if self.fused else attn_kernels.index_scores_reference
-        mla = None
-        if self.fused:
-            try:
-                rows = min(spec.index_topk or self.T, self.T) if spec.index_heads else self.T
-                mla = attn_kernels.MlaDecode(M, H, lora, rope, rows, self.device, _tdtype(self.act))
-                self.attention_impl = f"MLA absorbed ({mla.label})"
-            except DecodeGapError:  # a latent or rope width the kernel does not take: torch ops
-                pass
         idx = None
         if spec.index_heads:
             IH, ID = spec.index_heads, spec.index_head_dim
@@ -319,6 +297,14 @@ class DecodeStep:
             kn_w, kn_b = self._norm_w(ID), torch.zeros(ID, dtype=_tdtype(self.act), device=self.device)
             topk = min(spec.index_topk or self.T, self.T)
             idx = (IH, ID, wq, wk, wp, icache, kn_w, kn_b, topk)
+        mla = None
+        if self.fused:
+            try:  # it attends to the rows the indexer keeps, where there is one
+                mla = attn_kernels.MlaDecode(M, H, lora, rope, idx[-1] if idx else self.T, self.device,
+                                             _tdtype(self.act))
+                self.attention_impl = f"MLA absorbed ({mla.label})"
+            except DecodeGapError:  # a latent or rope width the kernel does not take: torch ops
+                pass
 
         def proj(S):
             x = S["h"]
