@@ -115,8 +115,9 @@ def checks(env: BenchEnv) -> None:
 
 def attention_checks(env: BenchEnv) -> None:
     """The kernel level's fused pieces against torch ops: MLA decode (DeepSeek-V3's 512 + 64 latent at TP8 and TP1
-    head counts, a short and a long cache, the default split and one split), the rotary embedding of a strided
-    slice, GLM-5's DSA indexer scores, and the norms (alone and with the residual add), in bf16."""
+    head counts, a short and a long cache, the default split and one split), GQA decode (Llama-3.1-8B and other
+    groups, head widths and a sliding window's view), the fused qkv rope + cache append, the rotary embedding of a
+    strided slice, GLM-5's DSA indexer scores, and the norms (alone and with the residual add), in bf16."""
     dev = env.device
     gen = torch.Generator(device=dev).manual_seed(0)
     cases = [(1, 16, 513, None), (1, 128, 4097, None), (4, 16, 2048, None), (1, 16, 513, 1)]
@@ -140,6 +141,33 @@ def attention_checks(env: BenchEnv) -> None:
     wts = torch.rand((1, ih), generator=gen, device=dev)
     _check("dsa indexer scores", 1, ih, t, lambda: attn.index_scores(qi, keys, wts),
            attn.index_scores_reference(qi.float(), keys.float(), wts), 1e-2)
+    # GQA decode: Llama-3.1-8B (32 / 8 heads of 128) at 1 and 4 tokens, a group of 16 (64 / 4), MHA of 64-wide heads,
+    # and Gemma 3's 256-wide heads over a sliding window's strided view of a longer cache
+    gqa_cases = [(1, 32, 8, 128, 4097, 0), (4, 32, 8, 128, 2048, 0), (1, 64, 4, 128, 8193, 0),
+                 (1, 16, 16, 64, 1025, 0), (1, 8, 4, 256, 1024, 3072)]
+    if not env.is_gpu:
+        gqa_cases = [(1, 8, 2, 32, 50, 0), (2, 6, 6, 16, 33, 7)]
+    for m, h, kvh, d, t, skip in gqa_cases:
+        q = torch.randn((m, h, d), generator=gen, device=dev).to(torch.bfloat16)
+        kc, vc = (torch.randn((m, kvh, skip + t, d), generator=gen, device=dev).to(torch.bfloat16) for _ in range(2))
+        k, v = kc[:, :, skip:], vc[:, :, skip:]
+        ref = attn.reference_gqa(q.float(), k.float(), v.float(), 1.0 / math.sqrt(d))
+        g = attn.GqaDecode(m, h, kvh, d, t, dev)
+        _check(f"gqa decode splits={g.splits}", m, h, t, lambda: g(q, k, v, 1.0 / math.sqrt(d)).float(), ref, 1e-2)
+    h, kvh, d, t = (32, 8, 128, 64) if env.is_gpu else (4, 2, 16, 9)
+    for norm in (False, True):  # the fused qk-norm + rope + cache append of one token's qkv row
+        qkv = torch.randn((2, (h + 2 * kvh) * d), generator=gen, device=dev).to(torch.bfloat16)
+        caches = [torch.randn((2, kvh, t, d), generator=gen, device=dev).to(torch.bfloat16) for _ in range(2)]
+        ref_caches = [c.float() for c in caches]
+        pos = torch.tensor([t - 3], device=dev)
+        cs = [torch.randn(d // 2, generator=gen, device=dev).to(torch.bfloat16) for _ in range(2)]
+        nw = [torch.rand(d, generator=gen, device=dev).to(torch.bfloat16) for _ in range(2)] if norm else [None, None]
+        ref_q = attn.qkv_rope_append_reference(qkv.float(), h, *ref_caches, pos, *(c.float() for c in cs),
+                                               *(w.float() if w is not None else None for w in nw))
+        name = "qkv qk-norm + rope + append" if norm else "qkv rope + append"
+        _check(name, 2, h, d, lambda: torch.cat([attn.qkv_rope_append(qkv, h, *caches, pos, *cs, *nw).flatten(),
+                                                 caches[0].flatten(), caches[1].flatten()]).float(),
+               torch.cat([ref_q.flatten(), ref_caches[0].flatten(), ref_caches[1].flatten()]), 1e-2)
     for n in (7168, 6144, 4096, 1536, 100):  # the norms: hidden sizes, a q_a width and an odd one, bf16
         x, o = (torch.randn((2, n), generator=gen, device=dev).to(torch.bfloat16) for _ in range(2))
         w = torch.rand(n, generator=gen, device=dev).to(torch.bfloat16)

@@ -7,7 +7,10 @@ Runs, each in its own process with a time limit inside the budget, and writes on
   engine_llama1b.json     transformers on the same card: generate() eager vs static cache + torch.compile
   kernel_dsv3_tp8.json    DeepSeek-V3 per-GPU shapes of a TP8 deployment, fp8, on one GPU (all-reduce not run)
   kernel_glm5_tp1.json    GLM-5 (MLA + DSA indexer + 256 experts), fp8, TP1, layers that fit, scaled
-  kernel_llama8b_fp8.json Llama-3.1-8B, fp8, TP1 (only with --cases; kernel_llama8b_fp8_b8: 8 rows a step)
+  kernel_llama8b_fp8.json Llama-3.1-8B, fp8, TP1 (only with --cases; kernel_llama8b_fp8_b8: 8 rows a step,
+                          kernel_llama8b_fp8_32k: a 32768-token context; also kernel_llama70b_tp8 and
+                          kernel_qwen3_moe_fp8, GQA with qk-norm and 128 experts)
+The kernel cases run a 512-token context unless named otherwise.
 --cases picks cases by name; --workflow imports decode_gap from another checkout's workflow/ (e.g. `git archive` of
 an older commit) to time the kernel level before and after a change on the same machine.
 Prints a table of eager / graph / launch overhead per case. It reports; it asserts nothing.
@@ -31,7 +34,11 @@ CASES = [
     ("kernel_glm5_tp1", "kernel", dict(model="glm-5.json", weight_format="fp8", tp=1), 90),
 ]
 EXTRA = [("kernel_llama8b_fp8", "kernel", dict(model="llama-3.1-8b.json", weight_format="fp8", tp=1), 70),
-         ("kernel_llama8b_fp8_b8", "kernel", dict(model="llama-3.1-8b.json", weight_format="fp8", tp=1, batch=8), 70)]
+         ("kernel_llama8b_fp8_b8", "kernel", dict(model="llama-3.1-8b.json", weight_format="fp8", tp=1, batch=8), 70),
+         ("kernel_llama8b_fp8_32k", "kernel",
+          dict(model="llama-3.1-8b.json", weight_format="fp8", tp=1, context_len=32768), 70),
+         ("kernel_llama70b_tp8", "kernel", dict(model="llama-3.1-70b.json", weight_format="fp8", tp=8, ranks=1), 90),
+         ("kernel_qwen3_moe_fp8", "kernel", dict(model="qwen3-30b-a3b.json", weight_format="fp8", tp=1), 90)]
 
 
 def child(kind: str, args: dict, out: str, workflow: Path) -> None:
@@ -43,7 +50,8 @@ def child(kind: str, args: dict, out: str, workflow: Path) -> None:
     if kind == "kernel":
         from decode_gap.simulate.kernel import KernelSettings, simulate_kernel
 
-        s = KernelSettings(tp=args["tp"], weight_format=args["weight_format"], context_len=512, layers="auto",
+        s = KernelSettings(tp=args["tp"], weight_format=args["weight_format"], context_len=args.get("context_len", 512),
+                           layers="auto",
                            ranks=args.get("ranks"), warmup=3, iters=20, batch=args.get("batch", 1))
         write_json(out, simulate_kernel(load_model_card(card), s))
     else:

@@ -1,6 +1,7 @@
 """The kernel level's fused attention pieces (kernels.attention) against torch ops under TRITON_INTERPRET on the
-CPU: MLA's split-KV decode (heads not a multiple of the 16-head tile, one and several splits, a split past the end
-of the cache, fp32 and bf16) and the one-kernel rotary embedding of a strided slice. benchmarks/lowprec_device.py
+CPU: MLA's and GQA's split-KV decode (heads not a multiple of the 16-head tile, one and several splits, a split past
+the end of the cache, a sliding window's strided view, fp32 and bf16), the one-kernel rotary embedding of a strided
+slice, and the fused qk-norm + rope + cache append of a qkv row. benchmarks/lowprec_device.py
 checks them again on a GPU at DeepSeek-V3's sizes."""
 
 import os
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 from decode_gap.errors import DecodeGapError
-from decode_gap.kernels.attention import MlaDecode, reference_mla, rope_reference
+from decode_gap.kernels.attention import GqaDecode, MlaDecode, qkv_rope_append_reference, reference_gqa, rope_reference
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -62,6 +63,66 @@ for dt, tol in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
     q, keys, w = torch.randn(2, 12, 32).to(dt), torch.randn(2, 70, 32).to(dt), torch.rand(2, 12)
     got, ref = index_scores(q, keys, w), index_scores_reference(q.float(), keys.float(), w)
     assert got.shape == (2, 70) and ((got - ref).norm() / ref.norm()).item() < tol, dt
+print("ok")
+'''
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO / "workflow")}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stderr[-3000:]
+
+
+def test_gqa_decode_refuses_what_it_cannot_tile():
+    with pytest.raises(DecodeGapError, match="head_dim 80"):
+        GqaDecode(1, 32, 8, 80, 128, "cpu")
+    with pytest.raises(DecodeGapError, match="do not divide"):
+        GqaDecode(1, 30, 8, 128, 128, "cpu")
+    with pytest.raises(DecodeGapError, match="128 query heads a KV head"):
+        GqaDecode(1, 128, 1, 128, 128, "cpu")
+
+
+def test_qkv_rope_append_reference_writes_the_cache_row_and_returns_rotated_q():
+    torch.manual_seed(0)
+    m, h, kv, d, t = 1, 4, 2, 8, 5
+    qkv = torch.randn(m, (h + 2 * kv) * d)
+    kc, vc = torch.zeros(m, kv, t, d), torch.zeros(m, kv, t, d)
+    cos, sin = torch.ones(d // 2), torch.zeros(d // 2)  # the identity rotation
+    q = qkv_rope_append_reference(qkv, h, kc, vc, torch.tensor([3]), cos, sin)
+    assert torch.equal(q, qkv[:, : h * d].view(m, h, d))
+    assert torch.equal(kc[:, :, 3], qkv[:, h * d:(h + kv) * d].view(m, kv, d))
+    assert torch.equal(vc[:, :, 3], qkv[:, (h + kv) * d:].view(m, kv, d))
+    assert kc[:, :, [0, 1, 2, 4]].abs().sum() == 0 and vc[:, :, [0, 1, 2, 4]].abs().sum() == 0
+
+
+def test_gqa_decode_and_qkv_append_match_torch_ops_in_the_interpreter():
+    """GQA groups of 4 and 5 (padded to the 16-row tile), MHA, a split past the end of the cache, a sliding
+    window's view of the cache (a strided slice), bf16; the fused append with and without the qk-norm."""
+    code = r'''
+import torch
+from decode_gap.kernels.attention import GqaDecode, reference_gqa, qkv_rope_append, qkv_rope_append_reference
+torch.manual_seed(0)
+for M, H, KV, D, T, splits, dt, tol in ((2, 8, 2, 32, 50, None, torch.float32, 1e-5),
+                                        (1, 6, 6, 16, 33, 3, torch.float32, 1e-5),
+                                        (2, 20, 4, 32, 70, 4, torch.float32, 1e-5),
+                                        (1, 8, 2, 32, 50, 2, torch.bfloat16, 2e-2)):
+    q = torch.randn(M, H, D).to(dt)
+    kc, vc = torch.randn(M, KV, T + 5, D).to(dt), torch.randn(M, KV, T + 5, D).to(dt)
+    k, v = kc[:, :, 5:], vc[:, :, 5:]
+    got = GqaDecode(M, H, KV, D, T, "cpu", dtype=dt, splits=splits)(q, k, v, 0.3).float()
+    ref = reference_gqa(q.float(), k.float(), v.float(), 0.3)
+    err = ((got - ref).norm() / ref.norm()).item()
+    assert err < tol, (M, H, KV, D, T, splits, dt, err)
+for norm in (False, True):
+    for dt, tol in ((torch.float32, 1e-6), (torch.bfloat16, 1e-2)):
+        M, H, KV, D, T = 2, 4, 2, 16, 9
+        qkv = torch.randn(M, (H + 2 * KV) * D).to(dt)
+        kc1, vc1 = torch.randn(M, KV, T, D).to(dt), torch.randn(M, KV, T, D).to(dt)
+        kc2, vc2 = kc1.clone(), vc1.clone()
+        pos, cos, sin = torch.tensor([6]), torch.randn(D // 2).to(dt), torch.randn(D // 2).to(dt)
+        qn, kn = (torch.rand(D).to(dt), torch.rand(D).to(dt)) if norm else (None, None)
+        a = qkv_rope_append(qkv, H, kc1, vc1, pos, cos, sin, qn, kn, 1e-6)
+        b = qkv_rope_append_reference(qkv, H, kc2, vc2, pos, cos, sin, qn, kn, 1e-6)
+        for x, y in ((a, b), (kc1, kc2), (vc1, vc2)):
+            err = ((x.float() - y.float()).norm() / y.float().norm()).item()
+            assert err < tol, (norm, dt, err)
 print("ok")
 '''
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO / "workflow")}

@@ -26,6 +26,7 @@ import torch
 
 from ..errors import DecodeGapError
 from .lowprec import _pow2, available
+from .norm import rms_norm_reference
 from .nvfp4 import HAVE_TRITON, interpreted, tl, triton  # Triton is optional (one import guard for the kernels)
 
 
@@ -62,7 +63,7 @@ if HAVE_TRITON:
                           stride_lm, stride_lh,
                           LORA: tl.constexpr, ROPE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr,
                           F32_DOTS: tl.constexpr):
-        pid_h, pid_s, m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        pid_h, pid_s, m = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)  # caches past 2^31
         heads = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
         hmask = heads < H
         dl = tl.arange(0, LORA)
@@ -101,19 +102,112 @@ if HAVE_TRITON:
                  tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf")), mask=hmask)
 
     @triton.jit
-    def _mla_combine_kernel(part, lse, out, S, stride_pm, stride_ph, stride_ps, stride_lm, stride_lh,
-                            stride_om, stride_oh, LORA: tl.constexpr, BLOCK_S: tl.constexpr):
-        h, m = tl.program_id(0), tl.program_id(1)
-        ss = tl.arange(0, BLOCK_S)
-        smask = ss < S
-        e = tl.load(lse + m * stride_lm + h * stride_lh + ss, mask=smask, other=float("-inf"))
-        w = tl.exp(e - tl.max(e, axis=0))
-        w = w / tl.sum(w, axis=0)
-        dl = tl.arange(0, LORA)
-        p = tl.load(part + m * stride_pm + h * stride_ph + ss[:, None] * stride_ps + dl[None, :],
-                    mask=smask[:, None], other=0.0)
-        o = tl.sum(p * w[:, None], axis=0)
-        tl.store(out + m * stride_om + h * stride_oh + dl, o.to(out.dtype.element_ty))
+    def _combine_kernel(part, lse, out, S, stride_pm, stride_ph, stride_ps, stride_lm, stride_lh,
+                        stride_om, stride_oh, BLOCK_S: tl.constexpr, BLOCK_W: tl.constexpr):
+        """Weighs one head's split partials by their log-sum-exp, BLOCK_W output columns a program. The splits are
+        read BLOCK_S at a time: a whole [splits, width] tile in registers spilled (H200: 50-260 us where the
+        splits ran to hundreds)."""
+        h, m, pw = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
+        lb = lse + m * stride_lm + h * stride_lh
+        mx = tl.full((BLOCK_S,), float("-inf"), tl.float32)
+        for s0 in range(0, S, BLOCK_S):
+            ss = s0 + tl.arange(0, BLOCK_S)
+            mx = tl.maximum(mx, tl.load(lb + ss, mask=ss < S, other=float("-inf")))
+        top = tl.max(mx, axis=0)
+        dw = pw * BLOCK_W + tl.arange(0, BLOCK_W)
+        acc = tl.zeros((BLOCK_W,), tl.float32)
+        total = tl.zeros((BLOCK_S,), tl.float32)
+        for s0 in range(0, S, BLOCK_S):
+            ss = s0 + tl.arange(0, BLOCK_S)
+            smask = ss < S
+            w = tl.exp(tl.load(lb + ss, mask=smask, other=float("-inf")) - top)  # empty splits weigh 0
+            p = tl.load(part + m * stride_pm + h * stride_ph + ss[:, None] * stride_ps + dw[None, :],
+                        mask=smask[:, None], other=0.0)
+            acc += tl.sum(p * w[:, None], axis=0)
+            total += w
+        tl.store(out + m * stride_om + h * stride_oh + dw, (acc / tl.sum(total, axis=0)).to(out.dtype.element_ty))
+
+    @triton.jit
+    def _gqa_split_kernel(q, k, v, part, lse, T, t_per_split, G, scale,
+                          stride_qm, stride_qh, stride_km, stride_kh, stride_kt, stride_vm, stride_vh, stride_vt,
+                          stride_pm, stride_ph, stride_ps, stride_lm, stride_lh,
+                          D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, F32_DOTS: tl.constexpr):
+        """One KV head's G query heads (a tensor-core tile of BLOCK_H rows) over one split of its cache rows."""
+        kvh, pid_s, m = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+        g = tl.arange(0, BLOCK_H)
+        gmask = g < G
+        heads = kvh * G + g
+        d = tl.arange(0, D)
+        qh = tl.load(q + m * stride_qm + heads[:, None] * stride_qh + d[None, :], mask=gmask[:, None], other=0.0)
+        if F32_DOTS:  # Triton's CPU interpreter mishandles bf16 dots: fp32 operands there, same indexing
+            qh = qh.to(tl.float32)
+        kb = k + m * stride_km + kvh * stride_kh
+        vb = v + m * stride_vm + kvh * stride_vh
+        m_i = tl.full((BLOCK_H,), float("-inf"), tl.float32)
+        l_i = tl.zeros((BLOCK_H,), tl.float32)
+        acc = tl.zeros((BLOCK_H, D), tl.float32)
+        t0 = pid_s * t_per_split
+        t1 = tl.minimum(t0 + t_per_split, T)
+        for t in range(t0, t1, BLOCK_T):
+            ts = t + tl.arange(0, BLOCK_T)
+            tmask = ts < t1
+            kt = tl.load(kb + ts[:, None] * stride_kt + d[None, :], mask=tmask[:, None], other=0.0)
+            vt = tl.load(vb + ts[:, None] * stride_vt + d[None, :], mask=tmask[:, None], other=0.0)
+            if F32_DOTS:
+                kt, vt = kt.to(tl.float32), vt.to(tl.float32)
+            s = tl.where(tmask[None, :], tl.dot(qh, tl.trans(kt)) * scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            p = tl.exp(s - m_new[:, None])
+            alpha = tl.exp(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
+            m_i = m_new
+        has = l_i > 0  # a split past the end of the cache leaves its heads empty (weight 0 in the combine)
+        out = tl.where(has[:, None], acc / tl.where(has, l_i, 1.0)[:, None], 0.0)
+        tl.store(part + m * stride_pm + heads[:, None] * stride_ph + pid_s * stride_ps + d[None, :], out,
+                 mask=gmask[:, None])
+        tl.store(lse + m * stride_lm + heads * stride_lh + pid_s,
+                 tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf")), mask=gmask)
+
+    @triton.jit
+    def _qkv_rope_append_kernel(qkv, q_out, kc, vc, pos, cos, sin, qn, kn, eps, H, KV,
+                                stride_xm, stride_om, stride_oh, stride_km, stride_kh, stride_kt,
+                                stride_vm, stride_vh, stride_vt, HALF: tl.constexpr, NORM: tl.constexpr):
+        """Head r of one token's fused qkv row (q heads, then k, then v): q and k (RMS-normed per head first where
+        NORM) get the rotary embedding, q into q_out, k into the key cache at row pos; v is copied into the value
+        cache at row pos."""
+        r, m = tl.program_id(0), tl.program_id(1).to(tl.int64)
+        offs = tl.arange(0, HALF)
+        src = qkv + m * stride_xm + r * 2 * HALF
+        a = tl.load(src + offs)
+        b = tl.load(src + HALF + offs)
+        t = tl.load(pos).to(tl.int64)
+        if r < H + KV:
+            fa, fb = a.to(tl.float32), b.to(tl.float32)
+            if NORM:  # per-head RMSNorm (qk-norm), rounded to the row's dtype as the unfused ops would
+                if r < H:
+                    wa, wb = tl.load(qn + offs).to(tl.float32), tl.load(qn + HALF + offs).to(tl.float32)
+                else:
+                    wa, wb = tl.load(kn + offs).to(tl.float32), tl.load(kn + HALF + offs).to(tl.float32)
+                inv = 1.0 / tl.sqrt((tl.sum(fa * fa, axis=0) + tl.sum(fb * fb, axis=0)) / (2 * HALF) + eps)
+                fa = (fa * inv * wa).to(qkv.dtype.element_ty).to(tl.float32)
+                fb = (fb * inv * wb).to(qkv.dtype.element_ty).to(tl.float32)
+            c = tl.load(cos + offs).to(tl.float32)
+            sn = tl.load(sin + offs).to(tl.float32)
+            ra = (fa * c - fb * sn).to(q_out.dtype.element_ty)
+            rb = (fb * c + fa * sn).to(q_out.dtype.element_ty)
+            if r < H:
+                qdst = q_out + m * stride_om + r * stride_oh
+                tl.store(qdst + offs, ra)
+                tl.store(qdst + HALF + offs, rb)
+            else:
+                kdst = kc + m * stride_km + (r - H) * stride_kh + t * stride_kt
+                tl.store(kdst + offs, ra.to(kc.dtype.element_ty))
+                tl.store(kdst + HALF + offs, rb.to(kc.dtype.element_ty))
+        else:
+            vdst = vc + m * stride_vm + (r - H - KV) * stride_vh + t * stride_vt
+            tl.store(vdst + offs, a.to(vc.dtype.element_ty))
+            tl.store(vdst + HALF + offs, b.to(vc.dtype.element_ty))
 
     @triton.jit
     def _index_score_kernel(q, keys, wts, out, T, IH, stride_qm, stride_qh, stride_km, stride_kt, stride_wm,
@@ -189,13 +283,10 @@ class MlaDecode:
         self.m, self.h, self.lora, self.rope = m, heads, lora, rope_dim
         self.block_h = 16  # the smallest tensor-core tile; its fp32 output [16, L] stays in registers
         head_tiles = math.ceil(heads / self.block_h)
-        if splits is None:  # about two programs an SM, each at least one block of the cache (latency, not work)
-            dev = torch.device(device)
-            sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 4
-            splits = max(1, min(math.ceil(2 * sms / (m * head_tiles)), math.ceil(t_max / self.BLOCK_T)))
-        self.splits = splits
-        self.part = torch.empty((m, heads, splits, lora), dtype=torch.float32, device=device)
-        self.lse = torch.empty((m, heads, splits), dtype=torch.float32, device=device)
+        # a split's partial is [16 heads, L] fp32 (32 KB at L = 512), as many bytes as one block of 32 cache rows
+        self.splits = splits or _split_count(device, m * head_tiles, t_max, 4 * self.BLOCK_T)
+        self.part = torch.empty((m, heads, self.splits, lora), dtype=torch.float32, device=device)
+        self.lse = torch.empty((m, heads, self.splits), dtype=torch.float32, device=device)
         self.out = torch.empty((m, heads, lora), dtype=dtype, device=device)
 
     label = "triton MLA decode (split-KV flash decoding + combine)"
@@ -215,8 +306,116 @@ class MlaDecode:
             self.part.stride(2), self.lse.stride(0), self.lse.stride(1),
             LORA=self.lora, ROPE=self.rope, BLOCK_H=self.block_h, BLOCK_T=self.BLOCK_T, F32_DOTS=interpreted(),
             num_warps=4)
-        _mla_combine_kernel[(h, m)](
-            self.part, self.lse, self.out, self.splits, self.part.stride(0), self.part.stride(1),
-            self.part.stride(2), self.lse.stride(0), self.lse.stride(1), self.out.stride(0), self.out.stride(1),
-            LORA=self.lora, BLOCK_S=_pow2(self.splits), num_warps=4)
-        return self.out
+        return _combine(self.part, self.lse, self.out)
+
+
+def _combine(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out [M, H, W] from the split partials part [M, H, S, W] and their log-sum-exp lse [M, H, S]."""
+    m, h, splits, width = part.shape
+    # narrow column slices and every split in one or two loads a program: the combine's serial loop over the splits
+    # was its cost (H200, 8 heads of 256 splits: ~15 us with 16 splits a load and whole rows a program)
+    block_w = 32 if width <= 128 else 64  # widths are powers of two of 16 or more (the split kernels' check)
+    block_w = min(block_w, width)
+    _combine_kernel[(h, m, width // block_w)](
+        part, lse, out, splits, part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1),
+        out.stride(0), out.stride(1), BLOCK_S=min(MAX_SPLITS, _pow2(splits)), BLOCK_W=block_w, num_warps=4)
+    return out
+
+
+MAX_SPLITS = 128  # the combine reads a head's splits in one load
+
+
+def _split_count(device, programs: int, t_max: int, rows: int) -> int:
+    """About two programs an SM (decode attention is latency, not work), each at least `rows` of the cache, so that
+    its partial output and the combine stay small beside the rows it reads; at most MAX_SPLITS."""
+    dev = torch.device(device)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 4
+    return max(1, min(math.ceil(2 * sms / programs), math.ceil(t_max / rows), MAX_SPLITS))
+
+
+def reference_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [M, H, D], k and v [M, KV, T, D] -> [M, H, D]: each group of H / KV query heads attends to its KV head."""
+    out = torch.nn.functional.scaled_dot_product_attention(q.unsqueeze(2), k, v, scale=scale,
+                                                           enable_gqa=k.shape[1] != q.shape[1])
+    return out.squeeze(2)
+
+
+class GqaDecode:
+    """Decode attention for M tokens of H query heads over KV heads (GQA; MHA where KV = H) of a cache up to `t_max`
+    rows, as a split-KV Triton kernel and a combine into buffers it owns (graph-safe): call(q [M, H, D],
+    k and v [M, KV, T, D], scale) -> [M, H, D]. One program takes a KV head's whole group of query heads, so each
+    key and value row is read once for the group, and the cache is split until the GPU is full at one token."""
+
+    label = "triton GQA decode (split-KV flash decoding + combine)"
+    MAX_GROUP = 64  # query heads a KV head: the group's fp32 output tile [group, D] stays in registers
+
+    def __init__(self, m: int, heads: int, kv_heads: int, head_dim: int, t_max: int, device,
+                 dtype=torch.bfloat16, splits: int | None = None) -> None:
+        if head_dim < 16 or head_dim != _pow2(head_dim):
+            raise DecodeGapError(f"GQA decode kernel: head_dim {head_dim} is not a power of two of 16 or more")
+        if kv_heads < 1 or heads % kv_heads:
+            raise DecodeGapError(f"GQA decode kernel: {heads} query heads do not divide into {kv_heads} KV heads")
+        group = heads // kv_heads
+        if group > self.MAX_GROUP:
+            raise DecodeGapError(f"GQA decode kernel: {group} query heads a KV head (at most {self.MAX_GROUP})")
+        if not available(device):
+            raise DecodeGapError("GQA decode kernel: needs Triton on a GPU (or TRITON_INTERPRET)")
+        self.m, self.h, self.kv, self.d, self.group = m, heads, kv_heads, head_dim, group
+        self.block_h = max(16, _pow2(group))  # the smallest tensor-core tile is 16 rows
+        self.block_t = 64 if head_dim <= 128 else 32
+        self.splits = splits or _split_count(device, m * kv_heads, t_max, 2 * self.block_t)
+        self.part = torch.empty((m, heads, self.splits, head_dim), dtype=torch.float32, device=device)
+        self.lse = torch.empty((m, heads, self.splits), dtype=torch.float32, device=device)
+        self.out = torch.empty((m, heads, head_dim), dtype=dtype, device=device)
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        m, h, d = q.shape
+        want = (self.m, self.kv, k.shape[2], self.d)
+        if (m, h, d) != (self.m, self.h, self.d) or tuple(k.shape) != want or tuple(v.shape) != want:
+            raise DecodeGapError(f"GQA decode kernel: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} "
+                                 f"do not fit {self.m} x {self.h} heads over {self.kv} KV heads of {self.d}")
+        if q.stride(2) != 1 or k.stride(3) != 1 or v.stride(3) != 1:
+            raise DecodeGapError("GQA decode kernel: q, k and v need contiguous rows")
+        t = k.shape[2]
+        per = math.ceil(math.ceil(t / self.splits) / self.block_t) * self.block_t
+        _gqa_split_kernel[(self.kv, self.splits, m)](
+            q, k, v, self.part, self.lse, t, per, self.group, float(scale),
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
+            self.part.stride(0), self.part.stride(1), self.part.stride(2), self.lse.stride(0), self.lse.stride(1),
+            D=self.d, BLOCK_H=self.block_h, BLOCK_T=self.block_t, F32_DOTS=interpreted(), num_warps=4)
+        return _combine(self.part, self.lse, self.out)
+
+
+def qkv_rope_append_reference(qkv: torch.Tensor, heads: int, kc: torch.Tensor, vc: torch.Tensor, pos: torch.Tensor,
+                              cos: torch.Tensor, sin: torch.Tensor, qn: torch.Tensor | None = None,
+                              kn: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
+    """One token's fused qkv row [M, (H + 2 KV) D] in torch ops: q and k RMS-normed per head where qn/kn are given,
+    rotated; k and v written into the caches [M, KV, T, D] at row pos; returns q [M, H, D]."""
+    m, kvh, _, d = kc.shape
+    q, k, v = qkv.split([heads * d, kvh * d, kvh * d], dim=-1)
+    q, k, v = q.view(m, heads, 1, d), k.view(m, kvh, 1, d), v.view(m, kvh, 1, d)
+    if qn is not None:
+        q, k = rms_norm_reference(q, qn, eps), rms_norm_reference(k, kn, eps)
+    q, k = rope_reference(q, cos, sin), rope_reference(k, cos, sin)
+    kc.index_copy_(2, pos, k)
+    vc.index_copy_(2, pos, v)
+    return q.view(m, heads, d)
+
+
+def qkv_rope_append(qkv: torch.Tensor, heads: int, kc: torch.Tensor, vc: torch.Tensor, pos: torch.Tensor,
+                    cos: torch.Tensor, sin: torch.Tensor, qn: torch.Tensor | None = None,
+                    kn: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
+    """`qkv_rope_append_reference` as one Triton kernel (a program a head: the qk-norm, the rotary embedding and
+    both cache writes of a decode step's attention input, as engines fuse them); torch ops where Triton does not run
+    or the rows do not fit it."""
+    m, kvh, _, d = kc.shape
+    if (not available(qkv.device) or d < 2 or d != _pow2(d) or qkv.stride(-1) != 1 or kc.stride(3) != 1
+            or vc.stride(3) != 1 or qkv.shape[-1] != (heads + 2 * kvh) * d):
+        return qkv_rope_append_reference(qkv, heads, kc, vc, pos, cos, sin, qn, kn, eps)
+    q = torch.empty((m, heads, d), dtype=qkv.dtype, device=qkv.device)
+    norm = qn is not None
+    _qkv_rope_append_kernel[(heads + 2 * kvh, m)](
+        qkv, q, kc, vc, pos, cos, sin, qn if norm else cos, kn if norm else cos, float(eps), heads, kvh,
+        qkv.stride(0), q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), kc.stride(2),
+        vc.stride(0), vc.stride(1), vc.stride(2), HALF=d // 2, NORM=norm, num_warps=1)
+    return q

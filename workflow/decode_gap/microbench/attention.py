@@ -9,6 +9,12 @@
 - DSA (GLM-5's indexer): index scores over the whole context and a top-k of index_topk, then MLA over
   the selected tokens (timed as `mla-absorbed` at L = index_topk).
 
+Beside torch's, each case is timed with the kernel level's own Triton decode kernels on a GPU (`triton:split-kv`:
+split-KV flash decoding plus a combine, `kernels.attention`), as engines run decode attention (FlashInfer, FlashMLA,
+vLLM's and SGLang's Triton decode kernels): SDPA's kernels give one program per (sequence, head) or per query block, so
+one token at batch 1 leaves most SMs idle, and a ceiling measured with them would blame the GPU for our kernel choice.
+The best backend per case is the one the summary keeps.
+
 Bytes are the KV cache read (plus q, out and the absorbed weights for MLA); no FLOP-bound claims are made.
 """
 
@@ -21,6 +27,8 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from ..kernels import attention as attn_kernels
+from ..kernels.lowprec import available
 from .common import BenchEnv, short_error, skip, summary
 from .shapes import AttentionShape
 from .timing import L2Flusher, fraction, gbps, measure
@@ -94,6 +102,60 @@ def mla_case(env: BenchEnv, shape: AttentionShape, b: int, length: int) -> tuple
     return fn, nbytes
 
 
+def gqa_triton_case(env: BenchEnv, b: int, heads: int, kv_heads: int, d: int, length: int):
+    """`sdpa_case`'s work through the split-KV Triton kernel (q [B, H, D], K/V [B, KV, L, D])."""
+    dev = env.device
+    q = torch.randn((b, heads, d), device=dev, dtype=torch.bfloat16)
+    k = torch.randn((b, kv_heads, length, d), device=dev, dtype=torch.bfloat16)
+    v = torch.randn((b, kv_heads, length, d), device=dev, dtype=torch.bfloat16)
+    kernel = attn_kernels.GqaDecode(b, heads, kv_heads, d, length, dev)
+    scale = 1.0 / math.sqrt(d)
+
+    def fn():
+        return kernel(q, k, v, scale)
+
+    fn()
+    return fn, 2 * (2 * b * kv_heads * length * d + 2 * b * heads * d)
+
+
+def mla_triton_case(env: BenchEnv, shape: AttentionShape, b: int, length: int):
+    """`mla_case`'s work with the latent cache as one [B, L, r + p] tensor (c_kv and the RoPE keys side by side, as
+    FlashMLA stores it) and the split-KV MLA kernel between the two absorptions."""
+    dev, dtype = env.device, torch.bfloat16
+    h, r, p, dn, dv = shape.heads, shape.kv_lora_rank, shape.qk_rope_head_dim, shape.qk_nope_head_dim, shape.v_head_dim
+    q_nope = torch.randn((b, h, dn), device=dev, dtype=dtype)
+    q_pe = torch.randn((b, h, p), device=dev, dtype=dtype)
+    w_uk = torch.randn((h, dn, r), device=dev, dtype=dtype) * 0.05
+    w_uv = torch.randn((h, r, dv), device=dev, dtype=dtype) * 0.05
+    cache = torch.randn((b, length, r + p), device=dev, dtype=dtype)
+    kernel = attn_kernels.MlaDecode(b, h, r, p, length, dev)
+    scale = 1.0 / math.sqrt(dn + p)
+
+    def fn():
+        q_lat = torch.einsum("bhd,hdr->bhr", q_nope, w_uk)
+        o_lat = kernel(torch.cat((q_lat, q_pe), dim=-1), cache, scale)
+        return torch.einsum("bhr,hrv->bhv", o_lat, w_uv)
+
+    fn()
+    return fn, 2 * (b * length * (r + p) + w_uk.numel() + w_uv.numel() + b * h * (dn + p + dv))
+
+
+def indexer_triton_case(env: BenchEnv, shape: AttentionShape, b: int, length: int):
+    """`indexer_case` with the scores as one Triton kernel (then torch's top-k)."""
+    dev = env.device
+    hi, di, topk = shape.index_heads, shape.index_head_dim, shape.index_topk
+    q = torch.randn((b, hi, di), device=dev, dtype=torch.bfloat16)
+    k = torch.randn((b, length, di), device=dev, dtype=torch.bfloat16)
+    w = torch.randn((b, hi), device=dev, dtype=torch.float32)
+    kk = min(topk, length)
+
+    def fn():
+        return attn_kernels.index_scores(q, k, w).topk(kk, dim=-1).indices
+
+    fn()
+    return fn, 2 * (b * length * di + b * hi * di)
+
+
 def indexer_case(env: BenchEnv, shape: AttentionShape, b: int, length: int) -> tuple[Callable[[], Any], int]:
     dev = env.device
     dtype = torch.bfloat16 if env.is_gpu else torch.float32
@@ -137,33 +199,53 @@ def run_attention_bench(env: BenchEnv, shape: AttentionShape, context_lens: list
                      "note": "; ".join(x for x in (note, t.note) if x)})
         log(f"attention {case}: {t.device_us:.1f} us ({t.method}), eager {t.eager.median_us:.1f} us")
 
+    # the Triton decode kernels run where Triton has a GPU (the CPU interpreter would time the interpreter)
+    triton_ok = env.is_gpu and available(env.device)
+    mla_width = shape.kv_lora_rank + shape.qk_rope_head_dim if shape.kind != "gqa" else 0
     for b in batches:
         for length in context_lens:
             if shape.kind == "gqa":
                 full_layers = shape.layers - shape.sliding_layers
-                for bname, be in _sdpa_backends(env):
-                    add("sdpa", f"sdpa:{bname}", b, length,
-                        lambda be=be: sdpa_case(env, b, shape.heads, shape.kv_heads, shape.head_dim, length, be),
-                        shape.heads, shape.kv_heads, shape.head_dim, full_layers)
-                    if shape.sliding_layers and shape.sliding_window:
-                        lw = min(length, shape.sliding_window)
-                        add("sdpa-sliding", f"sdpa:{bname}", b, lw,
-                            lambda be=be, lw=lw: sdpa_case(env, b, shape.heads, shape.kv_heads, shape.head_dim, lw, be),
-                            shape.heads, shape.kv_heads, shape.head_dim, shape.sliding_layers,
-                            note=f"sliding window {shape.sliding_window} at context {length}")
+                lw = min(length, shape.sliding_window or length)
+                sliding = bool(shape.sliding_layers and shape.sliding_window)
+                note_w = f"sliding window {shape.sliding_window} at context {length}"
+                backends = _sdpa_backends(env) + ([("triton", "triton")] if triton_ok else [])
+                for bname, be in backends:
+                    for name, n, layers, note in (("sdpa", length, full_layers, ""),
+                                                  ("sdpa-sliding", lw, shape.sliding_layers, note_w)):
+                        if name == "sdpa-sliding" and not sliding:
+                            continue
+                        if be == "triton":
+                            label, make = "triton:split-kv", (lambda n=n: gqa_triton_case(
+                                env, b, shape.heads, shape.kv_heads, shape.head_dim, n))
+                        else:
+                            label, make = f"sdpa:{bname}", (lambda be=be, n=n: sdpa_case(
+                                env, b, shape.heads, shape.kv_heads, shape.head_dim, n, be))
+                        add(name, label, b, n, make, shape.heads, shape.kv_heads, shape.head_dim, layers, note=note)
             else:
                 add("mla-absorbed", "torch (einsum/matmul/softmax)", b, length, lambda: mla_case(env, shape, b, length),
-                    shape.heads, 1, shape.kv_lora_rank + shape.qk_rope_head_dim, shape.layers,
-                    note="dense over the whole context")
+                    shape.heads, 1, mla_width, shape.layers, note="dense over the whole context")
+                if triton_ok:
+                    add("mla-absorbed", "triton:split-kv", b, length, lambda: mla_triton_case(env, shape, b, length),
+                        shape.heads, 1, mla_width, shape.layers, note="dense over the whole context")
                 if shape.index_heads and shape.index_topk:
+                    note_i = f"index scores over L, top-{shape.index_topk}"
                     add("dsa-indexer", "torch (matmul/relu/topk)", b, length, lambda: indexer_case(env, shape, b, length),
-                        shape.index_heads, 1, shape.index_head_dim, shape.layers,
-                        note=f"index scores over L, top-{shape.index_topk}")
+                        shape.index_heads, 1, shape.index_head_dim, shape.layers, note=note_i)
+                    if triton_ok:
+                        add("dsa-indexer", "triton scores + torch topk", b, length,
+                            lambda: indexer_triton_case(env, shape, b, length), shape.index_heads, 1,
+                            shape.index_head_dim, shape.layers, note=note_i)
                     if length > shape.index_topk:
-                        add("mla-absorbed-sparse", "torch (einsum/matmul/softmax)", b, shape.index_topk,
-                            lambda: mla_case(env, shape, b, shape.index_topk), shape.heads, 1,
-                            shape.kv_lora_rank + shape.qk_rope_head_dim, shape.layers,
-                            note=f"DSA: attends to the top {shape.index_topk} of {length} tokens")
+                        k_top = shape.index_topk
+                        note_s = f"DSA: attends to the top {k_top} of {length} tokens"
+                        add("mla-absorbed-sparse", "torch (einsum/matmul/softmax)", b, k_top,
+                            lambda: mla_case(env, shape, b, k_top), shape.heads, 1, mla_width, shape.layers,
+                            note=note_s)
+                        if triton_ok:
+                            add("mla-absorbed-sparse", "triton:split-kv", b, k_top,
+                                lambda: mla_triton_case(env, shape, b, k_top), shape.heads, 1, mla_width,
+                                shape.layers, note=note_s)
         if env.is_gpu:
             torch.cuda.empty_cache()
     df = pd.DataFrame(rows, columns=COLUMNS)
@@ -176,4 +258,5 @@ def run_attention_bench(env: BenchEnv, shape: AttentionShape, context_lens: list
     return df, summary(
         "microbench.attention", env, env.backend, skipped, int(len(df)),
         shape={k: v for k, v in shape.__dict__.items() if k != "extra"}, best=by_case,
+        triton_kernels="timed beside torch's" if triton_ok else "not run: needs Triton on a GPU",
     )

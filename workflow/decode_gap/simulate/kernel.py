@@ -293,8 +293,10 @@ def simulate_rank(spec: ModelSpec, settings: KernelSettings, device: str, group=
         "settings": {"warmup": settings.warmup, "iters": settings.iters, "layers": settings.layers,
                      "l2_flush": bool(on_gpu)},
         "notes": list(shapes.notes) + ([fmt["note"]] if fmt.get("note") else []) +
-                 ([step.picker.summary("fp8 linears")] if step.picker and step.picker.records else []),
-        "kernel_choices": step.picker.records if step.picker else [],
+                 ([step.picker.summary("fp8 linears")] if step.picker and step.picker.records else []) +
+                 ([step.attn_picker.summary("decode attention")] if step.attn_picker and step.attn_picker.records
+                  else []),
+        "kernel_choices": [r for p in (step.picker, step.attn_picker) if p for r in p.records],
         "skipped": [],
         "provenance": {
             "eager_ms": "measured: eager step, " + ("CUDA events from an idle GPU" if on_gpu else "wall time") +

@@ -76,7 +76,9 @@ class KernelPicker:
         times = {name: float(np.median(self._time_us(fn))) for name, fn in candidates.items()}
         best = min(times, key=times.__getitem__)
         self.chosen[key] = best
-        self.records.append({"shape": "x".join(str(v) for v in key), "chosen": best,
+        what = f"{key[0]} " if isinstance(key[0], str) else ""  # "gqa 1x32x8x128x513": the kind, then its sizes
+        sizes = key[1:] if what else key
+        self.records.append({"shape": what + "x".join(str(v) for v in sizes), "chosen": best,
                              "us": {n: round(t, 2) for n, t in times.items()},
                              "clock": self.CLOCK if self.device.startswith("cuda") else "wall time"})
         return best

@@ -62,6 +62,9 @@ class DecodeStep:
         self.rope = attn_kernels.rope if self.fused else attn_kernels.rope_reference
         self.rms = norm_kernels.rms_norm if self.fused else norm_kernels.rms_norm_reference
         self.add_rms = norm_kernels.add_rms_norm if self.fused else norm_kernels.add_rms_norm_reference
+        # decode attention: our split-KV kernel or torch's, whichever is faster for the step's shape (cuDNN's SDPA
+        # wins on some long single-token caches, the split kernel on short ones: H200, benchmarks/attention_device.py)
+        self.attn_picker = KernelPicker(device) if self.fused else None
         self.attention_impl = "MLA absorbed (bmm)" if spec.mla else "SDPA"
         self.routing_impl = ""  # MoE: the routing as one Triton kernel where fused (and it fits), else torch ops
         M, h = shapes.batch, spec.hidden
@@ -230,10 +233,9 @@ class DecodeStep:
         add(Op("norms", seg, norm_out))
 
     def _gqa(self, seg: str, T_att: int) -> None:
-        torch, F, spec, sh = self.torch, self.torch.nn.functional, self.spec, self.shapes
+        spec, sh = self.spec, self.shapes
         M, H, KV, D = sh.batch, sh.heads, sh.kv_heads, sh.head_dim
         qkv, o = self._lin("attn.qkv_proj"), self._lin("attn.o_proj")
-        dt = _tdtype(self.act)
         kc = _rand((M, KV, self.T, D), self.act, self.device)
         vc = _rand((M, KV, self.T, D), self.act, self.device)
         self.kv_bytes += 2 * M * KV * T_att * D * kc.element_size()
@@ -242,21 +244,31 @@ class DecodeStep:
         cos, sin, pos, eps = self.cos, self.sin, self.pos, self.eps
         start = self.T - T_att
         scale = 1.0 / math.sqrt(float((spec.raw or {}).get("query_pre_attn_scalar") or D))
-        rope, rms = self.rope, self.rms
+        kw, vw = kc[:, :, start:], vc[:, :, start:]  # the rows a sliding window reads (all of them otherwise)
+        # on a GPU: the qk-norm, rope and both cache writes as one kernel, then split-KV decode attention, as
+        # engines run them (FlashInfer, FlashAttention's decode split, vLLM's and SGLang's Triton decode kernels)
+        prepare = attn_kernels.qkv_rope_append if self.fused else attn_kernels.qkv_rope_append_reference
+        decode = None
+        if self.fused:
+            try:
+                split = attn_kernels.GqaDecode(M, H, KV, D, T_att, self.device, _tdtype(self.act))
+            except DecodeGapError:  # a head_dim or group the kernel does not take: torch's fused SDPA
+                split = None
+            if split is not None:
+                qt = _rand((M, H, D), self.act, self.device)
+                choice = self.attn_picker.pick(("gqa", M, H, KV, D, T_att), {
+                    split.label: lambda: split(qt, kw, vw, scale),
+                    "torch SDPA": lambda: attn_kernels.reference_gqa(qt, kw, vw, scale)})
+                decode = split if choice == split.label else None
+            self.attention_impl = (f"GQA ({decode.label if decode else 'torch SDPA'}; qk-norm, rope and cache "
+                                   "append one kernel)")
 
         def proj(S):
             S["qkv"] = qkv(S["h"])
 
         def attend(S):
-            q, k, v = S["qkv"].split([H * D, KV * D, KV * D], dim=-1)
-            q, k, v = q.view(M, H, 1, D), k.view(M, KV, 1, D), v.view(M, KV, 1, D)
-            if qn is not None:
-                q = rms(q, qn, eps)
-                k = rms(k, kn, eps)
-            q, k = rope(q, cos, sin), rope(k, cos, sin)
-            kc.index_copy_(2, pos, k)
-            vc.index_copy_(2, pos, v)
-            a = F.scaled_dot_product_attention(q, kc[:, :, start:], vc[:, :, start:], scale=scale, enable_gqa=KV != H)
+            q = prepare(S["qkv"], H, kc, vc, pos, cos, sin, qn, kn, eps)  # [M, H, D]
+            a = decode(q, kw, vw, scale) if decode is not None else attn_kernels.reference_gqa(q, kw, vw, scale)
             S["attn"] = a.reshape(M, H * D)
 
         def out(S):
@@ -299,12 +311,18 @@ class DecodeStep:
             idx = (IH, ID, wq, wk, wp, icache, kn_w, kn_b, topk)
         mla = None
         if self.fused:
-            try:  # it attends to the rows the indexer keeps, where there is one
-                mla = attn_kernels.MlaDecode(M, H, lora, rope, idx[-1] if idx else self.T, self.device,
-                                             _tdtype(self.act))
-                self.attention_impl = f"MLA absorbed ({mla.label})"
+            rows = idx[-1] if idx else self.T  # it attends to the rows the indexer keeps, where there is one
+            try:
+                split = attn_kernels.MlaDecode(M, H, lora, rope, rows, self.device, _tdtype(self.act))
             except DecodeGapError:  # a latent or rope width the kernel does not take: torch ops
-                pass
+                split = None
+            if split is not None:
+                qt, kvt = _rand((M, H, lora + rope), self.act, self.device), cache[:, :rows]
+                choice = self.attn_picker.pick(("mla", M, H, lora, rope, rows), {
+                    split.label: lambda: split(qt, kvt, scale),
+                    "torch bmm + softmax": lambda: attn_kernels.reference_mla(qt, kvt, lora, scale)})
+                mla = split if choice == split.label else None
+                self.attention_impl = f"MLA absorbed ({mla.label if mla else 'torch bmm + softmax'})"
 
         def proj(S):
             x = S["h"]
