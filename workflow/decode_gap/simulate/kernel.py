@@ -2,10 +2,11 @@
 
 Real tensors of the per-GPU shapes (random weights: timing does not depend on their values) run through the
 kernels a decode step launches: the embedding row; per layer the norms, the attention projections (or MLA in its
-absorbed decode form, with the DSA indexer where the card has one), attention over the KV length (on a GPU the rotary
-embedding as one Triton kernel and MLA's attention as a split-KV decode kernel, as engines fuse them:
-`kernels.attention`; GQA through torch's fused scaled_dot_product_attention; the norms one Triton kernel each with
-the residual add fused in: `kernels.norm`), the
+absorbed decode form, with the DSA indexer where the card has one), attention over the KV length (on a GPU, as
+engines fuse them: the rotary embedding one Triton kernel, GQA's qk-norm, rope and cache writes one kernel, and
+GQA's and MLA's attention split-KV decode kernels where they beat torch's SDPA / bmm + softmax for the step's shape,
+both timed at build: `kernels.attention`, `kernel_choices`; the norms one Triton kernel each with the residual add
+fused in: `kernels.norm`), the
 all-reduces, the router (its GEMM, then the scoring and top-k as one Triton kernel on a GPU, as engines fuse it:
 `kernels.routing`) and the shared plus top-k routed experts (or the dense MLP); the final norm, the lm_head
 and sampling. The step runs eagerly and as one captured CUDA graph; eager minus graph is the launch overhead.
