@@ -44,7 +44,7 @@ class DecodeStep:
     """Builds the tensors and the op list of one decode step for the simulated layers."""
 
     def __init__(self, shapes: StepShapes, plan: dict[str, int], fmt: dict[str, Any], device: str,
-                 kv_len: int, sampling: str, group=None) -> None:
+                 kv_len: int, sampling: str, group=None, fused: bool | None = None) -> None:
         torch = _torch()
         self.torch, self.shapes, self.plan, self.device, self.group = torch, shapes, plan, device, group
         spec = shapes.spec
@@ -57,8 +57,8 @@ class DecodeStep:
         # fp8 per-tensor at batch 1: each linear shape keeps the faster of our GEMV and torch._scaled_mm
         self.picker = KernelPicker(device) if self.lin_kind == "fp8-gemv" else None
         # norms (the residual add fused in), the rotary embedding and MLA's attention as Triton kernels on a GPU, as
-        # engines run them; else torch ops
-        self.fused = device.startswith("cuda") and available(device)
+        # engines run them; else torch ops (`fused` forces either: the tests run the fused step in the interpreter)
+        self.fused = (device.startswith("cuda") and available(device)) if fused is None else fused
         self.rope = attn_kernels.rope if self.fused else attn_kernels.rope_reference
         self.rms = norm_kernels.rms_norm if self.fused else norm_kernels.rms_norm_reference
         self.add_rms = norm_kernels.add_rms_norm if self.fused else norm_kernels.add_rms_norm_reference
@@ -233,7 +233,7 @@ class DecodeStep:
         add(Op("norms", seg, norm_out))
 
     def _gqa(self, seg: str, T_att: int) -> None:
-        spec, sh = self.spec, self.shapes
+        torch, spec, sh = self.torch, self.spec, self.shapes
         M, H, KV, D = sh.batch, sh.heads, sh.kv_heads, sh.head_dim
         qkv, o = self._lin("attn.qkv_proj"), self._lin("attn.o_proj")
         kc = _rand((M, KV, self.T, D), self.act, self.device)
@@ -255,7 +255,7 @@ class DecodeStep:
             except DecodeGapError:  # a head_dim or group the kernel does not take: torch's fused SDPA
                 split = None
             if split is not None:
-                qt = _rand((M, H, D), self.act, self.device)
+                qt = torch.zeros((M, H, D), dtype=_tdtype(self.act), device=self.device)  # no RNG draw
                 choice = self.attn_picker.pick(("gqa", M, H, KV, D, T_att), {
                     split.label: lambda: split(qt, kw, vw, scale),
                     "torch SDPA": lambda: attn_kernels.reference_gqa(qt, kw, vw, scale)})
@@ -317,7 +317,8 @@ class DecodeStep:
             except DecodeGapError:  # a latent or rope width the kernel does not take: torch ops
                 split = None
             if split is not None:
-                qt, kvt = _rand((M, H, lora + rope), self.act, self.device), cache[:, :rows]
+                qt = torch.zeros((M, H, lora + rope), dtype=_tdtype(self.act), device=self.device)  # no RNG draw
+                kvt = cache[:, :rows]
                 choice = self.attn_picker.pick(("mla", M, H, lora, rope, rows), {
                     split.label: lambda: split(qt, kvt, scale),
                     "torch bmm + softmax": lambda: attn_kernels.reference_mla(qt, kvt, lora, scale)})
