@@ -64,6 +64,26 @@ if HAVE_TRITON:
         tl.store(out + row * 2 * HALF + HALF + offs, (b * c + a * s).to(out.dtype.element_ty), mask=mask)
 
     @triton.jit
+    def _online_softmax(s, v, m_i, l_i, acc):
+        """One block of the split-KV decode loop: scores s [heads, rows] (masked rows -inf) against values v
+        [rows, width] folded into the running max m_i, sum l_i and output acc (flash attention's online softmax)."""
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = tl.exp(s - m_new[:, None])
+        alpha = tl.exp(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        return m_new, l_i, acc
+
+    @triton.jit
+    def _store_split(part_s, lse_s, heads, hmask, cols, stride_ph, stride_lh, m_i, l_i, acc):
+        """A split's normalised partial output and log-sum-exp per head (part_s, lse_s: this token's split)."""
+        has = l_i > 0  # a split past the end of the cache leaves its heads empty (weight 0 in the combine)
+        out = tl.where(has[:, None], acc / tl.where(has, l_i, 1.0)[:, None], 0.0)
+        tl.store(part_s + heads[:, None] * stride_ph + cols[None, :], out, mask=hmask[:, None])
+        tl.store(lse_s + heads * stride_lh, tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf")),
+                 mask=hmask)
+
+    @triton.jit
     def _mla_split_kernel(q, kv, part, lse, T, t_per_split, H, scale,
                           stride_qm, stride_qh, stride_km, stride_kt, stride_pm, stride_ph, stride_ps,
                           stride_lm, stride_lh,
@@ -94,18 +114,9 @@ if HAVE_TRITON:
                 c, k_pe = c.to(tl.float32), k_pe.to(tl.float32)
             s = tl.dot(q_lat, tl.trans(c)) + tl.dot(q_pe, tl.trans(k_pe))
             s = tl.where(tmask[None, :], s * scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            p = tl.exp(s - m_new[:, None])
-            alpha = tl.exp(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(c.dtype), c)
-            m_i = m_new
-        has = l_i > 0  # a split past the end of the cache leaves its heads empty (weight 0 in the combine)
-        out = tl.where(has[:, None], acc / tl.where(has, l_i, 1.0)[:, None], 0.0)
-        tl.store(part + m * stride_pm + heads[:, None] * stride_ph + pid_s * stride_ps + dl[None, :], out,
-                 mask=hmask[:, None])
-        tl.store(lse + m * stride_lm + heads * stride_lh + pid_s,
-                 tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf")), mask=hmask)
+            m_i, l_i, acc = _online_softmax(s, c, m_i, l_i, acc)
+        _store_split(part + m * stride_pm + pid_s * stride_ps, lse + m * stride_lm + pid_s, heads, hmask, dl,
+                     stride_ph, stride_lh, m_i, l_i, acc)
 
     @triton.jit
     def _combine_kernel(part, lse, out, S, stride_pm, stride_ph, stride_ps, stride_lm, stride_lh,
@@ -162,18 +173,9 @@ if HAVE_TRITON:
             if F32_DOTS:
                 kt, vt = kt.to(tl.float32), vt.to(tl.float32)
             s = tl.where(tmask[None, :], tl.dot(qh, tl.trans(kt)) * scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            p = tl.exp(s - m_new[:, None])
-            alpha = tl.exp(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
-            m_i = m_new
-        has = l_i > 0  # a split past the end of the cache leaves its heads empty (weight 0 in the combine)
-        out = tl.where(has[:, None], acc / tl.where(has, l_i, 1.0)[:, None], 0.0)
-        tl.store(part + m * stride_pm + heads[:, None] * stride_ph + pid_s * stride_ps + d[None, :], out,
-                 mask=gmask[:, None])
-        tl.store(lse + m * stride_lm + heads * stride_lh + pid_s,
-                 tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf")), mask=gmask)
+            m_i, l_i, acc = _online_softmax(s, vt, m_i, l_i, acc)
+        _store_split(part + m * stride_pm + pid_s * stride_ps, lse + m * stride_lm + pid_s, heads, gmask, d,
+                     stride_ph, stride_lh, m_i, l_i, acc)
 
     @triton.jit
     def _qkv_rope_append_kernel(qkv, q_out, kc, vc, pos, cos, sin, qn, kn, eps, H, KV,

@@ -62,8 +62,8 @@ class DecodeStep:
         self.rope = attn_kernels.rope if self.fused else attn_kernels.rope_reference
         self.rms = norm_kernels.rms_norm if self.fused else norm_kernels.rms_norm_reference
         self.add_rms = norm_kernels.add_rms_norm if self.fused else norm_kernels.add_rms_norm_reference
-        # decode attention: our split-KV kernel or torch's, whichever is faster for the step's shape (cuDNN's SDPA
-        # wins on some long single-token caches, the split kernel on short ones: H200, benchmarks/attention_device.py)
+        # decode attention: our split-KV kernel or torch's, whichever is faster for the step's shape (H200,
+        # benchmarks/attention_device.py: the split kernel at one sequence, cuDNN's SDPA at 8 sequences of 4k-32k)
         self.attn_picker = KernelPicker(device) if self.fused else None
         self.attention_impl = "MLA absorbed (bmm)" if spec.mla else "SDPA"
         self.routing_impl = ""  # MoE: the routing as one Triton kernel where fused (and it fits), else torch ops
