@@ -433,6 +433,32 @@ def test_kernel_lever_adds_the_routed_experts_grouped_gemv_against_a_plain_read(
     assert "routed experts" not in lever["evidence"]
 
 
+def test_kernel_lever_adds_decode_attention_at_the_runs_context_on_its_fastest_kernels():
+    """attention.json's fastest backend per case at the run's batch and context, times the layers of each kind
+    (GQA: full and sliding layers; DSA: the indexer over the context and MLA over its top-k), against the KV bytes
+    at copy bandwidth; a case the stage did not time leaves the evidence without attention."""
+    gqa = {"device": "cuda: NVIDIA H200",
+           "shape": {"kind": "gqa", "layers": 26, "sliding_layers": 20, "sliding_window": 512},
+           "best": {"sdpa B=1 L=4096": {"best_backend": "triton:split-kv", "us": 8.0, "gbps": 2150.0},
+                    "sdpa-sliding B=1 L=512": {"best_backend": "sdpa:flash_attention", "us": 5.0, "gbps": 430.0}}}
+    inputs = gpu_inputs(attention=gqa)
+    inputs["roofline"] = {**inputs["roofline"], "batch_size": 1, "context_len": 4096}
+    lever = next(l for l in attribute(inputs)["levers"] if l["name"].startswith("decode kernels at streaming"))
+    # 6 x 8.0 + 20 x 5.0 = 148 us; at 4300 GB/s: 6 x 8.0 x 0.5 + 20 x 5.0 x 0.1 = 34 us
+    assert ("decode attention at 4096 tokens (B=1, x its layers) takes 0.148 ms on the fastest kernels measured "
+            "(triton:split-kv, sdpa:flash_attention) against 0.034 ms for its bytes at copy bandwidth") in lever["evidence"]
+    assert "microbench/attention.json" in lever["source"]
+    dsa = {"shape": {"kind": "mla", "layers": 78, "index_heads": 32, "index_topk": 2048},
+           "best": {"mla-absorbed-sparse B=1 L=2048": {"best_backend": "triton:split-kv", "us": 20.0, "gbps": 1500.0},
+                    "dsa-indexer B=1 L=4096": {"best_backend": "triton scores + torch topk", "us": 43.0, "gbps": 24.0}}}
+    inputs["attention"] = dsa
+    lever = next(l for l in attribute(inputs)["levers"] if l["name"].startswith("decode kernels at streaming"))
+    assert "takes 4.914 ms on the fastest kernels measured (triton:split-kv, triton scores + torch topk)" in lever["evidence"]
+    inputs["attention"] = {**dsa, "best": {k: v for k, v in dsa["best"].items() if "indexer" not in k}}
+    lever = next(l for l in attribute(inputs)["levers"] if l["name"].startswith("decode kernels at streaming"))
+    assert "decode attention" not in lever["evidence"]
+
+
 def test_kernel_lever_reads_a_block_scaled_fp8_run_from_the_gemm_stages_fp8_rows():
     step = {"step_gemm_us": 2000.0, "step_plain_read_us": 1600.0, "step_at_copy_bw_us": None, "step_gemm_rows": 9}
     inputs = gpu_inputs(gemm={"dtypes": {"fp8": {"by_m": {"1": step}}}},

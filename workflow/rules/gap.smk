@@ -8,6 +8,7 @@ rule attribute_gap:
         allreduce=rules.bench_allreduce.output.json,
         gemm=rules.bench_gemm.output.json,
         moe=rules.bench_moe.output.json,
+        attention=rules.bench_attention.output.json,
         launch=rules.bench_launch.output.json,
         simulate=rules.merge_simulation.output.json,
         live=rules.measure_live.output.summary,

@@ -8,7 +8,8 @@ def body():
     from decode_gap.io import write_json
 
     i = snakemake.input  # noqa: F821
-    keys = ("roofline", "memory", "allreduce", "gemm", "moe", "launch", "simulate", "live", "audit", "trace")
+    keys = ("roofline", "memory", "allreduce", "gemm", "moe", "attention", "launch", "simulate", "live", "audit",
+            "trace")
     p = snakemake.params  # noqa: F821
     result = attribute_files({k: i.get(k) for k in keys}, hardware_revision=p.hardware_revision,
                              fingerprint=dict(p.fingerprint), run_config=public_run_config(dict(snakemake.config)))  # noqa: F821

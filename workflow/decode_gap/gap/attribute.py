@@ -253,8 +253,8 @@ def _gap_json(lv: Levels, cp: Checkpoints, c: Closure, waterfall: list[dict[str,
 def attribute_files(paths: dict[str, str | Path | None], *, hardware_revision: str | None = None,
                     fingerprint: dict[str, str] | None = None,
                     run_config: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Load the stage files named in `paths` (roofline, memory, allreduce, gemm, moe, launch, simulate, live, audit,
-    trace).
+    """Load the stage files named in `paths` (roofline, memory, allreduce, gemm, moe, attention, launch, simulate,
+    live, audit, trace).
 
     `fingerprint` and `run_config` (decode_gap.config.public_run_config): the measuring host's environment and
     settings, kept so a report rendered elsewhere shows them and not the rendering host's.

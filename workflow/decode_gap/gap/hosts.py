@@ -6,7 +6,7 @@ from typing import Any
 
 # Levels whose files name the accelerator they ran on (the HTTP calibration is a CPU measurement by design and
 # the live client cannot see the server's device, so those two are compared by hardware revision only).
-DEVICE_LEVELS = ("memory", "allreduce", "gemm", "moe", "launch", "kernel", "engine")
+DEVICE_LEVELS = ("memory", "allreduce", "gemm", "moe", "attention", "launch", "kernel", "engine")
 
 
 def _concrete(device: str) -> bool:

@@ -76,6 +76,7 @@ def _identities(inputs: dict[str, dict | None], kern: dict | None, eng: dict | N
         "allreduce": identity(inputs.get("allreduce"), "microbench/allreduce.json"),
         "gemm": identity(inputs.get("gemm"), "microbench/gemm.json"),
         "moe": identity(inputs.get("moe"), "microbench/moe.json"),
+        "attention": identity(inputs.get("attention"), "microbench/attention.json"),
         "launch": identity(inputs.get("launch"), "microbench/launch.json"),
         "kernel": identity(kern, "simulate/kernel.json"),
         "engine": identity(eng, "simulate/engine.json"),

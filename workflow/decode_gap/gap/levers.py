@@ -80,6 +80,43 @@ def experts_step_split(moe: dict, roof: dict) -> str:
             f"measured)")
 
 
+def attention_step_split(att: dict, memory: dict, roof: dict) -> str:
+    """What the attention stage says of one decode step's attention at the run's context and batch (attention.json
+    best.<case>, the fastest backend of each, times its layers): its time against its KV-cache bytes at copy
+    bandwidth, and which kernels were fastest; "" where the stage has no such cases (older results, skipped)."""
+    shape, best = att.get("shape") or {}, att.get("best") or {}
+    batch, length = _num(roof.get("batch_size")), _num(roof.get("context_len"))
+    layers = _num(shape.get("layers"))
+    if batch is None or length is None or not layers or not best:
+        return ""
+    b, n = int(batch), int(length)
+    if shape.get("kind") == "gqa":
+        sliding = int(shape.get("sliding_layers") or 0)
+        window = int(shape.get("sliding_window") or n)
+        cases = [("sdpa", n, layers - sliding), ("sdpa-sliding", min(n, window), sliding)]
+    else:
+        topk = int(shape.get("index_topk") or 0) if shape.get("index_heads") else 0
+        cases = [("mla-absorbed-sparse", topk, layers) if topk and n > topk else ("mla-absorbed", n, layers)]
+        cases += [("dsa-indexer", n, layers)] if topk else []
+    copy = _num(memory.get("copy_gbps"))
+    total_us, at_copy_us, kernels = 0.0, 0.0, []
+    for name, rows, count in cases:
+        if count <= 0:
+            continue
+        e = best.get(f"{name} B={b} L={rows}")
+        if not e or _num(e.get("us")) is None:
+            return ""
+        total_us += e["us"] * count
+        at_copy_us += e["us"] * (_num(e.get("gbps")) or 0.0) / copy * count if copy else 0.0
+        if e.get("best_backend") not in kernels:
+            kernels.append(e.get("best_backend"))
+    text = (f"decode attention at {n} tokens (B={b}, x its layers) takes {total_us / 1e3:.3f} ms on the fastest "
+            f"kernels measured ({', '.join(map(str, kernels))})")
+    if copy:
+        text += f" against {at_copy_us / 1e3:.3f} ms for its bytes at copy bandwidth"
+    return text + " (microbench/attention.json, measured)"
+
+
 def rank_levers(waterfall, kern, eng, inputs, server_graphs: bool, roof: dict, ar_ms: float | None) -> list[dict]:
     levers: list[dict[str, Any]] = []
 
@@ -104,10 +141,12 @@ def rank_levers(waterfall, kern, eng, inputs, server_graphs: bool, roof: dict, a
         ev = (f"kernel level in CUDA graphs takes {kshape['ms']:.3f} ms more than streaming its bytes at the "
               f"measured bandwidth (decode GEMVs, attention, norms and routing below streaming speed)")
         for split in (gemm_step_split(inputs.get("gemm") or {}, roof),
-                      experts_step_split(inputs.get("moe") or {}, roof)):
+                      experts_step_split(inputs.get("moe") or {}, roof),
+                      attention_step_split(inputs.get("attention") or {}, inputs.get("memory") or {}, roof)):
             ev += f"; {split}" if split else ""
         add("decode kernels at streaming bandwidth (fused / better-tuned GEMV, attention, MoE kernels)",
-            kshape["ms"], ev, source="simulate.json (kernel level), microbench/gemm.json, microbench/moe.json")
+            kshape["ms"], ev, source="simulate.json (kernel level), microbench/gemm.json, microbench/moe.json, "
+                                     "microbench/attention.json")
     fw = _step(waterfall, "framework overhead")
     if fw and fw["ms"] > 0 and not fw.get("absorbs"):
         add("leaner framework step (fewer host-side ops per layer, fused kernels)", fw["ms"],
