@@ -1,6 +1,9 @@
 """The stage entry points the Snakemake scripts call, on this CPU host with a small config."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -51,3 +54,28 @@ def test_disabled_stage_writes_skipped_files(tmp_path):
     stages.run_stage("gemm", cfg, str(tmp_path / "g.csv"), str(tmp_path / "g.json"), repo=REPO)
     assert json.loads((tmp_path / "g.json").read_text())["status"] == "skipped"
     assert list(pd.read_csv(tmp_path / "g.csv").columns)[:3] == ["name", "dtype", "backend"]
+
+
+def test_attention_cases_time_the_same_work_through_the_triton_kernels_in_the_interpreter():
+    """The attention stage's Triton rows (GQA split-KV, MLA split-KV, indexer scores) build and run the kernels of
+    `kernels.attention` and count the same bytes as the torch rows of the same case; on a GPU the stage times both
+    (here the CPU interpreter only runs them)."""
+    code = r"""
+import torch
+from decode_gap.microbench import attention as A
+from decode_gap.microbench.common import BenchEnv
+from decode_gap.microbench.shapes import AttentionShape
+env = BenchEnv(device=torch.device("cpu"))
+for args in ((1, 8, 2, 32, 40), (2, 4, 4, 16, 33)):
+    (fn_t, bytes_t), (fn_s, bytes_s) = A.sdpa_case(env, *args, "triton"), A.sdpa_case(env, *args, None)
+    assert bytes_t == bytes_s and fn_t().shape == fn_s().squeeze(2).shape
+mla = AttentionShape(kind="mla", heads=4, kv_heads=1, head_dim=48, layers=2, kv_lora_rank=32, qk_nope_head_dim=16,
+                     qk_rope_head_dim=16, v_head_dim=16, index_heads=2, index_head_dim=16, index_topk=8)
+for case in (A.mla_case, A.indexer_case):
+    (fn_t, bytes_t), (fn_s, bytes_s) = case(env, mla, 1, 40, True), case(env, mla, 1, 40, False)
+    assert bytes_t == bytes_s and fn_t().shape == fn_s().shape, case.__name__
+print("ok")
+"""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO / "workflow")}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stderr[-3000:]

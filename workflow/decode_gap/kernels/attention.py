@@ -274,6 +274,17 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return out
 
 
+MAX_SPLITS = 128  # the combine reads a head's splits in one load
+
+
+def _split_count(device, programs: int, t_max: int, rows: int) -> int:
+    """About two programs an SM (decode attention is latency, not work), each at least `rows` of the cache, so that
+    its partial output and the combine stay small beside the rows it reads; at most MAX_SPLITS."""
+    dev = torch.device(device)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 4
+    return max(1, min(math.ceil(2 * sms / programs), math.ceil(t_max / rows), MAX_SPLITS))
+
+
 class MlaDecode:
     """MLA's absorbed decode attention for M tokens of H heads over a latent cache of up to `t_max` rows, as a
     split-KV Triton kernel and a combine, into buffers it owns (graph-safe): call(qq [M, H, L+R], kv [M, T, L+R],
@@ -329,17 +340,6 @@ def _combine(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor) -> torch.
         part, lse, out, splits, part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1),
         out.stride(0), out.stride(1), BLOCK_S=min(MAX_SPLITS, _pow2(splits)), BLOCK_W=block_w, num_warps=4)
     return out
-
-
-MAX_SPLITS = 128  # the combine reads a head's splits in one load
-
-
-def _split_count(device, programs: int, t_max: int, rows: int) -> int:
-    """About two programs an SM (decode attention is latency, not work), each at least `rows` of the cache, so that
-    its partial output and the combine stay small beside the rows it reads; at most MAX_SPLITS."""
-    dev = torch.device(device)
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 4
-    return max(1, min(math.ceil(2 * sms / programs), math.ceil(t_max / rows), MAX_SPLITS))
 
 
 def reference_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:

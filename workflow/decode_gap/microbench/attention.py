@@ -55,6 +55,8 @@ def _sdpa_backends(env: BenchEnv):
 
 
 def sdpa_case(env: BenchEnv, b: int, heads: int, kv_heads: int, d: int, length: int, backend) -> tuple[Callable[[], Any], int]:
+    """One decode token's attention over K/V [B, KV, L, D]: through SDPA with `backend` (None: torch's choice), or
+    through the split-KV Triton kernel where `backend` is "triton"."""
     dev = env.device
     dtype = torch.bfloat16 if env.is_gpu else torch.float32
     q = torch.randn((b, heads, 1, d), device=dev, dtype=dtype)
@@ -64,7 +66,13 @@ def sdpa_case(env: BenchEnv, b: int, heads: int, kv_heads: int, d: int, length: 
     es = dtype.itemsize if hasattr(dtype, "itemsize") else torch.tensor([], dtype=dtype).element_size()
     nbytes = es * (2 * b * kv_heads * length * d + 2 * b * heads * d)
 
-    if backend is None:
+    if backend == "triton":
+        kernel = attn_kernels.GqaDecode(b, heads, kv_heads, d, length, dev, dtype)
+        q3, scale = q.squeeze(2), 1.0 / math.sqrt(d)
+
+        def fn():
+            return kernel(q3, k, v, scale)
+    elif backend is None:
         def fn():
             return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
     else:
@@ -77,7 +85,11 @@ def sdpa_case(env: BenchEnv, b: int, heads: int, kv_heads: int, d: int, length: 
     return fn, nbytes
 
 
-def mla_case(env: BenchEnv, shape: AttentionShape, b: int, length: int) -> tuple[Callable[[], Any], int]:
+def mla_case(env: BenchEnv, shape: AttentionShape, b: int, length: int,
+             triton: bool = False) -> tuple[Callable[[], Any], int]:
+    """Absorbed MLA decode for one token: in torch ops over c_kv [B, L, r] and the RoPE keys [B, L, p], or with
+    `triton` the split-KV MLA kernel over the latent cache as one [B, L, r + p] tensor (as FlashMLA stores it);
+    the two absorptions around it are the same bmm's either way."""
     dev = env.device
     dtype = torch.bfloat16 if env.is_gpu else torch.float32
     h, r, p, dn, dv = shape.heads, shape.kv_lora_rank, shape.qk_rope_head_dim, shape.qk_nope_head_dim, shape.v_head_dim
@@ -85,16 +97,26 @@ def mla_case(env: BenchEnv, shape: AttentionShape, b: int, length: int) -> tuple
     q_pe = torch.randn((b, h, p), device=dev, dtype=dtype)
     w_uk = torch.randn((h, dn, r), device=dev, dtype=dtype) * 0.05
     w_uv = torch.randn((h, r, dv), device=dev, dtype=dtype) * 0.05
-    c_kv = torch.randn((b, length, r), device=dev, dtype=dtype)
-    k_pe = torch.randn((b, length, p), device=dev, dtype=dtype)
     scale = 1.0 / math.sqrt(dn + p)
+
+    if triton:
+        cache = torch.randn((b, length, r + p), device=dev, dtype=dtype)
+        kernel = attn_kernels.MlaDecode(b, h, r, p, length, dev, dtype)
+
+        def attend(q_lat):
+            return kernel(torch.cat((q_lat, q_pe), dim=-1), cache, scale)
+    else:
+        c_kv = torch.randn((b, length, r), device=dev, dtype=dtype)
+        k_pe = torch.randn((b, length, p), device=dev, dtype=dtype)
+
+        def attend(q_lat):
+            scores = torch.matmul(q_lat, c_kv.transpose(1, 2)) + torch.matmul(q_pe, k_pe.transpose(1, 2))  # [B, H, L]
+            probs = torch.softmax(scores.float() * scale, dim=-1).to(dtype)
+            return torch.matmul(probs, c_kv)  # [B, H, r]
 
     def fn():
         q_lat = torch.einsum("bhd,hdr->bhr", q_nope, w_uk)  # absorb W_UK
-        scores = torch.matmul(q_lat, c_kv.transpose(1, 2)) + torch.matmul(q_pe, k_pe.transpose(1, 2))  # [B, H, L]
-        probs = torch.softmax(scores.float() * scale, dim=-1).to(dtype)
-        o_lat = torch.matmul(probs, c_kv)  # [B, H, r]
-        return torch.einsum("bhr,hrv->bhv", o_lat, w_uv)  # absorb W_UV
+        return torch.einsum("bhr,hrv->bhv", attend(q_lat), w_uv)  # absorb W_UV
 
     es = torch.tensor([], dtype=dtype).element_size()
     nbytes = es * (b * length * (r + p) + w_uk.numel() + w_uv.numel() + b * h * (dn + p + dv))
@@ -102,61 +124,10 @@ def mla_case(env: BenchEnv, shape: AttentionShape, b: int, length: int) -> tuple
     return fn, nbytes
 
 
-def gqa_triton_case(env: BenchEnv, b: int, heads: int, kv_heads: int, d: int, length: int):
-    """`sdpa_case`'s work through the split-KV Triton kernel (q [B, H, D], K/V [B, KV, L, D])."""
-    dev = env.device
-    q = torch.randn((b, heads, d), device=dev, dtype=torch.bfloat16)
-    k = torch.randn((b, kv_heads, length, d), device=dev, dtype=torch.bfloat16)
-    v = torch.randn((b, kv_heads, length, d), device=dev, dtype=torch.bfloat16)
-    kernel = attn_kernels.GqaDecode(b, heads, kv_heads, d, length, dev)
-    scale = 1.0 / math.sqrt(d)
-
-    def fn():
-        return kernel(q, k, v, scale)
-
-    fn()
-    return fn, 2 * (2 * b * kv_heads * length * d + 2 * b * heads * d)
-
-
-def mla_triton_case(env: BenchEnv, shape: AttentionShape, b: int, length: int):
-    """`mla_case`'s work with the latent cache as one [B, L, r + p] tensor (c_kv and the RoPE keys side by side, as
-    FlashMLA stores it) and the split-KV MLA kernel between the two absorptions."""
-    dev, dtype = env.device, torch.bfloat16
-    h, r, p, dn, dv = shape.heads, shape.kv_lora_rank, shape.qk_rope_head_dim, shape.qk_nope_head_dim, shape.v_head_dim
-    q_nope = torch.randn((b, h, dn), device=dev, dtype=dtype)
-    q_pe = torch.randn((b, h, p), device=dev, dtype=dtype)
-    w_uk = torch.randn((h, dn, r), device=dev, dtype=dtype) * 0.05
-    w_uv = torch.randn((h, r, dv), device=dev, dtype=dtype) * 0.05
-    cache = torch.randn((b, length, r + p), device=dev, dtype=dtype)
-    kernel = attn_kernels.MlaDecode(b, h, r, p, length, dev)
-    scale = 1.0 / math.sqrt(dn + p)
-
-    def fn():
-        q_lat = torch.einsum("bhd,hdr->bhr", q_nope, w_uk)
-        o_lat = kernel(torch.cat((q_lat, q_pe), dim=-1), cache, scale)
-        return torch.einsum("bhr,hrv->bhv", o_lat, w_uv)
-
-    fn()
-    return fn, 2 * (b * length * (r + p) + w_uk.numel() + w_uv.numel() + b * h * (dn + p + dv))
-
-
-def indexer_triton_case(env: BenchEnv, shape: AttentionShape, b: int, length: int):
-    """`indexer_case` with the scores as one Triton kernel (then torch's top-k)."""
-    dev = env.device
-    hi, di, topk = shape.index_heads, shape.index_head_dim, shape.index_topk
-    q = torch.randn((b, hi, di), device=dev, dtype=torch.bfloat16)
-    k = torch.randn((b, length, di), device=dev, dtype=torch.bfloat16)
-    w = torch.randn((b, hi), device=dev, dtype=torch.float32)
-    kk = min(topk, length)
-
-    def fn():
-        return attn_kernels.index_scores(q, k, w).topk(kk, dim=-1).indices
-
-    fn()
-    return fn, 2 * (b * length * di + b * hi * di)
-
-
-def indexer_case(env: BenchEnv, shape: AttentionShape, b: int, length: int) -> tuple[Callable[[], Any], int]:
+def indexer_case(env: BenchEnv, shape: AttentionShape, b: int, length: int,
+                 triton: bool = False) -> tuple[Callable[[], Any], int]:
+    """The DSA indexer for one token: scores over the context (torch ops, or with `triton` one Triton kernel),
+    then torch's top-k of index_topk."""
     dev = env.device
     dtype = torch.bfloat16 if env.is_gpu else torch.float32
     hi, di, topk = shape.index_heads, shape.index_head_dim, shape.index_topk
@@ -165,10 +136,14 @@ def indexer_case(env: BenchEnv, shape: AttentionShape, b: int, length: int) -> t
     w = torch.randn((b, hi), device=dev, dtype=torch.float32)
     kk = min(topk, length)
 
-    def fn():
+    def scores():
+        if triton:
+            return attn_kernels.index_scores(q, k, w)
         s = torch.relu(torch.matmul(q, k.transpose(1, 2)).float())  # [B, Hi, L]
-        s = (s * w[..., None]).sum(1)  # [B, L]
-        return s.topk(kk, dim=-1).indices
+        return (s * w[..., None]).sum(1)  # [B, L]
+
+    def fn():
+        return scores().topk(kk, dim=-1).indices
 
     es = torch.tensor([], dtype=dtype).element_size()
     fn()
@@ -201,51 +176,39 @@ def run_attention_bench(env: BenchEnv, shape: AttentionShape, context_lens: list
 
     # the Triton decode kernels run where Triton has a GPU (the CPU interpreter would time the interpreter)
     triton_ok = env.is_gpu and available(env.device)
-    mla_width = shape.kv_lora_rank + shape.qk_rope_head_dim if shape.kind != "gqa" else 0
+    mla_width = shape.kv_lora_rank + shape.qk_rope_head_dim  # 0 for GQA
+    torch_mla, torch_index = "torch (einsum/matmul/softmax)", "torch (matmul/relu/topk)"
     for b in batches:
         for length in context_lens:
             if shape.kind == "gqa":
-                full_layers = shape.layers - shape.sliding_layers
-                lw = min(length, shape.sliding_window or length)
-                sliding = bool(shape.sliding_layers and shape.sliding_window)
-                note_w = f"sliding window {shape.sliding_window} at context {length}"
+                cases = [("sdpa", length, shape.layers - shape.sliding_layers, "")]
+                if shape.sliding_layers and shape.sliding_window:
+                    cases.append(("sdpa-sliding", min(length, shape.sliding_window), shape.sliding_layers,
+                                  f"sliding window {shape.sliding_window} at context {length}"))
                 backends = _sdpa_backends(env) + ([("triton", "triton")] if triton_ok else [])
                 for bname, be in backends:
-                    for name, n, layers, note in (("sdpa", length, full_layers, ""),
-                                                  ("sdpa-sliding", lw, shape.sliding_layers, note_w)):
-                        if name == "sdpa-sliding" and not sliding:
-                            continue
-                        if be == "triton":
-                            label, make = "triton:split-kv", (lambda n=n: gqa_triton_case(
-                                env, b, shape.heads, shape.kv_heads, shape.head_dim, n))
-                        else:
-                            label, make = f"sdpa:{bname}", (lambda be=be, n=n: sdpa_case(
-                                env, b, shape.heads, shape.kv_heads, shape.head_dim, n, be))
-                        add(name, label, b, n, make, shape.heads, shape.kv_heads, shape.head_dim, layers, note=note)
-            else:
-                add("mla-absorbed", "torch (einsum/matmul/softmax)", b, length, lambda: mla_case(env, shape, b, length),
+                    label = "triton:split-kv" if be == "triton" else f"sdpa:{bname}"
+                    for name, n, layers, note in cases:
+                        add(name, label, b, n,
+                            lambda be=be, n=n: sdpa_case(env, b, shape.heads, shape.kv_heads, shape.head_dim, n, be),
+                            shape.heads, shape.kv_heads, shape.head_dim, layers, note=note)
+                continue
+            mla = [(torch_mla, False)] + ([("triton:split-kv", True)] if triton_ok else [])
+            for label, tri in mla:
+                add("mla-absorbed", label, b, length, lambda tri=tri: mla_case(env, shape, b, length, tri),
                     shape.heads, 1, mla_width, shape.layers, note="dense over the whole context")
-                if triton_ok:
-                    add("mla-absorbed", "triton:split-kv", b, length, lambda: mla_triton_case(env, shape, b, length),
-                        shape.heads, 1, mla_width, shape.layers, note="dense over the whole context")
-                if shape.index_heads and shape.index_topk:
-                    note_i = f"index scores over L, top-{shape.index_topk}"
-                    add("dsa-indexer", "torch (matmul/relu/topk)", b, length, lambda: indexer_case(env, shape, b, length),
-                        shape.index_heads, 1, shape.index_head_dim, shape.layers, note=note_i)
-                    if triton_ok:
-                        add("dsa-indexer", "triton scores + torch topk", b, length,
-                            lambda: indexer_triton_case(env, shape, b, length), shape.index_heads, 1,
-                            shape.index_head_dim, shape.layers, note=note_i)
-                    if length > shape.index_topk:
-                        k_top = shape.index_topk
-                        note_s = f"DSA: attends to the top {k_top} of {length} tokens"
-                        add("mla-absorbed-sparse", "torch (einsum/matmul/softmax)", b, k_top,
-                            lambda: mla_case(env, shape, b, k_top), shape.heads, 1, mla_width, shape.layers,
-                            note=note_s)
-                        if triton_ok:
-                            add("mla-absorbed-sparse", "triton:split-kv", b, k_top,
-                                lambda: mla_triton_case(env, shape, b, k_top), shape.heads, 1, mla_width,
-                                shape.layers, note=note_s)
+            if not (shape.index_heads and shape.index_topk):
+                continue
+            k_top = shape.index_topk
+            index = [(torch_index, False)] + ([("triton scores + torch topk", True)] if triton_ok else [])
+            for label, tri in index:
+                add("dsa-indexer", label, b, length, lambda tri=tri: indexer_case(env, shape, b, length, tri),
+                    shape.index_heads, 1, shape.index_head_dim, shape.layers, note=f"index scores over L, top-{k_top}")
+            if length > k_top:
+                for label, tri in mla:
+                    add("mla-absorbed-sparse", label, b, k_top, lambda tri=tri: mla_case(env, shape, b, k_top, tri),
+                        shape.heads, 1, mla_width, shape.layers,
+                        note=f"DSA: attends to the top {k_top} of {length} tokens")
         if env.is_gpu:
             torch.cuda.empty_cache()
     df = pd.DataFrame(rows, columns=COLUMNS)
