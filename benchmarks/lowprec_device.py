@@ -40,6 +40,7 @@ from decode_gap.kernels import nvfp4 as nv  # noqa: E402
 from decode_gap.kernels import attention as attn  # noqa: E402
 from decode_gap.kernels import norm as norm_kernels  # noqa: E402
 from decode_gap.kernels import routing as rt  # noqa: E402
+from decode_gap.kernels import topk as topk_kernels  # noqa: E402
 from decode_gap.microbench.common import BenchEnv, pick_device  # noqa: E402
 from decode_gap.microbench.timing import rotating_copies, time_graph  # noqa: E402
 from decode_gap.timing import ClockWatch  # noqa: E402
@@ -141,6 +142,24 @@ def attention_checks(env: BenchEnv) -> None:
     wts = torch.rand((1, ih), generator=gen, device=dev)
     _check("dsa indexer scores", 1, ih, t, lambda: attn.index_scores(qi, keys, wts),
            attn.index_scores_reference(qi.float(), keys.float(), wts), 1e-2)
+    # DSA's selection (GLM-5 keeps 2048) and the MLA over the selected rows read in place: the scores the radix
+    # select keeps, sorted, are torch.topk's exactly
+    sel_cases = [(1, 4097, 2048), (8, 32768, 2048), (1, 131072, 2048), (3, 5000, 77)] if env.is_gpu else \
+        [(1, 300, 40), (2, 5000, 2048)]
+    for m, t, kk in sel_cases:
+        sc = torch.randn((m, t), generator=gen, device=dev)
+        _check("dsa top-k (radix select)", m, t, kk,
+               lambda: sc.gather(1, topk_kernels.topk_indices(sc, kk).long()).sort(dim=-1).values,
+               torch.topk(sc, kk, dim=-1).values.sort(dim=-1).values, 0.0)
+    m, h, t, kk = (2, 64, 4097, 2048) if env.is_gpu else (1, 4, 60, 20)
+    qq = torch.randn((m, h, lora + rope), generator=gen, device=dev).to(torch.bfloat16)
+    kv = torch.randn((m, t, lora + rope), generator=gen, device=dev).to(torch.bfloat16)
+    picked = torch.rand((m, t), generator=gen, device=dev).argsort(dim=-1)[:, :kk].to(torch.int32)
+    ref = attn.reference_mla(qq.float(), kv.float().gather(1, picked.long()[..., None].expand(-1, -1, lora + rope)),
+                             lora, 1.0 / math.sqrt(192))
+    k = attn.MlaDecode(m, h, lora, rope, kk, dev)
+    _check("mla decode over selected rows", m, h, kk, lambda: k(qq, kv, 1.0 / math.sqrt(192), rows=picked).float(),
+           ref, 1e-2)
     # GQA decode: Llama-3.1-8B (32 / 8 heads of 128) at 1 and 4 tokens, a group of 16 (64 / 4), MHA of 64-wide heads,
     # and Gemma 3's 256-wide heads over a sliding window's strided view of a longer cache
     gqa_cases = [(1, 32, 8, 128, 4097, 0), (4, 32, 8, 128, 2048, 0), (1, 64, 4, 128, 8193, 0),

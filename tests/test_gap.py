@@ -450,10 +450,10 @@ def test_kernel_lever_adds_decode_attention_at_the_runs_context_on_its_fastest_k
     assert "microbench/attention.json" in lever["source"]
     dsa = {"shape": {"kind": "mla", "layers": 78, "index_heads": 32, "index_topk": 2048},
            "best": {"mla-absorbed-sparse B=1 L=2048": {"best_backend": "triton:split-kv", "us": 20.0, "gbps": 1500.0},
-                    "dsa-indexer B=1 L=4096": {"best_backend": "triton scores + torch topk", "us": 43.0, "gbps": 24.0}}}
+                    "dsa-indexer B=1 L=4096": {"best_backend": "triton scores + radix select", "us": 43.0, "gbps": 24.0}}}
     inputs["attention"] = dsa
     lever = next(l for l in attribute(inputs)["levers"] if l["name"].startswith("decode kernels at streaming"))
-    assert "takes 4.914 ms on the fastest kernels measured (triton:split-kv, triton scores + torch topk)" in lever["evidence"]
+    assert "takes 4.914 ms on the fastest kernels measured (triton:split-kv, triton scores + radix select)" in lever["evidence"]
     inputs["attention"] = {**dsa, "best": {k: v for k, v in dsa["best"].items() if "indexer" not in k}}
     lever = next(l for l in attribute(inputs)["levers"] if l["name"].startswith("decode kernels at streaming"))
     assert "decode attention" not in lever["evidence"]

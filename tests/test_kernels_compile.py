@@ -12,16 +12,18 @@ triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from decode_gap.kernels import attention, norm, routing  # noqa: E402
+from decode_gap.kernels import attention, norm, routing, topk  # noqa: E402
 
 FLOAT_ARGS = {"scale", "eps"}
 FP32_POINTERS = {"part", "lse", "wts", "logits", "bias", "out_w"}
-INT_POINTERS = {"pos": "*i64", "out_ids": "*i32"}
+INT_POINTERS = {"pos": "*i64", "out_ids": "*i32", "rows": "*i32"}
 
 CASES = [
     (attention._rope_kernel, {"HALF": 32, "BLOCK": 32}, {"x", "cos", "sin", "out"}),
-    (attention._mla_split_kernel, {"LORA": 512, "ROPE": 64, "BLOCK_H": 16, "BLOCK_T": 32, "F32_DOTS": False},
-     {"q", "kv", "part", "lse"}),
+    (attention._mla_split_kernel, {"LORA": 512, "ROPE": 64, "BLOCK_H": 16, "BLOCK_T": 32, "HAS_ROWS": False,
+                                   "F32_DOTS": False}, {"q", "kv", "part", "lse", "rows"}),
+    (attention._mla_split_kernel, {"LORA": 512, "ROPE": 64, "BLOCK_H": 16, "BLOCK_T": 32, "HAS_ROWS": True,
+                                   "F32_DOTS": False}, {"q", "kv", "part", "lse", "rows"}),
     (attention._combine_kernel, {"BLOCK_S": 16, "BLOCK_W": 128}, {"part", "lse", "out"}),
     (attention._gqa_split_kernel, {"D": 128, "BLOCK_H": 16, "BLOCK_T": 64, "F32_DOTS": False},
      {"q", "k", "v", "part", "lse"}),
@@ -32,14 +34,17 @@ CASES = [
     (norm._rms_kernel, {"ADD": True, "BLOCK": 8192}, {"x", "res", "w", "out", "sum_out"}),
     (routing._route_kernel, {"BLOCK_E": 256, "K": 8, "BLOCK_K": 8, "N_GROUP": 8, "TOPK_GROUP": 4, "SIGMOID": True,
                              "HAS_BIAS": True, "NORM": True}, {"logits", "bias", "out_w", "out_ids"}),
+    (topk._topk_kernel, {"BITS": topk.BITS, "BLOCK_T": topk.MAX_ROW}, {"scores": "*fp32", "out": "*i32"}),
 ]
 
 
-def _signature(fn, consts: dict, pointers: set) -> dict:
+def _signature(fn, consts: dict, pointers: set | dict) -> dict:
     sig = {}
     for name in inspect.signature(fn.fn).parameters:
         if name in consts:
             sig[name] = "constexpr"
+        elif isinstance(pointers, dict) and name in pointers:  # a kernel whose pointer types differ by name
+            sig[name] = pointers[name]
         elif name in pointers:
             sig[name] = INT_POINTERS.get(name) or ("*fp32" if name in FP32_POINTERS else "*bf16")
         else:
@@ -48,7 +53,7 @@ def _signature(fn, consts: dict, pointers: set) -> dict:
 
 
 @pytest.mark.parametrize("arch", [90, 100])
-@pytest.mark.parametrize("fn,consts,pointers", CASES, ids=[c[0].fn.__name__ for c in CASES])
+@pytest.mark.parametrize("fn,consts,pointers", CASES, ids=[c[0].fn.__name__ + ("-rows" if c[1].get("HAS_ROWS") else "") for c in CASES])
 def test_kernel_compiles_for_the_gpu(fn, consts, pointers, arch):
     src = ASTSource(fn=fn, signature=_signature(fn, consts, pointers), constexprs=consts)
     compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32))

@@ -210,9 +210,10 @@ print("ok")
 
 def test_fused_step_matches_the_torch_ops_step_in_the_interpreter():
     """The kernel level's GPU path (fused norms, rope, the qkv append, split-KV GQA and MLA decode, the DSA indexer
-    scores, fused routing) wired into the step gives the logits the torch-ops step gives: the same weights and
-    caches (the same seed, and the kernels' timing draws nothing from it), one decode step each in fp32, in the CPU
-    interpreter. Qwen3-MoE layout (GQA with qk-norm) and the DeepSeek-V3 layout with GLM-5's indexer."""
+    scores and its radix-select top-k with the MLA reading the selected rows in place, fused routing) wired into the
+    step gives the logits the torch-ops step gives: the same weights and caches (the same seed, and the kernels'
+    timing draws nothing from it), one decode step each in fp32, in the CPU interpreter. Qwen3-MoE layout (GQA with qk-norm), the DeepSeek-V3 layout, and GLM-5's (the same with its
+    indexer, which keeps fewer rows than the cache holds)."""
     code = r'''
 import torch
 from decode_gap.model import spec_from_dict
@@ -233,7 +234,9 @@ KernelPicker.pick = first_candidate
 MOE = %r
 MLA = %r
 MLA = {**MLA, "qk_rope_head_dim": 16}  # the MLA kernel takes rope widths of 16 and up
-for card, want in ((MOE, "GQA (triton GQA decode"), (MLA, "MLA absorbed (triton MLA decode")):
+DSA = {**MLA, "architectures": ["GlmMoeDsaForCausalLM"]}  # GLM-5: the indexer keeps 16 of the 41 rows
+for card, want, picks in ((MOE, "GQA (triton GQA decode", 1), (MLA, "MLA absorbed (triton MLA decode", 1),
+                          (DSA, "MLA absorbed (triton MLA decode", 2)):
     spec = spec_from_dict(card)
     shapes = step_shapes(spec, 1, 1, 1, 40)
     plan = plan_layers(shapes, 2, None)
@@ -247,7 +250,7 @@ for card, want in ((MOE, "GQA (triton GQA decode"), (MLA, "MLA absorbed (triton 
         out[fused] = step.S["logits"].float()
         if fused:
             assert step.attention_impl.startswith(want), step.attention_impl
-            assert len(step.attn_picker.records) == 1
+            assert len(step.attn_picker.records) == picks, step.attn_picker.records  # DSA: the top-k too
     err = ((out[True] - out[False]).norm() / out[False].norm()).item()
     assert err < 1e-4, (card["architectures"], err)
 print("ok")

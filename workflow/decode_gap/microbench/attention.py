@@ -6,8 +6,9 @@
 - MLA models (DeepSeek-V3, GLM-5): the absorbed form a decode kernel runs. q_nope is absorbed into the
   latent space (bmm with W_UK), scores against the compressed cache c_kv [B, L, kv_lora_rank] plus the
   RoPE keys [B, L, rope_dim], softmax, value read from c_kv, then up-projected with W_UV (bmm).
-- DSA (GLM-5's indexer): index scores over the whole context and a top-k of index_topk, then MLA over
-  the selected tokens (timed as `mla-absorbed` at L = index_topk).
+- DSA (GLM-5's indexer): index scores over the whole context and the indices of the index_topk largest, then MLA
+  over the selected tokens, read through those indices from the whole cache (`mla-absorbed-sparse` at
+  L = index_topk).
 
 Beside torch's, each case is timed with the kernel level's own Triton decode kernels on a GPU (`triton:split-kv`:
 split-KV flash decoding plus a combine, `kernels.attention`), as engines run decode attention (FlashInfer, FlashMLA,
@@ -28,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels import attention as attn_kernels
+from ..kernels import topk as topk_kernels
 from ..kernels.lowprec import available
 from .common import BenchEnv, short_error, skip, summary
 from .shapes import AttentionShape
@@ -85,11 +87,13 @@ def sdpa_case(env: BenchEnv, b: int, heads: int, kv_heads: int, d: int, length: 
     return fn, nbytes
 
 
-def mla_case(env: BenchEnv, shape: AttentionShape, b: int, length: int,
-             triton: bool = False) -> tuple[Callable[[], Any], int]:
+def mla_case(env: BenchEnv, shape: AttentionShape, b: int, length: int, triton: bool = False,
+             context: int = 0) -> tuple[Callable[[], Any], int]:
     """Absorbed MLA decode for one token: in torch ops over c_kv [B, L, r] and the RoPE keys [B, L, p], or with
     `triton` the split-KV MLA kernel over the latent cache as one [B, L, r + p] tensor (as FlashMLA stores it);
-    the two absorptions around it are the same bmm's either way."""
+    the two absorptions around it are the same bmm's either way. With `context` (DSA) the cache holds that many
+    rows and the attention reads `length` of them, scattered, through an index list: torch gathers them first,
+    the Triton kernel reads them in place."""
     dev = env.device
     dtype = torch.bfloat16 if env.is_gpu else torch.float32
     h, r, p, dn, dv = shape.heads, shape.kv_lora_rank, shape.qk_rope_head_dim, shape.qk_nope_head_dim, shape.v_head_dim
@@ -99,17 +103,23 @@ def mla_case(env: BenchEnv, shape: AttentionShape, b: int, length: int,
     w_uv = torch.randn((h, r, dv), device=dev, dtype=dtype) * 0.05
     scale = 1.0 / math.sqrt(dn + p)
 
+    rows = max(length, context)
+    picked = torch.rand((b, rows), device=dev).argsort(dim=-1)[:, :length].to(torch.int32) if context else None
     if triton:
-        cache = torch.randn((b, length, r + p), device=dev, dtype=dtype)
+        cache = torch.randn((b, rows, r + p), device=dev, dtype=dtype)
         kernel = attn_kernels.MlaDecode(b, h, r, p, length, dev, dtype)
 
         def attend(q_lat):
-            return kernel(torch.cat((q_lat, q_pe), dim=-1), cache, scale)
+            return kernel(torch.cat((q_lat, q_pe), dim=-1), cache, scale, rows=picked)
     else:
-        c_kv = torch.randn((b, length, r), device=dev, dtype=dtype)
-        k_pe = torch.randn((b, length, p), device=dev, dtype=dtype)
+        c_kv_all = torch.randn((b, rows, r), device=dev, dtype=dtype)
+        k_pe_all = torch.randn((b, rows, p), device=dev, dtype=dtype)
 
         def attend(q_lat):
+            c_kv, k_pe = c_kv_all, k_pe_all
+            if picked is not None:
+                at = picked.long().unsqueeze(-1)
+                c_kv, k_pe = c_kv_all.gather(1, at.expand(-1, -1, r)), k_pe_all.gather(1, at.expand(-1, -1, p))
             scores = torch.matmul(q_lat, c_kv.transpose(1, 2)) + torch.matmul(q_pe, k_pe.transpose(1, 2))  # [B, H, L]
             probs = torch.softmax(scores.float() * scale, dim=-1).to(dtype)
             return torch.matmul(probs, c_kv)  # [B, H, r]
@@ -126,8 +136,9 @@ def mla_case(env: BenchEnv, shape: AttentionShape, b: int, length: int,
 
 def indexer_case(env: BenchEnv, shape: AttentionShape, b: int, length: int,
                  triton: bool = False) -> tuple[Callable[[], Any], int]:
-    """The DSA indexer for one token: scores over the context (torch ops, or with `triton` one Triton kernel),
-    then torch's top-k of index_topk."""
+    """The DSA indexer for one token: scores over the context, then the indices of the index_topk largest, unsorted
+    (the attention sums over them): torch ops and torch.topk, or with `triton` the scores kernel and the radix
+    select (`kernels.topk`)."""
     dev = env.device
     dtype = torch.bfloat16 if env.is_gpu else torch.float32
     hi, di, topk = shape.index_heads, shape.index_head_dim, shape.index_topk
@@ -142,8 +153,10 @@ def indexer_case(env: BenchEnv, shape: AttentionShape, b: int, length: int,
         s = torch.relu(torch.matmul(q, k.transpose(1, 2)).float())  # [B, Hi, L]
         return (s * w[..., None]).sum(1)  # [B, L]
 
+    select = topk_kernels.topk_indices if triton else topk_kernels.topk_indices_reference
+
     def fn():
-        return scores().topk(kk, dim=-1).indices
+        return select(scores(), kk)
 
     es = torch.tensor([], dtype=dtype).element_size()
     fn()
@@ -200,15 +213,19 @@ def run_attention_bench(env: BenchEnv, shape: AttentionShape, context_lens: list
             if not (shape.index_heads and shape.index_topk):
                 continue
             k_top = shape.index_topk
-            index = [(torch_index, False)] + ([("triton scores + torch topk", True)] if triton_ok else [])
+            radix = length <= topk_kernels.MAX_ROW  # longer rows select with torch.topk on either path
+            index = [(torch_index, False)] + (
+                [(f"triton scores + {'radix select' if radix else 'torch topk'}", True)] if triton_ok else [])
             for label, tri in index:
                 add("dsa-indexer", label, b, length, lambda tri=tri: indexer_case(env, shape, b, length, tri),
                     shape.index_heads, 1, shape.index_head_dim, shape.layers, note=f"index scores over L, top-{k_top}")
             if length > k_top:
                 for label, tri in mla:
-                    add("mla-absorbed-sparse", label, b, k_top, lambda tri=tri: mla_case(env, shape, b, k_top, tri),
+                    add("mla-absorbed-sparse", label, b, k_top,
+                        lambda tri=tri: mla_case(env, shape, b, k_top, tri, context=length),
                         shape.heads, 1, mla_width, shape.layers,
-                        note=f"DSA: attends to the top {k_top} of {length} tokens")
+                        note=f"DSA: attends to the top {k_top} of {length} tokens, read through their indices"
+                             + ("" if tri else " (gathered first)"))
         if env.is_gpu:
             torch.cuda.empty_cache()
     df = pd.DataFrame(rows, columns=COLUMNS)

@@ -11,6 +11,7 @@ from ..model import ModelSpec
 from ..errors import DecodeGapError
 from ..kernels import attention as attn_kernels
 from ..kernels import norm as norm_kernels
+from ..kernels import topk as topk_kernels
 from ..kernels.lowprec import available
 from ..kernels.routing import FusedRoute, Routing, fused_fits, route_reference
 from .formats import GROUPED_GEMV_KINDS, _probe_grouped, _torch
@@ -26,6 +27,11 @@ class Op:
     component: str
     segment: str  # "head" or a layer kind
     fn: Callable[[dict], None]
+
+
+def _gather_rows(cache, rows):
+    """The cache rows [M, n, W] at `rows` [M, n] (DSA's selection) as a new tensor: the torch path's sparse read."""
+    return cache.gather(1, rows.long().unsqueeze(-1).expand(-1, -1, cache.shape[-1]))
 
 
 def _act_fn(spec: ModelSpec):
@@ -310,18 +316,28 @@ class DecodeStep:
             topk = min(spec.index_topk or self.T, self.T)
             idx = (IH, ID, wq, wk, wp, icache, kn_w, kn_b, topk)
         mla = None
+        select = topk_kernels.topk_indices_reference
         if self.fused:
             rows = idx[-1] if idx else self.T  # it attends to the rows the indexer keeps, where there is one
+            sparse = rows < self.T
+            # the pickers' inputs: zeros and a fixed spread of rows, no RNG draw (the torch path draws the same)
+            spread = (torch.arange(M * self.T, device=self.device) * 40503 % 65521).float().view(M, self.T)
+            kept = topk_kernels.topk_indices_reference(spread, rows) if sparse else None
+            if sparse and self.T <= topk_kernels.MAX_ROW:  # longer rows: torch.topk either way
+                choice = self.attn_picker.pick(("topk", M, self.T, rows), {
+                    topk_kernels.LABEL: lambda: topk_kernels.topk_indices(spread, rows),
+                    "torch.topk (unsorted)": lambda: topk_kernels.topk_indices_reference(spread, rows)})
+                select = topk_kernels.topk_indices if choice == topk_kernels.LABEL else select
             try:
                 split = attn_kernels.MlaDecode(M, H, lora, rope, rows, self.device, _tdtype(self.act))
             except DecodeGapError:  # a latent or rope width the kernel does not take: torch ops
                 split = None
             if split is not None:
-                qt = torch.zeros((M, H, lora + rope), dtype=_tdtype(self.act), device=self.device)  # no RNG draw
-                kvt = cache[:, :rows]
-                choice = self.attn_picker.pick(("mla", M, H, lora, rope, rows), {
-                    split.label: lambda: split(qt, kvt, scale),
-                    "torch bmm + softmax": lambda: attn_kernels.reference_mla(qt, kvt, lora, scale)})
+                qt = torch.zeros((M, H, lora + rope), dtype=_tdtype(self.act), device=self.device)
+                choice = self.attn_picker.pick(("mla", M, H, lora, rope, rows) + (("sparse",) if sparse else ()), {
+                    split.label: lambda: split(qt, cache if sparse else cache[:, :rows], scale, rows=kept),
+                    "torch bmm + softmax": lambda: attn_kernels.reference_mla(
+                        qt, _gather_rows(cache, kept) if sparse else cache[:, :rows], lora, scale)})
                 mla = split if choice == split.label else None
                 self.attention_impl = f"MLA absorbed ({mla.label if mla else 'torch bmm + softmax'})"
 
@@ -354,8 +370,11 @@ class DecodeStep:
                 wts = wp(S["h"]).float()  # [M, IH]
                 score = index_scores(qi, icache, wts)  # [M, T]: sum over heads of w * relu(q . k)
                 if topk < self.T:
-                    sel = torch.topk(score, topk, dim=-1).indices
-                    kv = cache.gather(1, sel.unsqueeze(-1).expand(-1, -1, lora + rope))
+                    sel = select(score, topk)
+                    if mla is not None:  # the kernel reads the selected rows in place
+                        S["attn_lat"] = mla(qq, cache, scale, rows=sel)
+                        return
+                    kv = _gather_rows(cache, sel)
             if mla is not None:
                 S["attn_lat"] = mla(qq, kv, scale)
                 return
