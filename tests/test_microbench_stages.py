@@ -57,8 +57,8 @@ def test_disabled_stage_writes_skipped_files(tmp_path):
 
 
 def test_attention_cases_time_the_same_work_through_the_triton_kernels_in_the_interpreter():
-    """The attention stage's Triton rows (GQA split-KV, MLA split-KV, indexer scores) build and run the kernels of
-    `kernels.attention` and count the same bytes as the torch rows of the same case; on a GPU the stage times both
+    """The attention stage's Triton rows (GQA split-KV, MLA split-KV dense and over DSA's selected rows, indexer
+    scores and radix select) build and run the kernels of `kernels.attention` and `kernels.topk` and count the same bytes as the torch rows of the same case; on a GPU the stage times both
     (here the CPU interpreter only runs them)."""
     code = r"""
 import torch
@@ -74,6 +74,10 @@ mla = AttentionShape(kind="mla", heads=4, kv_heads=1, head_dim=48, layers=2, kv_
 for case in (A.mla_case, A.indexer_case):
     (fn_t, bytes_t), (fn_s, bytes_s) = case(env, mla, 1, 40, True), case(env, mla, 1, 40, False)
     assert bytes_t == bytes_s and fn_t().shape == fn_s().shape, case.__name__
+# DSA: the sparse MLA over 8 of 40 rows, read through indices (Triton) or gathered (torch); the indexer's selection
+(fn_t, bytes_t), (fn_s, bytes_s) = A.mla_case(env, mla, 1, 8, True, context=40), A.mla_case(env, mla, 1, 8, context=40)
+assert bytes_t == bytes_s and fn_t().shape == fn_s().shape == (1, 4, 16)
+assert A.indexer_case(env, mla, 2, 40, True)[0]().shape == A.indexer_case(env, mla, 2, 40)[0]().shape == (2, 8)
 print("ok")
 """
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO / "workflow")}

@@ -179,6 +179,12 @@ def test_kernel_picker_keeps_the_fastest_and_records_each_shape():
     assert rec["chosen"] == "fast" and rec["us"]["slow"] > rec["us"]["fast"] and rec["clock"] == "wall time"
     assert picker.summary("fp8 linears") == ("fp8 linears: fast on 1 of 2 shapes, slow on 1 of 2 shapes "
                                              "(each shape timed at build: kernel_choices in simulate/kernel.json)")
+    attention = KernelPicker("cpu", warmup=1, iters=3)  # shapes of several kinds: counted per kind
+    attention.pick(("topk", 1, 4097, 2048), {"radix": fast, "torch": slow})
+    attention.pick(("mla", 1, 64, 2048), {"split": fast, "bmm": slow})
+    attention.pick(("mla", 8, 64, 2048), {"split": slow, "bmm": fast})
+    assert attention.summary("decode attention").startswith(
+        "decode attention: topk: radix on 1 of 1 shapes; mla: split on 1 of 2 shapes, bmm on 1 of 2 shapes (")
 
 
 def test_fp8_linear_runs_the_kernel_the_picker_chose():

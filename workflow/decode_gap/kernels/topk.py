@@ -36,7 +36,11 @@ LABEL = "triton radix select"
 
 
 def topk_indices_reference(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """torch.topk's indices of the k largest scores of each row of [M, T], unsorted, as int64."""
+    """torch.topk's indices of the k largest scores of each row of [M, T], unsorted, as int64; every index, with no
+    selection run, when k >= T (as engines skip it, and as `topk_indices` does)."""
+    m, t = scores.shape
+    if k >= t:
+        return torch.arange(t, device=scores.device).expand(m, t)
     return torch.topk(scores, k, dim=-1, sorted=False).indices
 
 

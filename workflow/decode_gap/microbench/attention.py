@@ -213,12 +213,13 @@ def run_attention_bench(env: BenchEnv, shape: AttentionShape, context_lens: list
             if not (shape.index_heads and shape.index_topk):
                 continue
             k_top = shape.index_topk
-            radix = length <= topk_kernels.MAX_ROW  # longer rows select with torch.topk on either path
-            index = [(torch_index, False)] + (
-                [(f"triton scores + {'radix select' if radix else 'torch topk'}", True)] if triton_ok else [])
+            # the selection: our radix select up to MAX_ROW scores, torch.topk past it, none where L <= top-k
+            pick = "" if length <= k_top else " + radix select" if length <= topk_kernels.MAX_ROW else " + torch topk"
+            index = [(torch_index, False)] + ([(f"triton scores{pick}", True)] if triton_ok else [])
             for label, tri in index:
                 add("dsa-indexer", label, b, length, lambda tri=tri: indexer_case(env, shape, b, length, tri),
-                    shape.index_heads, 1, shape.index_head_dim, shape.layers, note=f"index scores over L, top-{k_top}")
+                    shape.index_heads, 1, shape.index_head_dim, shape.layers, note=f"index scores over L, top-{k_top}"
+                    + ("" if length > k_top else " (L <= top-k: every index, no selection run)"))
             if length > k_top:
                 for label, tri in mla:
                     add("mla-absorbed-sparse", label, b, k_top,

@@ -84,12 +84,18 @@ class KernelPicker:
         return best
 
     def summary(self, what: str) -> str:
-        """One line: how many shapes took each kernel."""
-        counts: dict[str, int] = {}
+        """One line: how many shapes of each kind (gqa, mla, topk; none for the linears) took each kernel."""
+        kinds: dict[str, dict[str, int]] = {}
         for r in self.records:
+            head = r["shape"].split(" ")[0]
+            counts = kinds.setdefault(head if " " in r["shape"] else "", {})
             counts[r["chosen"]] = counts.get(r["chosen"], 0) + 1
-        return (f"{what}: " + ", ".join(f"{name} on {n} of {len(self.records)} shapes" for name, n in counts.items())
-                + " (each shape timed at build: kernel_choices in simulate/kernel.json)")
+        parts = []
+        for kind, counts in kinds.items():
+            total = sum(counts.values())
+            parts.append((f"{kind}: " if kind else "")
+                         + ", ".join(f"{name} on {n} of {total} shapes" for name, n in counts.items()))
+        return f"{what}: " + "; ".join(parts) + " (each shape timed at build: kernel_choices in simulate/kernel.json)"
 
 
 class Linear:
