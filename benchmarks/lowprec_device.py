@@ -121,7 +121,7 @@ def attention_checks(env: BenchEnv) -> None:
     strided slice, GLM-5's DSA indexer scores, and the norms (alone and with the residual add), in bf16."""
     dev = env.device
     gen = torch.Generator(device=dev).manual_seed(0)
-    cases = [(1, 16, 513, None), (1, 128, 4097, None), (4, 16, 2048, None), (1, 16, 513, 1)]
+    cases = [(1, 16, 513, None), (1, 128, 4097, None), (4, 16, 2048, None), (1, 16, 513, 1), (8, 64, 4097, None)]
     if not env.is_gpu:
         cases = [(1, 20, 50, None), (2, 4, 33, 1)]
     lora, rope = (512, 64) if env.is_gpu else (32, 16)
@@ -131,7 +131,8 @@ def attention_checks(env: BenchEnv) -> None:
         scale = 1.0 / math.sqrt(192)
         ref = attn.reference_mla(qq.float(), kv.float(), lora, scale)
         k = attn.MlaDecode(m, h, lora, rope, t, dev, splits=splits)
-        _check(f"mla decode splits={k.splits}", m, h, t, lambda: k(qq, kv, scale).float(), ref, 1e-2)
+        _check(f"mla decode splits={k.splits} heads/program={k.block_h}", m, h, t, lambda: k(qq, kv, scale).float(),
+               ref, 1e-2)
     x = torch.randn((1, 16, 192), generator=gen, device=dev).to(torch.bfloat16)[..., 128:]
     cos, sin = (torch.randn(32, generator=gen, device=dev).to(torch.bfloat16) for _ in range(2))
     _check("rope", 1, 16, 64, lambda: attn.rope(x, cos, sin).float(),

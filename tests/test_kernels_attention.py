@@ -42,6 +42,14 @@ for T, splits, dt, tol in ((50, 1, torch.float32, 1e-5), (50, 3, torch.float32, 
     got, ref = k(qq, kv, 0.2).float(), reference_mla(qq.float(), kv.float(), L, 0.2)
     err = ((got - ref).norm() / ref.norm()).item()
     assert err < tol, (T, splits, dt, err)
+# DSA: 12 of 50 rows read in place through their indices; a 32-head tile (the default at 256+ head rows) over 20 heads
+qq, kv = torch.randn(M, H, L + R), torch.randn(M, 50, L + R)
+rows = torch.stack([torch.randperm(50)[:12] for _ in range(M)]).to(torch.int32)
+ref = reference_mla(qq, kv.gather(1, rows.long()[..., None].expand(-1, -1, L + R)), L, 0.2)
+for block_h in (16, 32):
+    got = MlaDecode(M, H, L, R, 12, "cpu", dtype=torch.float32, block_h=block_h)(qq, kv, 0.2, rows=rows)
+    assert ((got - ref).norm() / ref.norm()).item() < 1e-5, block_h
+assert MlaDecode(8, 64, L, R, 12, "cpu").block_h == 32 and MlaDecode(1, 64, L, R, 12, "cpu").block_h == 16
 x = torch.randn(2, 3, 1, 24)[..., 8:]
 cos, sin = torch.randn(8), torch.randn(8)
 assert torch.allclose(rope(x, cos, sin), rope_reference(x, cos, sin), atol=1e-6)
