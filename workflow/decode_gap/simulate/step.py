@@ -320,9 +320,12 @@ class DecodeStep:
         if self.fused:
             rows = idx[-1] if idx else self.T  # it attends to the rows the indexer keeps, where there is one
             sparse = rows < self.T
-            # the pickers' inputs: zeros and a fixed spread of rows, no RNG draw (the torch path draws the same)
-            spread = (torch.arange(M * self.T, device=self.device) * 40503 % 65521).float().view(M, self.T)
-            kept = topk_kernels.topk_indices_reference(spread, rows) if sparse else None
+            # the pickers' inputs: zeros, and scores in a fixed scrambled order whose top rows spread over the cache;
+            # no RNG draw (the torch path draws the same)
+            kept = None
+            if sparse:
+                spread = (torch.arange(M * self.T, device=self.device) * 40503 % 65521).float().view(M, self.T)
+                kept = topk_kernels.topk_indices_reference(spread, rows)
             if sparse and self.T <= topk_kernels.MAX_ROW:  # longer rows: torch.topk either way
                 choice = self.attn_picker.pick(("topk", M, self.T, rows), {
                     topk_kernels.LABEL: lambda: topk_kernels.topk_indices(spread, rows),
