@@ -144,9 +144,9 @@ def attention_checks(env: BenchEnv) -> None:
     _check("dsa indexer scores", 1, ih, t, lambda: attn.index_scores(qi, keys, wts),
            attn.index_scores_reference(qi.float(), keys.float(), wts), 1e-2)
     # DSA's selection (GLM-5 keeps 2048) and the MLA over the selected rows read in place: the scores the radix
-    # select keeps, sorted, are torch.topk's exactly (rows past topk.MAX_ROW: torch.topk's own fallback)
-    sel_cases = [(1, 4097, 2048), (8, 8192, 2048), (1, 131072, 2048), (3, 5000, 77)] if env.is_gpu else \
-        [(1, 300, 40), (2, 5000, 2048)]
+    # select keeps, sorted, are torch.topk's exactly (rows past topk.MAX_ROW: the multi-pass form)
+    sel_cases = [(1, 4096, 2047), (8, 4096, 2048), (1, 4097, 2048), (8, 8192, 2048), (1, 131072, 2048), (8, 32768, 2048), (3, 5000, 77)] \
+        if env.is_gpu else [(1, 300, 40), (2, 5000, 2048)]
     for m, t, kk in sel_cases:
         sc = torch.randn((m, t), generator=gen, device=dev)
         _check("dsa top-k (radix select)", m, t, kk,

@@ -35,6 +35,10 @@ CASES = [
     (routing._route_kernel, {"BLOCK_E": 256, "K": 8, "BLOCK_K": 8, "N_GROUP": 8, "TOPK_GROUP": 4, "SIGMOID": True,
                              "HAS_BIAS": True, "NORM": True}, {"logits", "bias", "out_w", "out_ids"}),
     (topk._topk_kernel, {"BITS": topk.BITS, "BLOCK_T": topk.MAX_ROW}, {"scores": "*fp32", "out": "*i32"}),
+    (topk._topk_count_kernel, {"P": 2, "DIGIT": topk.DIGIT, "KEYBITS": 32, "CHUNK": topk.CHUNK, "PDL": True},
+     {"scores": "*fp32", "hist": "*i32"}),
+    (topk._topk_emit_kernel, {"PASSES": 32 // topk.DIGIT, "DIGIT": topk.DIGIT, "CHUNK": topk.CHUNK, "PDL": True},
+     {"scores": "*fp32", "hist": "*i32", "out": "*i32"}),
 ]
 
 

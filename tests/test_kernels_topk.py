@@ -1,5 +1,6 @@
 """The DSA indexer's radix-select top-k (`kernels.topk`) in Triton's CPU interpreter: the scores it keeps are
-torch.topk's exactly, every index once, ties at the threshold filled in index order."""
+torch.topk's exactly, every index once; the one-program form fills ties at the threshold in index order, the
+multi-pass form (rows past MAX_ROW, and any row when called directly) exactly as many of them as k needs."""
 
 import os
 import subprocess
@@ -21,15 +22,16 @@ def _interpret(code: str) -> None:
 def test_radix_select_keeps_torch_topks_scores():
     _interpret(r'''
 import torch
-from decode_gap.kernels.topk import MAX_ROW, topk_indices, topk_indices_reference
+from decode_gap.kernels.topk import MAX_ROW, topk_indices, topk_indices_multipass, topk_indices_reference
 torch.manual_seed(0)
-cases = [(1, 100, 7), (2, 5000, 2048), (3, 2049, 2048), (1, MAX_ROW, 33), (1, 64, 63)]
-for m, t, k in cases:
+one = [(1, 100, 7), (2, 5000, 2048), (3, 2049, 2048), (1, MAX_ROW, 33), (1, 64, 63)]
+multi = [(1, 100, 7, 32), (2, 5000, 2048, 1024), (3, 3000, 77, 512), (1, 64, 63, 64), (1, 9000, 2048, 2048)]
+for m, t, k, chunk in [c + (None,) for c in one] + multi:
     s = torch.randn(m, t) * 3
     s[0, :10] = 0.5   # equal scores
     s[0, 10:20] = -0.0  # and signed zeros beside positive ones
     s[0, 20] = float("-inf")
-    got = topk_indices(s, k)
+    got = topk_indices(s, k) if chunk is None else topk_indices_multipass(s, k, chunk=chunk)
     assert got.dtype == torch.int32 and got.shape == (m, k), (got.dtype, got.shape)
     ref = topk_indices_reference(s, k)
     for i in range(m):
@@ -38,8 +40,13 @@ for m, t, k in cases:
 s = torch.zeros(2, 300)
 s[:, 5] = 1
 assert sorted(topk_indices(s, 10)[1].tolist()) == list(range(10))  # 5, then the first 9 zeros in index order
+s = torch.zeros(2, 3000)
+s[:, 2999] = 1
+got = topk_indices_multipass(s, 10, chunk=256)  # 1, then 9 of the zeros, each index once
+assert all(2999 in r and len(set(r)) == 10 for r in got.tolist())
 assert topk_indices(torch.randn(2, 5), 8).tolist() == [list(range(5))] * 2  # k >= T: every index
-assert topk_indices(torch.randn(1, MAX_ROW + 1), 4).dtype == torch.int64  # past MAX_ROW: torch.topk
+got = topk_indices(torch.randn(1, MAX_ROW + 1), 4)  # past MAX_ROW: the multi-pass form
+assert got.dtype == torch.int32 and got.shape == (1, 4)
 print("ok")
 ''')
 

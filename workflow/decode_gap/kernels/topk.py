@@ -1,24 +1,31 @@
 """The DSA indexer's selection (GLM-5, DeepSeek-V3.2): the indices of the k largest scores of each row, in no order
-(the sparse attention that reads them sums over its rows), as one Triton radix select a row.
+(the sparse attention that reads them sums over its rows), as a Triton radix select.
 
 Why hand-written: torch.topk sorts what it selects, and even unsorted it runs a general multi-kernel select. On the
 H200 (2026-12-02), 2048 of 4096 fp32 scores took 37.6 us sorted and 21.3 us unsorted, 59.6 / 42.2 us of 32k, where the
 indexer's scores themselves took 2.3 / 4.2 us; engines ship their own top-k for DSA for this reason (SGLang's in
 sgl-kernel, vLLM's in its DeepSeek-V3.2 path). Unsorted is already most of the gain (the selection's order is unused).
 
-Radix select: each score maps to an unsigned 32-bit key that orders as the float does. A program holds its row in
-registers from one load; eight passes each count, for the keys whose higher bits match the prefix found so far, how
-many have each value of the next 4-bit digit (tl.histogram), and keep the digit that holds the k-th largest, so that
-after them the prefix is the k-th largest key itself. A last step writes every index whose key is above it and, in
-index order, as many of those equal to it as k still needs: exactly k indices, the same set as torch.topk's up to the
-order of ties.
+Radix select: each score maps to an unsigned 32-bit key that orders as the float does. Digit by digit from the top,
+count, for the keys whose higher digits match the prefix found so far, how many have each value of the next digit
+(tl.histogram), and keep the digit that holds the k-th largest; after the last digit the prefix is the k-th largest
+key itself. Then write every index whose key is above it and as many of those equal to it as k still needs: exactly
+k indices, the same set as torch.topk's up to ties.
+- One program a row (rows up to MAX_ROW): the row in registers from one load, eight passes of 4-bit digits, ties in
+  index order.
+- Multi-pass (longer rows, `topk_indices_multipass`): chunks of the row in parallel programs, four launches of 8-bit
+  digits whose counts meet in global memory (atomics), then one that writes the indices at places taken from two
+  atomic counters; which of several equal scores at the threshold are kept is then up to the chunks' order. The
+  launches after the first are programmatic dependents (sm90+): each loads its scores before it waits for the counts.
 
-H200 (2026-12-02, CUDA-graph replay after an L2 flush), 2048 of T fp32 scores, against torch.topk unsorted: T = 2049
-12.3 vs 15.1 us, 4096 10.9 vs 18.5, 8192 20.5 vs 36.4, 8 rows of 4096 11.0 vs 23.1. What did not pay: a loop over
-blocks of the row from memory (one program a row waits a memory round trip a block: 40 us at 4096, 285 at 32k on an
-H100), counts as a one-hot sum instead of tl.histogram (2-4x slower), 11-bit digits in three passes (tl.histogram's
-cost grows with its bins), and 32k-score rows in registers (171 us). Longer rows go to torch.topk, and the kernel
-level times both at build (`kernel_choices`).
+H200 (2026-12-02, CUDA-graph replay over rotating copies), 2048 of T fp32 scores, median us, ours against torch.topk
+unsorted: one program T = 4096 10.8 vs 17.8 (the multi-pass form 17.8); multi-pass 8192 17.6 vs 38.2 (one program
+20.4), 32k 17.4 vs 42.5, 128k 19.8 vs 51.7, 8 rows of 32k 21.1 vs 50.4, of 128k 35.4 vs 68.8. About 3 us a launch is
+most of the multi-pass time at any length up to 128k. What did not pay: a loop over blocks of the row from memory in
+one program (a memory round trip a block: 40 us at 4096, 285 at 32k on an H100), counts as a one-hot sum instead of
+tl.histogram (2-4x slower), wider digits (tl.histogram's cost grows with its bins: one program 8-bit 14.8 us at 4096,
+multi-pass 11-bit in three launches 42-64 us), and 32k-score rows in registers (171 us). The kernel level times ours
+against torch.topk at build (`kernel_choices`).
 """
 
 from __future__ import annotations
@@ -26,13 +33,23 @@ from __future__ import annotations
 import torch
 
 from ..errors import DecodeGapError
-from .lowprec import available
+from .lowprec import _pdl_launch, available, pdl_supported
 from .nvfp4 import HAVE_TRITON, tl, triton
 
 BITS = 4  # a digit: 8 passes cover a 32-bit key
 PER_THREAD = 16  # scores a thread holds: 8 and 32 were slower on the H200
-MAX_ROW = 8192  # longer rows go to torch.topk: at 32k, 32 scores a thread, 171 us against torch's 43 on the H200
+# the longest row the one-program form takes: at 8192 it took 20.4 us on the H200, the multi-pass form 17.8 (at 32k,
+# 32 scores a thread, 171 us)
+MAX_ROW = 4096
 LABEL = "triton radix select"
+# longer rows: the multi-pass form, chunks of a row in parallel programs whose digit counts meet in global memory
+DIGIT = 8  # 4 passes of 8-bit digits (a launch each, so fewer and wider digits than the one-program form's)
+CHUNK = 2048  # scores a program holds in the multi-pass form
+
+
+def label(t: int) -> str:
+    """What `topk_indices` runs for rows of t scores (where Triton runs)."""
+    return LABEL if t <= MAX_ROW else f"{LABEL} (multi-pass)"
 
 
 def topk_indices_reference(scores: torch.Tensor, k: int) -> torch.Tensor:
@@ -83,16 +100,115 @@ if HAVE_TRITON:
         tl.store(dst + (K - need) + at_eq, ts, mask=(eq != 0) & (at_eq < need))
 
 
+    @triton.jit
+    def _prefix_of(hist, P: tl.constexpr, K, DIGIT: tl.constexpr):
+        """The first P digits of the K-th largest key, from the digit counts of passes 0..P-1 (hist: [P, 2^DIGIT]),
+        and how many of the keys with that prefix are still needed."""
+        NB: tl.constexpr = 1 << DIGIT
+        bins = tl.arange(0, NB)
+        prefix = tl.zeros((), tl.uint64)
+        need = K
+        for q in tl.static_range(P):
+            h = tl.load(hist + q * NB + bins)
+            above = tl.sum(h, axis=0) - tl.cumsum(h, axis=0)
+            b = tl.max(tl.where(above + h >= need, bins, -1), axis=0)
+            need = need - tl.sum(tl.where(bins == b, above, 0), axis=0)
+            prefix = (prefix << DIGIT) | b.to(tl.uint64)
+        return prefix, need
+
+    @triton.jit
+    def _chunk_keys(scores, m, T, stride_sm, CHUNK: tl.constexpr, KEYBITS: tl.constexpr):
+        """This program's chunk of row m: its indices, which are in the row, and their keys widened to KEYBITS (a
+        whole number of digits: 33 for three 11-bit ones) as uint64."""
+        ts = tl.program_id(1) * CHUNK + tl.arange(0, CHUNK)
+        inb = ts < T
+        key = _sortable_key(tl.load(scores + m * stride_sm + ts, mask=inb, other=0.0))
+        return ts, inb, key.to(tl.uint64) << (KEYBITS - 32)
+
+    @triton.jit
+    def _topk_count_kernel(scores, hist, T, K, stride_sm, stride_hm, P: tl.constexpr, DIGIT: tl.constexpr,
+                           KEYBITS: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr = False):
+        """Pass P of the multi-pass form: this chunk's counts of digit P among the keys whose first P digits match
+        the K-th largest key's (read from passes 0..P-1), added into the row's counts. PDL: launched as a
+        programmatic dependent of the pass before, it lets the next one launch, loads its scores (written before
+        the first pass began) and only then waits for the pass before's counts."""
+        if PDL:
+            tl.extra.cuda.gdc_launch_dependents()
+        m = tl.program_id(0).to(tl.int64)
+        ts, inb, key = _chunk_keys(scores, m, T, stride_sm, CHUNK, KEYBITS)
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+        h_row = hist + m * stride_hm
+        prefix, need = _prefix_of(h_row, P, K, DIGIT)
+        NB: tl.constexpr = 1 << DIGIT
+        live = inb & ((key >> (KEYBITS - DIGIT * P)) == prefix)
+        digit = ((key >> (KEYBITS - DIGIT * (P + 1))) & (NB - 1)).to(tl.int32)
+        h = tl.histogram(digit, NB, mask=live)
+        tl.atomic_add(h_row + P * NB + tl.arange(0, NB), h, mask=h > 0, sem="relaxed")
+
+    @triton.jit
+    def _topk_emit_kernel(scores, hist, out, T, K, stride_sm, stride_hm, stride_om, PASSES: tl.constexpr,
+                          DIGIT: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr = False):
+        """After the passes: this chunk's indices whose keys lie above the K-th largest, and as many equal to it as
+        K still needs, at places taken from the row's two counters (after its digit counts in hist). PDL: as the
+        passes' (the kernel after it waits for it in full either way)."""
+        m = tl.program_id(0).to(tl.int64)
+        ts, inb, key = _chunk_keys(scores, m, T, stride_sm, CHUNK, DIGIT * PASSES)
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+        h_row = hist + m * stride_hm
+        prefix, need = _prefix_of(h_row, PASSES, K, DIGIT)
+        gt = (inb & (key > prefix)).to(tl.int32)
+        eq = (inb & (key == prefix)).to(tl.int32)
+        # the row's two counters as one int64 (keys above in the high half, ties in the low), so that one atomic
+        # round trip gives this chunk both places
+        counters = (h_row + PASSES * (1 << DIGIT)).to(tl.pointer_type(tl.int64))
+        took = tl.sum(gt, axis=0).to(tl.int64) << 32 | tl.sum(eq, axis=0).to(tl.int64)
+        before = tl.atomic_add(counters, took, sem="relaxed")
+        base_gt = (before >> 32).to(tl.int32)
+        base_eq = (before & 0xFFFFFFFF).to(tl.int32)
+        dst = out + m * stride_om
+        tl.store(dst + base_gt + tl.cumsum(gt, axis=0) - 1, ts, mask=gt != 0)
+        at_eq = base_eq + tl.cumsum(eq, axis=0) - 1
+        tl.store(dst + (K - need) + at_eq, ts, mask=(eq != 0) & (at_eq < need))
+
+
+def topk_indices_multipass(scores: torch.Tensor, k: int, chunk: int = CHUNK, pdl: bool | None = None,
+                           digit: int = DIGIT) -> torch.Tensor:
+    """`topk_indices` for rows of any length, as PASSES + 1 launches over chunks of the row in parallel: pass p
+    counts digit p of the keys that match the K-th largest's first p digits (atomics into the row's counts), then a
+    last launch writes the indices above it and the ties it needs. The same set as torch.topk's up to ties, but
+    which of several equal scores at the threshold are kept, and the order of the indices, depend on which chunk
+    reaches the counters first. fp32 [M, T] contiguous rows, k < T; int32 [M, k]. pdl (default: where the GPU has
+    it): the passes after the first launch as programmatic dependents, so a launch overlaps the pass before."""
+    m, t = scores.shape
+    nb, passes = 1 << digit, -(-32 // digit)
+    # the digit counts, then two int32 counters read as one int64 (passes * nb is even: 8-byte aligned rows)
+    counts = torch.zeros((m, passes * nb + 2), dtype=torch.int32, device=scores.device)
+    out = torch.empty((m, k), dtype=torch.int32, device=scores.device)
+    grid = (m, triton.cdiv(t, chunk))
+    warps = max(1, chunk // (32 * PER_THREAD))
+    pdl = pdl_supported(scores.device) if pdl is None else pdl
+    for p in range(passes):
+        _topk_count_kernel[grid](scores, counts, t, k, scores.stride(0), counts.stride(0), P=p, DIGIT=digit,
+                                 KEYBITS=passes * digit, CHUNK=chunk, PDL=pdl, num_warps=warps,
+                                 **_pdl_launch(pdl and p > 0))
+    _topk_emit_kernel[grid](scores, counts, out, t, k, scores.stride(0), counts.stride(0), out.stride(0),
+                            PASSES=passes, DIGIT=digit, CHUNK=chunk, PDL=pdl, num_warps=warps, **_pdl_launch(pdl))
+    return out
+
+
 def topk_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """The indices of the k largest of each row of fp32 scores [M, T], unsorted: int32 from the radix-select kernel
-    where Triton runs and rows are at most MAX_ROW, else torch.topk's (int64). Every index when k >= T."""
+    """The indices of the k largest of each row of fp32 scores [M, T], unsorted: int32 from the radix select where
+    Triton runs (one program a row up to MAX_ROW scores, the multi-pass form past it), else torch.topk's (int64).
+    Every index when k >= T (the reference's, int64)."""
     if scores.dim() != 2 or scores.dtype != torch.float32:
         raise DecodeGapError(f"top-k: needs fp32 scores [M, T], got {scores.dtype} {tuple(scores.shape)}")
     m, t = scores.shape
-    if k >= t:
-        return torch.arange(t, device=scores.device, dtype=torch.int32).expand(m, t)
-    if not available(scores.device) or scores.stride(1) != 1 or t > MAX_ROW:
+    if k >= t or not available(scores.device) or scores.stride(1) != 1:
         return topk_indices_reference(scores, k)
+    if t > MAX_ROW:
+        return topk_indices_multipass(scores, k)
     out = torch.empty((m, k), dtype=torch.int32, device=scores.device)
     block = max(2048, triton.next_power_of_2(t))  # 4 warps at least
     _topk_kernel[(m,)](scores, out, t, k, scores.stride(0), out.stride(0), BITS=BITS, BLOCK_T=block,

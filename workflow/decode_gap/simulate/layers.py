@@ -87,8 +87,7 @@ class KernelPicker:
         """One line: how many shapes of each kind (gqa, mla, topk; none for the linears) took each kernel."""
         kinds: dict[str, dict[str, int]] = {}
         for r in self.records:
-            head = r["shape"].split(" ")[0]
-            counts = kinds.setdefault(head if " " in r["shape"] else "", {})
+            counts = kinds.setdefault(r["shape"].rpartition(" ")[0], {})  # "topk 1x4097x2048" -> "topk"; linears ""
             counts[r["chosen"]] = counts.get(r["chosen"], 0) + 1
         parts = []
         for kind, counts in kinds.items():

@@ -326,11 +326,11 @@ class DecodeStep:
             if sparse:
                 spread = (torch.arange(M * self.T, device=self.device) * 40503 % 65521).float().view(M, self.T)
                 kept = topk_kernels.topk_indices_reference(spread, rows)
-            if sparse and self.T <= topk_kernels.MAX_ROW:  # longer rows: torch.topk either way
+                ours = topk_kernels.label(self.T)
                 choice = self.attn_picker.pick(("topk", M, self.T, rows), {
-                    topk_kernels.LABEL: lambda: topk_kernels.topk_indices(spread, rows),
+                    ours: lambda: topk_kernels.topk_indices(spread, rows),
                     "torch.topk (unsorted)": lambda: topk_kernels.topk_indices_reference(spread, rows)})
-                select = topk_kernels.topk_indices if choice == topk_kernels.LABEL else select
+                select = topk_kernels.topk_indices if choice == ours else select
             try:
                 split = attn_kernels.MlaDecode(M, H, lora, rope, rows, self.device, _tdtype(self.act))
             except DecodeGapError:  # a latent or rope width the kernel does not take: torch ops

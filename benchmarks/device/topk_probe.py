@@ -1,0 +1,71 @@
+"""Probe (H200): the DSA indexer's top-k (2048 of T fp32 scores) by torch.topk (sorted and unsorted), the one-program
+radix select (T <= topk.MAX_ROW) and the multi-pass radix select at several chunk sizes, with and without
+programmatic dependent launch; every result checked
+against torch.topk's scores. CUDA-graph replay over rotating copies of the scores (median us).
+
+    PYTHONPATH=workflow python3 benchmarks/device/topk_probe.py [--rows 1,8] [--lengths 4096,...] [--chunks 1024,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "workflow"))
+
+import torch  # noqa: E402
+
+from decode_gap.kernels import topk  # noqa: E402
+from decode_gap.microbench.timing import rotating_copies, time_graph  # noqa: E402
+
+
+def one_program(s: torch.Tensor, k: int, bits: int) -> torch.Tensor:
+    """topk.topk_indices' one-program launch with `bits`-bit digits."""
+    m, t = s.shape
+    out = torch.empty((m, k), dtype=torch.int32, device=s.device)
+    block = max(2048, 1 << (t - 1).bit_length())
+    topk._topk_kernel[(m,)](s, out, t, k, s.stride(0), out.stride(0), BITS=bits, BLOCK_T=block,
+                            num_warps=block // (32 * topk.PER_THREAD))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", default="1,8")
+    ap.add_argument("--lengths", default="4096,8192,16384,32768,65536,131072")
+    ap.add_argument("--chunks", default="512,1024,2048")
+    ap.add_argument("--digits", default="8,11")
+    ap.add_argument("--k", type=int, default=2048)
+    a = ap.parse_args()
+    dev = torch.device("cuda")
+    print(torch.cuda.get_device_name(dev), flush=True)
+    for m in map(int, a.rows.split(",")):
+        for t in map(int, a.lengths.split(",")):
+            n = rotating_copies(m * t * 4, dev)
+            copies = [torch.randn((m, t), device=dev) for _ in range(n)]
+            cands = {"torch sorted": lambda s: torch.topk(s, a.k, dim=-1).indices,
+                     "torch unsorted": lambda s: topk.topk_indices_reference(s, a.k)}
+            if t <= topk.MAX_ROW:
+                for bits in (4, 8):
+                    cands[f"radix 1 program {bits}-bit"] = lambda s, bits=bits: one_program(s, a.k, bits)
+            for c in map(int, a.chunks.split(",")):
+                for digit in map(int, a.digits.split(",")):
+                    for pdl in (False, True):
+                        cands[f"multi-pass {digit}-bit chunk {c}{' pdl' if pdl else ''}"] = \
+                            lambda s, c=c, pdl=pdl, digit=digit: topk.topk_indices_multipass(s, a.k, c, pdl, digit)
+            cells = []
+            for name, fn in cands.items():
+                s = copies[0]
+                got = fn(s)
+                ref = torch.topk(s, a.k, dim=-1).values.sort(dim=-1).values
+                ok = torch.equal(s.gather(1, got.long()).sort(dim=-1).values, ref)
+                us = time_graph([lambda fn=fn, x=x: fn(x) for x in copies], 3, 30, dev).median_us
+                cells.append(f"{name} {us:.1f}{'' if ok else ' WRONG'}")
+            print(f"M={m} T={t} ({n} copies): " + " | ".join(cells), flush=True)
+            del copies
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
