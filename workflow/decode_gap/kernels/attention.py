@@ -301,16 +301,20 @@ class MlaDecode:
     BLOCK_T = 32
 
     def __init__(self, m: int, heads: int, lora: int, rope_dim: int, t_max: int, device, dtype=torch.bfloat16,
-                 splits: int | None = None, block_h: int | None = None) -> None:
+                 splits: int | None = None, block_h: int | None = None, warps: int = 4) -> None:
         for name, v in (("kv_lora_rank", lora), ("qk_rope_head_dim", rope_dim)):
             if v < 16 or v != _pow2(v):
                 raise DecodeGapError(f"MLA decode kernel: {name} {v} is not a power of two of 16 or more")
         if not available(device):
             raise DecodeGapError("MLA decode kernel: needs Triton on a GPU (or TRITON_INTERPRET)")
-        self.m, self.h, self.lora, self.rope = m, heads, lora, rope_dim
+        self.m, self.h, self.lora, self.rope, self.warps = m, heads, lora, rope_dim, warps
         # heads a program: each head tile reads the whole cache, so wider tiles read it fewer times, but leave fewer
         # programs to split it over. H200 (GLM-5's 64 heads, 8 tokens): 4096 rows 58.0 us with 16, 44.8 with 32,
-        # 2048 selected rows 38.0 / 36.6; one token (64 or 128 heads): 16 as fast or faster (11.4 vs 13.3 us)
+        # 2048 selected rows 38.0 / 36.6; one token (64 or 128 heads): 16 as fast or faster (11.4 vs 13.3 us).
+        # H200 sweep of 2048 selected rows (benchmarks/device/mla_probe.py, 2026-12-03: splits 4-64 x 16/32/64 heads
+        # x 4/8 warps): at one token the default (32 splits of 16 heads, 4 warps) was the fastest, 11.4 us (64
+        # splits 12.6, 8 splits 21.5); at eight, 64 heads of 8 warps in 16 splits 32.0 against 33.7 for 32 heads
+        # in 16: too little to plan for
         self.block_h = block_h or (32 if m * heads >= 256 else 16)
         head_tiles = math.ceil(heads / self.block_h)
         # a split's partial is [16 heads, L] fp32 (32 KB at L = 512), as many bytes as one block of 32 cache rows:
@@ -339,7 +343,7 @@ class MlaDecode:
             qq.stride(0), qq.stride(1), kv.stride(0), kv.stride(1), self.part.stride(0), self.part.stride(1),
             self.part.stride(2), self.lse.stride(0), self.lse.stride(1), 0 if rows is None else rows.stride(0),
             LORA=self.lora, ROPE=self.rope, BLOCK_H=self.block_h, BLOCK_T=self.BLOCK_T, HAS_ROWS=rows is not None,
-            F32_DOTS=interpreted(), num_warps=4)  # 8 was slower at every shape measured
+            F32_DOTS=interpreted(), num_warps=self.warps)  # 8 was slower but with 64-head tiles (mla_probe.py)
         return _combine(self.part, self.lse, self.out)
 
 
