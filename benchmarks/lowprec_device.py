@@ -38,6 +38,7 @@ from decode_gap.microbench import launch, memory, moe, shapes  # noqa: E402
 from decode_gap.kernels import lowprec as lp  # noqa: E402
 from decode_gap.kernels import nvfp4 as nv  # noqa: E402
 from decode_gap.kernels import attention as attn  # noqa: E402
+from decode_gap.kernels import fp8block  # noqa: E402
 from decode_gap.kernels import norm as norm_kernels  # noqa: E402
 from decode_gap.kernels import routing as rt  # noqa: E402
 from decode_gap.kernels import topk as topk_kernels  # noqa: E402
@@ -216,6 +217,48 @@ def routing_checks(env: BenchEnv) -> None:
             ref = dense(*rt.route_reference(logits, r, bias), r.experts)
             _check(f"routing {name}", m, r.experts, r.top_k,
                    lambda: dense(*rt.FusedRoute(r, m, dev)(logits, bias), r.experts), ref, 1e-5)
+
+
+def fp8block_case(env: BenchEnv, timed: bool) -> None:
+    """fp8 with 128x128 block scales above batch 1 (kernels/fp8block.py) on DeepSeek-V3 shapes at M = 1-16: the Triton
+    activation quantisation against the torch reference (scales to 1e-6; codes: at most one e4m3 step apart), the
+    whole call against dequantise-then-matmul, and (timed) the call, the quantisation alone and per-tensor
+    `_scaled_mm` on the same fp8 bytes."""
+    dev = env.device
+    if not fp8block.supported(dev):
+        RESULTS["errors"]["fp8block"] = f"unavailable: {fp8block.why_not(dev)}"
+        log(f"fp8block unavailable: {fp8block.why_not(dev)}")
+        return
+    gen = torch.Generator(device=dev).manual_seed(0)
+    rows = RESULTS.setdefault("fp8block", [])
+    for n, k in ((2112, 7168), (7168, 2048), (36864, 7168), (7168, 18432), (1008, 512)):
+        w = lp.quantize_fp8(torch.randn((n, k), generator=gen, device=dev) * 0.02, block=True)
+        for m in (1, 3, 4, 8, 16):
+            x = torch.randn((m, k), generator=gen, device=dev).to(torch.bfloat16) * torch.logspace(
+                -2, 1, k, device=dev).to(torch.bfloat16)
+            q, s = fp8block.quantize_act(x)
+            rq, rs = fp8block.quantize_act_reference(x)
+            step = (rq.float().abs() / 8).clamp(min=2.0 ** -9)  # one e4m3 step at each value, about
+            codes_ok = bool(((q.float() - rq.float()).abs() <= step + 1e-6).all())
+            _check("fp8 block act quant scales", m, k // 128, k, lambda: s, rs, 1e-6)
+            RESULTS["checks"].append({"kernel": "fp8 block act quant codes", "M": m, "N": 0, "K": k, "ok": codes_ok,
+                                      "mismatches": int((q.float() != rq.float()).sum())})
+            mm = fp8block.BlockScaledMm(w, m, dev)
+            _check("fp8 block scaled_mm", m, n, k, lambda: mm(x), mm.reference(x), 1e-2)
+            if not timed:
+                continue
+            one = torch.ones((), device=dev)
+            xq = rq if m >= 4 else torch.nn.functional.pad(rq.float(), (0, 0, 0, 4 - m)).to(torch.float8_e4m3fn)
+            row = {"N": n, "K": k, "M": m, "block_us": time_graph([lambda: mm(x)], 3, 20, dev).median_us,
+                   "quant_us": time_graph([lambda: fp8block.quantize_act(x, mm.xq, mm.sx)], 3, 20, dev).median_us,
+                   "per_tensor_us": time_graph([lambda: torch._scaled_mm(xq, w.data.t(), scale_a=one, scale_b=one,
+                                                                         out_dtype=torch.bfloat16)], 3, 20,
+                                               dev).median_us}
+            if m == 1:  # our block-scaled GEMV, the kernel level's choice at batch 1
+                g = lp.DenseGemv(w, 1, dev)
+                row["our_gemv_us"] = time_graph([lambda: g(x)], 3, 20, dev).median_us
+            rows.append(row)
+            log(f"fp8block {row}")
 
 
 def grouped_checks(env: BenchEnv) -> None:
@@ -672,7 +715,7 @@ def main() -> int:
                     help="the sweep section's N x K shapes (comma-separated), each at every --ms")
     ap.add_argument("--ms", default="1", help="the sweep section's M values (comma-separated)")
     ap.add_argument("--sections", default="memory,checks,llama,moe,dsv3,glm5,stage",
-                    help="also: bw (bandwidths only), stats, moechecks (grouped checks only), kernelchecks (routing and "
+                    help="also: bw (bandwidths only), stats, fp8block (block-scaled fp8 above batch 1: checks and times), moechecks (grouped checks only), kernelchecks (routing and "
                          "attention checks only), moe4 (the NVFP4 grouped forms only)")
     args = ap.parse_args()
     out = Path(args.out)
@@ -742,6 +785,10 @@ def main() -> int:
             run(f"moe {model}", lambda model=model: moe_case(env, model, fmts, baselines="moe" in sections))
     if "kernelchecks" in sections:  # the fused routing and attention checks only
         run("kernelchecks", lambda: (routing_checks(env), attention_checks(env)))
+        bad = [c for c in RESULTS["checks"] if not c["ok"]]
+        log(f"checks: {len(RESULTS['checks']) - len(bad)} passed, {len(bad)} failed: {bad}")
+    if ("fp8block" in sections or "kernelchecks" in sections) and env.is_gpu:  # block-scaled fp8 above batch 1
+        run("fp8block", lambda: fp8block_case(env, timed="fp8block" in sections))
         bad = [c for c in RESULTS["checks"] if not c["ok"]]
         log(f"checks: {len(RESULTS['checks']) - len(bad)} passed, {len(bad)} failed: {bad}")
     if "moechecks" in sections:  # the grouped experts' checks only (awkward sizes)

@@ -41,7 +41,9 @@ EXTRA = [("kernel_llama8b_fp8", "kernel", dict(model="llama-3.1-8b.json", weight
          ("kernel_llama70b_tp8", "kernel", dict(model="llama-3.1-70b.json", weight_format="fp8", tp=8, ranks=1), 90),
          ("kernel_qwen3_moe_fp8", "kernel", dict(model="qwen3-30b-a3b.json", weight_format="fp8", tp=1), 90),
          ("kernel_glm5_tp1_4k", "kernel", dict(model="glm-5.json", weight_format="fp8", tp=1, context_len=4096), 120),
-         ("kernel_glm5_tp1_32k", "kernel", dict(model="glm-5.json", weight_format="fp8", tp=1, context_len=32768), 120)]
+         ("kernel_glm5_tp1_32k", "kernel", dict(model="glm-5.json", weight_format="fp8", tp=1, context_len=32768), 120),
+         ("kernel_dsv3_tp8_block_b8", "kernel",
+          dict(model="deepseek-v3.json", weight_format="fp8-block", tp=8, ranks=1, batch=8), 120)]
 
 
 def child(kind: str, args: dict, out: str, workflow: Path) -> None:

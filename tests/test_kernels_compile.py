@@ -12,7 +12,7 @@ triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from decode_gap.kernels import attention, norm, routing, topk  # noqa: E402
+from decode_gap.kernels import attention, fp8block, norm, routing, topk  # noqa: E402
 
 FLOAT_ARGS = {"scale", "eps"}
 FP32_POINTERS = {"part", "lse", "wts", "logits", "bias", "out_w"}
@@ -39,6 +39,7 @@ CASES = [
      {"scores": "*fp32", "hist": "*i32"}),
     (topk._topk_emit_kernel, {"PASSES": 32 // topk.DIGIT, "DIGIT": topk.DIGIT, "CHUNK": topk.CHUNK, "PDL": True},
      {"scores": "*fp32", "hist": "*i32", "out": "*i32"}),
+    (fp8block._act_quant_kernel, {"GROUPS": 4}, {"x": "*bf16", "q": "*fp8e4nv", "s": "*fp32"}),
 ]
 
 

@@ -49,10 +49,17 @@ def probe_formats(weight_format: str, device: str, batch: int = 1) -> dict[str, 
                     "fp8 linears run, shape by shape, the faster of torch._scaled_mm and our per-tensor Triton GEMV "
                     "(decode_gap.kernels.lowprec.DenseGemv; both timed once a shape at build, as engines pick "
                     "tactics); routed experts the grouped fp8 GEMV over each token's selected experts"))
+            elif block and batch != 1 and not (why_not := _block_mm_why_not(device)):
+                info.update(linear="fp8-block-mm", experts="fp8", note=(
+                    f"fp8-block linears at {batch} rows a step run the activation's 1x128 quantisation (Triton) and "
+                    "torch._scaled_mm with the 128x128 block scales (cuBLAS blockwise scaling; decode_gap.kernels."
+                    "fp8block); routed experts run fp8's grouped kernels with per-tensor scales (the same bytes "
+                    "but for the scales)"))
             elif block:
                 info["note"] = ("fp8-block runs with per-tensor scales (block scales are not simulated: " +
-                                (f"at {batch} rows a step our block-scaled GEMVs would run on CUDA cores and cuBLAS "
-                                 "has none below 16 rows)" if batch != 1 else "the block-scaled GEMV failed here)"))
+                                (f"at {batch} rows a step cuBLAS's blockwise scaling did not run here ({why_not}) "
+                                 "and our block-scaled GEMVs run on CUDA cores)" if batch != 1
+                                 else "the block-scaled GEMV failed here)"))
             return info
         except Exception as exc:  # no fp8 tensor cores (sm < 89) or no kernel
             why = f"torch._scaled_mm fp8 failed here ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})"
@@ -102,6 +109,16 @@ def _probe_fp8_gemvs(device: str, block: bool) -> bool:
         return bool(torch.isfinite(dense(x)).all() and torch.isfinite(g(x)).all())
     except Exception:  # no Triton, no fp8 conversion on this GPU, or no kernel
         return False
+
+
+def _block_mm_why_not(device: str) -> str:
+    """"" where cuBLAS's blockwise-scaled fp8 GEMM (with our activation quantisation) runs here, else why not."""
+    try:
+        from ..kernels import fp8block
+
+        return fp8block.why_not(device)
+    except Exception as exc:  # an fp8-less torch build
+        return f"{type(exc).__name__}: {exc}"[:160]
 
 
 def _probe_grouped_nvfp4(device: str) -> bool:

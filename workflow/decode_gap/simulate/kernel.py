@@ -25,9 +25,10 @@ them (per-tensor scales); at batch 1 each linear shape runs the faster of `torch
 Triton GEMV (`kernels.lowprec.DenseGemv`, both timed once a shape at build: `kernel_choices`), and the routed experts
 our grouped fp8 GEMV over each token's selected experts. fp8-block at batch 1 runs our 128x128 block-scaled Triton
 GEMVs (`kernels.lowprec.DenseGemv` with the scales applied to x, and the grouped GEMV over each token's selected
-experts), which the H200 runs level with the per-tensor ones; above batch 1 it runs fp8's kernels with per-tensor
-scales and says so (ours would run on CUDA cores, cuBLAS has no block scales below 16 rows; the scales' bytes are
-negligible). NVFP4 runs the
+experts), which the H200 runs level with the per-tensor ones; above batch 1 its linears quantise the activation per
+1x128 group (Triton) and run `torch._scaled_mm` with the block scales (cuBLAS blockwise scaling, sm90 with CUDA 12.9+;
+`kernels.fp8block`), and its routed experts fp8's grouped kernels with per-tensor scales, which it says (where cuBLAS
+has no blockwise scaling, the linears too). NVFP4 runs the
 micro-benchmarks' weight-only Triton kernels: the linears through `kernels.nvfp4.WeightOnlyGemm`, the routed experts
 through the grouped NVFP4 GEMV over the experts each token selects (`kernels.lowprec.GroupedExperts`, one call a
 token, sm89+). A format the kernel level cannot run here (GGUF quants, NVFP4 without a kernel, fp8 on a CPU) runs a
@@ -136,7 +137,8 @@ def _fits(shapes: StepShapes, fmt: dict, device: str, settings: KernelSettings, 
     """Layers that fit in the device memory budget ("auto"), or the CPU's small default."""
     torch = _torch()
     # bytes a weight value takes while the layers are built (nvfp4: its bf16 scratch at init)
-    wb = {"fp8": 1.0, "fp8-gemv": 1.0, "fp8-block": 1.0, "bf16": 2.0, "fp32": 4.0, "nvfp4-wo": 2.0}[fmt["linear"]]
+    wb = {"fp8": 1.0, "fp8-gemv": 1.0, "fp8-block": 1.0, "fp8-block-mm": 1.0, "bf16": 2.0, "fp32": 4.0,
+          "nvfp4-wo": 2.0}[fmt["linear"]]
     ab = {"bf16": 2.0, "fp32": 4.0}[fmt["activations"]]
     per = max(layer_bytes(shapes, k, wb, ab, shapes.context_len + 1) for k in shapes.kinds)
     head = (1 if shapes.spec.tie_embeddings else 2) * shapes.vocab * shapes.spec.hidden * ab

@@ -129,6 +129,16 @@ class Linear:
                                                "torch._scaled_mm": lambda: self._scaled_mm(x)}) != ours:
                         self.kind, self.gemm = "fp8", None
             return
+        if kind == "fp8-block-mm":  # above batch 1 (probe_formats): x quantised per 1x128 group, cuBLAS blockwise
+            from ..kernels import fp8block
+            from ..kernels import lowprec as lp
+
+            if k % (4 * lp.FP8_BLOCK) == 0 and n % 16 == 0:
+                w = _fp8_weight((n, k), device, True)
+                self.gemm = fp8block.BlockScaledMm(w, m, device, out_dtype=self.act_dtype)
+                self.nbytes = lp.fp8_bytes(n, k, True)
+                return
+            kind = self.kind = "fp8"  # a shape BlockScaledMm refuses: per-tensor scales on the same bytes
         self.w = _rand((n, k), kind, device)
         self.nbytes = self.w.numel() * self.w.element_size()
         if kind == "fp8":
@@ -136,7 +146,7 @@ class Linear:
 
     def __call__(self, x):
         torch = _torch()
-        if self.kind in ("nvfp4-wo", "fp8-block", "fp8-gemv"):
+        if self.kind in ("nvfp4-wo", "fp8-block", "fp8-gemv", "fp8-block-mm"):
             return self.gemm(x)
         if self.kind == "fp8":
             return self._scaled_mm(x)
