@@ -715,8 +715,9 @@ def main() -> int:
                     help="the sweep section's N x K shapes (comma-separated), each at every --ms")
     ap.add_argument("--ms", default="1", help="the sweep section's M values (comma-separated)")
     ap.add_argument("--sections", default="memory,checks,llama,moe,dsv3,glm5,stage",
-                    help="also: bw (bandwidths only), stats, fp8block (block-scaled fp8 above batch 1: checks and times), moechecks (grouped checks only), kernelchecks (routing and "
-                         "attention checks only), moe4 (the NVFP4 grouped forms only)")
+                    help="also: bw (bandwidths only), stats, fp8block (block-scaled fp8 above batch 1: checks and "
+                         "times), moechecks (grouped checks only), kernelchecks (routing and attention checks only, "
+                         "and fp8block's checks), moe4 (the NVFP4 grouped forms only)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

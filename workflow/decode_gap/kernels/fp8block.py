@@ -86,6 +86,14 @@ def quantize_act(x: torch.Tensor, q: torch.Tensor | None = None,
     return q, s
 
 
+def refusal(n: int, k: int) -> str:
+    """Why cuBLAS's blockwise form will not take an [n, k] weight ("" where it will): K in whole groups of four
+    128-value blocks (it refused 640 on the H200) and N a multiple of 16 (every `_scaled_mm`)."""
+    if k % (4 * FP8_BLOCK):
+        return f"K={k} is not a multiple of {4 * FP8_BLOCK} (whole groups of four 128-value blocks)"
+    return f"N={n} is not a multiple of 16 (torch._scaled_mm's rule)" if n % 16 else ""
+
+
 def _weight_scales(w: Fp8Weight) -> torch.Tensor:
     """The weight's [N/128, K/128] scales as cuBLAS reads them for B = W^T: transposed to [K/128, N/128] with
     stride (1, L4), L4 being K's blocks rounded up to 4 (cuBLAS wants a 16-byte leading dimension); the shape stays
@@ -107,11 +115,8 @@ class BlockScaledMm:
         if not w.block or w.data.dim() != 2:
             raise DecodeGapError("fp8 block-scaled GEMM: needs a 2-D weight with 128x128 block scales")
         n, k = w.data.shape
-        if k % (4 * FP8_BLOCK):
-            raise DecodeGapError(f"fp8 block-scaled GEMM: K={k} is not a multiple of {4 * FP8_BLOCK} (whole groups of "
-                                 "four 128-value blocks: cuBLAS refused 640 on the H200)")
-        if n % 16:
-            raise DecodeGapError(f"fp8 block-scaled GEMM: N={n} is not a multiple of 16 (torch._scaled_mm's rule)")
+        if why := refusal(n, k):
+            raise DecodeGapError(f"fp8 block-scaled GEMM: {why}")
         self.m, self.n, self.k, self.w = m, n, k, w
         self.rows = max(MIN_M, -(-m // 4) * 4)  # cuBLAS's M; rows past m stay zero
         self.wt = w.data.t()

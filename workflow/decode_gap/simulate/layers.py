@@ -133,7 +133,7 @@ class Linear:
             from ..kernels import fp8block
             from ..kernels import lowprec as lp
 
-            if k % (4 * lp.FP8_BLOCK) == 0 and n % 16 == 0:
+            if not fp8block.refusal(n, k):
                 w = _fp8_weight((n, k), device, True)
                 self.gemm = fp8block.BlockScaledMm(w, m, device, out_dtype=self.act_dtype)
                 self.nbytes = lp.fp8_bytes(n, k, True)
