@@ -26,7 +26,7 @@ import math
 import torch
 
 from ..errors import DecodeGapError
-from .lowprec import FP8_BLOCK, Fp8Weight, available, dequantize_fp8, interpreted
+from .lowprec import FP8_BLOCK, Fp8Weight, available, dequantize_fp8, interpreted, quantize_fp8
 from .nvfp4 import HAVE_TRITON, tl, triton
 
 E4M3_MAX = 448.0
@@ -35,13 +35,18 @@ LABEL = "torch._scaled_mm(e4m3, 1x128 x 128x128 block scales)"
 _SUPPORTED: dict[str, str] = {}  # device -> "" where cuBLAS runs the blockwise form there, else why not (probed once)
 
 
+def _groups(k: int) -> int:
+    """The 1x128 groups of a row of K values, or one clear error where K is not whole groups."""
+    if k % FP8_BLOCK:
+        raise DecodeGapError(f"fp8 block scales: K={k} is not a multiple of {FP8_BLOCK}")
+    return k // FP8_BLOCK
+
+
 def quantize_act_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] (K a multiple of 128) -> (e4m3 [M, K], fp32 scales [M, K/128]) with x ~= q * scale per group: scale =
     amax / 448 (a tiny floor for all-zero groups), q = x / scale rounded to e4m3."""
     m, k = x.shape
-    if k % FP8_BLOCK:
-        raise DecodeGapError(f"fp8 block scales: K={k} is not a multiple of {FP8_BLOCK}")
-    g = x.float().reshape(m, k // FP8_BLOCK, FP8_BLOCK)
+    g = x.float().reshape(m, _groups(k), FP8_BLOCK)
     s = (g.abs().amax(-1) / E4M3_MAX).clamp(min=1e-12)
     q = (g / s[..., None]).clamp(-E4M3_MAX, E4M3_MAX).reshape(m, k).to(torch.float8_e4m3fn)
     return q, s
@@ -68,9 +73,7 @@ def quantize_act(x: torch.Tensor, q: torch.Tensor | None = None,
     """`quantize_act_reference` as one Triton kernel where Triton runs (into q and s where given: any strides, so s
     can be the outer-dim-major layout cuBLAS wants); else the reference (copied into q and s where given)."""
     m, k = x.shape
-    if k % FP8_BLOCK:
-        raise DecodeGapError(f"fp8 block scales: K={k} is not a multiple of {FP8_BLOCK}")
-    groups = k // FP8_BLOCK
+    groups = _groups(k)
     q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device) if q is None else q
     s = torch.empty((m, groups), dtype=torch.float32, device=x.device) if s is None else s
     # Triton's CPU interpreter rounds to e4m3 without carrying into the exponent (7.8 -> 4, not 8): the reference
@@ -153,8 +156,6 @@ def why_not(device) -> str:
     key = str(dev)
     if key not in _SUPPORTED:
         try:
-            from .lowprec import quantize_fp8
-
             w = quantize_fp8(torch.randn(208, 512, device=dev), block=True)
             x = torch.randn(MIN_M, 512, device=dev, dtype=torch.bfloat16)
             mm = BlockScaledMm(w, MIN_M, dev)
