@@ -38,7 +38,7 @@ from decode_gap.microbench import launch, memory, moe, shapes  # noqa: E402
 from decode_gap.kernels import lowprec as lp  # noqa: E402
 from decode_gap.kernels import nvfp4 as nv  # noqa: E402
 from decode_gap.kernels import attention as attn  # noqa: E402
-from decode_gap.kernels import fp8block  # noqa: E402
+from decode_gap.kernels import fp8block, fusedmoe  # noqa: E402
 from decode_gap.kernels import norm as norm_kernels  # noqa: E402
 from decode_gap.kernels import routing as rt  # noqa: E402
 from decode_gap.kernels import topk as topk_kernels  # noqa: E402
@@ -259,6 +259,79 @@ def fp8block_case(env: BenchEnv, timed: bool) -> None:
                 row["our_gemv_us"] = time_graph([lambda: g(x)], 3, 20, dev).median_us
             rows.append(row)
             log(f"fp8block {row}")
+
+
+# forms of the fp8 fused MoE timed beside the default (the first: BLOCK_M 16, BLOCK_N 128, 4 warps, 3 stages, gate_up
+# split over K where fusedmoe.gate_up_split says); H200 (2026-12-03): BLOCK_N 64 and 32, BLOCK_M 64 and 4 stages lost
+# or drew level on all 12 cases (fusedmoe.py's docstring)
+FUSEDMOE_FORMS = ({}, {"split": 1}, {"block_n": 64}, {"stages": 4})
+
+
+def _fp8_experts(e: int, n: int, k: int, gen, dev, block: bool) -> lp.Fp8Weight:
+    """[e, n, k] random experts quantised with 128x128 block scales (or one scale an expert) one expert at a time (all
+    at once in fp32 would not fit: DeepSeek-V3's gate_up at TP1 is 30 GB so)."""
+    data = torch.empty((e, n, k), dtype=torch.float8_e4m3fn, device=dev)
+    scales = torch.empty((e, -(-n // 128), -(-k // 128)) if block else (e,), device=dev)
+    for j in range(e):
+        q = lp.quantize_fp8(torch.randn((n, k), generator=gen, device=dev) * 0.02, block=block)
+        data[j], scales[j] = q.data, q.scales
+    return lp.Fp8Weight(data, scales, block)
+
+
+def fusedmoe_case(env: BenchEnv, timed: bool) -> None:
+    """The routed experts above batch 1 in fp8 (kernels/fusedmoe.py), 8 of 256 experts a token, on DeepSeek-V3 at TP8
+    (I = 256 a rank) and TP1 (I = 2048) and GLM-5 at TP1, with 128x128 block scales (every form) and with one scale
+    an expert (the default form): each against dequantise-then-matmul on the chosen experts, and (timed) against what
+    ran before, `_scaled_grouped_mm` after torch-op sorting with per-tensor scales on the same bytes (simulate.layers.
+    Experts). Four choices of experts rotate through the captured calls, so a call reads experts the one before did
+    not (the L2 holds none of them); the fraction is of the experts hit, read once."""
+    from decode_gap.simulate.layers import Experts
+
+    dev = env.device
+    gen = torch.Generator(device=dev).manual_seed(0)
+    rows = RESULTS.setdefault("fusedmoe", [])
+    read = env.extra.get("read_gbps")
+    silu_mul = lambda h: torch.nn.functional.silu(h[:, :h.shape[1] // 2]) * h[:, h.shape[1] // 2:]  # noqa: E731
+    for name, e, h, i in (("dsv3 tp8", 256, 7168, 256), ("dsv3 tp1", 256, 7168, 2048), ("glm5 tp1", 256, 6144, 2048)):
+        weights = {"block": (_fp8_experts(e, 2 * i, h, gen, dev, True), _fp8_experts(e, h, i, gen, dev, True)),
+                   "per-expert": (_fp8_experts(e, 2 * i, h, gen, dev, False), _fp8_experts(e, h, i, gen, dev, False))}
+        per_tensor = Experts(e, i, h, "fp8", "bf16", str(dev), "scaled_grouped_mm", 8) if timed else None
+        for m in (2, 4, 8, 16):
+            x = torch.randn((m, h), generator=gen, device=dev).to(torch.bfloat16)
+            choices = [torch.stack([torch.randperm(e, generator=gen, device=dev)[:8] for _ in range(m)]).int()
+                       for _ in range(4)]
+            wts = torch.rand((m, 8), generator=gen, device=dev)
+            hit = sum(len(set(c.reshape(-1).tolist())) for c in choices) / len(choices)
+            w13, w2 = weights["block"]
+            nbytes = hit * (w13.nbytes + w2.nbytes) / e
+            row = {"case": name, "M": m, "experts_hit": hit, "bytes": nbytes}
+            for scales, forms in (("block", FUSEDMOE_FORMS), ("per-expert", FUSEDMOE_FORMS[:1])):
+                w13, w2 = weights[scales]
+                for kw in forms:
+                    form = f"{scales} " + (",".join(f"{k}={v}" for k, v in kw.items()) or "default")
+                    try:
+                        moe = fusedmoe.FusedMoe(w13, w2, m, 8, dev, **kw)
+                        form += f" (split {moe.split})"
+                        _check(f"fused moe {name} {form}", m, h, i, lambda: moe(x, choices[0], wts),
+                               moe.reference(x, choices[0], wts), 2e-2)
+                        if timed:
+                            row[form] = time_graph([lambda c=c: moe(x, c, wts) for c in choices], 3, 20,
+                                                   dev).median_us
+                    except Exception as exc:  # one form failing (resources) must not stop the others
+                        row[form] = f"{type(exc).__name__}: {exc}"[:160]
+                    if not timed:
+                        break  # the default form's check only
+            if timed:
+                ids64 = [c.long() for c in choices]
+                row["scaled_grouped_mm_us"] = time_graph([lambda c=c: per_tensor(x, c, wts, silu_mul) for c in ids64],
+                                                         3, 20, dev).median_us
+                best = min((row[f] for f in row if f.startswith("block ") and isinstance(row[f], float)),
+                           default=None)
+                row["frac_of_read_best_block"] = frac(nbytes, best, read)
+            rows.append(row)
+            log(f"fusedmoe {row}")
+        weights = per_tensor = None
+        torch.cuda.empty_cache()
 
 
 def grouped_checks(env: BenchEnv) -> None:
@@ -716,7 +789,7 @@ def main() -> int:
     ap.add_argument("--ms", default="1", help="the sweep section's M values (comma-separated)")
     ap.add_argument("--sections", default="memory,checks,llama,moe,dsv3,glm5,stage",
                     help="also: bw (bandwidths only), stats, fp8block (block-scaled fp8 above batch 1: checks and "
-                         "times), moechecks (grouped checks only), kernelchecks (routing and attention checks only, "
+                         "times), fusedmoe (the fp8 fused MoE above batch 1: checks and times), moechecks (grouped checks only), kernelchecks (routing and attention checks only, "
                          "and fp8block's checks), moe4 (the NVFP4 grouped forms only)")
     args = ap.parse_args()
     out = Path(args.out)
@@ -790,6 +863,10 @@ def main() -> int:
         log(f"checks: {len(RESULTS['checks']) - len(bad)} passed, {len(bad)} failed: {bad}")
     if ("fp8block" in sections or "kernelchecks" in sections) and env.is_gpu:  # block-scaled fp8 above batch 1
         run("fp8block", lambda: fp8block_case(env, timed="fp8block" in sections))
+        bad = [c for c in RESULTS["checks"] if not c["ok"]]
+        log(f"checks: {len(RESULTS['checks']) - len(bad)} passed, {len(bad)} failed: {bad}")
+    if ("fusedmoe" in sections or "kernelchecks" in sections) and env.is_gpu:  # fp8 fused MoE, batch > 1
+        run("fusedmoe", lambda: fusedmoe_case(env, timed="fusedmoe" in sections))
         bad = [c for c in RESULTS["checks"] if not c["ok"]]
         log(f"checks: {len(RESULTS['checks']) - len(bad)} passed, {len(bad)} failed: {bad}")
     if "moechecks" in sections:  # the grouped experts' checks only (awkward sizes)

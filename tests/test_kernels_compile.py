@@ -12,7 +12,7 @@ triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from decode_gap.kernels import attention, fp8block, norm, routing, topk  # noqa: E402
+from decode_gap.kernels import attention, fp8block, fusedmoe, norm, routing, topk  # noqa: E402
 
 FLOAT_ARGS = {"scale", "eps"}
 FP32_POINTERS = {"part", "lse", "wts", "logits", "bias", "out_w"}
@@ -40,6 +40,18 @@ CASES = [
     (topk._topk_emit_kernel, {"PASSES": 32 // topk.DIGIT, "DIGIT": topk.DIGIT, "CHUNK": topk.CHUNK, "PDL": True},
      {"scores": "*fp32", "hist": "*i32", "out": "*i32"}),
     (fp8block._act_quant_kernel, {"GROUPS": 4}, {"x": "*bf16", "q": "*fp8e4nv", "s": "*fp32"}),
+    (fusedmoe._align_kernel, {"P2": 64, "E2": 512, "NB2": 128, "BM": 16},
+     {"ids": "*i32", "sorted_pairs": "*i32", "block_expert": "*i32"}),
+    (fusedmoe._moe_gemm_kernel, {"TOP_K": 8, "A_BY_TOKEN": True, "MUL_W": False, "BM": 16, "BN": 64,
+                                 "DOT_F32": False, "STAGES": 3, "ATOMIC": False},
+     {"a": "*fp8e4nv", "a_s": "*fp32", "w": "*fp8e4nv", "w_s": "*fp32", "c": "*bf16", "sorted_pairs": "*i32",
+      "block_expert": "*i32", "route_w": "*fp32"}),
+    (fusedmoe._moe_gemm_kernel, {"TOP_K": 8, "A_BY_TOKEN": True, "MUL_W": False, "BM": 16, "BN": 128,
+                                 "DOT_F32": False, "STAGES": 3, "ATOMIC": True},
+     {"a": "*fp8e4nv", "a_s": "*fp32", "w": "*fp8e4nv", "w_s": "*fp32", "c": "*fp32", "sorted_pairs": "*i32",
+      "block_expert": "*i32", "route_w": "*fp32"}),
+    (fusedmoe._silu_mul_quant_kernel, {"GROUPS": 4, "ZERO": False}, {"h": "*bf16", "q": "*fp8e4nv", "s": "*fp32"}),
+    (fusedmoe._silu_mul_quant_kernel, {"GROUPS": 4, "ZERO": True}, {"h": "*fp32", "q": "*fp8e4nv", "s": "*fp32"}),
 ]
 
 
@@ -58,8 +70,25 @@ def _signature(fn, consts: dict, pointers: set | dict) -> dict:
 
 
 @pytest.mark.parametrize("arch", [90, 100])
-@pytest.mark.parametrize("fn,consts,pointers", CASES, ids=[c[0].fn.__name__ + ("-rows" if c[1].get("HAS_ROWS") else "") for c in CASES])
+@pytest.mark.parametrize("fn,consts,pointers", CASES, ids=[c[0].fn.__name__ + ("-rows" if c[1].get("HAS_ROWS") else "")
+                                                             + ("-split" if c[1].get("ATOMIC") or c[1].get("ZERO")
+                                                                else "") for c in CASES])
 def test_kernel_compiles_for_the_gpu(fn, consts, pointers, arch):
     src = ASTSource(fn=fn, signature=_signature(fn, consts, pointers), constexprs=consts)
     compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32))
     assert compiled.asm.get("cubin"), f"{fn.fn.__name__}: no cubin for sm_{arch}"
+
+
+@pytest.mark.parametrize("block_m,dot", [(16, "tt.dot"), (64, "warp_group_dot")])
+def test_fused_moe_gemm_pipelines_its_loads_on_hopper(block_m, dot):
+    """The block-scaled fused MoE's K loop (tl.range, 3 stages) loads through cp.async into a ring of shared buffers,
+    with the 16-byte alignment Triton's launcher proves for pointers and strides at run time: the weight streams
+    instead of each load waiting on the one before (which a plain `range` compiled to here). BLOCK_M 64 lowers to
+    wgmma."""
+    fn, consts, pointers = next(c for c in CASES if c[0] is fusedmoe._moe_gemm_kernel)
+    names = list(inspect.signature(fn.fn).parameters)
+    aligned = {(names.index(n),): [["tt.divisibility", 16]] for n in names if n in pointers or n.startswith("stride")}
+    consts = {**consts, "BM": block_m, "STAGES": 3}
+    src = ASTSource(fn=fn, signature=_signature(fn, consts, pointers), constexprs=consts, attrs=aligned)
+    ttgir = triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ttgir"]
+    assert "async_copy_global_to_local" in ttgir and f"{dot} " in ttgir

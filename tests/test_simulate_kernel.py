@@ -264,3 +264,34 @@ print("ok")
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO / "workflow")}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stderr[-3000:]
+
+
+def test_fp8_stand_in_weights_keep_the_hidden_state_in_scale():
+    """The per-tensor fp8 weights are unit-normal e4m3 values times FP8_SCALE, so a linear keeps the hidden state's
+    size as the bf16 weights do (std 0.02). With a scale of 1 each one grew it about sqrt(K) times and the router of a
+    batch of 8 sent every token to the same 2 experts (H200, DeepSeek-V3 fp8): values steer routing, hence bytes."""
+    import torch
+
+    from decode_gap.simulate import layers
+
+    k = 4096
+    lin = layers.Linear(1024, k, "fp8", "bf16", "cpu")
+    ex = layers.Experts(4, 256, k, "fp8", "bf16", "cpu", "loop")
+    x = torch.randn(8, k)
+    for w, s in ((lin.w, lin.w_scale), (ex.gu[0], ex.scale_gu[0]), (ex.down[0], ex.scale_down[0])):
+        w = w.float() * (s if s.dim() == 0 else s[:, None])
+        xin = x if w.shape[1] == k else torch.randn(8, w.shape[1])
+        growth = ((xin @ w.t()).norm(dim=1) / xin.norm(dim=1)).mean().item()
+        assert growth < 4.0, growth  # 0.02 x sqrt(K) x sqrt(N / K): about 1.3 for gate_up here; 64 with a scale of 1
+
+
+def test_batch_rows_start_from_different_tokens():
+    """A batch's rows decode different tokens (rows alike would route alike: top_k experts read where a server's
+    batch reads up to B x top_k)."""
+    from decode_gap.simulate.formats import probe_formats
+    from decode_gap.simulate.shapes import plan_layers, step_shapes
+    from decode_gap.simulate.step import DecodeStep
+
+    shapes = step_shapes(spec_from_dict(TINY_MOE), batch=4, context_len=32)
+    step = DecodeStep(shapes, plan_layers(shapes, 1, None), probe_formats("bf16", "cpu", 4), "cpu", 32, "greedy")
+    assert len(set(step.S["tok"].tolist())) == 4

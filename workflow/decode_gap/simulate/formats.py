@@ -49,17 +49,27 @@ def probe_formats(weight_format: str, device: str, batch: int = 1) -> dict[str, 
                     "fp8 linears run, shape by shape, the faster of torch._scaled_mm and our per-tensor Triton GEMV "
                     "(decode_gap.kernels.lowprec.DenseGemv; both timed once a shape at build, as engines pick "
                     "tactics); routed experts the grouped fp8 GEMV over each token's selected experts"))
-            elif block and batch != 1 and not (why_not := _block_mm_why_not(device)):
-                info.update(linear="fp8-block-mm", experts="fp8", note=(
-                    f"fp8-block linears at {batch} rows a step run the activation's 1x128 quantisation (Triton) and "
-                    "torch._scaled_mm with the 128x128 block scales (cuBLAS blockwise scaling; decode_gap.kernels."
-                    "fp8block); routed experts run fp8's grouped kernels with per-tensor scales (the same bytes "
-                    "but for the scales)"))
+            elif batch != 1:
+                moe = _probe_fused_moe(device, block)
+                info["experts"] = ("fp8-block-moe" if block else "fp8-moe") if moe else "fp8"
+                experts = (f"routed experts the fp8 fused MoE ({'128x128 block' if block else 'per-expert'} weight "
+                           "scales; decode_gap.kernels.fusedmoe: the pairs sorted by expert, Triton fp8 dots, as "
+                           "engines' fused_moe_kernel)" if moe else
+                           "routed experts torch._scaled_grouped_mm with per-tensor scales" +
+                           (" (the same bytes but for the scales)" if block else ""))
+                if not block:
+                    info["note"] = f"fp8 linears at {batch} rows a step run torch._scaled_mm; {experts}"
+                elif not (why_not := _block_mm_why_not(device)):
+                    info.update(linear="fp8-block-mm", note=(
+                        f"fp8-block linears at {batch} rows a step run the activation's 1x128 quantisation (Triton) "
+                        "and torch._scaled_mm with the 128x128 block scales (cuBLAS blockwise scaling; decode_gap."
+                        f"kernels.fp8block); {experts}"))
+                else:
+                    info["note"] = (f"fp8-block linears run with per-tensor scales (at {batch} rows a step cuBLAS's "
+                                    f"blockwise scaling did not run here ({why_not}) and our block-scaled GEMVs run "
+                                    f"on CUDA cores); {experts}")
             elif block:
-                info["note"] = ("fp8-block runs with per-tensor scales (block scales are not simulated: " +
-                                (f"at {batch} rows a step cuBLAS's blockwise scaling did not run here ({why_not}) "
-                                 "and our block-scaled GEMVs run on CUDA cores)" if batch != 1
-                                 else "the block-scaled GEMV failed here)"))
+                info["note"] = "fp8-block runs with per-tensor scales (the block-scaled GEMV failed here)"
             return info
         except Exception as exc:  # no fp8 tensor cores (sm < 89) or no kernel
             why = f"torch._scaled_mm fp8 failed here ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})"
@@ -111,6 +121,28 @@ def _probe_fp8_gemvs(device: str, block: bool) -> bool:
         return False
 
 
+def _probe_fused_moe(device: str, block: bool) -> bool:
+    """Whether the fp8 fused MoE (Triton fp8 dots, sm89+) runs here with block (else per-expert) weight scales and
+    agrees with dequantise-then-matmul: four experts of 256 x 128, two tokens choosing two each."""
+    torch = _torch()
+    try:
+        from ..kernels import fusedmoe
+        from ..kernels import lowprec as lp
+
+        if not lp.available(device):
+            return False
+        w13 = lp.quantize_fp8(torch.randn(4, 256, 128, device=device), block=block)
+        w2 = lp.quantize_fp8(torch.randn(4, 128, 128, device=device), block=block)
+        moe = fusedmoe.FusedMoe(w13, w2, 2, 2, device)
+        x = torch.randn(2, 128, device=device, dtype=torch.bfloat16)
+        ids = torch.tensor([[0, 3], [3, 1]], dtype=torch.int32, device=device)
+        w = torch.full((2, 2), 0.5, device=device)
+        ref = moe.reference(x, ids, w)
+        return bool(((moe(x, ids, w).float() - ref).norm() / ref.norm()).item() < 2e-2)
+    except Exception:  # no Triton, no fp8 dots on this GPU, or no kernel
+        return False
+
+
 def _block_mm_why_not(device: str) -> str:
     """"" where cuBLAS's blockwise-scaled fp8 GEMM (with our activation quantisation) runs here, else why not."""
     try:
@@ -140,11 +172,13 @@ def _probe_grouped_nvfp4(device: str) -> bool:
 
 
 def _probe_grouped(device: str, linear: str) -> str:
-    """MoE expert kernel: grouped GEMM (reads only the experts hit) where it runs, else gather + bmm; NVFP4 experts
-    (probe_formats found the grouped NVFP4 GEMV) run it."""
+    """MoE expert kernel: grouped GEMM (reads only the experts hit) where it runs, else gather + bmm; NVFP4 and fp8
+    experts run the grouped GEMV at batch 1, fp8 above it the fused MoE, where probe_formats found them running."""
     torch = _torch()
     if linear in GROUPED_GEMV_KINDS:  # our grouped GEMVs (probe_formats found them running)
         return "grouped_gemv"
+    if linear in ("fp8-block-moe", "fp8-moe"):  # probe_formats found it running
+        return "fused_moe"
     if not device.startswith("cuda"):
         return "loop"
     try:

@@ -81,8 +81,11 @@ class DecodeStep:
         self.kv_bytes = 0.0
         eps = float((spec.raw or {}).get("rms_norm_eps", 1e-6) or 1e-6)
         self.eps = eps
-        # state shared by the ops (values do not matter, shapes do)
-        S: dict[str, Any] = {"tok": torch.zeros(M, dtype=torch.long, device=device)}
+        # state shared by the ops (values do not matter, shapes do), but for the tokens: a batch's rows decode
+        # different ones, as a server's do. Rows alike would route alike, and a MoE step would read top_k experts
+        # where a batch of B reads up to B x top_k (DeepSeek-V3 TP8, batch 8: 8 of the 64 its bytes count)
+        S: dict[str, Any] = {"tok": torch.randperm(shapes.vocab, device=device)[:M] if M > 1 else
+                             torch.zeros(M, dtype=torch.long, device=device)}
         self.S = S
         self.ops: list[Op] = []
         # embedding (vocab-parallel under TP) and the lm_head (the same matrix when tied)

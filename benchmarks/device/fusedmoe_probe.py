@@ -1,0 +1,81 @@
+"""Probe (H200): the routed experts above batch 1 with fp8 block scales, the block-scaled fused MoE
+(kernels/fusedmoe.py) against fp8's per-tensor path (`_scaled_grouped_mm` after torch-op sorting), as the kernel level
+builds them (simulate.layers.Experts), DeepSeek-V3 TP8 shapes (256 experts of 7168 x 256 a rank, top 8).
+
+    PYTHONPATH=workflow python3 benchmarks/device/blockmoe_probe.py [--sim]
+
+Why: the micro-benchmark (lowprec_device.py --sections blockmoe) put the fused MoE 2.3-2.6x ahead of the per-tensor
+path at 2-16 tokens, yet the kernel level's DeepSeek-V3 TP8 batch-8 step measured routed experts 5.41 ms (per-tensor)
+against 6.37 (fused). This times both on LAYERS layers of their own weights, one graph (as the kernel level measures
+a component), with the ids (a) the same 8 experts for every token and (b) 8 random experts a token, and with --sim
+counts the distinct experts each MoE layer of the kernel level's step actually routes its batch to.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "workflow"))
+
+import torch  # noqa: E402
+
+from decode_gap.microbench.timing import time_graph  # noqa: E402
+from decode_gap.simulate import layers  # noqa: E402
+
+E, H, I, K, M, LAYERS = 256, 7168, 256, 8, 8, 16
+
+
+def silu_mul(h):
+    return torch.nn.functional.silu(h[:, :h.shape[1] // 2]) * h[:, h.shape[1] // 2:]
+
+
+def main() -> None:
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    x = torch.randn((M, H), device=dev, dtype=torch.bfloat16)
+    w = torch.rand((M, K), device=dev)
+    same = torch.randperm(E, device=dev)[:K].repeat(M, 1)
+    spread = torch.stack([torch.randperm(E, device=dev)[:K] for _ in range(M)])
+    for kind, backend in (("fp8", "scaled_grouped_mm"), ("fp8-moe", "fused_moe"), ("fp8-block-moe", "fused_moe")):
+        ex = [layers.Experts(E, I, H, kind, "bf16", str(dev), backend, K) for _ in range(LAYERS)]
+        for name, ids in (("same 8 experts", same), ("8 random a token", spread)):
+            ids = ids.long() if kind == "fp8" else ids.int()
+            hit = len(set(ids.reshape(-1).tolist()))
+            us = time_graph([lambda e=e: e(x, ids, w, silu_mul) for e in ex], 2, 10, dev).median_us
+            print(f"{kind:<14} {name:<18} {hit:>3} experts hit: {us:7.1f} us a layer", flush=True)
+        del ex
+        torch.cuda.empty_cache()
+    if "--sim" in sys.argv:
+        sim()
+
+
+def sim() -> None:
+    """The kernel level's step (6 layers), per-tensor experts and the fused MoE: the routed experts' component and
+    the distinct experts the eager calls route to (the first full step's, then the component's timed runs)."""
+    from decode_gap.model import load_model_card
+    from decode_gap.simulate import formats
+    from decode_gap.simulate.kernel import KernelSettings, simulate_kernel
+
+    orig, probe = layers.Experts.__call__, formats._probe_fused_moe
+    spec = load_model_card(str(Path(__file__).resolve().parents[2] / "config/models/deepseek-v3.json"))
+    for fused in (False, True):
+        hits: list[int] = []
+
+        def spy(self, x, ids, weights, act_fn, hits=hits):
+            if not torch.cuda.is_current_stream_capturing():
+                hits.append(len(set(ids.reshape(-1).tolist())))
+            return orig(self, x, ids, weights, act_fn)
+
+        layers.Experts.__call__ = spy
+        formats._probe_fused_moe = probe if fused else (lambda device, block: False)
+        r = simulate_kernel(spec, KernelSettings(tp=8, ranks=1, batch=8, weight_format="fp8-block", warmup=1,
+                                                 iters=3, layers=6))
+        comp = {c["name"]: c["ms"] for c in r["components"]}
+        print(f"kernel level, {r['moe_backend']}: routed experts {comp.get('routed experts'):.3f} ms for "
+              f"{r['layers_total']} layers ({r['layers_simulated']} simulated); distinct experts a MoE layer, first "
+              f"calls {hits[:6]}, last calls {hits[-6:]}", flush=True)
+    layers.Experts.__call__, formats._probe_fused_moe = orig, probe
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""The block-scaled fused MoE above batch 1 (kernels/fusedmoe.py) in Triton's CPU interpreter (a subprocess: the
+interpreter is chosen when Triton is imported): the pairs sorted by expert as engines' align step sorts them, and the
+whole call against dequantise-then-matmul. The H200 runs the same checks compiled (benchmarks/lowprec_device.py
+--sections blockmoe)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from decode_gap.errors import DecodeGapError
+from decode_gap.kernels import fusedmoe as bm
+from decode_gap.kernels import lowprec as lp
+
+pytest.importorskip("triton")
+REPO = Path(__file__).resolve().parents[1]
+
+EXPERTS = r'''
+import torch
+from decode_gap.kernels import fusedmoe as bm
+from decode_gap.kernels import lowprec as lp
+g = torch.Generator().manual_seed(0)
+w13 = lp.quantize_fp8(torch.randn(6, 256, 256, generator=g) * 0.05, block=True)
+w2 = lp.quantize_fp8(torch.randn(6, 256, 128, generator=g) * 0.05, block=True)
+'''
+
+
+def _interpret(code: str) -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO / "workflow")}
+    proc = subprocess.run([sys.executable, "-c", EXPERTS + code], env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stderr[-3000:]
+
+
+def test_grid_bound_is_the_most_blocks_pairs_can_fill():
+    assert bm.max_blocks(64, 256) == 4 + 64  # 8 tokens x top 8 of DeepSeek-V3's 256 experts
+    assert bm.max_blocks(3, 2) == 1 + 2
+
+
+def test_gate_up_splits_k_only_where_the_experts_hit_leave_sms_idle():
+    # DeepSeek-V3 TP8 (I = 256 a rank: 512 gate_up rows, 4 tiles), 132 SMs: 2 tokens hit 16 experts, 64 programs
+    assert bm.gate_up_split(16, 256, 512, 7168, 132) == 5
+    assert bm.gate_up_split(32, 256, 512, 7168, 132) == 3  # 4 tokens: 128 programs
+    assert bm.gate_up_split(64, 256, 512, 7168, 132) == 1  # 8 tokens: 256 programs, enough
+    assert bm.gate_up_split(16, 256, 4096, 7168, 132) == 1  # TP1 (I = 2048): 32 tiles an expert
+    assert bm.gate_up_split(2, 4, 512, 256, 132) == 1  # K of 2 groups: not split below 4 a split
+
+
+def test_align_sorts_pairs_by_expert_in_blocks_of_block_m():
+    _interpret(r'''
+moe = bm.FusedMoe(w13, w2, 3, 2, "cpu")
+for ids in ([[0, 3], [3, 5], [0, 0]], [[5, 4], [4, 5], [1, 2]], [[2, 2], [2, 2], [2, 2]]):
+    t = torch.tensor(ids, dtype=torch.int32)
+    moe.align(t)
+    flat = t.reshape(-1).tolist()
+    blocks = moe.sorted_pairs.view(moe.nb, moe.block_m).tolist()
+    experts = moe.block_expert.tolist()
+    seen = []
+    for b, e in enumerate(experts):
+        real = [p for p in blocks[b] if p < len(flat)]
+        if e < 0:
+            assert not real, (ids, b)
+            continue
+        assert real and all(flat[p] == e for p in real), (ids, b)  # one expert a block
+        assert blocks[b] == real + [len(flat)] * (moe.block_m - len(real)), (ids, b)  # padding after the pairs
+        seen += real
+    used = [e for e in experts if e >= 0]
+    assert used == sorted(used) and len(used) == len(set(flat)), ids  # a block an expert hit, in expert order
+    assert seen == sorted(range(len(flat)), key=lambda p: (flat[p], p)), ids  # every pair once, a stable sort
+print("ok")
+''')
+
+
+def test_fused_moe_matches_dequantise_then_matmul():
+    _interpret(r'''
+torch.manual_seed(1)
+x = torch.randn(3, 256)
+w = torch.tensor([[0.7, 0.3], [0.5, 0.5], [0.9, 0.1]])
+per_expert = (lp.quantize_fp8(torch.randn(6, 256, 256, generator=g) * 0.05),
+              lp.quantize_fp8(torch.randn(6, 256, 128, generator=g) * 0.05))
+# split 2: gate_up's K in two programs, summed with atomics into fp32, zeroed again after the SiLU
+for (a, b), split in (((w13, w2), 1), ((w13, w2), 2), (per_expert, 1), (per_expert, 2)):
+    moe = bm.FusedMoe(a, b, 3, 2, "cpu", out_dtype=torch.float32, split=split)
+    for ids in ([[0, 3], [3, 5], [1, 0]], [[5, 4], [2, 1], [0, 5]]):  # the second reuses the buffers: a new sort
+        ids = torch.tensor(ids, dtype=torch.int32)
+        out, ref = moe(x, ids, w), moe.reference(x, ids, w)
+        err = ((out - ref).norm() / ref.norm()).item()
+        assert err < 1e-3, (split, err)
+    assert moe.split == split and (split == 1 or moe.gu.abs().max() == 0)
+    assert ("per-expert" in moe.label) != a.block
+print("ok")
+''')
+
+
+def test_shapes_off_the_block_grid_are_one_clear_error():
+    g = torch.Generator().manual_seed(0)
+    w13 = lp.quantize_fp8(torch.randn(6, 256, 256, generator=g), block=True)
+    w2 = lp.quantize_fp8(torch.randn(6, 256, 128, generator=g), block=True)
+    with pytest.raises(DecodeGapError, match="does not match"):  # w2 [E, H, I] against w13 [E, 2I, H]
+        bm.FusedMoe(w13, lp.quantize_fp8(torch.randn(6, 256, 256), block=True), 2, 2, "cpu")
+    with pytest.raises(DecodeGapError, match="both with 128x128 block scales or both with one scale an expert"):
+        bm.FusedMoe(lp.quantize_fp8(torch.randn(6, 256, 256)), w2, 2, 2, "cpu")
+    with pytest.raises(DecodeGapError, match=r"one an expert, \[E\]"):
+        bm.FusedMoe(lp.quantize_fp8(torch.randn(6, 256, 256)), lp.Fp8Weight(w2.data, torch.ones(()), False), 2, 2,
+                    "cpu")
+    with pytest.raises(DecodeGapError, match="at most 1024"):
+        bm.FusedMoe(w13, w2, 600, 2, "cpu")
+    if not lp.interpreted():
+        with pytest.raises(DecodeGapError, match="Triton and a CUDA GPU"):
+            bm.FusedMoe(w13, w2, 2, 2, "cpu")
