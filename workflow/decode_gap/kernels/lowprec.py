@@ -1671,7 +1671,9 @@ FP4_MMA_XSHARE = (FP4_MMA_XS, FP4_MMA_XS_AHEAD, FP4_MMA_BX_SK_XS, replace(FP4_MM
 FP4_MMA_TP = GemvConfig(128, 128, 4, mma=True, evict=True, warps_per_sm=14, bx=True, xjit=True, pair=True)
 FP4_MMA_PAIR = (FP4_MMA_TP, replace(FP4_MMA_TP, block_k=64))
 # tried on the H200 and left out (within 0.2 us of the bf16 default below the lm_heads, or slower): bf16 with about
-# 20 warps an SM, 4 steps an iteration split for 27 or 18 warps an SM, 8-warp programs
+# 20 warps an SM, 4 steps an iteration split for 27 or 18 warps an SM, 8-warp programs; operands swapped onto Hopper's
+# wgmma (the decoded weight as A from registers, Triton-pipelined loads: benchmarks/device/swapab_probe.py), 0.44-0.59
+# of read bandwidth at every M, issue-bound (24576x6144 M=16 39.5 us against 31.5, 128256x4096 112.9 against 88.9)
 # the M=1 CUDA-core forms that still win small shapes (latency-bound: one kernel, no x packing, no split-K)
 FP4_DEFAULT_ASM = GemvConfig(8, 512, 4, asm=True)
 FP4_DEFAULT = GemvConfig(8, 2048, 4, split=1)
