@@ -268,14 +268,9 @@ FUSEDMOE_FORMS = ({}, {"split": 1}, {"block_n": 64}, {"stages": 4})
 
 
 def _fp8_experts(e: int, n: int, k: int, gen, dev, block: bool) -> lp.Fp8Weight:
-    """[e, n, k] random experts quantised with 128x128 block scales (or one scale an expert) one expert at a time (all
-    at once in fp32 would not fit: DeepSeek-V3's gate_up at TP1 is 30 GB so)."""
-    data = torch.empty((e, n, k), dtype=torch.float8_e4m3fn, device=dev)
-    scales = torch.empty((e, -(-n // 128), -(-k // 128)) if block else (e,), device=dev)
-    for j in range(e):
-        q = lp.quantize_fp8(torch.randn((n, k), generator=gen, device=dev) * 0.02, block=block)
-        data[j], scales[j] = q.data, q.scales
-    return lp.Fp8Weight(data, scales, block)
+    """[e, n, k] random experts in fp8 (fusedmoe.quantize_experts: an expert at a time, from bf16)."""
+    return fusedmoe.quantize_experts(torch.randn((e, n, k), generator=gen, device=dev, dtype=torch.bfloat16) * 0.02,
+                                     block)
 
 
 def fusedmoe_case(env: BenchEnv, timed: bool) -> None:

@@ -469,3 +469,12 @@ def test_kernel_lever_reads_a_block_scaled_fp8_run_from_the_gemm_stages_fp8_rows
     assert "the step's fp8 dense GEMMs (M=1, 9 of them x their layers) take 2.000 ms against 1.600 ms" in lever["evidence"]
     assert "so 0.400 ms is the GEMM kernels' own (microbench/gemm.json" in lever["evidence"]  # no copy-bandwidth part
     assert "grouped GEMV (fp8-block, M=1, x 58 MoE layers) takes 4.640 ms against 3.828 ms" in lever["evidence"]
+
+
+def test_kernel_lever_reads_the_fused_moe_above_batch_1():
+    inputs = gpu_inputs(moe={"shape": {"moe_layers": 58}, "by_m": {"8": {
+        "experts_fused_moe_fp8_block_us": 110.0, "experts_fused_moe_fp8_block_plain_read_us": 75.0,
+        "experts_fused_moe_fp8_us": 108.0, "experts_fused_moe_fp8_plain_read_us": 74.0}}})
+    inputs["roofline"] = {**inputs["roofline"], "weight_format": "fp8-block", "batch_size": 8}
+    lever = next(l for l in attribute(inputs)["levers"] if l["name"].startswith("decode kernels at streaming"))
+    assert "fused MoE (fp8-block, M=8, x 58 MoE layers) takes 6.380 ms against 4.350 ms" in lever["evidence"]

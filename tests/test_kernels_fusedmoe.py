@@ -111,3 +111,24 @@ def test_shapes_off_the_block_grid_are_one_clear_error():
     if not lp.interpreted():
         with pytest.raises(DecodeGapError, match="Triton and a CUDA GPU"):
             bm.FusedMoe(w13, w2, 2, 2, "cpu")
+
+
+def test_moe_stage_row_matches_the_per_expert_loop_and_drops_other_ranks_experts():
+    """The MoE stage's fused rows (microbench.moe.fused_moe) on an EP rank's share: the pairs routed to another
+    rank's experts are dropped by the sort and add nothing, so the sum matches the per-expert loop over this rank's
+    experts (bf16 there, fp8 here: a few percent apart; a pair added or lost would be tens)."""
+    _interpret(r'''
+from decode_gap.microbench.common import BenchEnv
+from decode_gap.microbench.moe import ExpertSet, FUSED_FORMATS, fused_moe, loop_fn, unpermute
+from decode_gap.microbench.shapes import MoeShape
+env = BenchEnv(device=torch.device("cpu"), warmup=1, iters=1, cpu_budget_s=0.01)
+shape = MoeShape(hidden=128, experts_total=8, experts_local=4, top_k=2, inter=128, scoring="softmax")
+es = ExpertSet(env, shape, 3, dtype=torch.float32)
+assert (es.cids == es.experts_hit).any() and (es.cids < es.experts_hit).any(), es.cids  # both kinds of pair
+ref = unpermute(loop_fn(es)(), es.token, es.row_weights, 3).float()
+for fmt in FUSED_FORMATS:
+    moe = fused_moe(es, fmt)
+    err = ((moe(es.x, es.cids, es.weights).float() - ref).norm() / ref.norm()).item()
+    assert err < 0.08, (fmt, err)
+print("ok")
+''')

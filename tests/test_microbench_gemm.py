@@ -124,8 +124,10 @@ def test_cpu_moe_expert_rows_carry_a_plain_read_of_their_bytes():
 
     env = BenchEnv(device=torch.device("cpu"), warmup=1, iters=3, cpu_budget_s=0.02, copy_gbps=10.0)
     shape = MoeShape(hidden=64, experts_total=8, experts_local=8, top_k=2, inter=32, scoring="softmax")
-    df, js = run_moe_bench(env, shape, [1], log=lambda s: None)
+    df, js = run_moe_bench(env, shape, [1, 2], log=lambda s: None)
     experts, routing = df[df["impl"] != "routing"], df[df["impl"] == "routing"]
+    # above batch 1 the fp8 fused MoE needs fp8 dots: said, never faked
+    assert any(s["case"] == "fused_moe M=2" and "sm89+" in s["reason"] for s in js["skipped"])
     assert not experts.empty and (experts["plain_read_us"] > 0).all() and experts["frac_of_plain_read"].notna().all()
     assert routing["plain_read_us"].isna().all() and js["plain_read_method"].startswith("torch.sum")
 

@@ -65,19 +65,21 @@ def gemm_step_split(gemm: dict, roof: dict) -> str:
 
 
 def experts_step_split(moe: dict, roof: dict) -> str:
-    """The routed experts' grouped GEMV of one decode step in the run's weight format (moe.json at the run's batch,
-    times its MoE layers) against a plain read of the selected experts' bytes; "" where moe.json has no such pair."""
+    """The routed experts' kernel of one decode step in the run's weight format (moe.json at the run's batch, times
+    its MoE layers: the grouped GEMV, or above batch 1 in fp8 the fused MoE) against a plain read of the selected
+    experts' bytes; "" where moe.json has no such pair."""
     fmt, batch = str(roof.get("weight_format") or ""), _num(roof.get("batch_size"))
     entry = (moe.get("by_m") or {}).get(str(int(batch))) if batch is not None else None
     layers = _num((moe.get("shape") or {}).get("moe_layers"))
-    key = f"experts_grouped_gemv_{fmt.replace('-', '_')}"
-    gemv_us, read_us = (_num(entry.get(f"{key}{part}")) if entry else None for part in ("_us", "_plain_read_us"))
-    if not layers or gemv_us is None or read_us is None:
-        return ""
-    gemv_ms, read_ms = gemv_us * layers / 1e3, read_us * layers / 1e3
-    return (f"the routed experts' grouped GEMV ({fmt}, M={int(batch)}, x {int(layers)} MoE layers) takes {gemv_ms:.3f} "
-            f"ms against {read_ms:.3f} ms for a plain read of the selected experts' bytes (microbench/moe.json, "
-            f"measured)")
+    for impl, what in (("grouped_gemv", "grouped GEMV"), ("fused_moe", "fused MoE")):
+        key = f"experts_{impl}_{fmt.replace('-', '_')}"
+        kernel_us, read_us = (_num(entry.get(f"{key}{part}")) if entry else None for part in ("_us", "_plain_read_us"))
+        if layers and kernel_us is not None and read_us is not None:
+            kernel_ms, read_ms = kernel_us * layers / 1e3, read_us * layers / 1e3
+            return (f"the routed experts' {what} ({fmt}, M={int(batch)}, x {int(layers)} MoE layers) takes "
+                    f"{kernel_ms:.3f} ms against {read_ms:.3f} ms for a plain read of the selected experts' bytes "
+                    f"(microbench/moe.json, measured)")
+    return ""
 
 
 def attention_step_split(att: dict, memory: dict, roof: dict) -> str:

@@ -42,7 +42,7 @@ import torch
 
 from ..errors import DecodeGapError
 from .fp8block import quantize_act, quantize_act_reference
-from .lowprec import FP8_BLOCK, Fp8Weight, available, dequantize_fp8, interpreted, sm_count
+from .lowprec import FP8_BLOCK, Fp8Weight, available, dequantize_fp8, interpreted, quantize_fp8, sm_count
 from .nvfp4 import HAVE_TRITON, tl, triton
 
 BLOCK_M = 16  # rows (pairs) a program: engines' tuned choice for decode batches
@@ -158,6 +158,18 @@ if HAVE_TRITON:
         tl.store(s + m * stride_sm + gs, scale, mask=gmask)
 
 
+def quantize_experts(w: torch.Tensor, block: bool) -> Fp8Weight:
+    """[E, N, K] -> e4m3 with 128x128 block scales (or one scale an expert), an expert at a time: in one go the fp32
+    copies of a layer's experts take several times their bf16 bytes (DeepSeek-V3's gate_up at TP1: 30 GB)."""
+    e, n, k = w.shape
+    data = torch.empty((e, n, k), dtype=torch.float8_e4m3fn, device=w.device)
+    scales = torch.empty((e, -(-n // FP8_BLOCK), -(-k // FP8_BLOCK)) if block else (e,), device=w.device)
+    for j in range(e):
+        q = quantize_fp8(w[j], block=block)
+        data[j], scales[j] = q.data, q.scales
+    return Fp8Weight(data, scales, block)
+
+
 def gate_up_split(pairs: int, experts: int, n: int, k: int, sms: int, block_n: int = BLOCK_N) -> int:
     """K splits of the gate_up GEMM where the experts hit (min(pairs, experts), a block each at decode sizes) times
     the N tiles leave SMs without a program: then about two programs an SM, at least 4 groups of 128 a split.
@@ -222,7 +234,8 @@ class FusedMoe:
                    torch.empty((pairs, i2), dtype=out_dtype, device=dev))
         self.aq = torch.empty((pairs, self.i), dtype=torch.float8_e4m3fn, device=dev)
         self.as_ = torch.empty((pairs, self.i // FP8_BLOCK), dtype=torch.float32, device=dev)
-        self.y = torch.empty((pairs, h), dtype=out_dtype, device=dev)
+        # zeros: a pair dropped by the sort (an id off the table: another EP rank's expert) adds nothing to the sum
+        self.y = torch.zeros((pairs, h), dtype=out_dtype, device=dev)
         self.out = torch.empty((m, h), dtype=out_dtype, device=dev)
         self.per_expert_bytes = (w13.nbytes + w2.nbytes) // e
 

@@ -9,6 +9,9 @@ Expert GEMMs for the permuted rows: gate_up [2I, H], SiLU-and-mul, down [H, I] f
 - `loop`: one torch.mm per expert per projection (what a naive implementation launches);
 - `grouped_mm`: `torch._grouped_mm` (bf16, one launch per projection);
 - `scaled_grouped_mm`: `torch._scaled_grouped_mm` (fp8 e4m3 with row-wise scales, sm90+);
+- `fused_moe` (M > 1, GPU with Triton and fp8, sm89+): the fused MoE over the token-expert pairs sorted by expert
+  (`kernels.fusedmoe`, as engines' Triton fused_moe_kernel), fp8 with one scale an expert (`fp8`) and with 128x128
+  block scales (`fp8-block`): what the kernel level runs for fp8 routed experts above batch 1;
 - `grouped_gemv` (M=1, GPU with Triton): our grouped GEMV over only the selected experts (lowprec.py) in bf16,
   fp8 (per-tensor and 128x128 block scales) and nvfp4: gate+up with the SiLU fused, then down with the routing
   weights and the sum fused. Its bytes are the selected experts' weights in their stored format. Where lowprec has
@@ -29,6 +32,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from ..kernels import fusedmoe
 from ..kernels import lowprec as lp
 from ..kernels import routing as rt
 from .common import BenchEnv, short_error, skip, summary
@@ -98,6 +102,7 @@ class ExpertSet:
         compact[hit] = torch.arange(self.experts_hit, device=dev)
         # rows for local experts only: drop the others by routing them past the last compact id
         cids = torch.where(local, compact[ids], torch.full_like(ids, self.experts_hit))
+        self.cids, self.weights = cids, weights  # [m, top_k]: the fused MoE sorts them itself
         rows, token, roww, offs = permute(self.x, cids, weights, self.experts_hit + 1)
         n_local_rows = int(offs[self.experts_hit - 1].item()) if self.experts_hit else 0
         self.rows = rows[:n_local_rows].contiguous()
@@ -176,6 +181,16 @@ def grouped_gemv(es: ExpertSet, fmt: str) -> "lp.GroupedExperts":
         raise ValueError("the grouped GEMV is the M=1 path")
     ids = torch.arange(es.experts_hit, dtype=torch.int32, device=es.x.device)
     return lp.grouped_from_bf16(fmt, es.w13, es.w2, ids, es.row_weights, es.x.device)
+
+
+FUSED_FORMATS = ("fp8", "fp8-block")
+
+
+def fused_moe(es: ExpertSet, fmt: str) -> fusedmoe.FusedMoe:
+    """The fused MoE over this routing's pairs (compact expert ids; another EP rank's pairs are dropped)."""
+    block = fmt == "fp8-block"
+    return fusedmoe.FusedMoe(fusedmoe.quantize_experts(es.w13, block), fusedmoe.quantize_experts(es.w2, block), es.m,
+                             es.cids.shape[1], es.x.device)
 
 
 def fastest_form(g: "lp.GroupedExperts", time_form: Callable[[list], dict[str, Any] | None],
@@ -269,6 +284,23 @@ def run_moe_bench(env: BenchEnv, shape: MoeShape | None, m_values: list[int], lo
                 if best:
                     rows.append(best)
                 g = None
+        fp8_dots = env.is_gpu and lp.HAVE_TRITON and (env.capability or (0, 0)) >= (8, 9)
+        for fmt in FUSED_FORMATS if m > 1 and fp8_dots else ():
+            try:
+                moe = fused_moe(es, fmt)
+                moe(es.x, es.cids, es.weights)  # fail here (compile error) rather than inside the timing
+            except Exception as exc:
+                skipped.append(skip(f"fused_moe {fmt} M={m}", short_error(exc)))
+                continue
+            nb = _expert_bytes(es, 1, 1) + 4 * (moe.w13.scales.numel() + moe.w2.scales.numel())
+            row = _time_row(env, flush, "moe.experts", "fused_moe", fmt, moe.label,
+                            lambda moe=moe: moe(es.x, es.cids, es.weights), nb, _expert_flops(es), base, skipped, log)
+            if row:
+                rows.append({**row, "kernels": 6})
+            moe = None
+        if m > 1 and not fp8_dots:
+            skipped.append(skip(f"fused_moe M={m}", f"the fp8 fused MoE needs a CUDA GPU with Triton and fp8 dots "
+                                                    f"(sm89+); this device is {env.sm}"))
         for impl in impls:
             try:
                 if impl == "loop":
@@ -324,7 +356,7 @@ def moe_summary(env: BenchEnv, df: pd.DataFrame, shape: MoeShape, skipped: list[
         entry: dict[str, Any] = {}
         for _, r in g.iterrows():
             key = r["name"].replace("moe.", "") if r["name"] != "moe.experts" else f"experts_{r['impl']}"
-            if r["impl"] == "grouped_gemv":
+            if r["impl"] in ("grouped_gemv", "fused_moe"):  # one row a weight format
                 key = f"{key}_{str(r['dtype']).replace('-', '_')}"
             entry[f"{key}_us"] = r[col]
             if r["name"] == "moe.experts":
