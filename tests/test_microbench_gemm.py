@@ -196,3 +196,19 @@ def test_moe_stage_keeps_the_fastest_grouped_form_and_names_one_that_failed():
     assert best["gpu_us"] == 59.7 and len(skipped) == 1 and "BK=256" in skipped[0]["case"]
     assert g.cfg2 == lp.FP4_GROUPED_BX_2  # left in the form that won
     assert fastest_form(g, timer({128: None, 256: None}), []) is None
+
+
+def test_block_scaled_mm_is_a_candidate_only_above_batch_1_on_a_gpu_that_has_it(monkeypatch):
+    """fp8's candidates above M=1 include cuBLAS's blockwise-scaled call where it runs and takes the shape; on a CPU,
+    at M=1 (our GEMVs' place) or for a shape it refuses (K not whole groups of 512), none."""
+    from decode_gap.microbench import gemm
+
+    gpu = BenchEnv(device=torch.device("cpu"), warmup=1, iters=1, cpu_budget_s=0.01)
+    fp8 = gemm.Backend(gemm.FP8, "torch._scaled_mm(e4m3, per-tensor scales)")
+    assert gemm.block_mm_variants(gpu, fp8, 8, 2048, 7168) == []  # a CPU host
+    monkeypatch.setattr(BenchEnv, "is_gpu", property(lambda self: True))
+    monkeypatch.setattr(gemm.fp8block, "supported", lambda device: True)
+    assert gemm.block_mm_variants(gpu, fp8, 8, 2048, 7168) == [gemm.fp8block.LABEL]
+    assert gemm.block_mm_variants(gpu, fp8, 1, 2048, 7168) == []
+    assert gemm.block_mm_variants(gpu, fp8, 8, 2048, 640) == []
+    assert gemm.block_mm_variants(gpu, gemm.Backend(gemm.BF16, "torch.mm"), 8, 2048, 7168) == []

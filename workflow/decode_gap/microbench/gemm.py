@@ -17,6 +17,7 @@ import torch
 
 from ..errors import DecodeGapError
 from . import gemv as gemv_kernel
+from ..kernels import fp8block
 from ..kernels import lowprec as lp
 from ..kernels import nvfp4 as nv
 from .common import BenchEnv, short_error, skip, summary
@@ -112,6 +113,15 @@ def lowprec_variants(env: BenchEnv, be: Backend, m: int) -> list[str]:
     return []
 
 
+def block_mm_variants(env: BenchEnv, be: Backend, m: int, n: int, k: int) -> list[str]:
+    """fp8 with 128x128 block scales above batch 1 (DeepSeek-V3's format, what the kernel level runs there): the
+    activation's 1x128 quantisation and cuBLAS's blockwise-scaled GEMM, timed beside per-tensor `_scaled_mm`, where
+    this GPU's cuBLAS has blockwise scaling and takes the shape."""
+    if not env.is_gpu or be.dtype != FP8 or m == 1 or fp8block.refusal(n, k) or not fp8block.supported(env.device):
+        return []
+    return [fp8block.LABEL]
+
+
 # every NVFP4 GEMV form a candidate name (lowprec_variants) can name, M=1 and M > 1
 FP4_VARIANT_CONFIGS = lp.FP4_M1_CONFIGS + lp.FP4_STAGE_CONFIGS + lp.FP4_STAGE_CONFIGS_M
 
@@ -157,6 +167,11 @@ def build_case(env: BenchEnv, be: Backend, m: int, n: int, k: int, seed: int = 0
         w8 = (w.float() / sw).to(torch.float8_e4m3fn)
         x8 = (x.float() / sx).to(torch.float8_e4m3fn)
         del w
+        if variant == fp8block.LABEL:  # the quantisation of x in the timed call, as the kernel level runs it
+            fw = lp.quantize_fp8(w8.float() * sw, block=True)
+            mms = [fp8block.BlockScaledMm(fw if i == 0 else lp.Fp8Weight(fw.data.clone(), fw.scales.clone(), True), m,
+                                          dev) for i in range(copies)]
+            return [(lambda mm=mm: mm(x)) for mm in mms], copies, "bf16 activation quantised 1x128 in the call"
         if variant is not None and variant.startswith((FP8_GEMV, FP8_BLOCK_GEMV)):
             block = variant.startswith(FP8_BLOCK_GEMV)
             cfg = variant_config(variant)
@@ -253,6 +268,9 @@ def check_variant(env: BenchEnv, be: Backend, variant: str, m: int, n: int, k: i
             q = nv.quantize_nvfp4(w)
             out = lp.Nvfp4Gemv(q, m, dev, cfg)(x)
             ref = nv.reference_mm(x, q)
+        elif variant == fp8block.LABEL:
+            mm = fp8block.BlockScaledMm(lp.quantize_fp8(w, block=True), m, dev)
+            out, ref = mm(x), mm.reference(x)
         else:
             block = variant.startswith(FP8_BLOCK_GEMV)
             cfg = variant_config(variant)
@@ -317,7 +335,7 @@ def run_gemm_bench(env: BenchEnv, shapes: list[GemmShape], m_values: list[int], 
                         # a GEMV: time both operand orders and our Triton GEMV tiles too (chosen at run time)
                         names_tried = [GEMV_WX] + ([gemv_kernel.label(c) for c in gemv_kernel.CONFIGS]
                                                    if gemv_kernel.available(env.device) else [])
-                    names_tried += lowprec_variants(env, be, m)
+                    names_tried += lowprec_variants(env, be, m) + block_mm_variants(env, be, m, n, k)
                     for variant in names_tried:
                         del fns
                         fns = []
@@ -334,7 +352,8 @@ def run_gemm_bench(env: BenchEnv, shapes: list[GemmShape], m_values: list[int], 
                         t = tried[label]
                         others = ", ".join(f"{name} {r.device_us:.2f} us" for name, r in tried.items() if name != label)
                         note = f"fastest of: {others}"
-                        if checks and label in lowprec_variants(env, be, m):  # the winner, checked at this M
+                        if checks and label in lowprec_variants(env, be, m) + block_mm_variants(env, be, m, n, k):
+                            # the winner, checked at this M
                             c = check_variant(env, be, label, m, n, k)
                             check_rows.append(c)
                             failed_check |= not c["pass"]
