@@ -30,6 +30,36 @@ def silu_mul(h):
     return torch.nn.functional.silu(h[:, :h.shape[1] // 2]) * h[:, h.shape[1] // 2:]
 
 
+# `sweep` mode: the down GEMM's (BLOCK_N, warps, stages) and gate_up's, at 2, 8 and 16 tokens (DeepSeek-V3 TP8: the
+# down GEMM's K is 256, two groups, so its programs are short and many)
+DOWN_FORMS = [(128, 4, 3), (64, 4, 2), (128, 4, 2), (256, 4, 2), (256, 8, 2), (128, 8, 2), (64, 2, 2)]
+GATE_UP_FORMS = [dict(), dict(block_n=64), dict(block_n=128, warps=8), dict(block_n=256, warps=8)]
+
+
+def sweep() -> None:
+    from decode_gap.kernels import fusedmoe
+
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    w13 = fusedmoe.quantize_experts(torch.randn((E, 2 * I, H), device=dev, dtype=torch.bfloat16) * 0.02, True)
+    w2 = fusedmoe.quantize_experts(torch.randn((E, H, I), device=dev, dtype=torch.bfloat16) * 0.02, True)
+    for m in (2, 8, 16):
+        x = torch.randn((m, H), device=dev, dtype=torch.bfloat16)
+        w = torch.rand((m, K), device=dev)
+        choices = [torch.stack([torch.randperm(E, device=dev)[:K] for _ in range(m)]).int() for _ in range(4)]
+        for gu in GATE_UP_FORMS:
+            for down in DOWN_FORMS if not gu else DOWN_FORMS[:1]:
+                try:
+                    moe = fusedmoe.FusedMoe(w13, w2, m, K, dev, down=down, **gu)
+                    ref = moe.reference(x, choices[0], w)
+                    err = ((moe(x, choices[0], w).float() - ref).norm() / ref.norm()).item()
+                    us = time_graph([lambda c=c: moe(x, c, w) for c in choices], 3, 20, dev).median_us
+                    print(f"M={m:<2} gate_up {gu or 'default'} down {down}: {us:7.1f} us (rel err {err:.1e}"
+                          f"{'' if err < 2e-2 else ' FAILED'})", flush=True)
+                except Exception as exc:
+                    print(f"M={m:<2} gate_up {gu} down {down}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+
+
 def main() -> None:
     dev = torch.device("cuda")
     torch.manual_seed(0)
@@ -78,4 +108,4 @@ def sim() -> None:
     layers.Experts.__call__, formats._probe_fused_moe = orig, probe
 
 if __name__ == "__main__":
-    main()
+    sweep() if sys.argv[1:2] == ["sweep"] else main()

@@ -199,7 +199,7 @@ class FusedMoe:
 
     def __init__(self, w13: Fp8Weight, w2: Fp8Weight, m: int, top_k: int, device, out_dtype=torch.bfloat16,
                  block_m: int = BLOCK_M, block_n: int = BLOCK_N, warps: int = 4, stages: int = 3,
-                 split: int | None = None) -> None:
+                 split: int | None = None, down: tuple[int, int, int] | None = None) -> None:
         if w13.block != w2.block or w13.data.dim() != 3 or w2.data.dim() != 3:
             raise DecodeGapError("fp8 fused MoE: needs [E, N, K] expert weights, both with 128x128 block scales or "
                                  "both with one scale an expert")
@@ -223,6 +223,7 @@ class FusedMoe:
         self.w13, self.w2, self.m, self.top_k, self.e, self.h, self.i = w13, w2, m, top_k, e, h, i2 // 2
         self.pairs, self.nb = pairs, max_blocks(pairs, e, block_m)
         self.block_m, self.block_n, self.warps, self.stages = block_m, block_n, warps, stages
+        self.down = down or (block_n, warps, stages)  # the down GEMM's BLOCK_N, warps and stages
         self.split = gate_up_split(pairs, e, i2, h, sm_count(device), block_n) if split is None else split
         dev = torch.device(device)
         self.sorted_pairs = torch.empty(self.nb * block_m, dtype=torch.int32, device=dev)
@@ -253,14 +254,15 @@ class FusedMoe:
 
     def _gemm(self, a, a_s, w: Fp8Weight, c, route_w, by_token: bool, split: int = 1) -> None:
         n, k = w.data.shape[1:]
+        block_n, warps, stages = (self.block_n, self.warps, self.stages) if by_token else self.down
         per = -(-(k // FP8_BLOCK) // split)
-        grid = (self.nb, triton.cdiv(n, self.block_n), -(-(k // FP8_BLOCK) // per))
+        grid = (self.nb, triton.cdiv(n, block_n), -(-(k // FP8_BLOCK) // per))
         sn, sg = (w.scales.stride(1), w.scales.stride(2)) if w.block else (0, 0)
         _moe_gemm_kernel[grid](a, a_s, w.data, w.scales, c, self.sorted_pairs, self.block_expert, route_w,
                                self.pairs, n, k, per, a.stride(0), a_s.stride(0), w.data.stride(0), w.data.stride(1),
                                w.scales.stride(0), sn, sg, c.stride(0), TOP_K=self.top_k,
-                               A_BY_TOKEN=by_token, MUL_W=not by_token, BM=self.block_m, BN=self.block_n,
-                               DOT_F32=interpreted(), STAGES=self.stages, ATOMIC=split > 1, num_warps=self.warps)
+                               A_BY_TOKEN=by_token, MUL_W=not by_token, BM=self.block_m, BN=block_n,
+                               DOT_F32=interpreted(), STAGES=stages, ATOMIC=split > 1, num_warps=warps)
 
     def __call__(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         if x.shape != (self.m, self.h) or ids.shape != (self.m, self.top_k) or weights.shape != ids.shape:

@@ -23,13 +23,13 @@ the step (torch.distributed). With one rank and tp > 1 the measured all-reduce t
 Weight formats: bf16 runs as bf16; fp8 runs `torch._scaled_mm` (per-tensor scales) where the device has it, and
 above batch 1 its routed experts a fused MoE over the token-expert pairs sorted by expert (`kernels.fusedmoe`, Triton
 fp8 dots, as engines' fused_moe_kernel; else `torch._scaled_grouped_mm`); at batch 1 each linear shape runs the
-faster of `torch._scaled_mm` and our per-tensor Triton GEMV (`kernels.lowprec.DenseGemv`, both timed once a shape at build: `kernel_choices`), and the routed experts
-our grouped fp8 GEMV over each token's selected experts. fp8-block at batch 1 runs our 128x128 block-scaled Triton
-GEMVs (`kernels.lowprec.DenseGemv` with the scales applied to x, and the grouped GEMV over each token's selected
-experts), which the H200 runs level with the per-tensor ones; above batch 1 its linears quantise the activation per
-1x128 group (Triton) and run `torch._scaled_mm` with the block scales (cuBLAS blockwise scaling, sm90 with CUDA 12.9+;
-`kernels.fp8block`), and its routed experts the fused MoE with the block scales; where either does not run here,
-the per-tensor kernels on the same bytes, which it says. NVFP4 runs the
+faster of `torch._scaled_mm` and our per-tensor Triton GEMV (`kernels.lowprec.DenseGemv`, both timed once a shape at
+build: `kernel_choices`), and the routed experts our grouped fp8 GEMV over each token's selected experts. fp8-block
+at batch 1 runs our 128x128 block-scaled Triton GEMVs (`kernels.lowprec.DenseGemv` with the scales applied to x, and
+the grouped GEMV over each token's selected experts), which the H200 runs level with the per-tensor ones; above
+batch 1 its linears quantise the activation per 1x128 group (Triton) and run `torch._scaled_mm` with the block scales
+(cuBLAS blockwise scaling, sm90 with CUDA 12.9+; `kernels.fp8block`), and its routed experts the fused MoE with the
+block scales; where either does not run here, the per-tensor kernels on the same bytes, which it says. NVFP4 runs the
 micro-benchmarks' weight-only Triton kernels: the linears through `kernels.nvfp4.WeightOnlyGemm`, the routed experts
 through the grouped NVFP4 GEMV over the experts each token selects (`kernels.lowprec.GroupedExperts`, one call a
 token, sm89+). A format the kernel level cannot run here (GGUF quants, NVFP4 without a kernel, fp8 on a CPU) runs a

@@ -202,7 +202,7 @@ class Experts:
             self.per_expert_bytes = lp.fp8_bytes(2 * inter, hidden, block) + lp.fp8_bytes(hidden, inter, block)
             self.nbytes = self.per_expert_bytes * E
             return
-        if kind in ("fp8-block-moe", "fp8-moe"):  # above batch 1 (probe_formats): the fused MoE, built at its first call
+        if kind in ("fp8-block-moe", "fp8-moe"):  # above batch 1 (probe_formats): the fused MoE, built at first call
             block = kind == "fp8-block-moe"
             self.w13 = _fp8_weight((E, 2 * inter, hidden), device, block)
             self.w2 = _fp8_weight((E, hidden, inter), device, block)
