@@ -28,8 +28,12 @@ level's path before, per-tensor scales), and the fraction of read bandwidth on t
 - GLM-5 TP1 (6144 x 2048): 170.9 / 309.4 / 571.2 / 1008.0 against 311.2 / 525.8 / 890.4 / 1517.4 (0.79-0.89).
 Every check passed (60, dequantise-then-matmul on the chosen experts, 2e-2). BLOCK_N 64 or 32, BLOCK_M 64 (wgmma)
 and 4 stages lost or drew level everywhere; the gate_up K split (gate_up_split) took TP8 at 2 tokens from 59.0 to
-41.5 us and at 4 from 77.2 to 64.8. The kernel level's DeepSeek-V3 TP8 step at 8 rows: routed experts 6.38 ms a
-step on this against 17.81 on `_scaled_grouped_mm` (benchmarks/device/fusedmoe_probe.py).
+41.5 us and at 4 from 77.2 to 64.8. The down GEMM (K = 256 at TP8: two groups a program) with BLOCK_N 64 or 256, 2
+stages or 8 warps was no faster than gate_up's form at 2, 8 or 16 tokens (best 41.7 / 103.1 / 201.7 us against 42.3
+/ 103.1 / 203.3: fusedmoe_probe.py sweep), so both keep it. The kernel level's DeepSeek-V3 TP8 step at 8 rows: routed
+experts 6.38 ms a step on this against 17.81 on `_scaled_grouped_mm` (benchmarks/device/fusedmoe_probe.py). The MoE
+stage (microbench.moe, the router's own choice of experts, 15 / 58 / 98 hit at 2 / 8 / 16 tokens): 37.1 / 100.0 /
+163.9 us (fp8) against 106.4 / 244.2 / 395.1 for `_scaled_grouped_mm` and 96.4 / 278.2 / 428.0 for bf16 grouped.
 On the CPU, Triton's interpreter runs kernels 1, 3 and 5 (the dots in fp32: it mishandles fp8 dots) and torch the
 quantisations (the interpreter rounds to e4m3 without carrying into the exponent: `fp8block.quantize_act`).
 """
