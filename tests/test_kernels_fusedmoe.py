@@ -1,7 +1,8 @@
-"""The block-scaled fused MoE above batch 1 (kernels/fusedmoe.py) in Triton's CPU interpreter (a subprocess: the
-interpreter is chosen when Triton is imported): the pairs sorted by expert as engines' align step sorts them, and the
-whole call against dequantise-then-matmul. The H200 runs the same checks compiled (benchmarks/lowprec_device.py
---sections blockmoe)."""
+"""The fp8 fused MoE above batch 1 (kernels/fusedmoe.py) in Triton's CPU interpreter (a subprocess: the interpreter is
+chosen when Triton is imported): the pairs sorted by expert as engines' align step sorts them, and the whole call
+against dequantise-then-matmul, with 128x128 block and per-expert weight scales. The H200 runs the same checks
+compiled (benchmarks/lowprec_device.py --sections fusedmoe, or kernelchecks).
+"""
 
 import os
 import subprocess

@@ -34,6 +34,7 @@ stages or 8 warps was no faster than gate_up's form at 2, 8 or 16 tokens (best 4
 experts 6.38 ms a step on this against 17.81 on `_scaled_grouped_mm` (benchmarks/device/fusedmoe_probe.py). The MoE
 stage (microbench.moe, the router's own choice of experts, 15 / 58 / 98 hit at 2 / 8 / 16 tokens): 37.1 / 100.0 /
 163.9 us (fp8) against 106.4 / 244.2 / 395.1 for `_scaled_grouped_mm` and 96.4 / 278.2 / 428.0 for bf16 grouped.
+
 On the CPU, Triton's interpreter runs kernels 1, 3 and 5 (the dots in fp32: it mishandles fp8 dots) and torch the
 quantisations (the interpreter rounds to e4m3 without carrying into the exponent: `fp8block.quantize_act`).
 """
