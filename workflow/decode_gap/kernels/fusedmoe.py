@@ -52,7 +52,6 @@ from .nvfp4 import HAVE_TRITON, tl, triton
 
 BLOCK_M = 16  # rows (pairs) a program: engines' tuned choice for decode batches
 BLOCK_N = 128  # H200: the fastest, or within 2%, of the forms tried on every case (the docstring)
-E4M3_MAX = 448.0
 MAX_PAIRS = 1024  # the one-program sort holds [pairs, pairs] and [pairs, experts] tiles in registers
 
 
@@ -100,9 +99,8 @@ if HAVE_TRITON:
                          ATOMIC: tl.constexpr = False):
         """c[pair, n] = sum over 128-value groups g of (a_q[row, g] . w_q[e, n, g]) * a_s[row, g] * w_s[e, n/128, g]
         (row = the pair's token for gate_up, the pair itself for down; per-tensor weights: w_s's strides 0 but the
-        expert's), times the routing weight where MUL_W. Program
-        (block, n tile, s) sums groups [s, s + 1) x groups_per_split; with ATOMIC it adds them into c (fp32, zeroed
-        by the reader), else stores them."""
+        expert's), times the routing weight where MUL_W. Program (block, n tile, s) sums groups [s, s + 1) x
+        groups_per_split; with ATOMIC it adds them into c (fp32, zeroed by the reader), else stores them."""
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
         g0 = tl.program_id(2) * groups_per_split
@@ -243,7 +241,6 @@ class FusedMoe:
         # zeros: a pair dropped by the sort (an id off the table: another EP rank's expert) adds nothing to the sum
         self.y = torch.zeros((pairs, h), dtype=out_dtype, device=dev)
         self.out = torch.empty((m, h), dtype=out_dtype, device=dev)
-        self.per_expert_bytes = (w13.nbytes + w2.nbytes) // e
 
     def align(self, ids: torch.Tensor) -> None:
         """Sort the pairs by expert into sorted_pairs / block_expert (kernel 1)."""
