@@ -273,6 +273,12 @@ def _fp8_experts(e: int, n: int, k: int, gen, dev, block: bool) -> lp.Fp8Weight:
                                      block)
 
 
+def rotating_choices(e: int, k: int, m: int, dev, gen=None, n: int = 4) -> list[torch.Tensor]:
+    """n choices (int32 [m, k]) of k distinct experts of e for each of m tokens: rotated through a graph's calls, a
+    call reads experts the one before did not."""
+    return [torch.stack([torch.randperm(e, generator=gen, device=dev)[:k] for _ in range(m)]).int() for _ in range(n)]
+
+
 def fusedmoe_case(env: BenchEnv, timed: bool) -> None:
     """The routed experts above batch 1 in fp8 (kernels/fusedmoe.py), 8 of 256 experts a token, on DeepSeek-V3 at TP8
     (I = 256 a rank) and TP1 (I = 2048) and GLM-5 at TP1, with 128x128 block scales (every form) and with one scale
@@ -280,21 +286,20 @@ def fusedmoe_case(env: BenchEnv, timed: bool) -> None:
     ran before, `_scaled_grouped_mm` after torch-op sorting with per-tensor scales on the same bytes (simulate.layers.
     Experts). Four choices of experts rotate through the captured calls, so a call reads experts the one before did
     not (the L2 holds none of them); the fraction is of the experts hit, read once."""
+    from decode_gap.microbench.moe import silu_mul
     from decode_gap.simulate.layers import Experts
 
     dev = env.device
     gen = torch.Generator(device=dev).manual_seed(0)
     rows = RESULTS.setdefault("fusedmoe", [])
     read = env.extra.get("read_gbps")
-    silu_mul = lambda h: torch.nn.functional.silu(h[:, :h.shape[1] // 2]) * h[:, h.shape[1] // 2:]  # noqa: E731
     for name, e, h, i in (("dsv3 tp8", 256, 7168, 256), ("dsv3 tp1", 256, 7168, 2048), ("glm5 tp1", 256, 6144, 2048)):
         weights = {"block": (_fp8_experts(e, 2 * i, h, gen, dev, True), _fp8_experts(e, h, i, gen, dev, True)),
                    "per-expert": (_fp8_experts(e, 2 * i, h, gen, dev, False), _fp8_experts(e, h, i, gen, dev, False))}
         per_tensor = Experts(e, i, h, "fp8", "bf16", str(dev), "scaled_grouped_mm", 8) if timed else None
         for m in (2, 4, 8, 16):
             x = torch.randn((m, h), generator=gen, device=dev).to(torch.bfloat16)
-            choices = [torch.stack([torch.randperm(e, generator=gen, device=dev)[:8] for _ in range(m)]).int()
-                       for _ in range(4)]
+            choices = rotating_choices(e, 8, m, dev, gen)
             wts = torch.rand((m, 8), generator=gen, device=dev)
             hit = sum(len(set(c.reshape(-1).tolist())) for c in choices) / len(choices)
             w13, w2 = weights["block"]

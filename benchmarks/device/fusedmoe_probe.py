@@ -27,18 +27,17 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "workflow"))
 
 import torch  # noqa: E402
 
+from lowprec_device import rotating_choices  # noqa: E402  (benchmarks/, on sys.path)
+from decode_gap.microbench.moe import silu_mul  # noqa: E402
 from decode_gap.microbench.timing import time_graph  # noqa: E402
 from decode_gap.simulate import layers  # noqa: E402
 
 E, H, I, K, M, LAYERS = 256, 7168, 256, 8, 8, 16
-
-
-def silu_mul(h):
-    return torch.nn.functional.silu(h[:, :h.shape[1] // 2]) * h[:, h.shape[1] // 2:]
 
 
 # `sweep` mode: the down GEMM's (BLOCK_N, warps, stages) and gate_up's, at 2, 8 and 16 tokens (DeepSeek-V3 TP8: the
@@ -57,7 +56,7 @@ def sweep() -> None:
     for m in (2, 8, 16):
         x = torch.randn((m, H), device=dev, dtype=torch.bfloat16)
         w = torch.rand((m, K), device=dev)
-        choices = [torch.stack([torch.randperm(E, device=dev)[:K] for _ in range(m)]).int() for _ in range(4)]
+        choices = rotating_choices(E, K, m, dev)
         for gu in GATE_UP_FORMS:
             for down in DOWN_FORMS if not gu else DOWN_FORMS[:1]:
                 try:
@@ -77,7 +76,7 @@ def main() -> None:
     x = torch.randn((M, H), device=dev, dtype=torch.bfloat16)
     w = torch.rand((M, K), device=dev)
     same = torch.randperm(E, device=dev)[:K].repeat(M, 1)
-    spread = torch.stack([torch.randperm(E, device=dev)[:K] for _ in range(M)])
+    spread = rotating_choices(E, K, M, dev, n=1)[0]
     for kind, backend in (("fp8", "scaled_grouped_mm"), ("fp8-moe", "fused_moe"), ("fp8-block-moe", "fused_moe")):
         ex = [layers.Experts(E, I, H, kind, "bf16", str(dev), backend, K) for _ in range(LAYERS)]
         for name, ids in (("same 8 experts", same), ("8 random a token", spread)):

@@ -52,7 +52,19 @@ def quantize_act_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return q, s
 
 
+def dequantize_act(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """fp32 [M, K] from e4m3 codes [M, K] and their 1x128 group scales [M, K/128]."""
+    return q.float() * s.repeat_interleave(FP8_BLOCK, -1)
+
+
 if HAVE_TRITON:
+
+    @triton.jit
+    def _group_quant(v):
+        """[G, 128] fp32 groups -> (the values over their group's scale, held to e4m3's range; the scales, amax /
+        448 with a tiny floor for all-zero groups), as quantize_act_reference."""
+        scale = tl.maximum(tl.max(tl.abs(v), axis=1) / 448.0, 1e-12)
+        return tl.minimum(tl.maximum(v / scale[:, None], -448.0), 448.0), scale
 
     @triton.jit
     def _act_quant_kernel(x, q, s, G, stride_xm, stride_qm, stride_sm, stride_sg, GROUPS: tl.constexpr):
@@ -62,8 +74,7 @@ if HAVE_TRITON:
         gmask = gs < G
         offs = gs[:, None] * 128 + tl.arange(0, 128)[None, :]
         v = tl.load(x + m * stride_xm + offs, mask=gmask[:, None], other=0.0).to(tl.float32)
-        scale = tl.maximum(tl.max(tl.abs(v), axis=1) / 448.0, 1e-12)
-        qv = tl.minimum(tl.maximum(v / scale[:, None], -448.0), 448.0)
+        qv, scale = _group_quant(v)
         tl.store(q + m * stride_qm + offs, qv.to(q.dtype.element_ty), mask=gmask[:, None])
         tl.store(s + m * stride_sm + gs * stride_sg, scale, mask=gmask)
 
@@ -139,7 +150,7 @@ class BlockScaledMm:
     def reference(self, x: torch.Tensor) -> torch.Tensor:
         """Dequantise-then-matmul in fp32 on the same quantised activation (the check for the GEMM alone)."""
         q, s = quantize_act_reference(x)
-        return (q.float() * s.repeat_interleave(FP8_BLOCK, -1)) @ dequantize_fp8(self.w).t()
+        return dequantize_act(q, s) @ dequantize_fp8(self.w).t()
 
 
 def supported(device) -> bool:

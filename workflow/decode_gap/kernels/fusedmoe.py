@@ -46,7 +46,7 @@ import math
 import torch
 
 from ..errors import DecodeGapError
-from .fp8block import quantize_act, quantize_act_reference
+from .fp8block import dequantize_act, quantize_act, quantize_act_reference
 from .lowprec import FP8_BLOCK, Fp8Weight, available, dequantize_fp8, interpreted, quantize_fp8, sm_count
 from .nvfp4 import HAVE_TRITON, tl, triton
 
@@ -62,6 +62,7 @@ def max_blocks(pairs: int, experts: int, block_m: int = BLOCK_M) -> int:
 
 
 if HAVE_TRITON:
+    from .fp8block import _group_quant  # the 1x128 quantisation's arithmetic, shared with fp8block's kernel
 
     @triton.jit
     def _align_kernel(ids, sorted_pairs, block_expert, P, E, NB,
@@ -154,9 +155,7 @@ if HAVE_TRITON:
         if ZERO:
             tl.store(h + m * stride_hm + offs, tl.zeros_like(gate), mask=gmask[:, None])
             tl.store(h + m * stride_hm + I + offs, tl.zeros_like(up), mask=gmask[:, None])
-        v = gate / (1.0 + tl.exp(-gate)) * up
-        scale = tl.maximum(tl.max(tl.abs(v), axis=1) / 448.0, 1e-12)
-        qv = tl.minimum(tl.maximum(v / scale[:, None], -448.0), 448.0)
+        qv, scale = _group_quant(gate / (1.0 + tl.exp(-gate)) * up)
         tl.store(q + m * stride_qm + offs, qv.to(q.dtype.element_ty), mask=gmask[:, None])
         tl.store(s + m * stride_sm + gs, scale, mask=gmask)
 
@@ -293,8 +292,7 @@ class FusedMoe:
     def reference(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """Dequantise-then-matmul in fp32, with the activations quantised as the kernels quantise them (the gate_up
         output rounded to the output dtype first, as the kernel stores it)."""
-        xq, xs = quantize_act_reference(x)
-        xd = xq.float() * xs.repeat_interleave(FP8_BLOCK, -1)
+        xd = dequantize_act(*quantize_act_reference(x))
         expert = {int(e): (dequantize_fp8(Fp8Weight(self.w13.data[e], self.w13.scales[e], self.w13.block)),
                            dequantize_fp8(Fp8Weight(self.w2.data[e], self.w2.scales[e], self.w2.block)))
                   for e in ids.reshape(-1).tolist()}  # only the experts chosen (all of them need not fit in fp32)
@@ -303,7 +301,6 @@ class FusedMoe:
             for j in range(self.top_k):
                 w13, w2 = expert[int(ids[t, j])]
                 gu = (xd[t:t + 1] @ w13.t()).to(self.gu.dtype)
-                aq, as_ = quantize_act_reference(silu_mul_reference(gu))
-                a = aq.float() * as_.repeat_interleave(FP8_BLOCK, -1)
+                a = dequantize_act(*quantize_act_reference(silu_mul_reference(gu)))
                 out[t] += float(weights[t, j]) * (a @ w2.t())[0].to(self.y.dtype).float()
         return out

@@ -335,7 +335,8 @@ def run_gemm_bench(env: BenchEnv, shapes: list[GemmShape], m_values: list[int], 
                         # a GEMV: time both operand orders and our Triton GEMV tiles too (chosen at run time)
                         names_tried = [GEMV_WX] + ([gemv_kernel.label(c) for c in gemv_kernel.CONFIGS]
                                                    if gemv_kernel.available(env.device) else [])
-                    names_tried += lowprec_variants(env, be, m) + block_mm_variants(env, be, m, n, k)
+                    ours = lowprec_variants(env, be, m) + block_mm_variants(env, be, m, n, k)
+                    names_tried += ours
                     for variant in names_tried:
                         del fns
                         fns = []
@@ -352,8 +353,7 @@ def run_gemm_bench(env: BenchEnv, shapes: list[GemmShape], m_values: list[int], 
                         t = tried[label]
                         others = ", ".join(f"{name} {r.device_us:.2f} us" for name, r in tried.items() if name != label)
                         note = f"fastest of: {others}"
-                        if checks and label in lowprec_variants(env, be, m) + block_mm_variants(env, be, m, n, k):
-                            # the winner, checked at this M
+                        if checks and label in ours:  # the winner, checked at this M
                             c = check_variant(env, be, label, m, n, k)
                             check_rows.append(c)
                             failed_check |= not c["pass"]
