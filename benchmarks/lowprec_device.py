@@ -334,6 +334,68 @@ def fusedmoe_case(env: BenchEnv, timed: bool) -> None:
         torch.cuda.empty_cache()
 
 
+FP4MOE_FORMS = ({}, {"block_m": 16}, {"split13": "half"}, {"split13": "double"}, {"split2": "double"})
+
+
+def fp4moe_case(env: BenchEnv, timed: bool) -> None:
+    """The routed experts at batch 1-16 with NVFP4 weights (kernels/fp4moe.py: pairs sorted by expert, each expert hit
+    read once a call), 8 of 256 experts a token, DeepSeek-V3 and GLM-5 at TP8 (I = 256 a rank) and TP1 (I = 2048):
+    each form against dequantise-then-matmul on the chosen experts and (timed) against what the kernel level ran
+    before, the grouped GEMV once a token (simulate.layers.Experts, whose repacked weights the fused MoE shares).
+    Four choices rotate through the captured calls (no call finds its experts in the L2); the fraction is of the
+    experts hit, read once."""
+    from decode_gap.kernels import fp4moe
+    from decode_gap.microbench.moe import silu_mul
+    from decode_gap.simulate.layers import Experts
+
+    dev = env.device
+    gen = torch.Generator(device=dev).manual_seed(0)
+    rows = RESULTS.setdefault("fp4moe", [])
+    read = env.extra.get("read_gbps")
+    cases = (("dsv3 tp8", 256, 7168, 256), ("glm5 tp8", 256, 6144, 256), ("dsv3 tp1", 256, 7168, 2048),
+             ("glm5 tp1", 256, 6144, 2048)) if env.is_gpu else (("tiny", 8, 128, 64),)
+    for name, e, h, i in cases:
+        torch.manual_seed(0)
+        ex = Experts(e, i, h, "nvfp4", "bf16", str(dev), "grouped_gemv", 8)
+        g = ex.grouped
+        per_expert = ex.per_expert_bytes
+        expert = lambda j, g=g: (fp4moe.stack_expert(g.w13, j), fp4moe.stack_expert(g.w2, j))  # noqa: E731
+        for m in (1, 2, 4, 8, 16) if env.is_gpu else (2,):
+            x = torch.randn((m, h), generator=gen, device=dev).to(torch.bfloat16)
+            choices = rotating_choices(e, min(8, e), m, dev, gen)
+            wts = torch.rand((m, min(8, e)), generator=gen, device=dev)
+            hit = sum(len(set(c.reshape(-1).tolist())) for c in choices) / len(choices)
+            nbytes = hit * per_expert
+            row = {"case": name, "M": m, "experts_hit": hit, "bytes": nbytes}
+            ref = fp4moe.reference(x, choices[0], wts, expert)
+            base = fp4moe.Nvfp4FusedMoe(g.mma13, g.mma2, m, choices[0].shape[1], dev)
+            for kw in FP4MOE_FORMS if timed else FP4MOE_FORMS[:2]:
+                kw = {k: (max(1, base.plan13[1] // 2) if v == "half" else
+                          2 * (base.plan13[1] if k == "split13" else base.plan2[1])) if isinstance(v, str) else v
+                      for k, v in kw.items()}
+                form = ",".join(f"{k}={v}" for k, v in kw.items()) or "default"
+                try:
+                    moe = fp4moe.Nvfp4FusedMoe(g.mma13, g.mma2, m, choices[0].shape[1], dev, **kw)
+                    form += f" (bm {moe.block_m}, splits {moe.plan13[1]}/{moe.plan2[1]})"
+                    _check(f"fp4 moe {name} {form}", m, h, i, lambda: (moe(x, choices[0], wts), moe(x, choices[0],
+                                                                                                    wts))[1], ref, 1e-2)
+                    if timed:
+                        row[form] = time_graph([lambda c=c: moe(x, c, wts) for c in choices], 3, 20, dev).median_us
+                except Exception as exc:  # one form failing (resources) must not stop the others
+                    row[form] = f"{type(exc).__name__}: {exc}"[:160]
+            if env.is_gpu:  # what the kernel level ran before: the grouped GEMV once a token
+                _check(f"fp4 grouped loop {name}", m, h, i, lambda: ex(x, choices[0], wts, silu_mul), ref, 1e-2)
+                if timed:
+                    row["grouped_per_token_us"] = time_graph([lambda c=c: ex(x, c, wts, silu_mul) for c in choices],
+                                                             3, 20, dev).median_us
+                    best = min((v for f, v in row.items() if "(bm" in f and isinstance(v, float)), default=None)
+                    row["frac_of_read_best"] = frac(nbytes, best, read)
+            rows.append(row)
+            log(f"fp4moe {row}")
+        ex = g = None
+        torch.cuda.empty_cache() if env.is_gpu else None
+
+
 def grouped_checks(env: BenchEnv) -> None:
     """The grouped experts (every format and NVFP4 form) against the dequantised reference, awkward sizes."""
     dev = env.device
@@ -789,8 +851,10 @@ def main() -> int:
     ap.add_argument("--ms", default="1", help="the sweep section's M values (comma-separated)")
     ap.add_argument("--sections", default="memory,checks,llama,moe,dsv3,glm5,stage",
                     help="also: bw (bandwidths only), stats, fp8block (block-scaled fp8 above batch 1: checks and "
-                         "times), fusedmoe (the fp8 fused MoE above batch 1: checks and times), moechecks (grouped checks only), kernelchecks (routing and attention checks only, "
-                         "and fp8block's checks), moe4 (the NVFP4 grouped forms only)")
+                         "times), fusedmoe (the fp8 fused MoE above batch 1: checks and times), fp4moe (the NVFP4 "
+                         "fused MoE at batch 1-16: checks and times), moechecks (grouped checks only), kernelchecks "
+                         "(routing, attention, fp8block, fused MoE and NVFP4 fused MoE checks), moe4 (the NVFP4 "
+                         "grouped forms only)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -867,6 +931,10 @@ def main() -> int:
         log(f"checks: {len(RESULTS['checks']) - len(bad)} passed, {len(bad)} failed: {bad}")
     if ("fusedmoe" in sections or "kernelchecks" in sections) and env.is_gpu:  # fp8 fused MoE, batch > 1
         run("fusedmoe", lambda: fusedmoe_case(env, timed="fusedmoe" in sections))
+        bad = [c for c in RESULTS["checks"] if not c["ok"]]
+        log(f"checks: {len(RESULTS['checks']) - len(bad)} passed, {len(bad)} failed: {bad}")
+    if "fp4moe" in sections or "kernelchecks" in sections:  # NVFP4 fused MoE, batch 1-16
+        run("fp4moe", lambda: fp4moe_case(env, timed="fp4moe" in sections and env.is_gpu))
         bad = [c for c in RESULTS["checks"] if not c["ok"]]
         log(f"checks: {len(RESULTS['checks']) - len(bad)} passed, {len(bad)} failed: {bad}")
     if "moechecks" in sections:  # the grouped experts' checks only (awkward sizes)

@@ -1,0 +1,99 @@
+"""The NVFP4 fused MoE (kernels/fp4moe.py) in Triton's CPU interpreter (a subprocess: the interpreter is chosen when
+Triton is imported): the whole call against dequantise-then-matmul at blocks of 8 and 16 pairs, with and without K
+splits, padding columns, an expert chosen twice by a token's neighbours, an id off the table, and the sums left at
+zero for the next call. The H200 runs the same checks compiled (benchmarks/lowprec_device.py --sections fp4moe, or
+kernelchecks).
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from decode_gap.kernels import fp4moe
+
+pytest.importorskip("triton")
+REPO = Path(__file__).resolve().parents[1]
+
+EXPERTS = r'''
+import torch
+from decode_gap.kernels import fp4moe
+from decode_gap.kernels import nvfp4 as nv
+g = torch.Generator().manual_seed(0)
+E, H, I = 6, 128, 64
+w13 = [nv.quantize_nvfp4(torch.randn(2 * I, H, generator=g) * 0.05) for _ in range(E)]
+w2 = [nv.quantize_nvfp4(torch.randn(H, I, generator=g) * 0.05) for _ in range(E)]
+d13 = fp4moe.dequantized(w13)
+d2 = fp4moe.dequantized(w2)
+expert = lambda e: (d13[e], d2[e])
+def err(y, ref):
+    return ((y.float() - ref).norm() / ref.norm()).item()
+'''
+
+
+def _interpret(code: str) -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO / "workflow")}
+    proc = subprocess.run([sys.executable, "-c", EXPERTS + code], env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stderr[-3000:]
+
+
+def test_blocks_take_a_second_mma_only_where_experts_average_more_than_eight_pairs():
+    assert fp4moe.block_m_for(16 * 8, 256) == 8  # DeepSeek-V3 at 16 tokens: about one pair an expert hit
+    assert fp4moe.block_m_for(64 * 2, 8) == 16  # Mixtral at 64 tokens: 16 pairs an expert
+
+
+def test_splits_aim_at_the_warps_an_sm_holds():
+    # DeepSeek-V3 TP8 gate_up (512 rows: 32 tiles, 112 steps), 132 SMs, 2 steps an iteration
+    assert fp4moe.moe_split(8, 32, 112, 2, 132) == 14  # batch 1: 8 experts
+    assert fp4moe.moe_split(128, 32, 112, 2, 132) == 1  # 16 tokens: 128 experts fill the SMs
+    assert fp4moe.moe_split(8, 448, 4, 2, 132) == 1  # down (K = 256): two iterations, nothing to split
+
+
+def test_fused_moe_matches_dequantise_then_matmul():
+    _interpret(r'''
+torch.manual_seed(1)
+for m, ids, bm, s13, s2 in ((3, [[0, 5], [5, 2], [0, 5]], 8, None, None), (3, [[0, 5], [5, 2], [0, 5]], 16, 2, 1),
+                            (2, [[4, 4 + 0], [1, 3]], 8, 1, 1), (1, [[3, 0]], 8, 2, None)):
+    moe = fp4moe.Nvfp4FusedMoe(w13, w2, m, 2, "cpu", block_m=bm, split13=s13, split2=s2)
+    x = torch.randn(m, H).to(torch.bfloat16)
+    t = torch.tensor(ids, dtype=torch.int32)
+    w = torch.rand(m, 2)
+    ref = fp4moe.reference(x, t, w, expert)
+    for call in range(2):  # the second call sees the zeros the first left in the sums
+        e = err(moe(x, t, w), ref)
+        assert e < 1e-2, (ids, bm, s13, s2, call, e)
+print("ok")
+''')
+
+
+def test_an_id_off_the_table_adds_nothing():
+    _interpret(r'''
+moe = fp4moe.Nvfp4FusedMoe(w13, w2, 2, 2, "cpu")
+x = torch.randn(2, H).to(torch.bfloat16)
+w = torch.rand(2, 2)
+t = torch.tensor([[1, 9], [2, -1]], dtype=torch.int32)  # another EP rank's experts
+ref = fp4moe.reference(x, torch.tensor([[1], [2]]), w[:, :1], expert)
+assert err(moe(x, t, w), ref) < 1e-2
+print("ok")
+''')
+
+
+def test_mismatched_weights_and_shapes_are_named():
+    _interpret(r'''
+from decode_gap.errors import DecodeGapError
+try:
+    fp4moe.Nvfp4FusedMoe(w13, w13, 2, 2, "cpu")
+    raise SystemExit("no error")
+except DecodeGapError as exc:
+    assert "do not fit together" in str(exc)
+moe = fp4moe.Nvfp4FusedMoe(w13, w2, 2, 2, "cpu")
+try:
+    moe(torch.zeros(3, H, dtype=torch.bfloat16), torch.zeros(3, 2, dtype=torch.int32), torch.ones(3, 2))
+    raise SystemExit("no error")
+except DecodeGapError as exc:
+    assert "expected (2, 128)" in str(exc)
+print("ok")
+''')

@@ -1,0 +1,268 @@
+"""Routed experts above batch 1 with NVFP4 weights, weight-only: a fused MoE over the token-expert pairs sorted by
+expert, so each expert hit streams its weights once a call whatever the number of tokens that chose it (the grouped
+GEMV, `lowprec.GroupedExperts`, runs one token at a time: M calls of five kernels, an expert read once a token that
+chose it).
+
+The pairs are sorted by `fusedmoe`'s one-program align into blocks of BLOCK_M (8 or 16) pairs of one expert. Each
+program of `_fp4_moe_kernel` is (16-row tile group, K split, block): the tensor-core bf16 form of the grouped GEMV
+(`lowprec._fp4_mma_loop`: the weight decoded in registers into mma.sync's A operand, the block scales multiplied
+exactly in bf16), with MMA column c being the block's pair c, whose x row each lane gathers (the token's row for
+gate_up, the pair's activation row for down). At BLOCK_M 16 columns 8-15 take a second MMA against the same decoded
+tile (lowprec's M = 9-16 path). Five kernels a call, every buffer allocated once (graph-capturable):
+1. the align (`fusedmoe._align_kernel`);
+2. gate_up, fp32 sums a pair (with atomics where split over K);
+3. silu(gate) * up as the bf16 activation a pair, the sums left at zero (`lowprec._silu_pack_kernel`);
+4. down, each pair's row times its routing weight added into its token's fp32 row (atomics);
+5. the cast of the sums to the output dtype, which leaves them at zero (`lowprec._cast_zero_kernel`).
+
+Under the CPU interpreter the MMA loop runs as lowprec's plain-Triton emulation of the same layout and decode.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import DecodeGapError
+from . import lowprec as lp
+from . import nvfp4 as nv
+from .fusedmoe import MAX_PAIRS, _pow2, max_blocks
+from .nvfp4 import HAVE_TRITON, tl, triton
+
+# about this many warps an SM in all (lowprec.mma_split: 27 swept on the H200 for 2 steps an iteration)
+WARPS_PER_SM = 27
+CONFIG = lp.FP4_GROUPED_BX_2  # 4 warps (64 rows) a program, 2 steps (128 values) an iteration, evict-first weights
+
+
+def block_m_for(pairs: int, experts: int) -> int:
+    """Pairs a block: 8 (one MMA's columns) unless the pairs average more than 8 an expert, then 16 (a second MMA on
+    the same decoded tile), so an expert chosen by 9-16 tokens is still read once."""
+    return 16 if pairs > 8 * experts else 8
+
+
+if HAVE_TRITON:
+    from .fusedmoe import _align_kernel
+    from .lowprec import _cast_zero_kernel, _emul_plane, _emul_x, _fp4_mma_loop, _lanes, _silu_pack_kernel
+
+    @triton.jit
+    def _moe_store(out_ptr, y, rows, cols, row_ok, b, pairs_ptr, rw_ptr, P, stride_o, O_DIV: tl.constexpr,
+                   BM: tl.constexpr, ATOMIC: tl.constexpr, ROW_WEIGHT: tl.constexpr):
+        """y[row, col] of block b to out row (pair // O_DIV), times the pair's routing weight where ROW_WEIGHT;
+        padding columns (pair P) dropped."""
+        pn = tl.load(pairs_ptr + b * BM + cols)
+        ok = row_ok & (pn < P)
+        if ROW_WEIGHT:
+            y = y * tl.load(rw_ptr + pn, mask=ok, other=0.0)
+        op = out_ptr + (pn // O_DIV).to(tl.int64) * stride_o + rows
+        if ATOMIC:
+            tl.atomic_add(op, y, mask=ok, sem="relaxed")
+        else:
+            tl.store(op, y.to(out_ptr.dtype.element_ty), mask=ok)
+
+    @triton.jit
+    def _fp4_moe_kernel(x_ptr, w_ptr, s_ptr, ts_ptr, pairs_ptr, bexp_ptr, rw_ptr, out_ptr, P, N, NT,
+                        steps_per_split, NSTEPS, stride_x, stride_we, stride_wt, stride_se, stride_st, stride_o,
+                        X_DIV: tl.constexpr, O_DIV: tl.constexpr, WARPS: tl.constexpr, UNROLL: tl.constexpr,
+                        BM: tl.constexpr, ATOMIC: tl.constexpr, ROW_WEIGHT: tl.constexpr, USE_ASM: tl.constexpr,
+                        EV: tl.constexpr = ""):
+        """out[pair // O_DIV, n] (+)= x[pair // X_DIV] . W_e[n] for the pairs of block pid 2 (expert e), rows n of
+        WARPS 16-row tiles, K steps [pid 1 x steps_per_split, ...). x: int32 view of bf16 pairs; W: the bf16 form's
+        repacked expert stack (lowprec._stack_mma(bx=True))."""
+        T: tl.constexpr = 32 * WARPS
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        b = tl.program_id(2)
+        e = tl.load(bexp_ptr + b)
+        if e < 0:  # past the last block the pairs fill
+            return
+        e = e.to(tl.int64)
+        t, tile, lane, g, qq = _lanes(pid_n * WARPS, T, 1)
+        tile_c = tl.minimum(tile, NT - 1).to(tl.int64)
+        i0 = pid_k * steps_per_split
+        i1 = tl.minimum(i0 + steps_per_split, NSTEPS)
+        w_base = w_ptr + e * stride_we
+        s_base = s_ptr + e * stride_se
+        ts = tl.load(ts_ptr + e) * 16384.0
+        c4 = tl.arange(0, 4)
+        if USE_ASM:
+            # lane 4g + q's B fragment is column g: pair g of the block (a padding column reads the last pair's row;
+            # its sums are dropped)
+            xr = (tl.minimum(tl.load(pairs_ptr + b * BM + g), P - 1) // X_DIV).to(tl.int64)
+            xb = x_ptr + xr[:, None] * stride_x + (qq * 8)[:, None] + c4[None, :]
+            xb2 = xb
+            if BM == 16:
+                xr2 = (tl.minimum(tl.load(pairs_ptr + b * BM + 8 + g), P - 1) // X_DIV).to(tl.int64)
+                xb2 = x_ptr + xr2[:, None] * stride_x + (qq * 8)[:, None] + c4[None, :]
+            wb = w_base + tile_c[:, None] * stride_wt + (lane * 4)[:, None] + c4[None, :]
+            sb = s_base + tile_c * stride_st + lane
+            acc0 = tl.zeros((T, 4), dtype=tl.float32)
+            acc1 = tl.zeros((T, 4), dtype=tl.float32)
+            acc0, acc1, acc2, acc3 = _fp4_mma_loop(wb, sb, xb, xb2, i0, i1, T, UNROLL, EV, BM == 16, acc0, acc1,
+                                                   acc0, acc1, False, True)
+            # accumulator element c of lane 4g + q: row g + 8 (c // 2), column 2q + c % 2
+            rows = (tile * 16 + g)[:, None] + 8 * (c4[None, :] // 2)
+            cols = (2 * qq)[:, None] + c4[None, :] % 2
+            row_ok = (rows < N) & (tile < NT)[:, None]
+            _moe_store(out_ptr, (acc0 + acc1) * ts, rows, cols, row_ok, b, pairs_ptr, rw_ptr, P, stride_o, O_DIV,
+                       BM, ATOMIC, ROW_WEIGHT)
+            if BM == 16:
+                _moe_store(out_ptr, (acc2 + acc3) * ts, rows, cols + 8, row_ok, b, pairs_ptr, rw_ptr, P, stride_o,
+                           O_DIV, BM, ATOMIC, ROW_WEIGHT)
+        else:
+            # the interpreter: each lane's partial per (row half, column), then a quad's four lanes summed
+            cm = tl.arange(0, BM)
+            xr = (tl.minimum(tl.load(pairs_ptr + b * BM + cm), P - 1) // X_DIV).to(tl.int64)
+            part = tl.zeros((T, 2, BM), dtype=tl.float32)
+            for i in range(i0, i1):
+                sv = tl.load(s_base + tile_c * stride_st + lane + i * 32).to(tl.int32)
+                for r in tl.static_range(2):
+                    sr = ((sv >> (8 * r)) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+                    acc_r = tl.zeros((T, BM), dtype=tl.float32)
+                    for wr in tl.static_range(2):
+                        word = tl.load(w_base + tile_c * stride_wt + lane * 4 + i * 128 + 2 * r + wr)
+                        xw = x_ptr + xr[None, :] * stride_x + (((4 * i + qq) * 2 + wr) * 4)[:, None]
+                        for j in tl.static_range(4):
+                            xv = tl.load(xw + j)
+                            lo, hi = _emul_plane(word, j, sr, True)
+                            acc_r += lo[:, None] * _emul_x(xv, False, True) + hi[:, None] * _emul_x(xv, True, True)
+                    part += tl.where((tl.arange(0, 2) == r)[None, :, None], acc_r[:, None, :], 0.0)
+            y = tl.sum(tl.reshape(part, (WARPS, 8, 4, 2, BM)), axis=2) * ts  # [tile, g, half, column]
+            wv = tl.arange(0, WARPS)[:, None, None, None]
+            rows = (pid_n * WARPS + wv) * 16 + tl.arange(0, 8)[None, :, None, None] + \
+                8 * tl.arange(0, 2)[None, None, :, None]
+            cols = cm[None, None, None, :] + rows * 0
+            row_ok = (rows < N) & (pid_n * WARPS + wv < NT)
+            _moe_store(out_ptr, y, rows, cols, row_ok, b, pairs_ptr, rw_ptr, P, stride_o, O_DIV, BM, ATOMIC,
+                       ROW_WEIGHT)
+
+
+def moe_split(blocks: int, tiles: int, steps: int, unroll: int, sms: int, warps_per_sm: int = WARPS_PER_SM) -> int:
+    """K splits of a GEMM over `blocks` expert blocks of `tiles` 16-row tiles (a warp each) and `steps` 64-value
+    steps: about warps_per_sm warps an SM in all (lowprec.mma_split), every split whole iterations."""
+    return lp.mma_split(blocks * tiles, steps // unroll, warps_per_sm, sms)
+
+
+class Nvfp4FusedMoe:
+    """y[M, H] = sum over each token's top_k experts of weight * down(silu(gate) * up), the experts' weights NVFP4
+    (weight-only: x and the activation stay bf16), for `m` tokens (buffers allocated once, graph-capturable).
+
+    `w13` / `w2`: lists of E per-expert NVFP4Tensors ([2I, H] gate rows then up rows, and [H, I]), or the bf16
+    form's stacks as `lowprec._stack_mma(..., bx=True)` returns them (shared with a GroupedExperts, not copied)."""
+
+    def __init__(self, w13, w2, m: int, top_k: int, device, out_dtype=torch.bfloat16, block_m: int | None = None,
+                 split13: int | None = None, split2: int | None = None) -> None:
+        if not HAVE_TRITON:
+            raise DecodeGapError("the NVFP4 fused MoE needs Triton, which is not installed")
+        self.mma13 = lp._stack_mma(w13, bx=True) if isinstance(w13, list) else w13
+        self.mma2 = lp._stack_mma(w2, bx=True) if isinstance(w2, list) else w2
+        e, nt13, steps13 = self.mma13[0].shape[:3]
+        e2, nt2, steps2 = self.mma2[0].shape[:3]
+        h, i = steps13 * 64, steps2 * 64
+        if e2 != e or nt13 * 16 != 2 * i or nt2 * 16 != h:
+            raise DecodeGapError(f"NVFP4 fused MoE: w13 ({e} experts of {nt13 * 16}x{h}) and w2 ({e2} of "
+                                 f"{nt2 * 16}x{i}) do not fit together (w13 [E, 2I, H], w2 [E, H, I], H and I "
+                                 f"multiples of 64)")
+        pairs = m * top_k
+        if pairs > MAX_PAIRS or top_k > e:
+            raise DecodeGapError(f"NVFP4 fused MoE: {m} tokens x top_k {top_k} = {pairs} pairs; at most {MAX_PAIRS} "
+                                 f"(the one-program sort) and top_k <= {e} experts")
+        if not (lp.available(device) and lp.mma_supported(device)):
+            raise DecodeGapError("the NVFP4 fused MoE needs Triton and an sm89+ GPU (or TRITON_INTERPRET=1 on the CPU)")
+        self.m, self.top_k, self.e, self.h, self.i, self.pairs = m, top_k, e, h, i, pairs
+        self.block_m = block_m or block_m_for(pairs, e)
+        if self.block_m not in (8, 16):
+            raise DecodeGapError(f"NVFP4 fused MoE: block_m must be 8 or 16, not {self.block_m}")
+        self.nb = max_blocks(pairs, e, self.block_m)
+        cfg = CONFIG
+        self.warps, self.ev = cfg.warps, lp._evict(cfg)
+        # 2 steps an iteration where both K are whole 2-step iterations, else 1 (the loop's unroll is one constant)
+        u = cfg.block_k // 64
+        self.unroll = u if (h // 64) % u == 0 and (i // 64) % u == 0 else 1
+        # plan the splits for the blocks that will run (each expert hit, about), never the grid's upper bound
+        blocks, sms = min(pairs, e), lp.sm_count(device)
+        self.plan13 = self._plan(h // 64, split13 or moe_split(blocks, 2 * i // 16, h // 64, self.unroll, sms))
+        self.plan2 = self._plan(i // 64, split2 or moe_split(blocks, h // 16, i // 64, self.unroll, sms))
+        dev = torch.device(device)
+        self.sorted_pairs = torch.empty(self.nb * self.block_m, dtype=torch.int32, device=dev)
+        self.block_expert = torch.empty(self.nb, dtype=torch.int32, device=dev)
+        # fp32 sums, at zero between calls (the SiLU kernel and the final cast leave them so)
+        self.gu = torch.zeros((pairs, 2 * i), dtype=torch.float32, device=dev)
+        self.act = torch.empty((pairs, i), dtype=torch.bfloat16, device=dev)
+        self.acc = torch.zeros((m, h), dtype=torch.float32, device=dev)
+        self.out = torch.empty((m, h), dtype=out_dtype, device=dev)
+
+    def _plan(self, steps: int, split: int) -> tuple[int, int]:
+        """(steps a split, splits): whole iterations of `unroll` steps."""
+        per, split, _ = lp._k_plan(steps, self.unroll, split)
+        return per, split
+
+    @property
+    def label(self) -> str:
+        return (f"triton fused MoE (nvfp4 weight-only, bf16 tensor-core MMA, pairs sorted by expert in blocks of "
+                f"{self.block_m})")
+
+    @property
+    def kernels(self) -> int:
+        return 5
+
+    def weight_bytes(self, ids: torch.Tensor) -> int:
+        """Bytes of the experts `ids` hit (weights and scales): what one call must read."""
+        per = nv.nvfp4_bytes(2 * self.i, self.h) + nv.nvfp4_bytes(self.h, self.i)
+        flat = ids.reshape(-1)
+        return per * int(torch.unique(flat[(flat >= 0) & (flat < self.e)]).numel())
+
+    def _gemm(self, x, stack, out, n: int, plan: tuple[int, int], by_token: bool, route_w) -> None:
+        words, scales, ts = stack
+        nt = words.shape[1]
+        per, split = plan
+        steps = words.shape[2]
+        grid = (triton.cdiv(nt, self.warps), split, self.nb)
+        _fp4_moe_kernel[grid](
+            x, words, scales, ts, self.sorted_pairs, self.block_expert, route_w, out, self.pairs, n, nt, per, steps,
+            x.stride(0), words.stride(0), words.stride(1), scales.stride(0), scales.stride(1), out.stride(0),
+            X_DIV=self.top_k if by_token else 1, O_DIV=1 if by_token else self.top_k, WARPS=self.warps,
+            UNROLL=self.unroll, BM=self.block_m, ATOMIC=split > 1 or not by_token, ROW_WEIGHT=not by_token,
+            USE_ASM=not lp.interpreted(), EV=self.ev, num_warps=self.warps)
+
+    def __call__(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        if x.shape != (self.m, self.h) or ids.shape != (self.m, self.top_k) or weights.shape != ids.shape:
+            raise DecodeGapError(f"NVFP4 fused MoE: x {tuple(x.shape)}, ids {tuple(ids.shape)}, weights "
+                                 f"{tuple(weights.shape)}; expected {(self.m, self.h)} and {(self.m, self.top_k)}")
+        _align_kernel[(1,)](ids.reshape(-1), self.sorted_pairs, self.block_expert, self.pairs, self.e, self.nb,
+                            P2=_pow2(self.pairs), E2=_pow2(self.e + 1), NB2=_pow2(self.nb), BM=self.block_m,
+                            num_warps=8)
+        flat_w = weights.reshape(-1).float()
+        self._gemm(lp.bf16_pairs(x), self.mma13, self.gu, 2 * self.i, self.plan13, True, flat_w)
+        _silu_pack_kernel[(triton.cdiv(self.i, 1024), self.pairs)](self.gu, self.act, self.i, self.gu.stride(0),
+                                                                  self.act.stride(0), BLOCK=1024, BX=True)
+        self._gemm(self.act.view(torch.int32), self.mma2, self.acc, self.h, self.plan2, False, flat_w)
+        _cast_zero_kernel[(triton.cdiv(self.m * self.h, 1024),)](self.acc, self.out, self.m * self.h, BLOCK=1024)
+        return self.out
+
+
+def reference(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, expert) -> torch.Tensor:
+    """Dequantise-then-matmul in fp32, the activation rounded to bf16 as the kernel stores it: [M, H]. `expert(e)`
+    gives expert e's fp32 (w13 [2I, H], w2 [H, I]); only the experts chosen are asked for (all of a layer's need not
+    fit in fp32)."""
+    chosen = {int(e): expert(int(e)) for e in ids.reshape(-1).tolist()}
+    out = torch.zeros((x.shape[0], chosen[int(ids[0, 0])][1].shape[0]), dtype=torch.float32, device=x.device)
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            w13, w2 = chosen[int(ids[t, j])]
+            h = x[t:t + 1].float() @ w13.t()
+            i = w2.shape[1]
+            a = (torch.nn.functional.silu(h[:, :i]) * h[:, i:]).to(torch.bfloat16).float()
+            out[t] += float(weights[t, j]) * (a @ w2.t())[0]
+    return out
+
+
+def stack_expert(stack, e: int) -> torch.Tensor:
+    """Expert e of a plain NVFP4 stack (lowprec._stack_fp4: words [E, N, K/8] int32, block scales, tensor scales),
+    dequantised to fp32."""
+    words, scales, ts = stack
+    n, kw = words.shape[1:]
+    return nv.dequantize_nvfp4(nv.NVFP4Tensor(words[e].view(torch.uint8), scales[e], ts[e], (n, kw * 8))).float()
+
+
+def dequantized(qs: list[nv.NVFP4Tensor]) -> torch.Tensor:
+    """fp32 [E, N, K] of per-expert NVFP4Tensors, for the reference."""
+    return torch.stack([nv.dequantize_nvfp4(q).float() for q in qs])
