@@ -334,7 +334,9 @@ def fusedmoe_case(env: BenchEnv, timed: bool) -> None:
         torch.cuda.empty_cache()
 
 
-FP4MOE_FORMS = ({}, {"block_m": 16}, {"split13": "half"}, {"split13": "double"}, {"split2": "double"})
+# H200 (2026-12-03, before PDL): blocks of 16 pairs lost at every case (8-19%), half the gate_up splits lost 3-16%,
+# twice the down splits lost up to 12%; twice the gate_up splits drew level or won 2-5% at TP8 from 8 tokens
+FP4MOE_FORMS = ({}, {"pdl": False}, {"split13": "double"})
 
 
 def fp4moe_case(env: BenchEnv, timed: bool) -> None:
@@ -370,9 +372,7 @@ def fp4moe_case(env: BenchEnv, timed: bool) -> None:
             ref = fp4moe.reference(x, choices[0], wts, expert)
             base = fp4moe.Nvfp4FusedMoe(g.mma13, g.mma2, m, choices[0].shape[1], dev)
             for kw in FP4MOE_FORMS if timed else FP4MOE_FORMS[:2]:
-                kw = {k: (max(1, base.plan13[1] // 2) if v == "half" else
-                          2 * (base.plan13[1] if k == "split13" else base.plan2[1])) if isinstance(v, str) else v
-                      for k, v in kw.items()}
+                kw = {k: 2 * base.plan13[1] if v == "double" else v for k, v in kw.items()}
                 form = ",".join(f"{k}={v}" for k, v in kw.items()) or "default"
                 try:
                     moe = fp4moe.Nvfp4FusedMoe(g.mma13, g.mma2, m, choices[0].shape[1], dev, **kw)
@@ -963,7 +963,8 @@ def main() -> int:
                                                  "latency_floor_us"]].to_dict("records"),
                                      "checks": js["checks"], "skipped": js["skipped"]}
             spec = load_model_card(REPO / "config" / "models" / "deepseek-v3.json")
-            mdf, mjs = moe.run_moe_bench(env, shapes.moe_shape(spec), [1], log=lambda s: None)
+            mdf, mjs = moe.run_moe_bench(env, shapes.moe_shape(spec), [1, 8] if env.is_gpu else [1],
+                                         log=lambda s: None)
             RESULTS["stage_moe"] = {"rows": mdf[["name", "impl", "dtype", "backend", "gpu_us", "frac_of_copy_bw"]]
                                     .to_dict("records"), "by_m": mjs["by_m"], "skipped": mjs["skipped"]}
             for r in RESULTS["stage_gemm"]["rows"] + RESULTS["stage_moe"]["rows"]:

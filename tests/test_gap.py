@@ -433,6 +433,20 @@ def test_kernel_lever_adds_the_routed_experts_grouped_gemv_against_a_plain_read(
     assert "routed experts" not in lever["evidence"]
 
 
+def test_kernel_lever_quotes_the_nvfp4_fused_moe_the_kernel_level_runs():
+    """NVFP4 experts run the fused MoE at every batch on the kernel level, so where moe.json has both rows at the
+    run's batch the lever quotes the fused MoE's; a moe.json with the grouped GEMV alone (older results) still
+    gives that."""
+    moe = {"device": "cuda: NVIDIA H200", "shape": {"moe_layers": 75},
+           "by_m": {"1": {"experts_grouped_gemv_nvfp4_us": 26.4, "experts_grouped_gemv_nvfp4_plain_read_us": 9.0,
+                          "experts_fused_moe_nvfp4_us": 16.9, "experts_fused_moe_nvfp4_plain_read_us": 9.0}}}
+    inputs = gpu_inputs(moe=moe)
+    inputs["roofline"] = {**inputs["roofline"], "weight_format": "nvfp4", "batch_size": 1}
+    lever = next(l for l in attribute(inputs)["levers"] if l["name"].startswith("decode kernels at streaming"))
+    assert ("the routed experts' fused MoE (nvfp4, M=1, x 75 MoE layers) takes 1.268 ms against 0.675 ms for a "
+            "plain read") in lever["evidence"]
+
+
 def test_kernel_lever_adds_decode_attention_at_the_runs_context_on_its_fastest_kernels():
     """attention.json's fastest backend per case at the run's batch and context, times the layers of each kind
     (GQA: full and sliding layers; DSA: the indexer over the context and MLA over its top-k), against the KV bytes

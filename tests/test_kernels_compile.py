@@ -56,7 +56,7 @@ CASES = [
     (fusedmoe._silu_mul_quant_kernel, {"GROUPS": 4, "ZERO": True}, {"h": "*fp32", "q": "*fp8e4nv", "s": "*fp32"}),
     # the NVFP4 fused MoE: gate_up stored at blocks of 8 pairs, down added with routing weights at blocks of 16
     (fp4moe._fp4_moe_kernel, {"X_DIV": 8, "O_DIV": 1, "WARPS": 4, "UNROLL": 2, "BM": 8, "ATOMIC": False,
-                              "ROW_WEIGHT": False, "USE_ASM": True, "EV": "evict_first"}, FP4MOE_POINTERS),
+                              "ROW_WEIGHT": False, "USE_ASM": True, "EV": "evict_first", "PDL": True}, FP4MOE_POINTERS),
     (fp4moe._fp4_moe_kernel, {"X_DIV": 1, "O_DIV": 8, "WARPS": 4, "UNROLL": 2, "BM": 16, "ATOMIC": True,
                               "ROW_WEIGHT": True, "USE_ASM": True, "EV": "evict_first"}, FP4MOE_POINTERS),
 ]

@@ -45,6 +45,12 @@ def test_blocks_take_a_second_mma_only_where_experts_average_more_than_eight_pai
     assert fp4moe.block_m_for(64 * 2, 8) == 16  # Mixtral at 64 tokens: 16 pairs an expert
 
 
+def test_splits_are_planned_for_the_experts_uniform_choices_hit():
+    assert round(fp4moe.expected_hit(8, 256), 1) == 7.9
+    assert round(fp4moe.expected_hit(128, 256), 1) == 100.9  # 16 tokens x top 8: ~102 hit on the H200's draws
+    assert fp4moe.expected_hit(64, 8) > 7.99
+
+
 def test_splits_aim_at_the_warps_an_sm_holds():
     # DeepSeek-V3 TP8 gate_up (512 rows: 32 tiles, 112 steps), 132 SMs, 2 steps an iteration
     assert fp4moe.moe_split(8, 32, 112, 2, 132) == 14  # batch 1: 8 experts

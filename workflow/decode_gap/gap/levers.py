@@ -66,12 +66,13 @@ def gemm_step_split(gemm: dict, roof: dict) -> str:
 
 def experts_step_split(moe: dict, roof: dict) -> str:
     """The routed experts' kernel of one decode step in the run's weight format (moe.json at the run's batch, times
-    its MoE layers: the grouped GEMV, or above batch 1 in fp8 the fused MoE) against a plain read of the selected
-    experts' bytes; "" where moe.json has no such pair."""
+    its MoE layers: the kernel the kernel level runs, the fused MoE for NVFP4 and for fp8 above batch 1, else the
+    grouped GEMV) against a plain read of the selected experts' bytes; "" where moe.json has no such pair."""
     fmt, batch = str(roof.get("weight_format") or ""), _num(roof.get("batch_size"))
     entry = (moe.get("by_m") or {}).get(str(int(batch))) if batch is not None else None
     layers = _num((moe.get("shape") or {}).get("moe_layers"))
-    for impl, what in (("grouped_gemv", "grouped GEMV"), ("fused_moe", "fused MoE")):
+    impls = [("grouped_gemv", "grouped GEMV"), ("fused_moe", "fused MoE")]
+    for impl, what in impls[::-1] if fmt == "nvfp4" else impls:
         key = f"experts_{impl}_{fmt.replace('-', '_')}"
         kernel_us, read_us = (_num(entry.get(f"{key}{part}")) if entry else None for part in ("_us", "_plain_read_us"))
         if layers and kernel_us is not None and read_us is not None:

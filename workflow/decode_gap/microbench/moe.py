@@ -9,9 +9,10 @@ Expert GEMMs for the permuted rows: gate_up [2I, H], SiLU-and-mul, down [H, I] f
 - `loop`: one torch.mm per expert per projection (what a naive implementation launches);
 - `grouped_mm`: `torch._grouped_mm` (bf16, one launch per projection);
 - `scaled_grouped_mm`: `torch._scaled_grouped_mm` (fp8 e4m3 with row-wise scales, sm90+);
-- `fused_moe` (M > 1, GPU with Triton and fp8, sm89+): the fused MoE over the token-expert pairs sorted by expert
-  (`kernels.fusedmoe`, as engines' Triton fused_moe_kernel), fp8 with one scale an expert (`fp8`) and with 128x128
-  block scales (`fp8-block`): what the kernel level runs for fp8 routed experts above batch 1;
+- `fused_moe` (GPU with Triton, sm89+): the fused MoE over the token-expert pairs sorted by expert, each expert hit
+  read once: fp8 above batch 1 (`kernels.fusedmoe`, as engines' Triton fused_moe_kernel) with one scale an expert
+  (`fp8`) and with 128x128 block scales (`fp8-block`), and NVFP4 weight-only at every batch (`kernels.fp4moe`):
+  what the kernel level runs for those routed experts;
 - `grouped_gemv` (M=1, GPU with Triton): our grouped GEMV over only the selected experts (lowprec.py) in bf16,
   fp8 (per-tensor and 128x128 block scales) and nvfp4: gate+up with the SiLU fused, then down with the routing
   weights and the sum fused. Its bytes are the selected experts' weights in their stored format. Where lowprec has
@@ -32,8 +33,9 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from ..kernels import fusedmoe
+from ..kernels import fp4moe, fusedmoe
 from ..kernels import lowprec as lp
+from ..kernels import nvfp4 as nv
 from ..kernels import routing as rt
 from .common import BenchEnv, short_error, skip, summary
 from .shapes import MoeShape
@@ -183,14 +185,25 @@ def grouped_gemv(es: ExpertSet, fmt: str) -> "lp.GroupedExperts":
     return lp.grouped_from_bf16(fmt, es.w13, es.w2, ids, es.row_weights, es.x.device)
 
 
-FUSED_FORMATS = ("fp8", "fp8-block")
+FUSED_FORMATS = ("fp8", "fp8-block", "nvfp4")
 
 
-def fused_moe(es: ExpertSet, fmt: str) -> fusedmoe.FusedMoe:
-    """The fused MoE over this routing's pairs (compact expert ids; another EP rank's pairs are dropped)."""
+def fused_moe(es: ExpertSet, fmt: str) -> "fusedmoe.FusedMoe | fp4moe.Nvfp4FusedMoe":
+    """The fused MoE over this routing's pairs (compact expert ids; another EP rank's pairs are dropped): fp8 (one
+    scale an expert, or 128x128 blocks) or NVFP4 weight-only (quantised an expert at a time)."""
+    if fmt == "nvfp4":
+        return fp4moe.Nvfp4FusedMoe([nv.quantize_nvfp4(w) for w in es.w13], [nv.quantize_nvfp4(w) for w in es.w2],
+                                    es.m, es.cids.shape[1], es.x.device)
     block = fmt == "fp8-block"
     return fusedmoe.FusedMoe(fusedmoe.quantize_experts(es.w13, block), fusedmoe.quantize_experts(es.w2, block), es.m,
                              es.cids.shape[1], es.x.device)
+
+
+def fused_weight_bytes(moe: "fusedmoe.FusedMoe | fp4moe.Nvfp4FusedMoe", experts_hit: int) -> int:
+    """Bytes of the experts' weights and scales a fused MoE reads (each expert hit once)."""
+    if isinstance(moe, fp4moe.Nvfp4FusedMoe):
+        return experts_hit * (nv.nvfp4_bytes(2 * moe.i, moe.h) + nv.nvfp4_bytes(moe.h, moe.i))
+    return moe.w13.data.numel() + moe.w2.data.numel() + 4 * (moe.w13.scales.numel() + moe.w2.scales.numel())
 
 
 def fastest_form(g: "lp.GroupedExperts", time_form: Callable[[list], dict[str, Any] | None],
@@ -284,23 +297,25 @@ def run_moe_bench(env: BenchEnv, shape: MoeShape | None, m_values: list[int], lo
                 if best:
                     rows.append(best)
                 g = None
-        fp8_dots = env.is_gpu and lp.HAVE_TRITON and (env.capability or (0, 0)) >= (8, 9)
-        for fmt in FUSED_FORMATS if m > 1 and fp8_dots else ():
+        sm89 = env.is_gpu and lp.HAVE_TRITON and (env.capability or (0, 0)) >= (8, 9)
+        # fp8 above batch 1 (the GEMV is its batch-1 path); NVFP4 at every batch, as the kernel level runs it
+        for fmt in [f for f in FUSED_FORMATS if m > 1 or f == "nvfp4"] if sm89 else ():
             try:
                 moe = fused_moe(es, fmt)
                 moe(es.x, es.cids, es.weights)  # fail here (compile error) rather than inside the timing
             except Exception as exc:
                 skipped.append(skip(f"fused_moe {fmt} M={m}", short_error(exc)))
                 continue
-            nb = _expert_bytes(es, 1, 1) + 4 * (moe.w13.scales.numel() + moe.w2.scales.numel())
+            act_bytes = 1 if fmt.startswith("fp8") else 2
+            nb = _expert_bytes(es, 0, act_bytes) + fused_weight_bytes(moe, es.experts_hit)
             row = _time_row(env, flush, "moe.experts", "fused_moe", fmt, moe.label,
                             lambda moe=moe: moe(es.x, es.cids, es.weights), nb, _expert_flops(es), base, skipped, log)
             if row:
-                rows.append({**row, "kernels": 6})
+                rows.append({**row, "kernels": 6 if fmt.startswith("fp8") else moe.kernels})
             moe = None
-        if m > 1 and not fp8_dots:
-            skipped.append(skip(f"fused_moe M={m}", f"the fp8 fused MoE needs a CUDA GPU with Triton and fp8 dots "
-                                                    f"(sm89+); this device is {env.sm}"))
+        if not sm89:
+            skipped.append(skip(f"fused_moe M={m}", f"the fused MoE (fp8 dots; NVFP4 decoded onto bf16 tensor cores) "
+                                                    f"needs a CUDA GPU with Triton, sm89+; this device is {env.sm}"))
         for impl in impls:
             try:
                 if impl == "loop":

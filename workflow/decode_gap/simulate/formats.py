@@ -80,12 +80,19 @@ def probe_formats(weight_format: str, device: str, batch: int = 1) -> dict[str, 
             q = nv.quantize_nvfp4(torch.randn(64, 64, device=device))
             nv.WeightOnlyGemm(q, 1, device)(torch.randn(1, 64, device=device, dtype=torch.bfloat16))
             info["linear"] = "nvfp4-wo"
-            grouped = _probe_grouped_nvfp4(device)
-            if grouped:
+            if _probe_fused_nvfp4(device):
+                info["experts"] = "nvfp4-moe"
+                info["note"] = ("nvfp4 linears run the micro-benchmarks' nvfp4-weight-only Triton kernel "
+                                "(decode_gap.kernels.nvfp4); routed experts the NVFP4 fused MoE (decode_gap.kernels."
+                                "fp4moe: the pairs sorted by expert, each expert hit read once a step, decoded onto "
+                                "bf16 tensor cores)")
+                return info
+            if _probe_grouped_nvfp4(device):
                 info["experts"] = "nvfp4"
                 info["note"] = ("nvfp4 linears run the micro-benchmarks' nvfp4-weight-only Triton kernel "
                                 "(decode_gap.kernels.nvfp4); routed experts the grouped NVFP4 GEMV over the experts "
-                                "each token selects (decode_gap.kernels.lowprec.GroupedExperts, one call a token)")
+                                "each token selects (decode_gap.kernels.lowprec.GroupedExperts, one call a token: "
+                                "the fused MoE did not run here)")
                 return info
             info["experts"] = "bf16"
             info["note"] = ("nvfp4 linears run the micro-benchmarks' nvfp4-weight-only Triton kernel "
@@ -153,6 +160,30 @@ def _block_mm_why_not(device: str) -> str:
         return f"{type(exc).__name__}: {exc}"[:160]
 
 
+def _probe_fused_nvfp4(device: str) -> bool:
+    """Whether the NVFP4 fused MoE (bf16 tensor-core form, sm89+) runs here and agrees with dequantise-then-matmul:
+    four experts of 128 x 64, two tokens choosing two each."""
+    torch = _torch()
+    try:
+        from ..kernels import fp4moe
+        from ..kernels import lowprec as lp
+        from ..kernels import nvfp4 as nv
+
+        if not (lp.available(device) and lp.grouped_mma_fits(64, 64, device)):
+            return False
+        w13 = [nv.quantize_nvfp4(torch.randn(128, 64, device=device)) for _ in range(4)]
+        w2 = [nv.quantize_nvfp4(torch.randn(64, 64, device=device)) for _ in range(4)]
+        moe = fp4moe.Nvfp4FusedMoe(w13, w2, 2, 2, device)
+        x = torch.randn(2, 64, device=device, dtype=torch.bfloat16)
+        ids = torch.tensor([[0, 3], [3, 1]], dtype=torch.int32, device=device)
+        w = torch.full((2, 2), 0.5, device=device)
+        d13, d2 = fp4moe.dequantized(w13), fp4moe.dequantized(w2)
+        ref = fp4moe.reference(x, ids, w, lambda e: (d13[e], d2[e]))
+        return bool(((moe(x, ids, w).float() - ref).norm() / ref.norm()).item() < 2e-2)
+    except Exception:  # no Triton, an older GPU, or no kernel
+        return False
+
+
 def _probe_grouped_nvfp4(device: str) -> bool:
     """Whether the grouped NVFP4 GEMV (tensor-core form, sm89+) runs here: four experts of 64 x 64, two selected."""
     torch = _torch()
@@ -173,11 +204,12 @@ def _probe_grouped_nvfp4(device: str) -> bool:
 
 def _probe_grouped(device: str, linear: str) -> str:
     """MoE expert kernel: grouped GEMM (reads only the experts hit) where it runs, else gather + bmm; NVFP4 and fp8
-    experts run the grouped GEMV at batch 1, fp8 above it the fused MoE, where probe_formats found them running."""
+    experts run the grouped GEMV at batch 1, fp8 above it the fused MoE, NVFP4 the fused MoE at every batch, where
+    probe_formats found them running."""
     torch = _torch()
     if linear in GROUPED_GEMV_KINDS:  # our grouped GEMVs (probe_formats found them running)
         return "grouped_gemv"
-    if linear in ("fp8-block-moe", "fp8-moe"):  # probe_formats found it running
+    if linear in ("fp8-block-moe", "fp8-moe", "nvfp4-moe"):  # probe_formats found it running
         return "fused_moe"
     if not device.startswith("cuda"):
         return "loop"

@@ -179,7 +179,7 @@ class Experts:
         torch = _torch()
         self.backend, self.kind, self.E = backend, kind, E
         self.act_dtype = _tdtype(act)
-        if kind == "nvfp4":  # the grouped NVFP4 GEMV: weights quantised an expert at a time, repacked once
+        if kind in ("nvfp4", "nvfp4-moe"):  # weights quantised an expert at a time, repacked once
             from ..kernels import lowprec as lp
             from ..kernels import nvfp4 as nv
 
@@ -187,6 +187,11 @@ class Experts:
             w2 = [nv.quantize_nvfp4(torch.randn(hidden, inter, device=device) * 0.02) for _ in range(E)]
             self.per_expert_bytes = nv.nvfp4_bytes(2 * inter, hidden) + nv.nvfp4_bytes(hidden, inter)
             self.nbytes = self.per_expert_bytes * E
+            if kind == "nvfp4-moe":  # the fused MoE (probe_formats), built at the first call for its batch
+                self.mma13, self.mma2 = lp._stack_mma(w13, bx=True), lp._stack_mma(w2, bx=True)
+                self.top_k, self.fused = top_k, None
+                return
+            # the grouped NVFP4 GEMV, one call a token
             # ids and routing weights are buffers the step copies each token's choice into (graph-safe)
             self.grouped = lp.GroupedExperts("nvfp4", w13, w2, torch.zeros(top_k, dtype=torch.int32, device=device),
                                              torch.ones(top_k, device=device), device)
@@ -238,6 +243,12 @@ class Experts:
                 from ..kernels.fusedmoe import FusedMoe
 
                 self.fused = FusedMoe(self.w13, self.w2, M, k, x.device, out_dtype=self.act_dtype)
+            return self.fused(x, ids, weights)
+        if self.kind == "nvfp4-moe":  # as above, NVFP4 weight-only
+            if self.fused is None or self.fused.m != M:
+                from ..kernels.fp4moe import Nvfp4FusedMoe
+
+                self.fused = Nvfp4FusedMoe(self.mma13, self.mma2, M, k, x.device, out_dtype=self.act_dtype)
             return self.fused(x, ids, weights)
         if self.backend == "loop":  # CPU: the experts hit, one after another (indices read on the host)
             out = torch.zeros_like(x)
