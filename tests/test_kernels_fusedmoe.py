@@ -117,7 +117,8 @@ def test_shapes_off_the_block_grid_are_one_clear_error():
 def test_moe_stage_row_matches_the_per_expert_loop_and_drops_other_ranks_experts():
     """The MoE stage's fused rows (microbench.moe.fused_moe) on an EP rank's share: the pairs routed to another
     rank's experts are dropped by the sort and add nothing, so the sum matches the per-expert loop over this rank's
-    experts (bf16 there, fp8 here: a few percent apart; a pair added or lost would be tens)."""
+    experts (bf16 there, fp8 here: a few percent apart; a pair added or lost would be tens); NVFP4's against the
+    dequantise-then-matmul of its own weights, this rank's pairs only."""
     _interpret(r'''
 from decode_gap.microbench.common import BenchEnv
 from decode_gap.microbench.moe import ExpertSet, FUSED_FORMATS, fused_moe, loop_fn, unpermute
@@ -129,7 +130,18 @@ assert (es.cids == es.experts_hit).any() and (es.cids < es.experts_hit).any(), e
 ref = unpermute(loop_fn(es)(), es.token, es.row_weights, 3).float()
 for fmt in FUSED_FORMATS:
     moe = fused_moe(es, fmt)
-    err = ((moe(es.x, es.cids, es.weights).float() - ref).norm() / ref.norm()).item()
+    y = moe(es.x, es.cids, es.weights).float()
+    if fmt == "nvfp4":  # 4-bit weights are ~17% off bf16 here: against their own dequantised weights instead
+        from decode_gap.kernels import fp4moe, nvfp4 as nv
+        d13 = [nv.dequantize_nvfp4(nv.quantize_nvfp4(w)).float() for w in es.w13]
+        d2 = [nv.dequantize_nvfp4(nv.quantize_nvfp4(w)).float() for w in es.w2]
+        mine = es.cids < es.experts_hit  # this rank's pairs; the others weigh nothing
+        ref4 = fp4moe.reference(es.x, torch.where(mine, es.cids, 0), torch.where(mine, es.weights, 0.0),
+                                lambda e: (d13[e], d2[e]))
+        err = ((y - ref4).norm() / ref4.norm()).item()
+        assert err < 1e-2, (fmt, err)
+        continue
+    err = ((y - ref).norm() / ref.norm()).item()
     assert err < 0.08, (fmt, err)
 print("ok")
 ''')

@@ -17,6 +17,23 @@ tile (lowprec's M = 9-16 path). Five kernels a call, every buffer allocated once
 On sm90+ kernels 2-5 launch as programmatic dependents of the one before (as the grouped GEMV's do).
 
 Under the CPU interpreter the MMA loop runs as lowprec's plain-Triton emulation of the same layout and decode.
+
+H200 (2026-12-03, read 4379 GB/s; benchmarks/lowprec_device.py --sections fp4moe: CUDA-graph replay, four choices of
+8 of 256 experts a token rotating so no call finds its experts in the L2), us a call at M = 1 / 2 / 4 / 8 / 16
+against the grouped GEMV once a token (what the kernel level ran before), and the fraction of read bandwidth on the
+experts hit:
+- DeepSeek-V3 TP8 (7168 x 256 a rank): 15.7 / 25.1 / 40.7 / 71.7 / 148.0 against 29.5 / 62.7 / 132.0 / 273.4 /
+  545.5 (0.36-0.60: 3.1 MB experts, five kernels);
+- GLM-5 TP8 (6144 x 256): 16.4 / 23.6 / 37.6 / 62.7 / 126.5 against 27.2 / 57.3 / 118.4 / 249.2 / 502.0 (0.29-0.56);
+- DeepSeek-V3 TP1 (7168 x 2048): 63.9 / 116.2 / 209.9 / 381.2 / 701.9 against 65.4 / 135.5 / 271.2 / 541.2 / 1076.9
+  (0.71-0.85);
+- GLM-5 TP1 (6144 x 2048): 62.7 / 104.7 / 184.5 / 324.2 / 602.8 against 59.0 / 122.3 / 244.9 / 488.0 / 973.6
+  (0.67-0.84).
+80 checks passed (dequantise-then-matmul, 1e-2). Blocks of 16 pairs lost everywhere at these batches (8-19%), so a
+block is 8 pairs unless experts average more than 8; PDL took DeepSeek-V3 TP8 at batch 1 from 17.3 to 15.7 us and
+drew level elsewhere. The kernel level's GLM-5-NVFP4 TP8 step (benchmarks/simulate_gpu.py, 46 of 78 layers scaled,
+CUDA graph): routed experts 2.39 -> 1.52 ms at batch 1 (step 10.47 -> 9.76 ms) and 19.03 -> 4.93 ms at batch 8
+(step 28.35 -> 14.44 ms).
 """
 
 from __future__ import annotations
