@@ -5,8 +5,6 @@ zero for the next call. The H200 runs the same checks compiled (benchmarks/lowpr
 kernelchecks).
 """
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,7 +13,8 @@ import pytest
 from decode_gap.kernels import fp4moe
 
 pytest.importorskip("triton")
-REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).parent))
+from interpreted import run_interpreted  # noqa: E402
 
 EXPERTS = r'''
 import torch
@@ -34,10 +33,7 @@ def err(y, ref):
 
 
 def _interpret(code: str) -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO / "workflow")}
-    proc = subprocess.run([sys.executable, "-c", EXPERTS + code], env=env, capture_output=True, text=True,
-                          timeout=900)
-    assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stderr[-3000:]
+    run_interpreted(EXPERTS + code)
 
 
 def test_blocks_take_a_second_mma_only_where_experts_average_more_than_eight_pairs():

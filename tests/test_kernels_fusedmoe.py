@@ -4,8 +4,6 @@ against dequantise-then-matmul, with 128x128 block and per-expert weight scales.
 compiled (benchmarks/lowprec_device.py --sections fusedmoe, or kernelchecks).
 """
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,7 +15,8 @@ from decode_gap.kernels import fusedmoe as bm
 from decode_gap.kernels import lowprec as lp
 
 pytest.importorskip("triton")
-REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).parent))
+from interpreted import run_interpreted  # noqa: E402
 
 EXPERTS = r'''
 import torch
@@ -30,10 +29,7 @@ w2 = lp.quantize_fp8(torch.randn(6, 256, 128, generator=g) * 0.05, block=True)
 
 
 def _interpret(code: str) -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO / "workflow")}
-    proc = subprocess.run([sys.executable, "-c", EXPERTS + code], env=env, capture_output=True, text=True,
-                          timeout=900)
-    assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stderr[-3000:]
+    run_interpreted(EXPERTS + code)
 
 
 def test_grid_bound_is_the_most_blocks_pairs_can_fill():

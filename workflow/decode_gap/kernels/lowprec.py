@@ -88,7 +88,9 @@ selected experts' bytes): DeepSeek-V3 (2048x7168 experts) 61 us, 73% (the CUDA-c
 (2048x6144) 54 us, 71% (131 us, 29%); the halves apart: gate_up 40 / 35 us (74-75%), down 21 / 19 us (67-72%).
 bf16 / fp8 / fp8-block grouped: 97-98% / 86-87% / 83-85% (81-82% before the block scales went onto x). The grouped
 bf16 form (`FP4_GROUPED_BX_*`, the default: no packing kernel, the SiLU kernel and a cast-and-zero kernel leave the sums at zero): 59.8 / 53.4 us, 76% / 72%
-(H200, read bandwidth 4387 GB/s).
+(H200, read bandwidth 4387 GB/s). For several tokens this form runs once a token, an expert read once a token that
+chose it; `kernels/fp4moe.py` runs the same MMA loop over the token-expert pairs sorted by expert (a pair a column),
+each expert hit read once a call, and is what the kernel level runs for NVFP4 experts.
 
 One module on purpose: the dense, grouped, FP8 and NVFP4 kernels share the same decode helpers, tile
 configurations and launch wrappers, and a kernel and its wrapper are read (and tuned) together.

@@ -160,19 +160,29 @@ def _block_mm_why_not(device: str) -> str:
         return f"{type(exc).__name__}: {exc}"[:160]
 
 
+def _nvfp4_probe_experts(device: str):
+    """Four NVFP4 experts (gate_up 128 x 64, down 64 x 64) where the tensor-core NVFP4 forms can run here, else
+    None."""
+    torch = _torch()
+    from ..kernels import lowprec as lp
+    from ..kernels import nvfp4 as nv
+
+    if not (lp.available(device) and lp.grouped_mma_fits(64, 64, device)):
+        return None
+    return ([nv.quantize_nvfp4(torch.randn(128, 64, device=device)) for _ in range(4)],
+            [nv.quantize_nvfp4(torch.randn(64, 64, device=device)) for _ in range(4)])
+
+
 def _probe_fused_nvfp4(device: str) -> bool:
     """Whether the NVFP4 fused MoE (bf16 tensor-core form, sm89+) runs here and agrees with dequantise-then-matmul:
-    four experts of 128 x 64, two tokens choosing two each."""
+    four experts, two tokens choosing two each."""
     torch = _torch()
     try:
         from ..kernels import fp4moe
-        from ..kernels import lowprec as lp
-        from ..kernels import nvfp4 as nv
 
-        if not (lp.available(device) and lp.grouped_mma_fits(64, 64, device)):
+        if (experts := _nvfp4_probe_experts(device)) is None:
             return False
-        w13 = [nv.quantize_nvfp4(torch.randn(128, 64, device=device)) for _ in range(4)]
-        w2 = [nv.quantize_nvfp4(torch.randn(64, 64, device=device)) for _ in range(4)]
+        w13, w2 = experts
         moe = fp4moe.Nvfp4FusedMoe(w13, w2, 2, 2, device)
         x = torch.randn(2, 64, device=device, dtype=torch.bfloat16)
         ids = torch.tensor([[0, 3], [3, 1]], dtype=torch.int32, device=device)
@@ -185,16 +195,14 @@ def _probe_fused_nvfp4(device: str) -> bool:
 
 
 def _probe_grouped_nvfp4(device: str) -> bool:
-    """Whether the grouped NVFP4 GEMV (tensor-core form, sm89+) runs here: four experts of 64 x 64, two selected."""
+    """Whether the grouped NVFP4 GEMV (tensor-core form, sm89+) runs here: four experts, two selected."""
     torch = _torch()
     try:
         from ..kernels import lowprec as lp
-        from ..kernels import nvfp4 as nv
 
-        if not (lp.available(device) and lp.grouped_mma_fits(64, 64, device)):
+        if (experts := _nvfp4_probe_experts(device)) is None:
             return False
-        w13 = [nv.quantize_nvfp4(torch.randn(128, 64, device=device)) for _ in range(4)]
-        w2 = [nv.quantize_nvfp4(torch.randn(64, 64, device=device)) for _ in range(4)]
+        w13, w2 = experts
         g = lp.GroupedExperts("nvfp4", w13, w2, torch.tensor([0, 2], device=device), torch.ones(2, device=device),
                               device)
         return bool(torch.isfinite(g(torch.randn(1, 64, device=device, dtype=torch.bfloat16))).all())
