@@ -153,6 +153,39 @@ print("ok")
     assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stderr[-3000:]
 
 
+def test_nvfp4_routed_experts_run_the_fused_moe_in_the_interpreter():
+    """NVFP4 experts at the kernel level where the fused MoE runs (probe_formats: `nvfp4-moe`): the same weights
+    give what the grouped GEMV gives a token at a time, at 3 tokens with experts shared between them, and the layer
+    builds one fused MoE a batch size."""
+    code = r'''
+import torch
+from decode_gap.simulate.formats import _probe_grouped
+from decode_gap.simulate.layers import Experts
+assert _probe_grouped("cpu", "nvfp4-moe") == "fused_moe"
+E, I, H, k = 6, 64, 128, 2
+torch.manual_seed(0)
+fused = Experts(E, I, H, "nvfp4-moe", "fp32", "cpu", "fused_moe", top_k=k)
+torch.manual_seed(0)
+grouped = Experts(E, I, H, "nvfp4", "fp32", "cpu", "grouped_gemv", top_k=k)
+assert fused.per_expert_bytes == grouped.per_expert_bytes and fused.nbytes == grouped.nbytes
+x = torch.randn(3, H)
+ids = torch.tensor([[4, 1], [0, 4], [1, 5]])
+w = torch.rand(3, k)
+want = grouped(x, ids, w, None)
+for call in range(2):  # the second call finds the sums the first left at zero
+    got = fused(x, ids, w, None)
+    err = ((got - want).norm() / want.norm()).item()
+    assert err < 1e-2, (call, err)
+built = fused.fused
+fused(x[:1], ids[:1], w[:1], None)
+assert fused.fused is not built and fused.fused.m == 1
+print("ok")
+'''
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "workflow")}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stderr[-3000:]
+
+
 def test_kernel_picker_keeps_the_fastest_and_records_each_shape():
     """The kernel level's build-time choice (fp8 linears at batch 1): the faster candidate wins, a shape already
     timed keeps its choice without timing again, and every shape's times are recorded."""
