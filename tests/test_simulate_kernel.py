@@ -159,9 +159,10 @@ def test_nvfp4_routed_experts_run_the_fused_moe_in_the_interpreter():
     builds one fused MoE a batch size."""
     code = r'''
 import torch
-from decode_gap.simulate.formats import _probe_grouped
+from decode_gap.simulate.formats import _probe_fused_nvfp4, _probe_grouped, _probe_grouped_nvfp4
 from decode_gap.simulate.layers import Experts
 assert _probe_grouped("cpu", "nvfp4-moe") == "fused_moe"
+assert _probe_fused_nvfp4("cpu") and _probe_grouped_nvfp4("cpu")  # what probe_formats runs on a GPU
 E, I, H, k = 6, 64, 128, 2
 torch.manual_seed(0)
 fused = Experts(E, I, H, "nvfp4-moe", "fp32", "cpu", "fused_moe", top_k=k)
