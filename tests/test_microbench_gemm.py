@@ -126,10 +126,20 @@ def test_cpu_moe_expert_rows_carry_a_plain_read_of_their_bytes():
     shape = MoeShape(hidden=64, experts_total=8, experts_local=8, top_k=2, inter=32, scoring="softmax")
     df, js = run_moe_bench(env, shape, [1, 2], log=lambda s: None)
     experts, routing = df[df["impl"] != "routing"], df[df["impl"] == "routing"]
-    # above batch 1 the fp8 fused MoE needs fp8 dots: said, never faked
-    assert any(s["case"] == "fused_moe M=2" and "sm89+" in s["reason"] for s in js["skipped"])
+    # the fused MoE (fp8 above batch 1, NVFP4 at every batch) needs sm89+: said, never faked
+    assert {s["case"] for s in js["skipped"] if "sm89+" in s["reason"]} >= {"fused_moe M=1", "fused_moe M=2"}
     assert not experts.empty and (experts["plain_read_us"] > 0).all() and experts["frac_of_plain_read"].notna().all()
     assert routing["plain_read_us"].isna().all() and js["plain_read_method"].startswith("torch.sum")
+    # no CUDA graphs here, so no per-kernel floor: the column is empty, the summary says why
+    assert experts["latency_floor_us"].isna().all() and js["latency_floor"]["one_row_gemv_us"]["value"] is None
+
+
+def test_an_expert_rows_floor_is_its_kernels_times_the_one_row_gemv_floor():
+    from decode_gap.microbench.moe import expert_floor_us
+
+    assert expert_floor_us(5, 2.46) == 5 * 2.46  # the NVFP4 fused MoE's five kernels
+    assert expert_floor_us(None, 2.46) is None and expert_floor_us(5, None) is None
+    assert expert_floor_us(float("nan"), 2.46) is None
 
 
 def test_a_plain_read_that_cannot_be_timed_says_why_and_leaves_the_row(monkeypatch):

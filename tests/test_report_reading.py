@@ -272,3 +272,42 @@ def test_moe_names_may_wrap_after_dots_and_underscores():
     assert _breakable_name("moe.experts") == "moe.\u200bexperts"
     assert _breakable_name("scaled_grouped_mm") == "scaled_\u200bgrouped_\u200bmm"
     assert _breakable_name(None) == "—" and _breakable_name(float("nan")) == "—"
+
+
+def test_moe_expert_rows_are_held_to_the_floor_of_their_kernels(tmp_path):
+    """An expert row with a kernel count and its floor (moe.csv latency_floor_us: kernels x the one-row GEMV floor)
+    reads as latency bound where its time is within reach of that floor, and names the floor of its kernels where
+    it is slow against it; the legend says how the floor is made (moe.json latency_floor)."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    import pandas as pd
+
+    from decode_gap.report.data import files_in_dir, load_bundle
+    from decode_gap.report.sections.common import Builder
+    from decode_gap.report.sections.microbench import moe_sub
+
+    tree = tmp_path / "run"
+    shutil.copytree(Path(__file__).resolve().parent / "fixtures" / "report" / "h200x2", tree)
+    moe = tree / "microbench" / "moe.csv"
+    df = pd.read_csv(moe)
+    df = df[df["impl"] != "router+softmax+topk+permute"].head(2).reset_index(drop=True)
+    # DeepSeek-V3 TP8 at batch 1 (H200): the NVFP4 fused MoE's five kernels, and a 32-kernel per-expert loop
+    df = df.assign(impl=["fused_moe", "loop"], backend=["triton fused MoE", "torch.mm per expert"],
+                   gpu_us=[14.0, 113.2], bytes=[24_772_672, 86_000_000], plain_read_us=[7.1, 19.3],
+                   kernels=[5, 32], latency_floor_us=[5 * 2.46, 32 * 2.46])
+    df["frac_of_copy_bw"] = df["bytes"] / df["gpu_us"] / 1e3 / 4250.0
+    df.to_csv(moe, index=False)
+    js = tree / "microbench" / "moe.json"
+    doc = json.loads(js.read_text())
+    doc["latency_floor"] = {"one_row_gemv_us": {"value": 2.46, "unit": "us", "status": "measured"}}
+    js.write_text(json.dumps(doc))
+    sub = moe_sub(Builder(), load_bundle(files_in_dir(tree)), 4250.0)
+    cols = sub["table"]["columns"]
+    by_impl = {r[cols.index("impl")].replace("\u200b", ""): r[cols.index("reading")] for r in sub["table"]["rows"]}
+    assert by_impl["fused_moe"].startswith("small kernel, latency bound (floor 12.3 µs")
+    assert by_impl["loop"].startswith("torch's kernel is slow here") and "the 78.7 µs floor of its 32 kernels" in \
+        by_impl["loop"]
+    assert "An expert row's floor is its kernel launches times the one-row GEMV floor (2.46 µs a kernel)" in \
+        sub["reading_legend"]

@@ -45,8 +45,10 @@ COLUMNS = [
     "name", "impl", "dtype", "backend", "M", "top_k", "experts_hit", "rows", "H", "I", "gpu_us", "eager_us",
     "gbps", "tflops", "frac_of_copy_bw", "gpu_min_us", "gpu_p99_us", "eager_min_us", "eager_p99_us",
     "eager_loop_us", "timing", "iters", "bytes", "flops", "kernels", "note", "plain_read_us", "frac_of_plain_read",
-    "clock_capped_frac", "clock_capped_by", "sm_clock_mhz",
+    "clock_capped_frac", "clock_capped_by", "sm_clock_mhz", "latency_floor_us",
 ]
+FLOOR_METHOD = ("an expert row's kernels x the one-row GEMV floor (microbench.launch.latency_floor, measured a "
+                "kernel): modelled, the least a chain of that many dependent kernels takes")
 
 
 def routing_of(shape: MoeShape) -> rt.Routing:
@@ -337,16 +339,32 @@ def run_moe_bench(env: BenchEnv, shape: MoeShape | None, m_values: list[int], lo
         if env.is_gpu:
             torch.cuda.empty_cache()
     rows = [r for r in rows if r]
-    from .launch import PlainReads  # same stage
+    from .launch import PlainReads, latency_floor  # same stage
 
     reads = PlainReads(env)  # the expert rows beside a plain read of their bytes, as the gemm stage's rows
+    floor = latency_floor(env)
+    one_kernel_us = (floor.get("one_row_gemv_us") or {}).get("value")
     for r in rows:
         if r["impl"] != "routing":
             r.update(reads.columns(r["bytes"], r["gpu_us"] if r["gpu_us"] is not None else r["eager_us"]))
+            # a call of five kernels cannot take less than five kernels' floor, whatever its bytes
+            r["latency_floor_us"] = expert_floor_us(r.get("kernels"), one_kernel_us)
     df = pd.DataFrame(rows, columns=COLUMNS)
     out = moe_summary(env, df, shape, skipped + reads.skipped)
     out["plain_read_method"] = reads.method
+    out["latency_floor"] = floor
+    out["latency_floor_method"] = FLOOR_METHOD
     return df, out
+
+
+def expert_floor_us(kernels: Any, one_kernel_us: float | None) -> float | None:
+    """The latency floor of an expert row: its kernel launches times the one-row GEMV floor (modelled); None where
+    either is unknown (a CPU host, a row without a kernel count)."""
+    try:
+        n = int(kernels)
+    except (TypeError, ValueError):
+        return None
+    return n * one_kernel_us if one_kernel_us and n > 0 else None
 
 
 def _time_row(env, flush, name, impl, dtype, backend, fn, nbytes, fl, base, skipped, log) -> dict[str, Any] | None:

@@ -92,7 +92,8 @@ def reading_legend(rows: pd.DataFrame) -> str:
 
 
 def kernel_reading(frac: Any, gpu_us: Any = None, floor_us: Any = None, nbytes: Any = None,
-                   copy_gbps: float | None = None, plain_read_us: Any = None, backend: Any = None) -> str:
+                   copy_gbps: float | None = None, plain_read_us: Any = None, backend: Any = None,
+                   floor_what: str = "one-row GEMV floor") -> str:
     """How to read one kernel's bandwidth figure: a ceiling, a small latency-bound kernel, or a slow kernel.
     With a measured plain read of the same bytes (`plain_read_us`), against what the size allows: the read's time
     or the one-row GEMV floor (`floor_us`), the slower; a kernel under AT_LIMIT of that speed is slow, whatever its
@@ -100,7 +101,7 @@ def kernel_reading(frac: Any, gpu_us: Any = None, floor_us: Any = None, nbytes: 
     bound below. Without one, half the bandwidth decides, and below it the modelled one-row GEMV floor (moving the
     bytes at copy bandwidth takes less than the floor: latency bound). `backend` names whose kernel is slow: ours,
     or torch's (a backend starting with "torch"). The table's `× plain read` column says how many times the read's
-    time each kernel takes."""
+    time each kernel takes. `floor_what` names the floor (an expert row's: the floor of its kernels)."""
     f = num(frac)
     if f is None:
         return "—"
@@ -113,7 +114,7 @@ def kernel_reading(frac: Any, gpu_us: Any = None, floor_us: Any = None, nbytes: 
         limit_us = floor if floor_first else read_us
         if us * AT_LIMIT > limit_us:
             if floor_first:
-                return f"{who} is slow here ({pct}; {us / floor:.2f}× the {fmt_num(floor)} µs one-row GEMV floor)"
+                return f"{who} is slow here ({pct}; {us / floor:.2f}× the {fmt_num(floor)} µs {floor_what})"
             return f"{who} is slow here ({pct}; a plain read of its bytes: {read_pct})"
         if f >= SLOW_BELOW:
             return f"ceiling ({pct})"
@@ -134,13 +135,18 @@ def kernel_reading(frac: Any, gpu_us: Any = None, floor_us: Any = None, nbytes: 
 def with_readings(rows: pd.DataFrame, copy_gbps: float | None, skip: pd.Series | None = None) -> pd.DataFrame:
     """rows with a `reading` a kernel (kernel_reading) and, where the rows have a plain read of their bytes, its
     time over the read's (`over_read`); rows `skip` marks (the MoE's routing pieces, not bandwidth kernels) get
-    neither."""
+    neither. A row with a kernel count (the MoE's expert rows) is held to the floor of its kernels."""
     # the time the fraction came from: GPU time, or wall time on a CPU host (the stages' definitions)
     times = [r.get("gpu_us") if num(r.get("gpu_us")) is not None else r.get("eager_us") for _, r in rows.iterrows()]
     reads = list(rows["plain_read_us"]) if "plain_read_us" in rows.columns else [None] * len(rows)
     skips = list(skip) if skip is not None else [False] * len(rows)
+    def what(r) -> str:
+        k = num(r.get("kernels"))
+        return f"floor of its {int(k)} kernels" if k else "one-row GEMV floor"
+
     out = rows.assign(reading=["" if sk else kernel_reading(r.get("frac_of_copy_bw"), us, r.get("latency_floor_us"),
-                                                            r.get("bytes"), copy_gbps, read, r.get("backend"))
+                                                            r.get("bytes"), copy_gbps, read, r.get("backend"),
+                                                            what(r))
                                for (_, r), us, read, sk in zip(rows.iterrows(), times, reads, skips)])
     if "plain_read_us" in rows.columns:
         out["over_read"] = [num(us) / num(read) if num(us) and num(read) and not sk else None
@@ -459,6 +465,12 @@ def moe_sub(b: Builder, bundle: Bundle, copy_gbps: float | None = None) -> dict[
                                              "name": _breakable_name, "impl": _breakable_name})
     s["table_cls"] = "compact reading-last"
     s["reading_legend"] = reading_legend(df)
+    floors = pd.to_numeric(df["latency_floor_us"], errors="coerce") if "latency_floor_us" in df.columns else None
+    if s["reading_legend"] and floors is not None and floors.notna().any():  # the floor each expert row is held to
+        one = num((doc.get("latency_floor") or {}).get("one_row_gemv_us", {}).get("value")) if doc.usable else None
+        each = f" ({fmt_num(one)} µs a kernel)" if one else ""
+        s["reading_legend"] += (f" An expert row's floor is its kernel launches times the one-row GEMV floor{each}: "
+                                "modelled, the least a chain of that many dependent kernels takes.")
     s["form_legend_all"] = gemv_form_legend(df.get("backend", ()))
     return s
 
