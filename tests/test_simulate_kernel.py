@@ -329,3 +329,16 @@ def test_batch_rows_start_from_different_tokens():
     shapes = step_shapes(spec_from_dict(TINY_MOE), batch=4, context_len=32)
     step = DecodeStep(shapes, plan_layers(shapes, 1, None), probe_formats("bf16", "cpu", 4), "cpu", 32, "greedy")
     assert len(set(step.S["tok"].tolist())) == 4
+
+
+def test_fused_moe_kinds_fall_back_where_the_per_gpu_shapes_are_not_whole_k_steps():
+    """The fused MoEs take K in steps (NVFP4's MMA 64 values, fp8's activation groups 128): Qwen3-30B-A3B at TP8
+    has 96 intermediate rows a GPU, so its experts run the grouped NVFP4 GEMV (any K) or fp8's scaled grouped GEMM,
+    and the kernel level says so in its notes."""
+    from decode_gap.simulate.formats import fused_moe_fallback
+
+    assert fused_moe_fallback("nvfp4-moe", 2048, 768) == "nvfp4-moe"
+    assert fused_moe_fallback("nvfp4-moe", 2048, 96) == "nvfp4"
+    assert fused_moe_fallback("fp8-block-moe", 7168, 256) == "fp8-block-moe"
+    assert fused_moe_fallback("fp8-moe", 2048, 96) == "fp8" and fused_moe_fallback("fp8-block-moe", 2048, 192) == "fp8"
+    assert fused_moe_fallback("bf16", 2048, 96) == "bf16"

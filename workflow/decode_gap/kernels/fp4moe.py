@@ -234,12 +234,6 @@ class Nvfp4FusedMoe:
     def kernels(self) -> int:
         return 5
 
-    def weight_bytes(self, ids: torch.Tensor) -> int:
-        """Bytes of the experts `ids` hit (weights and scales): what one call must read."""
-        per = nv.nvfp4_bytes(2 * self.i, self.h) + nv.nvfp4_bytes(self.h, self.i)
-        flat = ids.reshape(-1)
-        return per * int(torch.unique(flat[(flat >= 0) & (flat < self.e)]).numel())
-
     def _gemm(self, x, stack, out, n: int, plan: tuple[int, int], by_token: bool, route_w) -> None:
         words, scales, ts = stack
         nt = words.shape[1]
@@ -280,7 +274,7 @@ def reference(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, expert)
     for t in range(x.shape[0]):
         for j in range(ids.shape[1]):
             w13, w2 = chosen[int(ids[t, j])]
-            h = x[t:t + 1].float() @ w13.t()
+            h = x[t:t + 1].to(torch.bfloat16).float() @ w13.t()  # x as the kernel reads it
             i = w2.shape[1]
             a = (torch.nn.functional.silu(h[:, :i]) * h[:, i:]).to(torch.bfloat16).float()
             out[t] += float(weights[t, j]) * (a @ w2.t())[0]

@@ -210,6 +210,20 @@ def _probe_grouped_nvfp4(device: str) -> bool:
         return False
 
 
+# the fused MoEs' K granularity: NVFP4's MMA steps are 64 values, fp8's activation groups 128
+FUSED_K_MULTIPLE = {"nvfp4-moe": 64, "fp8-moe": 128, "fp8-block-moe": 128}
+FUSED_FALLBACK = {"nvfp4-moe": "nvfp4", "fp8-moe": "fp8", "fp8-block-moe": "fp8"}
+
+
+def fused_moe_fallback(kind: str, hidden: int, inter: int) -> str:
+    """The expert kind a step runs for the per-GPU shapes: a fused MoE (probe_formats found it running) where
+    hidden and the per-GPU intermediate size are whole multiples of its K granularity, else what ran before it (the
+    grouped NVFP4 GEMV, whose CUDA-core form takes any K; fp8's `torch._scaled_grouped_mm`). Qwen3-30B-A3B at TP8
+    has 96 intermediate rows a GPU."""
+    step = FUSED_K_MULTIPLE.get(kind)
+    return kind if step is None or (hidden % step == 0 and inter % step == 0) else FUSED_FALLBACK[kind]
+
+
 def _probe_grouped(device: str, linear: str) -> str:
     """MoE expert kernel: grouped GEMM (reads only the experts hit) where it runs, else gather + bmm; NVFP4 and fp8
     experts run the grouped GEMV at batch 1, fp8 above it the fused MoE, NVFP4 the fused MoE at every batch, where

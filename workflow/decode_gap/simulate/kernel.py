@@ -298,6 +298,7 @@ def simulate_rank(spec: ModelSpec, settings: KernelSettings, device: str, group=
         "settings": {"warmup": settings.warmup, "iters": settings.iters, "layers": settings.layers,
                      "l2_flush": bool(on_gpu)},
         "notes": list(shapes.notes) + ([fmt["note"]] if fmt.get("note") else []) +
+                 ([step.experts_note] if step.experts_note else []) +
                  ([step.picker.summary("fp8 linears")] if step.picker and step.picker.records else []) +
                  ([step.attn_picker.summary("decode attention")] if step.attn_picker and step.attn_picker.records
                   else []),

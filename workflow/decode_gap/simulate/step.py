@@ -14,7 +14,7 @@ from ..kernels import norm as norm_kernels
 from ..kernels import topk as topk_kernels
 from ..kernels.lowprec import available
 from ..kernels.routing import FusedRoute, Routing, fused_fits, route_reference
-from .formats import GROUPED_GEMV_KINDS, _probe_grouped, _torch
+from .formats import GROUPED_GEMV_KINDS, _probe_grouped, _torch, fused_moe_fallback
 from .layers import Experts, KernelPicker, Linear, _rand, _tdtype
 from .shapes import StepShapes
 
@@ -57,7 +57,11 @@ class DecodeStep:
         self.spec = spec
         self.act = fmt["activations"]
         self.lin_kind = fmt["linear"]
-        self.experts_kind = fmt.get("experts", fmt["linear"])
+        probed = fmt.get("experts", fmt["linear"])
+        self.experts_kind = fused_moe_fallback(probed, spec.hidden, shapes.moe_inter) if spec.is_moe else probed
+        self.experts_note = (f"routed experts run {self.experts_kind}, not the fused MoE ({probed}): hidden "
+                             f"{spec.hidden} and {shapes.moe_inter} intermediate rows a GPU are not whole multiples "
+                             f"of its K steps" if self.experts_kind != probed else "")
         self.pad_m = int(fmt.get("pad_m", 0))
         self.moe_backend = _probe_grouped(device, self.experts_kind) if spec.is_moe else ""
         # fp8 per-tensor at batch 1: each linear shape keeps the faster of our GEMV and torch._scaled_mm
