@@ -29,7 +29,7 @@ experts hit:
   (0.71-0.85);
 - GLM-5 TP1 (6144 x 2048): 62.7 / 104.7 / 184.5 / 324.2 / 602.8 against 59.0 / 122.3 / 244.9 / 488.0 / 973.6
   (0.67-0.84).
-80 checks passed (dequantise-then-matmul, 1e-2). Blocks of 16 pairs lost everywhere at these batches (8-19%), so a
+80 checks passed (dequantise-then-matmul, 1e-2). Blocks of 16 pairs lost everywhere at these batches (9-34%), so a
 block is 8 pairs unless experts average more than 8; PDL took DeepSeek-V3 TP8 at batch 1 from 17.3 to 15.7 us and
 drew level elsewhere. The kernel level's GLM-5-NVFP4 TP8 step (benchmarks/simulate_gpu.py, 46 of 78 layers scaled,
 CUDA graph): routed experts 2.39 -> 1.52 ms at batch 1 (step 10.47 -> 9.76 ms) and 19.03 -> 4.93 ms at batch 8
