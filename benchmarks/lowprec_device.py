@@ -334,9 +334,9 @@ def fusedmoe_case(env: BenchEnv, timed: bool) -> None:
         torch.cuda.empty_cache()
 
 
-# H200 (2026-12-03, before PDL): blocks of 16 pairs lost at every case (9-34%), half the gate_up splits lost up to 16%,
-# twice the down splits lost up to 12% (won 4% at GLM-5 TP1, batch 1); twice the gate_up splits drew level or won 2-5% at
-# TP8 from 8 tokens
+# H200 (2026-12-03, before PDL): blocks of 16 pairs lost at every case (9-34%), half the gate_up splits lost up to
+# 16%, twice the down splits lost up to 12% (won 4% at GLM-5 TP1, batch 1); twice the gate_up splits drew level or won
+# 2-5% at TP8 from 8 tokens
 FP4MOE_FORMS = ({}, {"pdl": False}, {"split13": "double"})
 
 

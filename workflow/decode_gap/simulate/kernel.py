@@ -32,8 +32,9 @@ batch 1 its linears quantise the activation per 1x128 group (Triton) and run `to
 block scales; where either does not run here, the per-tensor kernels on the same bytes, which it says. NVFP4 runs the
 micro-benchmarks' weight-only Triton kernels: the linears through `kernels.nvfp4.WeightOnlyGemm`, the routed experts
 through the NVFP4 fused MoE over the token-expert pairs sorted by expert (`kernels.fp4moe`, each expert hit read once
-a step, sm89+; where it does not run, the grouped NVFP4 GEMV once a token, `kernels.lowprec.GroupedExperts`). A format the kernel level cannot run here (GGUF quants, NVFP4 without a kernel, fp8 on a CPU) runs a
-stand-in dtype and says so (`format_match: false`); the gap attribution then keeps the kernel level off its chain.
+a step, sm89+; where it does not run, the grouped NVFP4 GEMV once a token, `kernels.lowprec.GroupedExperts`). A
+format the kernel level cannot run here (GGUF quants, NVFP4 without a kernel, fp8 on a CPU) runs a stand-in dtype and
+says so (`format_match: false`); the gap attribution then keeps the kernel level off its chain.
 
 Modules: formats.py (capability probes), layers.py (tensors, linear and expert layers), step.py (the op list of
 one decode step); this one measures the step and is the entry point (`simulate_kernel`, one process per rank).
