@@ -18,7 +18,7 @@ FLOAT_ARGS = {"scale", "eps"}
 FP32_POINTERS = {"part", "lse", "wts", "logits", "bias", "out_w"}
 INT_POINTERS = {"pos": "*i64", "out_ids": "*i32", "rows": "*i32"}
 FP4MOE_POINTERS = {"x_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*i16", "ts_ptr": "*fp32", "pairs_ptr": "*i32",
-                   "bexp_ptr": "*i32", "rw_ptr": "*fp32", "out_ptr": "*fp32"}
+                   "bexp_ptr": "*i32", "rw_ptr": "*fp32", "out_ptr": "*fp32", "fin_ptr": "*bf16", "cnt_ptr": "*i32"}
 
 CASES = [
     (attention._rope_kernel, {"HALF": 32, "BLOCK": 32}, {"x", "cos", "sin", "out"}),
@@ -56,9 +56,22 @@ CASES = [
     (fusedmoe._silu_mul_quant_kernel, {"GROUPS": 4, "ZERO": True}, {"h": "*fp32", "q": "*fp8e4nv", "s": "*fp32"}),
     # the NVFP4 fused MoE: gate_up stored at blocks of 8 pairs, down added with routing weights at blocks of 16
     (fp4moe._fp4_moe_kernel, {"X_DIV": 8, "O_DIV": 1, "WARPS": 4, "UNROLL": 2, "BM": 8, "ATOMIC": False,
-                              "ROW_WEIGHT": False, "USE_ASM": True, "EV": "evict_first", "PDL": True}, FP4MOE_POINTERS),
+                              "ROW_WEIGHT": False, "USE_ASM": True, "EV": "evict_first", "PDL": True, "EPI": 0,
+                              "MB": 16}, FP4MOE_POINTERS),
     (fp4moe._fp4_moe_kernel, {"X_DIV": 1, "O_DIV": 8, "WARPS": 4, "UNROLL": 2, "BM": 16, "ATOMIC": True,
-                              "ROW_WEIGHT": True, "USE_ASM": True, "EV": "evict_first"}, FP4MOE_POINTERS),
+                              "ROW_WEIGHT": True, "USE_ASM": True, "EV": "evict_first", "EPI": 0, "MB": 16},
+     FP4MOE_POINTERS),
+    # the epilogues: gate_up's SiLU-and-mul from the registers (no split) and by the completing split (at 16 pairs a
+    # block: two MMAs' columns), down's cast by the program completing a tile group
+    (fp4moe._fp4_moe_kernel, {"X_DIV": 8, "O_DIV": 1, "WARPS": 4, "UNROLL": 2, "BM": 16, "ATOMIC": False,
+                              "ROW_WEIGHT": False, "USE_ASM": True, "EV": "evict_first", "PDL": True, "EPI": 1,
+                              "MB": 8}, FP4MOE_POINTERS),
+    (fp4moe._fp4_moe_kernel, {"X_DIV": 8, "O_DIV": 1, "WARPS": 4, "UNROLL": 2, "BM": 16, "ATOMIC": True,
+                              "ROW_WEIGHT": False, "USE_ASM": True, "EV": "evict_first", "PDL": True, "EPI": 1,
+                              "MB": 8}, FP4MOE_POINTERS),
+    (fp4moe._fp4_moe_kernel, {"X_DIV": 1, "O_DIV": 8, "WARPS": 4, "UNROLL": 2, "BM": 8, "ATOMIC": True,
+                              "ROW_WEIGHT": True, "USE_ASM": True, "EV": "evict_first", "PDL": True, "EPI": 2,
+                              "MB": 16}, FP4MOE_POINTERS),
 ]
 
 

@@ -57,18 +57,39 @@ def test_splits_aim_at_the_warps_an_sm_holds():
 def test_fused_moe_matches_dequantise_then_matmul():
     _interpret(r'''
 torch.manual_seed(1)
-for m, ids, bm, s13, s2 in ((3, [[0, 5], [5, 2], [0, 5]], 8, None, None), (3, [[0, 5], [5, 2], [0, 5]], 16, 2, 1),
-                            (2, [[4, 4 + 0], [1, 3]], 8, 1, 1), (1, [[3, 0]], 8, 2, None)):
-    moe = fp4moe.Nvfp4FusedMoe(w13, w2, m, 2, "cpu", block_m=bm, split13=s13, split2=s2)
+for m, ids, bm, s13, s2, epi in ((3, [[0, 5], [5, 2], [0, 5]], 8, None, None, True),
+                                 (3, [[0, 5], [5, 2], [0, 5]], 16, 2, 1, True),
+                                 (2, [[4, 4 + 0], [1, 3]], 8, 1, 1, True),
+                                 (1, [[3, 0]], 8, 2, None, True), (3, [[1, 5], [5, 2], [0, 1]], 16, 1, 2, True),
+                                 (3, [[0, 5], [5, 2], [0, 5]], 8, 2, 2, False), (2, [[4, 0], [1, 3]], 16, 1, 1, False)):
+    moe = fp4moe.Nvfp4FusedMoe(w13, w2, m, 2, "cpu", block_m=bm, split13=s13, split2=s2, epilogues=epi)
+    assert moe.kernels == (3 if epi else 5)
     x = torch.randn(m, H).to(torch.bfloat16)
     t = torch.tensor(ids, dtype=torch.int32)
     w = torch.rand(m, 2)
     ref = fp4moe.reference(x, t, w, expert)
     for call in range(2):  # the second call sees the zeros the first left in the sums
         e = err(moe(x, t, w), ref)
-        assert e < 1e-2, (ids, bm, s13, s2, call, e)
+        assert e < 1e-2, (ids, bm, s13, s2, epi, call, e)
 print("ok")
 ''')
+
+
+def test_gate_up_rows_interleave_eight_at_a_time_as_a_repack_of_the_interleaved_weight_would():
+    import torch
+
+    from decode_gap.kernels import lowprec as lp
+    from decode_gap.kernels import nvfp4 as nv
+
+    g = torch.Generator().manual_seed(2)
+    i, h = 32, 128
+    qs = [nv.quantize_nvfp4(torch.randn(2 * i, h, generator=g)) for _ in range(2)]
+    order = torch.tensor([r + off for t in range(i // 8) for off in (8 * t, i + 8 * t) for r in range(8)])
+    moved = [nv.NVFP4Tensor(q.packed[order], q.block_scales[order], q.tensor_scale, q.shape) for q in qs]
+    got = fp4moe.gate_up_stack(lp._stack_mma(qs, bx=True))
+    want = lp._stack_mma(moved, bx=True)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert fp4moe.gate_up_stack(got) is got  # interleaved once
 
 
 def test_an_id_off_the_table_adds_nothing():

@@ -8,13 +8,18 @@ program of `_fp4_moe_kernel` is (16-row tile group, K split, block): the tensor-
 (`lowprec._fp4_mma_loop`: the weight decoded in registers into mma.sync's A operand, the block scales multiplied
 exactly in bf16), with MMA column c being the block's pair c, whose x row each lane gathers (the token's row for
 gate_up, the pair's activation row for down). At BLOCK_M 16 columns 8-15 take a second MMA against the same decoded
-tile (lowprec's M = 9-16 path). Five kernels a call, every buffer allocated once (graph-capturable):
+tile (lowprec's M = 9-16 path). Three kernels a call, every buffer allocated once (graph-capturable):
 1. the align (`fusedmoe._align_kernel`);
-2. gate_up, fp32 sums a pair (with atomics where split over K);
-3. silu(gate) * up as the bf16 activation a pair, the sums left at zero (`lowprec._silu_pack_kernel`);
-4. down, each pair's row times its routing weight added into its token's fp32 row (atomics);
-5. the cast of the sums to the output dtype, which leaves them at zero (`lowprec._cast_zero_kernel`).
-On sm90+ kernels 2-5 launch as programmatic dependents of the one before (as the grouped GEMV's do).
+2. gate_up, with gate and up rows interleaved 8 at a time (`gate_up_stack`), so each lane's accumulator holds a
+   value's gate beside its up: silu(gate) * up is written as the bf16 activation a pair straight from the registers,
+   or, where gate_up is split over K, its fp32 sums go into L2 with atomics and the split that completes a (block,
+   tile group) writes the activation and leaves zeros (a counter, as lowprec's split-K finish);
+3. down, each pair's row times its routing weight added into its token's fp32 row (atomics); the program that
+   completes a tile group (all K splits and blocks, those past the last block included) casts its rows of every
+   token to the output dtype and leaves zeros.
+On sm90+ kernels 2 and 3 launch as programmatic dependents of the one before (as the grouped GEMV's do). With
+`epilogues=False` the SiLU-and-mul (`lowprec._silu_pack_kernel`) and the cast (`lowprec._cast_zero_kernel`) run as
+kernels of their own, five a call: the form measured first, kept to time against.
 
 Under the CPU interpreter the MMA loop runs as lowprec's plain-Triton emulation of the same layout and decode.
 
@@ -37,6 +42,8 @@ CUDA graph): routed experts 2.39 -> 1.52 ms at batch 1 (step 10.47 -> 9.76 ms) a
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
@@ -77,15 +84,68 @@ if HAVE_TRITON:
             tl.store(op, y.to(out_ptr.dtype.element_ty), mask=ok)
 
     @triton.jit
+    def _act_store(gate, up, vi, cols, ok, b, pairs_ptr, act_ptr, P, stride_a, BM: tl.constexpr):
+        """silu(gate) * up of value vi for the block's column(s) `cols`, as the bf16 activation row of their pairs."""
+        pn = tl.load(pairs_ptr + b * BM + cols)
+        a = gate / (1.0 + tl.exp(-gate)) * up
+        tl.store(act_ptr + pn.to(tl.int64) * stride_a + vi, a.to(tl.bfloat16), mask=ok & (pn < P))
+
+    @triton.jit
+    def _gate_up_finish(gu_ptr, act_ptr, cnt_ptr, b, pid_n, splits, pairs_ptr, P, I, stride_g, stride_a,
+                        WARPS: tl.constexpr, BM: tl.constexpr):
+        """After a K split's sums went into gu (atomics): the split that completes (block b, tile group pid_n) writes
+        the activation of its 8 WARPS values for the block's pairs and leaves zeros (and the counter) for the next
+        call; the counter's acq_rel after a barrier is lowprec._split_finish's pattern. gu's rows are interleaved
+        (gate_up_stack): value v's gate at row 16 (v // 8) + v % 8, its up 8 rows on."""
+        tl.debug_barrier()
+        cnt = cnt_ptr + b * tl.num_programs(0) + pid_n
+        if tl.atomic_add(cnt, 1, sem="acq_rel") == splits - 1:
+            vi = pid_n * WARPS * 8 + tl.arange(0, WARPS * 8)[:, None]
+            cols = tl.arange(0, BM)[None, :]
+            pn = tl.load(pairs_ptr + b * BM + cols)
+            ok = (vi < I) & (pn < P)
+            gp = gu_ptr + pn.to(tl.int64) * stride_g + 16 * (vi // 8) + vi % 8
+            gate = tl.load(gp, mask=ok, other=0.0, cache_modifier=".cg")
+            up = tl.load(gp + 8, mask=ok, other=0.0, cache_modifier=".cg")
+            _act_store(gate, up, vi, cols, ok, b, pairs_ptr, act_ptr, P, stride_a, BM)
+            tl.store(gp, tl.zeros_like(gate), mask=ok)
+            tl.store(gp + 8, tl.zeros_like(up), mask=ok)
+            tl.store(cnt, 0)
+
+    @triton.jit
+    def _down_finish(acc_ptr, fin_ptr, cnt_ptr, pid_n, total, M_TOK, N, stride_o, stride_f, ROWS: tl.constexpr,
+                     MB: tl.constexpr):
+        """After a program's sums went into acc (atomics), or a program past the last block: the one that completes
+        the `total` programs of tile group pid_n casts its ROWS rows of every token into fin and leaves zeros (and
+        the counter) for the next call (the pattern of _gate_up_finish)."""
+        tl.debug_barrier()
+        if tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel") == total - 1:
+            r = (pid_n * ROWS + tl.arange(0, ROWS))[None, :]
+            for t0 in range(0, M_TOK, MB):
+                tk = (t0 + tl.arange(0, MB))[:, None]
+                ok = (tk < M_TOK) & (r < N)
+                p = acc_ptr + tk.to(tl.int64) * stride_o + r
+                v = tl.load(p, mask=ok, other=0.0, cache_modifier=".cg")
+                tl.store(fin_ptr + tk.to(tl.int64) * stride_f + r, v.to(fin_ptr.dtype.element_ty), mask=ok)
+                tl.store(p, tl.zeros_like(v), mask=ok)
+            tl.store(cnt_ptr + pid_n, 0)
+
+    @triton.jit
     def _fp4_moe_kernel(x_ptr, w_ptr, s_ptr, ts_ptr, pairs_ptr, bexp_ptr, rw_ptr, out_ptr, P, N, NT,
                         steps_per_split, NSTEPS, stride_x, stride_we, stride_wt, stride_se, stride_st, stride_o,
+                        fin_ptr, cnt_ptr, M_TOK, stride_f,
                         X_DIV: tl.constexpr, O_DIV: tl.constexpr, WARPS: tl.constexpr, UNROLL: tl.constexpr,
                         BM: tl.constexpr, ATOMIC: tl.constexpr, ROW_WEIGHT: tl.constexpr, USE_ASM: tl.constexpr,
-                        EV: tl.constexpr = "", PDL: tl.constexpr = False):
+                        EV: tl.constexpr = "", PDL: tl.constexpr = False, EPI: tl.constexpr = 0,
+                        MB: tl.constexpr = 16):
         """out[pair // O_DIV, n] (+)= x[pair // X_DIV] . W_e[n] for the pairs of block pid 2 (expert e), rows n of
         WARPS 16-row tiles, K steps [pid 1 x steps_per_split, ...). x: int32 view of bf16 pairs; W: the bf16 form's
         repacked expert stack (lowprec._stack_mma(bx=True)). PDL: launched as a programmatic dependent of the kernel
-        before it, whose results (the sorted blocks, or the activation) it waits for before reading anything."""
+        before it, whose results (the sorted blocks, or the activation) it waits for before reading anything.
+        EPI, the epilogue in the kernel: 0 none (the sums at out); 1 gate_up (rows interleaved, gate_up_stack): the
+        bf16 activation silu(gate) * up at fin[pair, v], from the registers without a K split, else by the split
+        that completes the sums at out (_gate_up_finish); 2 down: the program that completes a tile group's sums
+        casts them into fin[token] (_down_finish)."""
         T: tl.constexpr = 32 * WARPS
         if PDL:
             tl.extra.cuda.gdc_wait()
@@ -93,7 +153,10 @@ if HAVE_TRITON:
         pid_k = tl.program_id(1)
         b = tl.program_id(2)
         e = tl.load(bexp_ptr + b)
-        if e < 0:  # past the last block the pairs fill
+        if e < 0:  # past the last block the pairs fill (down still counts towards its tile group's cast)
+            if EPI == 2:
+                _down_finish(out_ptr, fin_ptr, cnt_ptr, pid_n, tl.num_programs(1) * tl.num_programs(2), M_TOK, N,
+                             stride_o, stride_f, 16 * WARPS, MB)
             return
         e = e.to(tl.int64)
         t, tile, lane, g, qq = _lanes(pid_n * WARPS, T, 1)
@@ -104,6 +167,7 @@ if HAVE_TRITON:
         s_base = s_ptr + e * stride_se
         ts = tl.load(ts_ptr + e) * 16384.0
         c4 = tl.arange(0, 4)
+        DIRECT: tl.constexpr = EPI == 1 and not ATOMIC  # the activation straight from the registers
         if USE_ASM:
             # lane 4g + q's B fragment is column g: pair g of the block (a padding column reads the last pair's row;
             # its sums are dropped)
@@ -119,15 +183,27 @@ if HAVE_TRITON:
             acc1 = tl.zeros((T, 4), dtype=tl.float32)
             acc0, acc1, acc2, acc3 = _fp4_mma_loop(wb, sb, xb, xb2, i0, i1, T, UNROLL, EV, BM == 16, acc0, acc1,
                                                    acc0, acc1, False, True)
-            # accumulator element c of lane 4g + q: row g + 8 (c // 2), column 2q + c % 2
-            rows = (tile * 16 + g)[:, None] + 8 * (c4[None, :] // 2)
-            cols = (2 * qq)[:, None] + c4[None, :] % 2
-            row_ok = (rows < N) & (tile < NT)[:, None]
-            _moe_store(out_ptr, (acc0 + acc1) * ts, rows, cols, row_ok, b, pairs_ptr, rw_ptr, P, stride_o, O_DIV,
-                       BM, ATOMIC, ROW_WEIGHT)
-            if BM == 16:
-                _moe_store(out_ptr, (acc2 + acc3) * ts, rows, cols + 8, row_ok, b, pairs_ptr, rw_ptr, P, stride_o,
+            if DIRECT:
+                # accumulator elements 0, 1 of lane 4g + q: the gate of value 8 tile + g at columns 2q, 2q + 1; 2,
+                # 3: its up (rows g + 8)
+                vi = (tile * 8 + g)[:, None]
+                cols = (2 * qq)[:, None] + tl.arange(0, 2)[None, :]
+                ok = (tile < NT)[:, None] & (cols < BM)
+                gate, up = tl.split(tl.permute(tl.reshape((acc0 + acc1) * ts, (T, 2, 2)), (0, 2, 1)))
+                _act_store(gate, up, vi, cols, ok, b, pairs_ptr, fin_ptr, P, stride_f, BM)
+                if BM == 16:
+                    gate, up = tl.split(tl.permute(tl.reshape((acc2 + acc3) * ts, (T, 2, 2)), (0, 2, 1)))
+                    _act_store(gate, up, vi, cols + 8, ok, b, pairs_ptr, fin_ptr, P, stride_f, BM)
+            else:
+                # accumulator element c of lane 4g + q: row g + 8 (c // 2), column 2q + c % 2
+                rows = (tile * 16 + g)[:, None] + 8 * (c4[None, :] // 2)
+                cols = (2 * qq)[:, None] + c4[None, :] % 2
+                row_ok = (rows < N) & (tile < NT)[:, None]
+                _moe_store(out_ptr, (acc0 + acc1) * ts, rows, cols, row_ok, b, pairs_ptr, rw_ptr, P, stride_o,
                            O_DIV, BM, ATOMIC, ROW_WEIGHT)
+                if BM == 16:
+                    _moe_store(out_ptr, (acc2 + acc3) * ts, rows, cols + 8, row_ok, b, pairs_ptr, rw_ptr, P,
+                               stride_o, O_DIV, BM, ATOMIC, ROW_WEIGHT)
         else:
             # the interpreter: each lane's partial per (row half, column), then a quad's four lanes summed
             cm = tl.arange(0, BM)
@@ -148,12 +224,26 @@ if HAVE_TRITON:
                     part += tl.where((tl.arange(0, 2) == r)[None, :, None], acc_r[:, None, :], 0.0)
             y = tl.sum(tl.reshape(part, (WARPS, 8, 4, 2, BM)), axis=2) * ts  # [tile, g, half, column]
             wv = tl.arange(0, WARPS)[:, None, None, None]
-            rows = (pid_n * WARPS + wv) * 16 + tl.arange(0, 8)[None, :, None, None] + \
-                8 * tl.arange(0, 2)[None, None, :, None]
-            cols = cm[None, None, None, :] + rows * 0
-            row_ok = (rows < N) & (pid_n * WARPS + wv < NT)
-            _moe_store(out_ptr, y, rows, cols, row_ok, b, pairs_ptr, rw_ptr, P, stride_o, O_DIV, BM, ATOMIC,
-                       ROW_WEIGHT)
+            if DIRECT:  # half 0 the gate of value 8 tile + g, half 1 its up
+                half = tl.arange(0, 2)[None, None, :, None]
+                vi = (pid_n * WARPS + wv) * 8 + tl.arange(0, 8)[None, :, None, None]
+                ok = pid_n * WARPS + wv < NT
+                _act_store(tl.sum(tl.where(half == 0, y, 0.0), axis=2, keep_dims=True),
+                           tl.sum(tl.where(half == 1, y, 0.0), axis=2, keep_dims=True), vi, cm[None, None, None, :],
+                           ok, b, pairs_ptr, fin_ptr, P, stride_f, BM)
+            else:
+                rows = (pid_n * WARPS + wv) * 16 + tl.arange(0, 8)[None, :, None, None] + \
+                    8 * tl.arange(0, 2)[None, None, :, None]
+                cols = cm[None, None, None, :] + rows * 0
+                row_ok = (rows < N) & (pid_n * WARPS + wv < NT)
+                _moe_store(out_ptr, y, rows, cols, row_ok, b, pairs_ptr, rw_ptr, P, stride_o, O_DIV, BM, ATOMIC,
+                           ROW_WEIGHT)
+        if EPI == 1 and ATOMIC:
+            _gate_up_finish(out_ptr, fin_ptr, cnt_ptr, b, pid_n, tl.num_programs(1), pairs_ptr, P, N // 2, stride_o,
+                            stride_f, WARPS, BM)
+        if EPI == 2:
+            _down_finish(out_ptr, fin_ptr, cnt_ptr, pid_n, tl.num_programs(1) * tl.num_programs(2), M_TOK, N,
+                         stride_o, stride_f, 16 * WARPS, MB)
 
 
 def expected_hit(pairs: int, experts: int) -> float:
@@ -167,17 +257,48 @@ def moe_split(blocks: int, tiles: int, steps: int, unroll: int, sms: int, warps_
     return lp.mma_split(blocks * tiles, steps // unroll, warps_per_sm, sms)
 
 
+class GateUpStack(NamedTuple):
+    """A gate_up stack (lowprec._stack_mma(bx=True)) with gate and up rows interleaved 8 at a time (gate_up_stack)."""
+    words: torch.Tensor
+    scales: torch.Tensor
+    ts: torch.Tensor
+
+
+def gate_up_stack(stack) -> GateUpStack:
+    """The fused MoE's gate_up layout from a bf16-form stack of [2I, H] experts (gate rows, then up rows): 16-row tile
+    t holds gate rows 8t..8t+7 then up rows 8t..8t+7, so an MMA lane's accumulator holds a value's gate and its up
+    side by side (elements 0, 1 and 2, 3) and the SiLU-and-mul runs in gate_up's registers. A copy: the same bytes,
+    moved (a lane's words 0-1 are its row g, 2-3 its row g + 8; a scale's low byte row g, high byte row g + 8)."""
+    if isinstance(stack, GateUpStack):
+        return stack
+    words, scales, ts = stack
+    e, nt, st = words.shape[:3]
+    if nt % 2:
+        raise DecodeGapError(f"NVFP4 fused MoE: gate_up has {nt * 16} rows, not 2I with I a multiple of 8")
+    # [E, gate/up, old tile, step, lane, row half, word] -> [E, old tile, row half, step, lane, gate/up, word]
+    w = words.reshape(e, 2, nt // 2, st, 32, 2, 2).permute(0, 2, 5, 3, 4, 1, 6).reshape(words.shape)
+    sc = scales.contiguous().view(torch.uint8).reshape(e, 2, nt // 2, st, 32, 2)
+    sc = sc.permute(0, 2, 5, 3, 4, 1).contiguous().view(torch.int16).reshape(scales.shape)
+    return GateUpStack(w.contiguous(), sc, ts)
+
+
 class Nvfp4FusedMoe:
     """y[M, H] = sum over each token's top_k experts of weight * down(silu(gate) * up), the experts' weights NVFP4
     (weight-only: x and the activation stay bf16), for `m` tokens (buffers allocated once, graph-capturable).
 
     `w13` / `w2`: lists of E per-expert NVFP4Tensors ([2I, H] gate rows then up rows, and [H, I]), or the bf16
-    form's stacks as `lowprec._stack_mma(..., bx=True)` returns them (shared with a GroupedExperts, not copied)."""
+    form's stacks as `lowprec._stack_mma(..., bx=True)` returns them (w2 shared, not copied; w13 interleaved into a
+    copy unless it is a GateUpStack already, which is what a caller building several should keep).
+    `epilogues` (the default): three kernels, the SiLU-and-mul in gate_up and the cast in down; False: five, each
+    a kernel of its own (w13 then not interleaved), kept to time one against the other."""
 
     def __init__(self, w13, w2, m: int, top_k: int, device, out_dtype=torch.bfloat16, block_m: int | None = None,
-                 split13: int | None = None, split2: int | None = None, pdl: bool | None = None) -> None:
+                 split13: int | None = None, split2: int | None = None, pdl: bool | None = None,
+                 epilogues: bool = True) -> None:
         if not HAVE_TRITON:
             raise DecodeGapError("the NVFP4 fused MoE needs Triton, which is not installed")
+        if isinstance(w13, GateUpStack) and not epilogues:
+            raise DecodeGapError("NVFP4 fused MoE: without epilogues gate_up's rows must not be interleaved")
         self.mma13 = lp._stack_mma(w13, bx=True) if isinstance(w13, list) else w13
         self.mma2 = lp._stack_mma(w2, bx=True) if isinstance(w2, list) else w2
         e, nt13, steps13 = self.mma13[0].shape[:3]
@@ -194,6 +315,9 @@ class Nvfp4FusedMoe:
         if not (lp.available(device) and lp.mma_supported(device)):
             raise DecodeGapError("the NVFP4 fused MoE needs Triton and an sm89+ GPU (or TRITON_INTERPRET=1 on the CPU)")
         self.m, self.top_k, self.e, self.h, self.i, self.pairs = m, top_k, e, h, i, pairs
+        self.epilogues = epilogues
+        if epilogues:
+            self.mma13 = gate_up_stack(self.mma13)
         # each kernel after the align a programmatic dependent of the one before (sm90+): its launch overlaps that one
         self.pdl = lp.pdl_supported(device) if pdl is None else pdl and lp.pdl_supported(device)
         self.block_m = block_m or block_m_for(pairs, e)
@@ -214,11 +338,14 @@ class Nvfp4FusedMoe:
         dev = torch.device(device)
         self.sorted_pairs = torch.empty(self.nb * self.block_m, dtype=torch.int32, device=dev)
         self.block_expert = torch.empty(self.nb, dtype=torch.int32, device=dev)
-        # fp32 sums, at zero between calls (the SiLU kernel and the final cast leave them so)
+        # fp32 sums, at zero between calls (the epilogues, or the SiLU kernel and the final cast, leave them so), and
+        # the epilogues' counters, at zero between calls too: gate_up's a (block, tile group), down's a tile group
         self.gu = torch.zeros((pairs, 2 * i), dtype=torch.float32, device=dev)
         self.act = torch.empty((pairs, i), dtype=torch.bfloat16, device=dev)
         self.acc = torch.zeros((m, h), dtype=torch.float32, device=dev)
         self.out = torch.empty((m, h), dtype=out_dtype, device=dev)
+        self.cnt13 = torch.zeros(self.nb * triton.cdiv(nt13, self.warps), dtype=torch.int32, device=dev)
+        self.cnt2 = torch.zeros(triton.cdiv(nt2, self.warps), dtype=torch.int32, device=dev)
 
     def _plan(self, steps: int, split: int) -> tuple[int, int]:
         """(steps a split, splits): whole iterations of `unroll` steps."""
@@ -232,20 +359,30 @@ class Nvfp4FusedMoe:
 
     @property
     def kernels(self) -> int:
-        return 5
+        """Kernels a call: the align, gate_up and down (with the epilogues), or also the SiLU-and-mul and the cast."""
+        return 3 if self.epilogues else 5
 
-    def _gemm(self, x, stack, out, n: int, plan: tuple[int, int], by_token: bool, route_w) -> None:
+    def weight_bytes(self, experts_hit: int) -> int:
+        """Bytes of weights and scales a call reads: each expert hit once."""
+        return experts_hit * (nv.nvfp4_bytes(2 * self.i, self.h) + nv.nvfp4_bytes(self.h, self.i))
+
+    def _gemm(self, x, stack, out, n: int, plan: tuple[int, int], by_token: bool, route_w, fin, cnt) -> None:
+        """gate_up (by_token: x a token's row, fp32 sums or with epilogues the activation at fin) or down (x a pair's
+        activation row, weighted sums into the token's row, with epilogues cast into fin)."""
         words, scales, ts = stack
         nt = words.shape[1]
         per, split = plan
         steps = words.shape[2]
         grid = (triton.cdiv(nt, self.warps), split, self.nb)
+        epi = (1 if by_token else 2) if self.epilogues else 0
         _fp4_moe_kernel[grid](
             x, words, scales, ts, self.sorted_pairs, self.block_expert, route_w, out, self.pairs, n, nt, per, steps,
             x.stride(0), words.stride(0), words.stride(1), scales.stride(0), scales.stride(1), out.stride(0),
+            fin, cnt, self.m, fin.stride(0),
             X_DIV=self.top_k if by_token else 1, O_DIV=1 if by_token else self.top_k, WARPS=self.warps,
             UNROLL=self.unroll, BM=self.block_m, ATOMIC=split > 1 or not by_token, ROW_WEIGHT=not by_token,
-            USE_ASM=not lp.interpreted(), EV=self.ev, PDL=self.pdl, num_warps=self.warps, **lp._pdl_launch(self.pdl))
+            USE_ASM=not lp.interpreted(), EV=self.ev, PDL=self.pdl, EPI=epi, MB=min(16, _pow2(self.m)),
+            num_warps=self.warps, **lp._pdl_launch(self.pdl))
 
     def __call__(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         if x.shape != (self.m, self.h) or ids.shape != (self.m, self.top_k) or weights.shape != ids.shape:
@@ -255,13 +392,16 @@ class Nvfp4FusedMoe:
                             P2=_pow2(self.pairs), E2=_pow2(self.e + 1), NB2=_pow2(self.nb), BM=self.block_m,
                             num_warps=8)
         flat_w = weights.reshape(-1).float()
-        self._gemm(lp.bf16_pairs(x), self.mma13, self.gu, 2 * self.i, self.plan13, True, flat_w)
-        _silu_pack_kernel[(triton.cdiv(self.i, 1024), self.pairs)](self.gu, self.act, self.i, self.gu.stride(0),
-                                                                  self.act.stride(0), BLOCK=1024, BX=True,
-                                                                  PDL=self.pdl, **lp._pdl_launch(self.pdl))
-        self._gemm(self.act.view(torch.int32), self.mma2, self.acc, self.h, self.plan2, False, flat_w)
-        _cast_zero_kernel[(triton.cdiv(self.m * self.h, 1024),)](self.acc, self.out, self.m * self.h, BLOCK=1024,
-                                                                 PDL=self.pdl, **lp._pdl_launch(self.pdl))
+        self._gemm(lp.bf16_pairs(x), self.mma13, self.gu, 2 * self.i, self.plan13, True, flat_w, self.act, self.cnt13)
+        if not self.epilogues:
+            _silu_pack_kernel[(triton.cdiv(self.i, 1024), self.pairs)](self.gu, self.act, self.i, self.gu.stride(0),
+                                                                      self.act.stride(0), BLOCK=1024, BX=True,
+                                                                      PDL=self.pdl, **lp._pdl_launch(self.pdl))
+        self._gemm(self.act.view(torch.int32), self.mma2, self.acc, self.h, self.plan2, False, flat_w, self.out,
+                   self.cnt2)
+        if not self.epilogues:
+            _cast_zero_kernel[(triton.cdiv(self.m * self.h, 1024),)](self.acc, self.out, self.m * self.h, BLOCK=1024,
+                                                                     PDL=self.pdl, **lp._pdl_launch(self.pdl))
         return self.out
 
 

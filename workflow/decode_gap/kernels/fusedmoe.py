@@ -249,6 +249,15 @@ class FusedMoe:
                             num_warps=8)
 
     @property
+    def kernels(self) -> int:
+        """Kernels a call: the align, x's quantisation, gate_up, SiLU-and-mul with the requantisation, down, the sum."""
+        return 6
+
+    def weight_bytes(self, experts_hit: int) -> int:
+        """Bytes of weights and scales a call reads: each expert hit once."""
+        return experts_hit * sum(w.data[0].numel() + 4 * w.scales[0].numel() for w in (self.w13, self.w2))
+
+    @property
     def label(self) -> str:
         scales = "128x128 block" if self.w13.block else "per-expert"
         return f"triton fused MoE (e4m3, 1x128 activation and {scales} weight scales, pairs sorted by expert)"

@@ -201,13 +201,6 @@ def fused_moe(es: ExpertSet, fmt: str) -> "fusedmoe.FusedMoe | fp4moe.Nvfp4Fused
                              es.cids.shape[1], es.x.device)
 
 
-def fused_weight_bytes(moe: "fusedmoe.FusedMoe | fp4moe.Nvfp4FusedMoe", experts_hit: int) -> int:
-    """Bytes of the experts' weights and scales a fused MoE reads (each expert hit once)."""
-    if isinstance(moe, fp4moe.Nvfp4FusedMoe):
-        return experts_hit * (nv.nvfp4_bytes(2 * moe.i, moe.h) + nv.nvfp4_bytes(moe.h, moe.i))
-    return moe.w13.data.numel() + moe.w2.data.numel() + 4 * (moe.w13.scales.numel() + moe.w2.scales.numel())
-
-
 def fastest_form(g: "lp.GroupedExperts", time_form: Callable[[list], dict[str, Any] | None],
                  skipped: list[dict[str, str]]) -> dict[str, Any] | None:
     """g timed in each of its forms (lp.grouped_alternatives, the default first) by time_form(failures), which
@@ -309,11 +302,11 @@ def run_moe_bench(env: BenchEnv, shape: MoeShape | None, m_values: list[int], lo
                 skipped.append(skip(f"fused_moe {fmt} M={m}", short_error(exc)))
                 continue
             act_bytes = 1 if fmt.startswith("fp8") else 2
-            nb = _expert_bytes(es, 0, act_bytes) + fused_weight_bytes(moe, es.experts_hit)
+            nb = _expert_bytes(es, 0, act_bytes) + moe.weight_bytes(es.experts_hit)
             row = _time_row(env, flush, "moe.experts", "fused_moe", fmt, moe.label,
                             lambda moe=moe: moe(es.x, es.cids, es.weights), nb, _expert_flops(es), base, skipped, log)
             if row:
-                rows.append({**row, "kernels": 6 if fmt.startswith("fp8") else moe.kernels})
+                rows.append({**row, "kernels": moe.kernels})
             moe = None
         if not sm89:
             skipped.append(skip(f"fused_moe M={m}", f"the fused MoE (fp8 dots; NVFP4 decoded onto bf16 tensor cores) "
@@ -347,7 +340,7 @@ def run_moe_bench(env: BenchEnv, shape: MoeShape | None, m_values: list[int], lo
     for r in rows:
         if r["impl"] != "routing":
             r.update(reads.columns(r["bytes"], r["gpu_us"] if r["gpu_us"] is not None else r["eager_us"]))
-            # a call of five kernels cannot take less than five kernels' floor, whatever its bytes
+            # a call of N dependent kernels cannot take less than N kernels' floor, whatever its bytes
             r["latency_floor_us"] = expert_floor_us(r.get("kernels"), one_kernel_us)
     df = pd.DataFrame(rows, columns=COLUMNS)
     out = moe_summary(env, df, shape, skipped + reads.skipped)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from .formats import GROUPED_GEMV_KINDS, _torch
+from functools import partial
+
+from .formats import FUSED_K_MULTIPLE, GROUPED_GEMV_KINDS, _torch
 
 # ----------------------------------------------------------------------------------------------------------
 # tensors
@@ -188,8 +190,11 @@ class Experts:
             self.per_expert_bytes = nv.nvfp4_bytes(2 * inter, hidden) + nv.nvfp4_bytes(hidden, inter)
             self.nbytes = self.per_expert_bytes * E
             if kind == "nvfp4-moe":  # the fused MoE (probe_formats), built at the first call for its batch
-                self.mma13, self.mma2 = lp._stack_mma(w13, bx=True), lp._stack_mma(w2, bx=True)
-                self.top_k, self.fused = top_k, None
+                from ..kernels.fp4moe import Nvfp4FusedMoe, gate_up_stack
+
+                self.build_fused = partial(Nvfp4FusedMoe, gate_up_stack(lp._stack_mma(w13, bx=True)),
+                                           lp._stack_mma(w2, bx=True), top_k=top_k, out_dtype=self.act_dtype)
+                self.fused = None
                 return
             # the grouped NVFP4 GEMV, one call a token
             # ids and routing weights are buffers the step copies each token's choice into (graph-safe)
@@ -208,12 +213,15 @@ class Experts:
             self.nbytes = self.per_expert_bytes * E
             return
         if kind in ("fp8-block-moe", "fp8-moe"):  # above batch 1 (probe_formats): the fused MoE, built at first call
+            from ..kernels.fusedmoe import FusedMoe
+
             block = kind == "fp8-block-moe"
-            self.w13 = _fp8_weight((E, 2 * inter, hidden), device, block)
-            self.w2 = _fp8_weight((E, hidden, inter), device, block)
-            self.nbytes = self.w13.nbytes + self.w2.nbytes
+            w13 = _fp8_weight((E, 2 * inter, hidden), device, block)
+            w2 = _fp8_weight((E, hidden, inter), device, block)
+            self.nbytes = w13.nbytes + w2.nbytes
             self.per_expert_bytes = self.nbytes / E
-            self.top_k, self.fused = top_k, None
+            self.build_fused = partial(FusedMoe, w13, w2, top_k=top_k, out_dtype=self.act_dtype)
+            self.fused = None
             return
         self.gu = _rand((E, 2 * inter, hidden), kind, device)
         self.down = _rand((E, hidden, inter), kind, device)
@@ -238,17 +246,9 @@ class Experts:
                 y = g(x[m:m + 1]).to(self.act_dtype)
                 rows.append(y if M == 1 else y.clone())  # the next call rewrites g's output buffer
             return rows[0] if M == 1 else torch.cat(rows)
-        if self.kind in ("fp8-block-moe", "fp8-moe"):  # SiLU-and-mul fused (every MoE card here is SiLU), as above
-            if self.fused is None or self.fused.m != M:
-                from ..kernels.fusedmoe import FusedMoe
-
-                self.fused = FusedMoe(self.w13, self.w2, M, k, x.device, out_dtype=self.act_dtype)
-            return self.fused(x, ids, weights)
-        if self.kind == "nvfp4-moe":  # as above, NVFP4 weight-only
-            if self.fused is None or self.fused.m != M:
-                from ..kernels.fp4moe import Nvfp4FusedMoe
-
-                self.fused = Nvfp4FusedMoe(self.mma13, self.mma2, M, k, x.device, out_dtype=self.act_dtype)
+        if self.kind in FUSED_K_MULTIPLE:  # fp8 or NVFP4 weight-only; SiLU-and-mul fused (every MoE card here is SiLU)
+            if self.fused is None or self.fused.m != M:  # buffers for this batch size, the weights shared
+                self.fused = self.build_fused(M, device=x.device)
             return self.fused(x, ids, weights)
         if self.backend == "loop":  # CPU: the experts hit, one after another (indices read on the host)
             out = torch.zeros_like(x)
