@@ -336,9 +336,11 @@ def fusedmoe_case(env: BenchEnv, timed: bool) -> None:
 
 # H200 (2026-12-03, before PDL): blocks of 16 pairs lost at every case (9-34%), half the gate_up splits lost up to
 # 16%, twice the down splits lost up to 12% (won 4% at GLM-5 TP1, batch 1); twice the gate_up splits drew level or won
-# 2-5% at TP8 from 8 tokens. epilogues False: the five kernels of before (the SiLU-and-mul and the cast kernels of
-# their own) against the default's three
-FP4MOE_FORMS = ({}, {"epilogues": False}, {"pdl": False}, {"split13": "double"})
+# 2-5% at TP8 from 8 tokens. The epilogues: the SiLU-and-mul and the cast each in its GEMM's epilogue or a kernel of
+# its own (both False: the five kernels of before)
+FP4MOE_FORMS = ({}, {"silu_epilogue": False, "cast_epilogue": False}, {"cast_epilogue": True},
+                {"silu_epilogue": True, "cast_epilogue": True}, {"silu_epilogue": False, "cast_epilogue": True},
+                {"pdl": False}, {"split13": "double"})
 
 
 def fp4moe_case(env: BenchEnv, timed: bool) -> None:
@@ -364,7 +366,7 @@ def fp4moe_case(env: BenchEnv, timed: bool) -> None:
         g = ex.grouped
         per_expert = ex.per_expert_bytes
         expert = lambda j, g=g: (fp4moe.stack_expert(g.w13, j), fp4moe.stack_expert(g.w2, j))  # noqa: E731
-        gate_up = fp4moe.gate_up_stack(g.mma13)  # interleaved once for every form with epilogues
+        gate_up = fp4moe.gate_up_stack(g.mma13)  # interleaved once for every form
         for m in (1, 2, 4, 8, 16) if env.is_gpu else (2,):
             x = torch.randn((m, h), generator=gen, device=dev).to(torch.bfloat16)
             choices = rotating_choices(e, min(8, e), m, dev, gen)
@@ -374,13 +376,12 @@ def fp4moe_case(env: BenchEnv, timed: bool) -> None:
             row = {"case": name, "M": m, "experts_hit": hit, "bytes": nbytes}
             ref = fp4moe.reference(x, choices[0], wts, expert)
             base = fp4moe.Nvfp4FusedMoe(gate_up, g.mma2, m, choices[0].shape[1], dev)
-            for kw in FP4MOE_FORMS if timed else FP4MOE_FORMS[:3]:
+            for kw in FP4MOE_FORMS if timed else FP4MOE_FORMS[:5]:
                 kw = {k: 2 * base.plan13[1] if v == "double" else v for k, v in kw.items()}
                 form = ",".join(f"{k}={v}" for k, v in kw.items()) or "default"
                 try:
-                    w13 = gate_up if kw.get("epilogues", True) else g.mma13
-                    moe = fp4moe.Nvfp4FusedMoe(w13, g.mma2, m, choices[0].shape[1], dev, **kw)
-                    form += f" (bm {moe.block_m}, splits {moe.plan13[1]}/{moe.plan2[1]})"
+                    moe = fp4moe.Nvfp4FusedMoe(gate_up, g.mma2, m, choices[0].shape[1], dev, **kw)
+                    form += f" (bm {moe.block_m}, splits {moe.plan13[1]}/{moe.plan2[1]}, {moe.kernels} kernels)"
                     _check(f"fp4 moe {name} {form}", m, h, i, lambda: (moe(x, choices[0], wts), moe(x, choices[0],
                                                                                                     wts))[1], ref, 1e-2)
                     if timed:

@@ -57,20 +57,24 @@ def test_splits_aim_at_the_warps_an_sm_holds():
 def test_fused_moe_matches_dequantise_then_matmul():
     _interpret(r'''
 torch.manual_seed(1)
-for m, ids, bm, s13, s2, epi in ((3, [[0, 5], [5, 2], [0, 5]], 8, None, None, True),
-                                 (3, [[0, 5], [5, 2], [0, 5]], 16, 2, 1, True),
-                                 (2, [[4, 4 + 0], [1, 3]], 8, 1, 1, True),
-                                 (1, [[3, 0]], 8, 2, None, True), (3, [[1, 5], [5, 2], [0, 1]], 16, 1, 2, True),
-                                 (3, [[0, 5], [5, 2], [0, 5]], 8, 2, 2, False), (2, [[4, 0], [1, 3]], 16, 1, 1, False)):
-    moe = fp4moe.Nvfp4FusedMoe(w13, w2, m, 2, "cpu", block_m=bm, split13=s13, split2=s2, epilogues=epi)
-    assert moe.kernels == (3 if epi else 5)
+for m, ids, bm, s13, s2, silu, cast in ((3, [[0, 5], [5, 2], [0, 5]], 8, None, None, None, True),
+                                        (3, [[0, 5], [5, 2], [0, 5]], 16, 2, 1, True, True),
+                                        (2, [[4, 4 + 0], [1, 3]], 8, 1, 1, None, False),
+                                        (1, [[3, 0]], 8, 2, None, True, False),
+                                        (3, [[1, 5], [5, 2], [0, 1]], 16, 1, 2, None, True),
+                                        (3, [[0, 5], [5, 2], [0, 5]], 8, 2, 2, False, False),
+                                        (2, [[4, 0], [1, 3]], 16, 1, 1, False, True)):
+    moe = fp4moe.Nvfp4FusedMoe(w13, w2, m, 2, "cpu", block_m=bm, split13=s13, split2=s2, silu_epilogue=silu,
+                               cast_epilogue=cast)
+    assert moe.silu_epilogue == (moe.plan13[1] == 1 if silu is None else silu)
+    assert moe.kernels == 3 + (not moe.silu_epilogue) + (not cast)
     x = torch.randn(m, H).to(torch.bfloat16)
     t = torch.tensor(ids, dtype=torch.int32)
     w = torch.rand(m, 2)
     ref = fp4moe.reference(x, t, w, expert)
     for call in range(2):  # the second call sees the zeros the first left in the sums
         e = err(moe(x, t, w), ref)
-        assert e < 1e-2, (ids, bm, s13, s2, epi, call, e)
+        assert e < 1e-2, (ids, bm, s13, s2, silu, cast, call, e)
 print("ok")
 ''')
 

@@ -55,6 +55,8 @@ from .nvfp4 import HAVE_TRITON, tl, triton
 
 # about this many warps an SM in all (lowprec.mma_split: 27 swept on the H200 for 2 steps an iteration)
 WARPS_PER_SM = 27
+# the cast in down's epilogue (a counter a tile group) or as a kernel of its own
+CAST_EPILOGUE = False
 CONFIG = lp.FP4_GROUPED_BX_2  # 4 warps (64 rows) a program, 2 steps (128 values) an iteration, evict-first weights
 
 
@@ -289,16 +291,15 @@ class Nvfp4FusedMoe:
     `w13` / `w2`: lists of E per-expert NVFP4Tensors ([2I, H] gate rows then up rows, and [H, I]), or the bf16
     form's stacks as `lowprec._stack_mma(..., bx=True)` returns them (w2 shared, not copied; w13 interleaved into a
     copy unless it is a GateUpStack already, which is what a caller building several should keep).
-    `epilogues` (the default): three kernels, the SiLU-and-mul in gate_up and the cast in down; False: five, each
-    a kernel of its own (w13 then not interleaved), kept to time one against the other."""
+    `silu_epilogue`: the SiLU-and-mul in gate_up's epilogue (True), as a kernel of its own (False), or (None) in the
+    epilogue where gate_up is not split over K, so from the registers. `cast_epilogue`: the cast in down's epilogue,
+    else a kernel of its own. The forms are timed against each other by benchmarks/lowprec_device.py."""
 
     def __init__(self, w13, w2, m: int, top_k: int, device, out_dtype=torch.bfloat16, block_m: int | None = None,
                  split13: int | None = None, split2: int | None = None, pdl: bool | None = None,
-                 epilogues: bool = True) -> None:
+                 silu_epilogue: bool | None = None, cast_epilogue: bool = CAST_EPILOGUE) -> None:
         if not HAVE_TRITON:
             raise DecodeGapError("the NVFP4 fused MoE needs Triton, which is not installed")
-        if isinstance(w13, GateUpStack) and not epilogues:
-            raise DecodeGapError("NVFP4 fused MoE: without epilogues gate_up's rows must not be interleaved")
         self.mma13 = lp._stack_mma(w13, bx=True) if isinstance(w13, list) else w13
         self.mma2 = lp._stack_mma(w2, bx=True) if isinstance(w2, list) else w2
         e, nt13, steps13 = self.mma13[0].shape[:3]
@@ -315,9 +316,7 @@ class Nvfp4FusedMoe:
         if not (lp.available(device) and lp.mma_supported(device)):
             raise DecodeGapError("the NVFP4 fused MoE needs Triton and an sm89+ GPU (or TRITON_INTERPRET=1 on the CPU)")
         self.m, self.top_k, self.e, self.h, self.i, self.pairs = m, top_k, e, h, i, pairs
-        self.epilogues = epilogues
-        if epilogues:
-            self.mma13 = gate_up_stack(self.mma13)
+        self.mma13 = gate_up_stack(self.mma13)
         # each kernel after the align a programmatic dependent of the one before (sm90+): its launch overlaps that one
         self.pdl = lp.pdl_supported(device) if pdl is None else pdl and lp.pdl_supported(device)
         self.block_m = block_m or block_m_for(pairs, e)
@@ -335,11 +334,13 @@ class Nvfp4FusedMoe:
         blocks, sms = max(1, round(expected_hit(pairs, e))), lp.sm_count(device)
         self.plan13 = self._plan(h // 64, split13 or moe_split(blocks, 2 * i // 16, h // 64, self.unroll, sms))
         self.plan2 = self._plan(i // 64, split2 or moe_split(blocks, h // 16, i // 64, self.unroll, sms))
+        self.silu_epilogue = self.plan13[1] == 1 if silu_epilogue is None else silu_epilogue
+        self.cast_epilogue = cast_epilogue
         dev = torch.device(device)
         self.sorted_pairs = torch.empty(self.nb * self.block_m, dtype=torch.int32, device=dev)
         self.block_expert = torch.empty(self.nb, dtype=torch.int32, device=dev)
-        # fp32 sums, at zero between calls (the epilogues, or the SiLU kernel and the final cast, leave them so), and
-        # the epilogues' counters, at zero between calls too: gate_up's a (block, tile group), down's a tile group
+        # fp32 sums, at zero between calls (the epilogues, or the SiLU kernel and the cast, leave them so), and the
+        # epilogues' counters, at zero between calls too: gate_up's a (block, tile group), down's a tile group
         self.gu = torch.zeros((pairs, 2 * i), dtype=torch.float32, device=dev)
         self.act = torch.empty((pairs, i), dtype=torch.bfloat16, device=dev)
         self.acc = torch.zeros((m, h), dtype=torch.float32, device=dev)
@@ -359,22 +360,22 @@ class Nvfp4FusedMoe:
 
     @property
     def kernels(self) -> int:
-        """Kernels a call: the align, gate_up and down (with the epilogues), or also the SiLU-and-mul and the cast."""
-        return 3 if self.epilogues else 5
+        """Kernels a call: the align, gate_up and down, and the SiLU-and-mul and the cast where not in an epilogue."""
+        return 3 + (not self.silu_epilogue) + (not self.cast_epilogue)
 
     def weight_bytes(self, experts_hit: int) -> int:
         """Bytes of weights and scales a call reads: each expert hit once."""
         return experts_hit * (nv.nvfp4_bytes(2 * self.i, self.h) + nv.nvfp4_bytes(self.h, self.i))
 
     def _gemm(self, x, stack, out, n: int, plan: tuple[int, int], by_token: bool, route_w, fin, cnt) -> None:
-        """gate_up (by_token: x a token's row, fp32 sums or with epilogues the activation at fin) or down (x a pair's
-        activation row, weighted sums into the token's row, with epilogues cast into fin)."""
+        """gate_up (by_token: x a token's row, fp32 sums, or with its epilogue the activation at fin) or down (x a
+        pair's activation row, weighted sums into the token's row, with its epilogue cast into fin)."""
         words, scales, ts = stack
         nt = words.shape[1]
         per, split = plan
         steps = words.shape[2]
         grid = (triton.cdiv(nt, self.warps), split, self.nb)
-        epi = (1 if by_token else 2) if self.epilogues else 0
+        epi = (1 if self.silu_epilogue else 0) if by_token else (2 if self.cast_epilogue else 0)
         _fp4_moe_kernel[grid](
             x, words, scales, ts, self.sorted_pairs, self.block_expert, route_w, out, self.pairs, n, nt, per, steps,
             x.stride(0), words.stride(0), words.stride(1), scales.stride(0), scales.stride(1), out.stride(0),
@@ -393,13 +394,14 @@ class Nvfp4FusedMoe:
                             num_warps=8)
         flat_w = weights.reshape(-1).float()
         self._gemm(lp.bf16_pairs(x), self.mma13, self.gu, 2 * self.i, self.plan13, True, flat_w, self.act, self.cnt13)
-        if not self.epilogues:
+        if not self.silu_epilogue:
             _silu_pack_kernel[(triton.cdiv(self.i, 1024), self.pairs)](self.gu, self.act, self.i, self.gu.stride(0),
                                                                       self.act.stride(0), BLOCK=1024, BX=True,
-                                                                      PDL=self.pdl, **lp._pdl_launch(self.pdl))
+                                                                      INTERLEAVED=True, PDL=self.pdl,
+                                                                      **lp._pdl_launch(self.pdl))
         self._gemm(self.act.view(torch.int32), self.mma2, self.acc, self.h, self.plan2, False, flat_w, self.out,
                    self.cnt2)
-        if not self.epilogues:
+        if not self.cast_epilogue:
             _cast_zero_kernel[(triton.cdiv(self.m * self.h, 1024),)](self.acc, self.out, self.m * self.h, BLOCK=1024,
                                                                      PDL=self.pdl, **lp._pdl_launch(self.pdl))
         return self.out

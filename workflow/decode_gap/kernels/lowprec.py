@@ -1174,24 +1174,26 @@ if HAVE_TRITON:
 
     @triton.jit
     def _silu_pack_kernel(gu_ptr, xp_ptr, I, stride_gs, stride_ps, BLOCK: tl.constexpr, PDL: tl.constexpr = False,
-                          BX: tl.constexpr = False):
+                          BX: tl.constexpr = False, INTERLEAVED: tl.constexpr = False):
         """Split-K gate_up epilogue: gu [slots, 2I] fp32 (gate then up) -> silu(gate) * up as the packed fp16 x
         (int16 view of [slots, I/8, 4] int32) of the down GEMV. PDL: launched as a programmatic dependent.
         BX (the bf16 form): the activation as bf16 [slots, I] at xp_ptr, and gu left at zero for the next call
-        (no packing kernel zeroes it there)."""
+        (no packing kernel zeroes it there). INTERLEAVED: gate and up rows 8 at a time (fp4moe.gate_up_stack)."""
         if PDL:
             tl.extra.cuda.gdc_wait()
         pid = tl.program_id(0)
         slot = tl.program_id(1).to(tl.int64)
         k = pid * BLOCK + tl.arange(0, BLOCK)
         m = k < I
-        gt = tl.load(gu_ptr + slot * stride_gs + k, mask=m, other=0.0)
-        up = tl.load(gu_ptr + slot * stride_gs + I + k, mask=m, other=0.0)
+        gk = 16 * (k // 8) + k % 8 if INTERLEAVED else k
+        uk = gk + 8 if INTERLEAVED else I + k
+        gt = tl.load(gu_ptr + slot * stride_gs + gk, mask=m, other=0.0)
+        up = tl.load(gu_ptr + slot * stride_gs + uk, mask=m, other=0.0)
         y = gt / (1.0 + tl.exp(-gt)) * up
         if BX:
             tl.store(xp_ptr + slot * stride_ps + k, y.to(tl.bfloat16), mask=m)
-            tl.store(gu_ptr + slot * stride_gs + k, tl.zeros_like(gt), mask=m)
-            tl.store(gu_ptr + slot * stride_gs + I + k, tl.zeros_like(up), mask=m)
+            tl.store(gu_ptr + slot * stride_gs + gk, tl.zeros_like(gt), mask=m)
+            tl.store(gu_ptr + slot * stride_gs + uk, tl.zeros_like(up), mask=m)
         else:
             kk = k % 8
             idx = (k // 8) * 8 + tl.where(kk < 4, 2 * (3 - kk), 2 * (7 - kk) + 1)
