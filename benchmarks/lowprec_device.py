@@ -337,7 +337,9 @@ def fusedmoe_case(env: BenchEnv, timed: bool) -> None:
 # H200 (2026-12-03, before PDL): blocks of 16 pairs lost at every case (9-34%), half the gate_up splits lost up to
 # 16%, twice the down splits lost up to 12% (won 4% at GLM-5 TP1, batch 1); twice the gate_up splits drew level or won
 # 2-5% at TP8 from 8 tokens. The epilogues: the SiLU-and-mul and the cast each in its GEMM's epilogue or a kernel of
-# its own (both False: the five kernels of before)
+# its own (both False: the five kernels of before; kernels/fp4moe.py has the H200's figures). The form timed first
+# in a case can read high: GLM-5 TP1 at batch 1, 62.4 us for the default where the same five kernels timed next
+# read 57.9
 FP4MOE_FORMS = ({}, {"silu_epilogue": False, "cast_epilogue": False}, {"cast_epilogue": True},
                 {"silu_epilogue": True, "cast_epilogue": True}, {"silu_epilogue": False, "cast_epilogue": True},
                 {"pdl": False}, {"split13": "double"})

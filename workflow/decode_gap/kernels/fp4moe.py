@@ -8,25 +8,36 @@ program of `_fp4_moe_kernel` is (16-row tile group, K split, block): the tensor-
 (`lowprec._fp4_mma_loop`: the weight decoded in registers into mma.sync's A operand, the block scales multiplied
 exactly in bf16), with MMA column c being the block's pair c, whose x row each lane gathers (the token's row for
 gate_up, the pair's activation row for down). At BLOCK_M 16 columns 8-15 take a second MMA against the same decoded
-tile (lowprec's M = 9-16 path). Three kernels a call, every buffer allocated once (graph-capturable):
+tile (lowprec's M = 9-16 path). Gate and up rows are interleaved 8 at a time (`gate_up_stack`), so each lane's
+accumulator holds a value's gate beside its up. Four or five kernels a call, every buffer allocated once
+(graph-capturable):
 1. the align (`fusedmoe._align_kernel`);
-2. gate_up, with gate and up rows interleaved 8 at a time (`gate_up_stack`), so each lane's accumulator holds a
-   value's gate beside its up: silu(gate) * up is written as the bf16 activation a pair straight from the registers,
-   or, where gate_up is split over K, its fp32 sums go into L2 with atomics and the split that completes a (block,
-   tile group) writes the activation and leaves zeros (a counter, as lowprec's split-K finish);
-3. down, each pair's row times its routing weight added into its token's fp32 row (atomics); the program that
-   completes a tile group (all K splits and blocks, those past the last block included) casts its rows of every
-   token to the output dtype and leaves zeros.
-On sm90+ kernels 2 and 3 launch as programmatic dependents of the one before (as the grouped GEMV's do). With
-`epilogues=False` the SiLU-and-mul (`lowprec._silu_pack_kernel`) and the cast (`lowprec._cast_zero_kernel`) run as
-kernels of their own, five a call: the form measured first, kept to time against.
+2. gate_up: where it is not split over K, silu(gate) * up straight from the registers as the bf16 activation a pair
+   (its epilogue); else fp32 sums a pair with atomics;
+3. (split gate_up only) silu(gate) * up as the bf16 activation a pair, the sums left at zero
+   (`lowprec._silu_pack_kernel`);
+4. down, each pair's row times its routing weight added into its token's fp32 row (atomics);
+5. the cast of the sums to the output dtype, which leaves them at zero (`lowprec._cast_zero_kernel`).
+On sm90+ each kernel after the align launches as a programmatic dependent of the one before (as the grouped GEMV's
+do). Two more epilogues are kept as forms, off by default: the SiLU of a split gate_up by the split that completes
+a (block, tile group) (a counter, as lowprec's split-K finish), and the cast by the down program that completes a
+tile group (`silu_epilogue=True`, `cast_epilogue=True`: three kernels). H200 (2026-12-03, read 4378 GB/s, 160 of
+160 checks passed), us at M = 1 / 16:
+- TP8, gate_up split 2-14 ways: each lost to its kernel behind a programmatic launch: GLM-5 16.2 / 119.4 for the
+  default, 17.1 / 131.0 with the cast in down, 17.4 / 134.9 with both (DeepSeek-V3 16.6 / 133.7, 17.1 / 140.4,
+  17.6 / 142.1): the counter's release, its atomic and the re-read from L2 come one after another at the end of
+  the grid, where the next kernel's launch was already overlapped;
+- TP1, gate_up unsplit from M = 2: the SiLU from the registers against its kernel at M = 2 / 4 / 8 / 16: GLM-5
+  102.4 / 183.6 / 328.3 / 633.1 against 105.1 / 192.5 / 350.2 / 639.2, DeepSeek-V3 114.1 / 213.7 / 410.2 / 733.4
+  against 116.8 / 216.9 / 399.1 / 736.5 (the one loss, M=8, within what the same form reads from run to run);
+  the cast in down drew level (DeepSeek-V3 M=8 392.2, GLM-5 M=16 642.1).
 
 Under the CPU interpreter the MMA loop runs as lowprec's plain-Triton emulation of the same layout and decode.
 
-H200 (2026-12-03, read 4379 GB/s; benchmarks/lowprec_device.py --sections fp4moe: CUDA-graph replay, four choices of
-8 of 256 experts a token rotating so no call finds its experts in the L2), us a call at M = 1 / 2 / 4 / 8 / 16
-against the grouped GEMV once a token (what the kernel level ran before), and the fraction of read bandwidth on the
-experts hit:
+The five-kernel form, H200 (2026-12-03, read 4379 GB/s; benchmarks/lowprec_device.py --sections fp4moe: CUDA-graph
+replay, four choices of 8 of 256 experts a token rotating so no call finds its experts in the L2), us a call at M =
+1 / 2 / 4 / 8 / 16 against the grouped GEMV once a token (what the kernel level ran before), and the fraction of
+read bandwidth on the experts hit:
 - DeepSeek-V3 TP8 (7168 x 256 a rank): 15.7 / 25.1 / 40.7 / 71.7 / 148.0 against 29.5 / 62.7 / 132.0 / 273.4 /
   545.5 (0.36-0.60: 3.1 MB experts, five kernels);
 - GLM-5 TP8 (6144 x 256): 16.4 / 23.6 / 37.6 / 62.7 / 126.5 against 27.2 / 57.3 / 118.4 / 249.2 / 502.0 (0.29-0.56);
@@ -55,7 +66,8 @@ from .nvfp4 import HAVE_TRITON, tl, triton
 
 # about this many warps an SM in all (lowprec.mma_split: 27 swept on the H200 for 2 steps an iteration)
 WARPS_PER_SM = 27
-# the cast in down's epilogue (a counter a tile group) or as a kernel of its own
+# the cast in down's epilogue (a counter a tile group) or as a kernel of its own: the kernel (H200, the module's
+# docstring: the epilogue lost 3-10% at TP8 and drew level at TP1)
 CAST_EPILOGUE = False
 CONFIG = lp.FP4_GROUPED_BX_2  # 4 warps (64 rows) a program, 2 steps (128 values) an iteration, evict-first weights
 
