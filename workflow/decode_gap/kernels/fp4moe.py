@@ -202,7 +202,7 @@ if HAVE_TRITON:
                 # 3: its up (rows g + 8)
                 vi = (tile * 8 + g)[:, None]
                 cols = (2 * qq)[:, None] + tl.arange(0, 2)[None, :]
-                ok = (tile < NT)[:, None] & (cols < BM)
+                ok = (tile < NT)[:, None]
                 gate, up = tl.split(tl.permute(tl.reshape((acc0 + acc1) * ts, (T, 2, 2)), (0, 2, 1)))
                 _act_store(gate, up, vi, cols, ok, b, pairs_ptr, fin_ptr, P, stride_f, BM)
                 if BM == 16:
@@ -368,7 +368,7 @@ class Nvfp4FusedMoe:
     @property
     def label(self) -> str:
         return (f"triton fused MoE (nvfp4 weight-only, bf16 tensor-core MMA, pairs sorted by expert in blocks of "
-                f"{self.block_m})")
+                f"{self.block_m}" + (", SiLU-and-mul in gate_up's epilogue" if self.silu_epilogue else "") + ")")
 
     @property
     def kernels(self) -> int:
