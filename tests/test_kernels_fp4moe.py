@@ -61,13 +61,15 @@ for m, ids, bm, s13, s2, silu, cast in ((3, [[0, 5], [5, 2], [0, 5]], 8, None, N
                                         (3, [[0, 5], [5, 2], [0, 5]], 16, 2, 1, True, True),
                                         (2, [[4, 4 + 0], [1, 3]], 8, 1, 1, None, False),
                                         (1, [[3, 0]], 8, 2, None, True, False),
+                                        (1, [[5, 1]], 8, None, None, None, True),  # one token, aligned
                                         (3, [[1, 5], [5, 2], [0, 1]], 16, 1, 2, None, True),
                                         (3, [[0, 5], [5, 2], [0, 5]], 8, 2, 2, False, False),
                                         (2, [[4, 0], [1, 3]], 16, 1, 1, False, True)):
     moe = fp4moe.Nvfp4FusedMoe(w13, w2, m, 2, "cpu", block_m=bm, split13=s13, split2=s2, silu_epilogue=silu,
-                               cast_epilogue=cast)
+                               cast_epilogue=cast, align=True if cast and m == 1 else None)
     assert moe.silu_epilogue == (moe.plan13[1] == 1 if silu is None else silu)
-    assert moe.kernels == 3 + (not moe.silu_epilogue) + (not cast)
+    assert moe.align == (m > 1 or cast)
+    assert moe.kernels == 2 + moe.align + (not moe.silu_epilogue) + (not cast)
     x = torch.randn(m, H).to(torch.bfloat16)
     t = torch.tensor(ids, dtype=torch.int32)
     w = torch.rand(m, 2)
@@ -104,6 +106,11 @@ w = torch.rand(2, 2)
 t = torch.tensor([[1, 9], [2, -1]], dtype=torch.int32)  # another EP rank's experts
 ref = fp4moe.reference(x, torch.tensor([[1], [2]]), w[:, :1], expert)
 assert err(moe(x, t, w), ref) < 1e-2
+one = fp4moe.Nvfp4FusedMoe(w13, w2, 1, 2, "cpu")  # one token: no align, its ids read as the blocks' experts
+assert not one.align and one.nb == 2
+for ids, kept in (([[2, 9]], 0), ([[-1, 2]], 1)):  # expert 2 kept, at its place in the token's choice
+    ref = fp4moe.reference(x[1:], torch.tensor([[2]]), w[1:, kept:kept + 1], expert)
+    assert err(one(x[1:], torch.tensor(ids), w[1:]), ref) < 1e-2
 print("ok")
 ''')
 

@@ -9,16 +9,19 @@ program of `_fp4_moe_kernel` is (16-row tile group, K split, block): the tensor-
 exactly in bf16), with MMA column c being the block's pair c, whose x row each lane gathers (the token's row for
 gate_up, the pair's activation row for down). At BLOCK_M 16 columns 8-15 take a second MMA against the same decoded
 tile (lowprec's M = 9-16 path). Gate and up rows are interleaved 8 at a time (`gate_up_stack`), so each lane's
-accumulator holds a value's gate beside its up. Four or five kernels a call, every buffer allocated once
+accumulator holds a value's gate beside its up. Three to five kernels a call, every buffer allocated once
 (graph-capturable):
-1. the align (`fusedmoe._align_kernel`);
+1. above batch 1, the align (`fusedmoe._align_kernel`); for one token, whose top_k experts are distinct, block b is
+   pair b at every call, so the sorted pairs are filled once and the GEMMs read the token's ids as the blocks'
+   experts (an id off the table, another EP rank's, skipped as the align drops it);
 2. gate_up: where it is not split over K, silu(gate) * up straight from the registers as the bf16 activation a pair
    (its epilogue); else fp32 sums a pair with atomics;
 3. (split gate_up only) silu(gate) * up as the bf16 activation a pair, the sums left at zero
    (`lowprec._silu_pack_kernel`);
 4. down, each pair's row times its routing weight added into its token's fp32 row (atomics);
 5. the cast of the sums to the output dtype, which leaves them at zero (`lowprec._cast_zero_kernel`).
-On sm90+ each kernel after the align launches as a programmatic dependent of the one before (as the grouped GEMV's
+On sm90+ each kernel after the align (every kernel, for one token) launches as a programmatic dependent of the one
+before (as the grouped GEMV's
 do). Two more epilogues are kept as forms, off by default: the SiLU of a split gate_up by the split that completes
 a (block, tile group) (a counter, as lowprec's split-K finish), and the cast by the down program that completes a
 tile group (`silu_epilogue=True`, `cast_epilogue=True`: three kernels). H200 (2026-12-03, read 4378 GB/s, 160 of
@@ -145,7 +148,7 @@ if HAVE_TRITON:
             tl.store(cnt_ptr + pid_n, 0)
 
     @triton.jit
-    def _fp4_moe_kernel(x_ptr, w_ptr, s_ptr, ts_ptr, pairs_ptr, bexp_ptr, rw_ptr, out_ptr, P, N, NT,
+    def _fp4_moe_kernel(x_ptr, w_ptr, s_ptr, ts_ptr, pairs_ptr, bexp_ptr, rw_ptr, out_ptr, P, E, N, NT,
                         steps_per_split, NSTEPS, stride_x, stride_we, stride_wt, stride_se, stride_st, stride_o,
                         fin_ptr, cnt_ptr, M_TOK, stride_f,
                         X_DIV: tl.constexpr, O_DIV: tl.constexpr, WARPS: tl.constexpr, UNROLL: tl.constexpr,
@@ -154,8 +157,10 @@ if HAVE_TRITON:
                         MB: tl.constexpr = 16):
         """out[pair // O_DIV, n] (+)= x[pair // X_DIV] . W_e[n] for the pairs of block pid 2 (expert e), rows n of
         WARPS 16-row tiles, K steps [pid 1 x steps_per_split, ...). x: int32 view of bf16 pairs; W: the bf16 form's
-        repacked expert stack (lowprec._stack_mma(bx=True)). PDL: launched as a programmatic dependent of the kernel
-        before it, whose results (the sorted blocks, or the activation) it waits for before reading anything.
+        repacked expert stack (lowprec._stack_mma(bx=True)); bexp: each block's expert (the align's, or for one
+        token its ids, a pair a block), those off [0, E) skipped. PDL: launched as a programmatic dependent of the
+        kernel before it, whose results (the sorted blocks, the ids, or the activation) it waits for before reading
+        anything.
         EPI, the epilogue in the kernel: 0 none (the sums at out); 1 gate_up (rows interleaved, gate_up_stack): the
         bf16 activation silu(gate) * up at fin[pair, v], from the registers without a K split, else by the split
         that completes the sums at out (_gate_up_finish); 2 down: the program that completes a tile group's sums
@@ -167,7 +172,9 @@ if HAVE_TRITON:
         pid_k = tl.program_id(1)
         b = tl.program_id(2)
         e = tl.load(bexp_ptr + b)
-        if e < 0:  # past the last block the pairs fill (down still counts towards its tile group's cast)
+        # past the last block the pairs fill, or (a token's ids as the blocks' experts) an id off the table: another
+        # EP rank's expert (down still counts towards its tile group's cast)
+        if (e < 0) | (e >= E):
             if EPI == 2:
                 _down_finish(out_ptr, fin_ptr, cnt_ptr, pid_n, tl.num_programs(1) * tl.num_programs(2), M_TOK, N,
                              stride_o, stride_f, 16 * WARPS, MB)
@@ -305,11 +312,14 @@ class Nvfp4FusedMoe:
     copy unless it is a GateUpStack already, which is what a caller building several should keep).
     `silu_epilogue`: the SiLU-and-mul in gate_up's epilogue (True), as a kernel of its own (False), or (None) in the
     epilogue where gate_up is not split over K, so from the registers. `cast_epilogue`: the cast in down's epilogue,
-    else a kernel of its own. The forms are timed against each other by benchmarks/lowprec_device.py."""
+    else a kernel of its own. `align`: sort the pairs by expert each call (a kernel); None: not for one token, whose
+    top_k experts are distinct, so block b is pair b, always (the sorted pairs filled once, the token's ids read as
+    the blocks' experts). The forms are timed against each other by benchmarks/lowprec_device.py."""
 
     def __init__(self, w13, w2, m: int, top_k: int, device, out_dtype=torch.bfloat16, block_m: int | None = None,
                  split13: int | None = None, split2: int | None = None, pdl: bool | None = None,
-                 silu_epilogue: bool | None = None, cast_epilogue: bool = CAST_EPILOGUE) -> None:
+                 silu_epilogue: bool | None = None, cast_epilogue: bool = CAST_EPILOGUE,
+                 align: bool | None = None) -> None:
         if not HAVE_TRITON:
             raise DecodeGapError("the NVFP4 fused MoE needs Triton, which is not installed")
         self.mma13 = lp._stack_mma(w13, bx=True) if isinstance(w13, list) else w13
@@ -334,7 +344,8 @@ class Nvfp4FusedMoe:
         self.block_m = block_m or block_m_for(pairs, e)
         if self.block_m not in (8, 16):
             raise DecodeGapError(f"NVFP4 fused MoE: block_m must be 8 or 16, not {self.block_m}")
-        self.nb = max_blocks(pairs, e, self.block_m)
+        self.align = m > 1 if align is None else align
+        self.nb = max_blocks(pairs, e, self.block_m) if self.align else top_k
         cfg = CONFIG
         self.warps, self.ev = cfg.warps, lp._evict(cfg)
         # 2 steps an iteration where both K are whole 2-step iterations, else 1 (the loop's unroll is one constant)
@@ -349,7 +360,10 @@ class Nvfp4FusedMoe:
         self.silu_epilogue = self.plan13[1] == 1 if silu_epilogue is None else silu_epilogue
         self.cast_epilogue = cast_epilogue
         dev = torch.device(device)
-        self.sorted_pairs = torch.empty(self.nb * self.block_m, dtype=torch.int32, device=dev)
+        self.sorted_pairs = torch.full((self.nb, self.block_m), pairs, dtype=torch.int32, device=dev)
+        if not self.align:  # block b: pair b, then padding
+            self.sorted_pairs[:, 0] = torch.arange(pairs, dtype=torch.int32, device=dev)
+        self.sorted_pairs = self.sorted_pairs.reshape(-1)
         self.block_expert = torch.empty(self.nb, dtype=torch.int32, device=dev)
         # fp32 sums, at zero between calls (the epilogues, or the SiLU kernel and the cast, leave them so), and the
         # epilogues' counters, at zero between calls too: gate_up's a (block, tile group), down's a tile group
@@ -372,14 +386,15 @@ class Nvfp4FusedMoe:
 
     @property
     def kernels(self) -> int:
-        """Kernels a call: the align, gate_up and down, and the SiLU-and-mul and the cast where not in an epilogue."""
-        return 3 + (not self.silu_epilogue) + (not self.cast_epilogue)
+        """Kernels a call: gate_up and down, the align, the SiLU-and-mul and the cast where they run apart."""
+        return 2 + self.align + (not self.silu_epilogue) + (not self.cast_epilogue)
 
     def weight_bytes(self, experts_hit: int) -> int:
         """Bytes of weights and scales a call reads: each expert hit once."""
         return experts_hit * (nv.nvfp4_bytes(2 * self.i, self.h) + nv.nvfp4_bytes(self.h, self.i))
 
-    def _gemm(self, x, stack, out, n: int, plan: tuple[int, int], by_token: bool, route_w, fin, cnt) -> None:
+    def _gemm(self, x, stack, out, n: int, plan: tuple[int, int], by_token: bool, route_w, fin, cnt,
+              block_expert) -> None:
         """gate_up (by_token: x a token's row, fp32 sums, or with its epilogue the activation at fin) or down (x a
         pair's activation row, weighted sums into the token's row, with its epilogue cast into fin)."""
         words, scales, ts = stack
@@ -389,7 +404,7 @@ class Nvfp4FusedMoe:
         grid = (triton.cdiv(nt, self.warps), split, self.nb)
         epi = (1 if self.silu_epilogue else 0) if by_token else (2 if self.cast_epilogue else 0)
         _fp4_moe_kernel[grid](
-            x, words, scales, ts, self.sorted_pairs, self.block_expert, route_w, out, self.pairs, n, nt, per, steps,
+            x, words, scales, ts, self.sorted_pairs, block_expert, route_w, out, self.pairs, self.e, n, nt, per, steps,
             x.stride(0), words.stride(0), words.stride(1), scales.stride(0), scales.stride(1), out.stride(0),
             fin, cnt, self.m, fin.stride(0),
             X_DIV=self.top_k if by_token else 1, O_DIV=1 if by_token else self.top_k, WARPS=self.warps,
@@ -401,18 +416,22 @@ class Nvfp4FusedMoe:
         if x.shape != (self.m, self.h) or ids.shape != (self.m, self.top_k) or weights.shape != ids.shape:
             raise DecodeGapError(f"NVFP4 fused MoE: x {tuple(x.shape)}, ids {tuple(ids.shape)}, weights "
                                  f"{tuple(weights.shape)}; expected {(self.m, self.h)} and {(self.m, self.top_k)}")
-        _align_kernel[(1,)](ids.reshape(-1), self.sorted_pairs, self.block_expert, self.pairs, self.e, self.nb,
-                            P2=_pow2(self.pairs), E2=_pow2(self.e + 1), NB2=_pow2(self.nb), BM=self.block_m,
-                            num_warps=8)
+        flat_ids = ids.reshape(-1)
+        if self.align:
+            _align_kernel[(1,)](flat_ids, self.sorted_pairs, self.block_expert, self.pairs, self.e, self.nb,
+                                P2=_pow2(self.pairs), E2=_pow2(self.e + 1), NB2=_pow2(self.nb), BM=self.block_m,
+                                num_warps=8)
+        bexp = self.block_expert if self.align else flat_ids
         flat_w = weights.reshape(-1).float()
-        self._gemm(lp.bf16_pairs(x), self.mma13, self.gu, 2 * self.i, self.plan13, True, flat_w, self.act, self.cnt13)
+        self._gemm(lp.bf16_pairs(x), self.mma13, self.gu, 2 * self.i, self.plan13, True, flat_w, self.act, self.cnt13,
+                   bexp)
         if not self.silu_epilogue:
             _silu_pack_kernel[(triton.cdiv(self.i, 1024), self.pairs)](self.gu, self.act, self.i, self.gu.stride(0),
                                                                       self.act.stride(0), BLOCK=1024, BX=True,
                                                                       INTERLEAVED=True, PDL=self.pdl,
                                                                       **lp._pdl_launch(self.pdl))
         self._gemm(self.act.view(torch.int32), self.mma2, self.acc, self.h, self.plan2, False, flat_w, self.out,
-                   self.cnt2)
+                   self.cnt2, bexp)
         if not self.cast_epilogue:
             _cast_zero_kernel[(triton.cdiv(self.m * self.h, 1024),)](self.acc, self.out, self.m * self.h, BLOCK=1024,
                                                                      PDL=self.pdl, **lp._pdl_launch(self.pdl))
