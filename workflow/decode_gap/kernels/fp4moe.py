@@ -21,11 +21,10 @@ accumulator holds a value's gate beside its up. Three to five kernels a call, ev
 4. down, each pair's row times its routing weight added into its token's fp32 row (atomics);
 5. the cast of the sums to the output dtype, which leaves them at zero (`lowprec._cast_zero_kernel`).
 On sm90+ each kernel after the align (every kernel, for one token) launches as a programmatic dependent of the one
-before (as the grouped GEMV's
-do). Two more epilogues are kept as forms, off by default: the SiLU of a split gate_up by the split that completes
-a (block, tile group) (a counter, as lowprec's split-K finish), and the cast by the down program that completes a
-tile group (`silu_epilogue=True`, `cast_epilogue=True`: three kernels). H200 (2026-12-03, read 4378 GB/s, 160 of
-160 checks passed), us at M = 1 / 16:
+before (as the grouped GEMV's do). Two more epilogues are kept as forms, off by default: the SiLU of a split gate_up by
+the split that completes a (block, tile group) (a counter, as lowprec's split-K finish), and the cast by the down
+program that completes a tile group (`silu_epilogue=True`, `cast_epilogue=True`: three kernels). H200 (2026-12-03, read
+4378 GB/s, 160 of 160 checks passed), us at M = 1 / 16:
 - TP8, gate_up split 2-14 ways: each lost to its kernel behind a programmatic launch: GLM-5 16.2 / 119.4 for the
   default, 17.1 / 131.0 with the cast in down, 17.4 / 134.9 with both (DeepSeek-V3 16.6 / 133.7, 17.1 / 140.4,
   17.6 / 142.1): the counter's release, its atomic and the re-read from L2 come one after another at the end of
