@@ -175,7 +175,7 @@ def _nvfp4_probe_experts(device: str):
 
 def _probe_fused_nvfp4(device: str) -> bool:
     """Whether the NVFP4 fused MoE (bf16 tensor-core form, sm89+) runs here and agrees with dequantise-then-matmul:
-    four experts, two tokens choosing two each."""
+    four experts, two tokens choosing two each (the align), and one token (its ids read as the blocks' experts)."""
     torch = _torch()
     try:
         from ..kernels import fp4moe
@@ -183,13 +183,16 @@ def _probe_fused_nvfp4(device: str) -> bool:
         if (experts := _nvfp4_probe_experts(device)) is None:
             return False
         w13, w2 = experts
-        moe = fp4moe.Nvfp4FusedMoe(w13, w2, 2, 2, device)
+        d13, d2 = fp4moe.dequantized(w13), fp4moe.dequantized(w2)
         x = torch.randn(2, 64, device=device, dtype=torch.bfloat16)
         ids = torch.tensor([[0, 3], [3, 1]], dtype=torch.int32, device=device)
         w = torch.full((2, 2), 0.5, device=device)
-        d13, d2 = fp4moe.dequantized(w13), fp4moe.dequantized(w2)
-        ref = fp4moe.reference(x, ids, w, lambda e: (d13[e], d2[e]))
-        return bool(((moe(x, ids, w).float() - ref).norm() / ref.norm()).item() < 2e-2)
+        for m in (2, 1):
+            moe = fp4moe.Nvfp4FusedMoe(w13, w2, m, 2, device)
+            ref = fp4moe.reference(x[:m], ids[:m], w[:m], lambda e: (d13[e], d2[e]))
+            if ((moe(x[:m], ids[:m], w[:m]).float() - ref).norm() / ref.norm()).item() >= 2e-2:
+                return False
+        return True
     except Exception:  # no Triton, an older GPU, or no kernel
         return False
 
