@@ -85,7 +85,8 @@ def block_m_for(pairs: int, experts: int) -> int:
 
 if HAVE_TRITON:
     from .fusedmoe import _align_kernel
-    from .lowprec import _cast_zero_kernel, _emul_plane, _emul_x, _fp4_mma_loop, _lanes, _silu_pack_kernel
+    from .lowprec import (_cast_zero_kernel, _emul_plane, _emul_x, _finish_sums, _fp4_mma_loop, _lanes,
+                          _silu_pack_kernel)
 
     @triton.jit
     def _moe_store(out_ptr, y, rows, cols, row_ok, b, pairs_ptr, rw_ptr, P, stride_o, O_DIV: tl.constexpr,
@@ -142,11 +143,8 @@ if HAVE_TRITON:
             r = (pid_n * ROWS + tl.arange(0, ROWS))[None, :]
             for t0 in range(0, M_TOK, MB):
                 tk = (t0 + tl.arange(0, MB))[:, None]
-                ok = (tk < M_TOK) & (r < N)
-                p = acc_ptr + tk.to(tl.int64) * stride_o + r
-                v = tl.load(p, mask=ok, other=0.0, cache_modifier=".cg")
-                tl.store(fin_ptr + tk.to(tl.int64) * stride_f + r, v.to(fin_ptr.dtype.element_ty), mask=ok)
-                tl.store(p, tl.zeros_like(v), mask=ok)
+                _finish_sums(acc_ptr + tk.to(tl.int64) * stride_o + r, fin_ptr + tk.to(tl.int64) * stride_f + r,
+                             (tk < M_TOK) & (r < N))
             tl.store(cnt_ptr + pid_n, 0)
 
     @triton.jit
