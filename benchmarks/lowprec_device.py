@@ -341,8 +341,13 @@ def fusedmoe_case(env: BenchEnv, timed: bool) -> None:
 # in a case read high (GLM-5 TP1 at batch 1, 62.4 us for the default where the same five kernels timed next read
 # 57.9), so a discarded round comes first. align True: the align kernel at batch 1 too, where the default reads the
 # token's ids as the blocks' experts (at M > 1 the default aligns: the same form again)
+# token False: one token in the block kernels (4 kernels), where the default is the two one-token kernels; the
+# slices forms (one token only) sweep the K slices of gate_up and down
 FP4MOE_FORMS = ({}, {"silu_epilogue": False, "cast_epilogue": False}, {"align": True}, {"cast_epilogue": True},
-                {"silu_epilogue": True, "cast_epilogue": True}, {"pdl": False}, {"split13": "double"})
+                {"silu_epilogue": True, "cast_epilogue": True}, {"token": False}, {"pdl": False},
+                {"split13": "double"}, {"slices13": 4}, {"slices13": 8}, {"slices13": 16}, {"slices2": 2},
+                {"slices13": 2, "slices2": 2})
+ONE_TOKEN_ONLY = ("token", "slices13", "slices2")
 
 
 def fp4moe_case(env: BenchEnv, timed: bool) -> None:
@@ -369,7 +374,7 @@ def fp4moe_case(env: BenchEnv, timed: bool) -> None:
         per_expert = ex.per_expert_bytes
         expert = lambda j, g=g: (fp4moe.stack_expert(g.w13, j), fp4moe.stack_expert(g.w2, j))  # noqa: E731
         gate_up = fp4moe.gate_up_stack(g.mma13)  # interleaved once for every form
-        for m in (1, 2, 4, 8, 16) if env.is_gpu else (2,):
+        for m in (1, 2, 4, 8, 16) if env.is_gpu else (1, 2):
             x = torch.randn((m, h), generator=gen, device=dev).to(torch.bfloat16)
             choices = rotating_choices(e, min(8, e), m, dev, gen)
             wts = torch.rand((m, min(8, e)), generator=gen, device=dev)
@@ -380,8 +385,12 @@ def fp4moe_case(env: BenchEnv, timed: bool) -> None:
             base = fp4moe.Nvfp4FusedMoe(gate_up, g.mma2, m, choices[0].shape[1], dev)
             if timed:  # a discarded round first: the form timed first in a case read up to 8% high
                 time_graph([lambda c=c: base(x, c, wts) for c in choices], 3, 20, dev)
-            for kw in FP4MOE_FORMS if timed else FP4MOE_FORMS[:5]:
+            for kw in FP4MOE_FORMS if timed else FP4MOE_FORMS[:6]:
+                if m > 1 and any(k in kw for k in ONE_TOKEN_ONLY):
+                    continue
                 kw = {k: 2 * base.plan13[1] if v == "double" else v for k, v in kw.items()}
+                if m == 1 and kw and not any(k in kw for k in ONE_TOKEN_ONLY):  # forms of the block kernels
+                    kw["token"] = False
                 form = ",".join(f"{k}={v}" for k, v in kw.items()) or "default"
                 try:
                     moe = fp4moe.Nvfp4FusedMoe(gate_up, g.mma2, m, choices[0].shape[1], dev, **kw)

@@ -59,6 +59,7 @@ CUDA graph): routed experts 2.39 -> 1.52 ms at batch 1 (step 10.47 -> 9.76 ms) a
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -74,6 +75,8 @@ WARPS_PER_SM = 27
 # the cast in down's epilogue (a counter a tile group) or as a kernel of its own: the kernel (H200, the module's
 # docstring: the epilogue lost 3-10% at TP8 and drew level at TP1)
 CAST_EPILOGUE = False
+# warps a program of the one-token kernels at most (a tile's K slices; down's, times top_k)
+TOKEN_WARPS = 16
 CONFIG = lp.FP4_GROUPED_BX_2  # 4 warps (64 rows) a program, 2 steps (128 values) an iteration, evict-first weights
 
 
@@ -85,8 +88,8 @@ def block_m_for(pairs: int, experts: int) -> int:
 
 if HAVE_TRITON:
     from .fusedmoe import _align_kernel
-    from .lowprec import (_cast_zero_kernel, _emul_plane, _emul_x, _finish_sums, _fp4_mma_loop, _lanes,
-                          _silu_pack_kernel)
+    from .lowprec import (_cast_zero_kernel, _emul_plane, _emul_x, _finish_sums, _fp4_mma_emul_m1, _fp4_mma_loop,
+                          _lanes, _silu_pack_kernel, _slice_sum)
 
     @triton.jit
     def _moe_store(out_ptr, y, rows, cols, row_ok, b, pairs_ptr, rw_ptr, P, stride_o, O_DIV: tl.constexpr,
@@ -267,6 +270,92 @@ if HAVE_TRITON:
                          stride_o, stride_f, 16 * WARPS, MB)
 
 
+    @triton.jit
+    def _fp4_moe_token_kernel(x_ptr, w_ptr, s_ptr, ts_ptr, ids_ptr, rw_ptr, out_ptr, E, N, NT, NSTEPS, stride_x,
+                              stride_we, stride_wt, stride_se, stride_st, stride_o, TILES: tl.constexpr, SLICES: tl.constexpr,
+                              KS: tl.constexpr, GATE_UP: tl.constexpr, UNROLL: tl.constexpr, USE_ASM: tl.constexpr,
+                              EV: tl.constexpr = "", PDL: tl.constexpr = False):
+        """One token's routed experts in two kernels, with no fp32 sums, atomics or counters: a program is TILES
+        16-row tiles of SLICES warps each, warp w on tile w // SLICES and slice s = w % SLICES, the slices' sums
+        added in the program (lowprec._slice_sum) and stored from its registers.
+        GATE_UP (program (tile group, slot z), expert ids[z]): slice s is K slice s of H (KS = SLICES); out is the
+        bf16 activation row z, silu(gate) * up (the rows interleaved, gate_up_stack). An id off [0, E) (another EP
+        rank's expert) returns: its row keeps the zeros it was allocated with.
+        Down (program (tile group)): slice s is slot s // KS, K slice s % KS of I, so the sum over the token's top_k
+        experts, each times its routing weight, is the in-program sum, and out is the token's row in out's dtype. A
+        slot off the table adds zero; its warp reads the smallest valid id's weights (another warp of the program
+        reads those bytes at the same steps, so from L1 or L2), not those of an expert the call does not use.
+        PDL: a programmatic dependent of the kernel before it, waited for before any load."""
+        T: tl.constexpr = 32 * TILES * SLICES
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+        pid_n = tl.program_id(0)
+        t, tile, lane, g, qq = _lanes(pid_n * TILES, T, SLICES)
+        tile_c = tl.minimum(tile, NT - 1).to(tl.int64)
+        s = (t // 32) % SLICES
+        per = NSTEPS // KS
+        if GATE_UP:
+            z = tl.program_id(1)
+            e = tl.load(ids_ptr + z)
+            if (e < 0) | (e >= E):
+                return
+            ec = (e + t * 0).to(tl.int64)
+            f = tl.load(ts_ptr + ec) * 16384.0
+            xrow = x_ptr + t * 0
+            kof = s * per
+        else:
+            SLOTS: tl.constexpr = SLICES // KS
+            slot = s // KS
+            kof = s % KS * per
+            all_ids = tl.load(ids_ptr + tl.arange(0, SLOTS))
+            fallback = tl.min(tl.where((all_ids >= 0) & (all_ids < E), all_ids, E))
+            e = tl.load(ids_ptr + slot)
+            ok = (e >= 0) & (e < E)
+            ec = tl.where(ok, e, tl.where(fallback < E, fallback, 0)).to(tl.int64)
+            f = tl.where(ok, tl.load(rw_ptr + slot) * tl.load(ts_ptr + ec) * 16384.0, 0.0)
+            xrow = x_ptr + slot.to(tl.int64) * stride_x
+        w_base = w_ptr + ec * stride_we
+        s_base = s_ptr + ec * stride_se
+        c4 = tl.arange(0, 4)
+        if USE_ASM:
+            wb = (w_base + tile_c * stride_wt + lane * 4 + kof * 128)[:, None] + c4[None, :]
+            sb = s_base + tile_c * stride_st + lane + kof * 32
+            xb = (xrow + qq * 8 + kof * 32)[:, None] + c4[None, :]  # every column computes the same x row
+            acc0 = tl.zeros((T, 4), dtype=tl.float32)
+            acc1 = tl.zeros((T, 4), dtype=tl.float32)
+            acc0, acc1, _, _ = _fp4_mma_loop(wb, sb, xb, xb, 0, per, T, UNROLL, EV, False, acc0, acc1, acc0, acc1,
+                                             False, True)
+            y = _slice_sum((acc0 + acc1) * f[:, None], TILES, SLICES)
+            t, tile, lane, g, qq = _lanes(pid_n * TILES, 32 * TILES, 1)
+            # accumulator element c of lane 4g + q: row g + 8 (c // 2); column 0 kept (lanes q = 0)
+            keep = (tile < NT) & (qq == 0)
+            if GATE_UP:  # row g is value 8 tile + g's gate, row g + 8 its up
+                gate = tl.sum(tl.where(c4[None, :] == 0, y, 0.0), axis=1)
+                up = tl.sum(tl.where(c4[None, :] == 2, y, 0.0), axis=1)
+                tl.store(out_ptr + z.to(tl.int64) * stride_o + tile * 8 + g,
+                         (gate / (1.0 + tl.exp(-gate)) * up).to(tl.bfloat16), mask=keep)
+            else:
+                rows = (tile * 16 + g)[:, None] + 8 * (c4[None, :] // 2)
+                om = (rows < N) & keep[:, None] & (c4 % 2 == 0)[None, :]
+                tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=om)
+        else:
+            # the interpreter: each warp's [8 (g), 2 (row half)] sums, times its factor, then the slices summed
+            W: tl.constexpr = TILES * SLICES
+            part = _fp4_mma_emul_m1(xrow, w_base, s_base, tile_c, lane, qq, 0, per, stride_wt, stride_st, T, W, True,
+                                    kof, 1)
+            fw = tl.sum(tl.reshape(f + t * 0.0, (W, 32)), axis=1) / 32.0
+            y = tl.sum(tl.reshape(part * fw[:, None, None], (TILES, SLICES, 8, 2)), axis=1)  # [tile, g, half]
+            tv = pid_n * TILES + tl.arange(0, TILES)[:, None]
+            gv = tl.arange(0, 8)[None, :]
+            if GATE_UP:
+                gate = tl.sum(tl.where((tl.arange(0, 2) == 0)[None, None, :], y, 0.0), axis=2)
+                up = tl.sum(tl.where((tl.arange(0, 2) == 1)[None, None, :], y, 0.0), axis=2)
+                tl.store(out_ptr + z.to(tl.int64) * stride_o + tv * 8 + gv, (gate / (1.0 + tl.exp(-gate)) * up).to(tl.bfloat16),
+                         mask=tv < NT)
+            else:
+                rows = tv[:, :, None] * 16 + gv[:, :, None] + 8 * tl.arange(0, 2)[None, None, :]
+                tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=(rows < N) & (tv < NT)[:, :, None])
+
 def expected_hit(pairs: int, experts: int) -> float:
     """Experts that `pairs` uniform choices hit, in expectation: E (1 - (1 - 1/E)^pairs)."""
     return experts * (1 - (1 - 1 / experts) ** pairs)
@@ -276,6 +365,18 @@ def moe_split(blocks: int, tiles: int, steps: int, unroll: int, sms: int, warps_
     """K splits of a GEMM over `blocks` expert blocks of `tiles` 16-row tiles (a warp each) and `steps` 64-value
     steps: about warps_per_sm warps an SM in all (lowprec.mma_split), every split whole iterations."""
     return lp.mma_split(blocks * tiles, steps // unroll, warps_per_sm, sms)
+
+
+def token_slices(tiles: int, slots: int, steps: int, unroll: int, sms: int, most: int,
+                 warps_per_sm: int = WARPS_PER_SM) -> int:
+    """K slices a tile for the one-token kernels (_fp4_moe_token_kernel) over `tiles` 16-row tiles of `slots` experts
+    and `steps` 64-value steps: the power of 2 nearest (in ratio) to about warps_per_sm warps an SM in all, at most
+    `most`, and halved until each slice is whole iterations of `unroll` steps."""
+    want = warps_per_sm * sms / max(1, tiles * slots)
+    ks = 1 << max(0, min(most.bit_length() - 1, round(math.log2(want)) if want > 1 else 0))
+    while ks > 1 and steps % (ks * unroll):
+        ks //= 2
+    return ks
 
 
 class GateUpStack(NamedTuple):
@@ -314,12 +415,17 @@ class Nvfp4FusedMoe:
     epilogue where gate_up is not split over K, so from the registers. `cast_epilogue`: the cast in down's epilogue,
     else a kernel of its own. `align`: sort the pairs by expert each call (a kernel); None: not for one token, whose
     top_k experts are distinct, so block b is pair b, always (the sorted pairs filled once, the token's ids read as
-    the blocks' experts). The forms are timed against each other by benchmarks/lowprec_device.py."""
+    the blocks' experts). `token`: for one token without the align, the two-kernel form (_fp4_moe_token_kernel: each
+    tile's K range, and down's experts, over a program's warps, summed in the program; no fp32 sums, SiLU or cast
+    kernel), with `slices13` / `slices2` K slices a tile (None: token_slices); None: where it applies (top_k a power
+    of 2 and top_k x slices2 at most 16 warps). The forms are timed against each other by
+    benchmarks/lowprec_device.py."""
 
     def __init__(self, w13, w2, m: int, top_k: int, device, out_dtype=torch.bfloat16, block_m: int | None = None,
                  split13: int | None = None, split2: int | None = None, pdl: bool | None = None,
                  silu_epilogue: bool | None = None, cast_epilogue: bool = CAST_EPILOGUE,
-                 align: bool | None = None) -> None:
+                 align: bool | None = None, token: bool | None = None, slices13: int | None = None,
+                 slices2: int | None = None) -> None:
         if not HAVE_TRITON:
             raise DecodeGapError("the NVFP4 fused MoE needs Triton, which is not installed")
         self.mma13 = lp._stack_mma(w13, bx=True) if isinstance(w13, list) else w13
@@ -359,6 +465,19 @@ class Nvfp4FusedMoe:
         self.plan2 = self._plan(i // 64, split2 or moe_split(blocks, h // 16, i // 64, self.unroll, sms))
         self.silu_epilogue = self.plan13[1] == 1 if silu_epilogue is None else silu_epilogue
         self.cast_epilogue = cast_epilogue
+        # one token: K slices a tile, summed in the program (gate_up over H, down over the top_k experts and I)
+        self.ks13 = slices13 or token_slices(nt13, top_k, h // 64, self.unroll, sms, TOKEN_WARPS)
+        self.ks2 = slices2 or token_slices(nt2, top_k, i // 64, self.unroll, sms, TOKEN_WARPS // top_k or 1)
+        fits = (m == 1 and not self.align and top_k & (top_k - 1) == 0 and top_k * self.ks2 <= TOKEN_WARPS
+                and self.ks13 <= TOKEN_WARPS and (h // 64) % (self.ks13 * self.unroll) == 0
+                and (i // 64) % (self.ks2 * self.unroll) == 0)
+        if token and not fits:
+            raise DecodeGapError(f"NVFP4 fused MoE: the one-token form needs 1 token without the align, top_k a power "
+                                 f"of 2 and whole iterations a K slice (m {m}, top_k {top_k}, slices "
+                                 f"{self.ks13}/{self.ks2})")
+        self.token = fits if token is None else token
+        if self.token:
+            self.silu_epilogue = self.cast_epilogue = True
         dev = torch.device(device)
         self.sorted_pairs = torch.full((self.nb, self.block_m), pairs, dtype=torch.int32, device=dev)
         if not self.align:  # block b: pair b, then padding
@@ -368,7 +487,7 @@ class Nvfp4FusedMoe:
         # fp32 sums, at zero between calls (the epilogues, or the SiLU kernel and the cast, leave them so), and the
         # epilogues' counters, at zero between calls too: gate_up's a (block, tile group), down's a tile group
         self.gu = torch.zeros((pairs, 2 * i), dtype=torch.float32, device=dev)
-        self.act = torch.empty((pairs, i), dtype=torch.bfloat16, device=dev)
+        self.act = torch.zeros((pairs, i), dtype=torch.bfloat16, device=dev)  # rows of off-table ids stay zero
         self.acc = torch.zeros((m, h), dtype=torch.float32, device=dev)
         self.out = torch.empty((m, h), dtype=out_dtype, device=dev)
         self.cnt13 = torch.zeros(self.nb * triton.cdiv(nt13, self.warps), dtype=torch.int32, device=dev)
@@ -381,6 +500,9 @@ class Nvfp4FusedMoe:
 
     @property
     def label(self) -> str:
+        if self.token:
+            return (f"triton fused MoE (nvfp4 weight-only, bf16 tensor-core MMA, one token in two kernels: K slices "
+                    f"{self.ks13}/{self.ks2} summed in the program, SiLU-and-mul in gate_up's epilogue)")
         return (f"triton fused MoE (nvfp4 weight-only, bf16 tensor-core MMA, pairs sorted by expert in blocks of "
                 f"{self.block_m}" + (", SiLU-and-mul in gate_up's epilogue" if self.silu_epilogue else "") + ")")
 
@@ -412,11 +534,29 @@ class Nvfp4FusedMoe:
             USE_ASM=not lp.interpreted(), EV=self.ev, PDL=self.pdl, EPI=epi, MB=min(16, _pow2(self.m)),
             num_warps=self.warps, **lp._pdl_launch(self.pdl))
 
+    def _token(self, x, flat_ids, flat_w) -> torch.Tensor:
+        """One token: gate_up with the SiLU into the activation rows, then down summing the experts into out."""
+        for gate_up, (words, scales, ts) in ((True, self.mma13), (False, self.mma2)):
+            nt, steps = words.shape[1:3]
+            ks = self.ks13 if gate_up else self.ks2
+            slices = ks if gate_up else ks * self.top_k
+            tiles = max(1, 4 // slices)  # programs of 4 warps at least
+            src, dst = (x, self.act) if gate_up else (self.act.view(torch.int32), self.out)
+            grid = (triton.cdiv(nt, tiles), self.top_k) if gate_up else (triton.cdiv(nt, tiles),)
+            _fp4_moe_token_kernel[grid](
+                src, words, scales, ts, flat_ids, flat_w, dst, self.e, nt * 16, nt, steps, src.stride(0),
+                words.stride(0), words.stride(1), scales.stride(0), scales.stride(1), dst.stride(0), TILES=tiles,
+                SLICES=slices, KS=ks, GATE_UP=gate_up, UNROLL=self.unroll, USE_ASM=not lp.interpreted(), EV=self.ev,
+                PDL=self.pdl, num_warps=tiles * slices, **lp._pdl_launch(self.pdl))
+        return self.out
+
     def __call__(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         if x.shape != (self.m, self.h) or ids.shape != (self.m, self.top_k) or weights.shape != ids.shape:
             raise DecodeGapError(f"NVFP4 fused MoE: x {tuple(x.shape)}, ids {tuple(ids.shape)}, weights "
                                  f"{tuple(weights.shape)}; expected {(self.m, self.h)} and {(self.m, self.top_k)}")
         flat_ids = ids.reshape(-1)
+        if self.token:
+            return self._token(lp.bf16_pairs(x), flat_ids, weights.reshape(-1).float())
         if self.align:
             _align_kernel[(1,)](flat_ids, self.sorted_pairs, self.block_expert, self.pairs, self.e, self.nb,
                                 P2=_pow2(self.pairs), E2=_pow2(self.e + 1), NB2=_pow2(self.nb), BM=self.block_m,
