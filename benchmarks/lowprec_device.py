@@ -341,12 +341,13 @@ def fusedmoe_case(env: BenchEnv, timed: bool) -> None:
 # in a case read high (GLM-5 TP1 at batch 1, 62.4 us for the default where the same five kernels timed next read
 # 57.9), so a discarded round comes first. align True: the align kernel at batch 1 too, where the default reads the
 # token's ids as the blocks' experts (at M > 1 the default aligns: the same form again)
-# token False: one token in the block kernels (4 kernels), where the default is the two one-token kernels; the
-# slices forms (one token only) sweep the K slices of gate_up and down
+# token "none": one token in the block kernels (4 kernels); "gate_up" / "down" / "both": those GEMMs as the one-token
+# kernel (kernels/fp4moe.py), with gate_up's K slices swept
 FP4MOE_FORMS = ({}, {"silu_epilogue": False, "cast_epilogue": False}, {"align": True}, {"cast_epilogue": True},
-                {"silu_epilogue": True, "cast_epilogue": True}, {"token": False}, {"pdl": False},
-                {"split13": "double"}, {"slices13": 4}, {"slices13": 8}, {"slices13": 16}, {"slices2": 2},
-                {"slices13": 2, "slices2": 2})
+                {"silu_epilogue": True, "cast_epilogue": True}, {"token": "none"}, {"pdl": False},
+                {"split13": "double"}, {"token": "gate_up"}, {"token": "down"}, {"token": "both"},
+                {"token": "gate_up", "slices13": 4}, {"token": "gate_up", "slices13": 8},
+                {"token": "gate_up", "slices13": 16}, {"token": "gate_up", "slices13": 2})
 ONE_TOKEN_ONLY = ("token", "slices13", "slices2")
 
 
@@ -390,7 +391,7 @@ def fp4moe_case(env: BenchEnv, timed: bool) -> None:
                     continue
                 kw = {k: 2 * base.plan13[1] if v == "double" else v for k, v in kw.items()}
                 if m == 1 and kw and not any(k in kw for k in ONE_TOKEN_ONLY):  # forms of the block kernels
-                    kw["token"] = False
+                    kw["token"] = "none"
                 form = ",".join(f"{k}={v}" for k, v in kw.items()) or "default"
                 try:
                     moe = fp4moe.Nvfp4FusedMoe(gate_up, g.mma2, m, choices[0].shape[1], dev, **kw)

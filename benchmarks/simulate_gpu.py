@@ -12,7 +12,8 @@ Runs, each in its own process with a time limit inside the budget, and writes on
                           kernel_qwen3_moe_fp8, GQA with qk-norm and 128 experts; kernel_glm5_tp1_4k / _32k: GLM-5
                           at 4096 / 32768 tokens, where its indexer keeps 2048 of them; kernel_dsv3_tp8_block_b8 /
                           _fp8_b8: DeepSeek-V3 TP8 at 8 rows a step, fp8-block / fp8; kernel_glm5_tp8_nvfp4 / _b8:
-                          the seeds' GLM-5-NVFP4 TP8 per-GPU shapes at 1 and 8 rows a step)
+                          the seeds' GLM-5-NVFP4 TP8 per-GPU shapes at 1 and 8 rows a step; kernel_glm5_tp1_nvfp4:
+                          GLM-5-NVFP4 at TP1, layers that fit, scaled)
 The kernel cases run a 512-token context unless named otherwise.
 --cases picks cases by name; --workflow imports decode_gap from another checkout's workflow/ (e.g. `git archive` of
 an older commit) to time the kernel level before and after a change on the same machine.
@@ -50,7 +51,8 @@ EXTRA = [("kernel_llama8b_fp8", "kernel", dict(model="llama-3.1-8b.json", weight
           dict(model="deepseek-v3.json", weight_format="fp8", tp=8, ranks=1, batch=8), 120),
          ("kernel_glm5_tp8_nvfp4", "kernel", dict(model="glm-5.json", weight_format="nvfp4", tp=8, ranks=1), 150),
          ("kernel_glm5_tp8_nvfp4_b8", "kernel",
-          dict(model="glm-5.json", weight_format="nvfp4", tp=8, ranks=1, batch=8), 150)]
+          dict(model="glm-5.json", weight_format="nvfp4", tp=8, ranks=1, batch=8), 150),
+         ("kernel_glm5_tp1_nvfp4", "kernel", dict(model="glm-5.json", weight_format="nvfp4", tp=1), 150)]
 
 
 def child(kind: str, args: dict, out: str, workflow: Path) -> None:

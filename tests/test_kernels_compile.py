@@ -18,7 +18,8 @@ FLOAT_ARGS = {"scale", "eps"}
 FP32_POINTERS = {"part", "lse", "wts", "logits", "bias", "out_w"}
 INT_POINTERS = {"pos": "*i64", "out_ids": "*i32", "rows": "*i32"}
 FP4MOE_POINTERS = {"x_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*i16", "ts_ptr": "*fp32", "pairs_ptr": "*i32",
-                   "bexp_ptr": "*i32", "rw_ptr": "*fp32", "out_ptr": "*fp32", "fin_ptr": "*bf16", "cnt_ptr": "*i32"}
+                   "bexp_ptr": "*i32", "rw_ptr": "*fp32", "out_ptr": "*fp32", "fin_ptr": "*bf16", "cnt_ptr": "*i32",
+                   "ids_ptr": "*i32"}
 
 CASES = [
     (attention._rope_kernel, {"HALF": 32, "BLOCK": 32}, {"x", "cos", "sin", "out"}),
@@ -72,6 +73,11 @@ CASES = [
     (fp4moe._fp4_moe_kernel, {"X_DIV": 1, "O_DIV": 8, "WARPS": 4, "UNROLL": 2, "BM": 8, "ATOMIC": True,
                               "ROW_WEIGHT": True, "USE_ASM": True, "EV": "evict_first", "PDL": True, "EPI": 2,
                               "MB": 16}, FP4MOE_POINTERS),
+    # one token's gate_up (a tile's K range over 4 warps) and down (4 experts a warp each), summed in the program
+    (fp4moe._fp4_moe_token_kernel, {"TILES": 1, "SLICES": 4, "KS": 4, "GATE_UP": True, "UNROLL": 2, "USE_ASM": True,
+                                    "EV": "evict_first", "PDL": True}, FP4MOE_POINTERS),
+    (fp4moe._fp4_moe_token_kernel, {"TILES": 1, "SLICES": 4, "KS": 1, "GATE_UP": False, "UNROLL": 2,
+                                    "USE_ASM": True, "EV": "evict_first", "PDL": True}, FP4MOE_POINTERS),
 ]
 
 

@@ -1,7 +1,7 @@
 """The NVFP4 fused MoE (kernels/fp4moe.py) in Triton's CPU interpreter (a subprocess: the interpreter is chosen when
 Triton is imported): the whole call against dequantise-then-matmul at blocks of 8 and 16 pairs, with and without K
-splits, padding columns, an expert chosen twice by a token's neighbours, an id off the table, and the sums left at
-zero for the next call. The H200 runs the same checks compiled (benchmarks/lowprec_device.py --sections fp4moe, or
+splits, padding columns, an expert chosen twice by a token's neighbours, an id off the table, the sums left at zero
+for the next call, and one token's GEMMs as the one-token kernel (K slices summed in the program). The H200 runs the same checks compiled (benchmarks/lowprec_device.py --sections fp4moe, or
 kernelchecks).
 """
 
@@ -81,6 +81,57 @@ print("ok")
 ''')
 
 
+def test_one_token_kernels_match_dequantise_then_matmul():
+    _interpret(r'''
+from decode_gap.errors import DecodeGapError
+H2, I2 = 512, 256  # 8 and 4 steps: room for K slices
+w13 = [nv.quantize_nvfp4(torch.randn(2 * I2, H2, generator=g) * 0.05) for _ in range(E)]
+w2 = [nv.quantize_nvfp4(torch.randn(H2, I2, generator=g) * 0.05) for _ in range(E)]
+d13, d2 = fp4moe.dequantized(w13), fp4moe.dequantized(w2)
+x = torch.randn(1, H2).to(torch.bfloat16)
+for token, ids, s13, s2, kernels in (("both", [[3, 0]], None, None, 2), ("gate_up", [[5, 1]], 2, None, 3),
+                                     ("down", [[5, 1, 0, 2]], None, 1, 3), ("both", [[2, 3]], 4, 2, 2),
+                                     ("gate_up", [[1, 4]], 1, None, 3)):
+    moe = fp4moe.Nvfp4FusedMoe(w13, w2, 1, len(ids[0]), "cpu", token=token, slices13=s13, slices2=s2)
+    assert (moe.token13, moe.token2, moe.kernels) == (token != "down", token != "gate_up", kernels), moe.label
+    t = torch.tensor(ids, dtype=torch.int32)
+    w = torch.rand(1, t.shape[1])
+    ref = fp4moe.reference(x, t, w, lambda e: (d13[e], d2[e]))
+    for call in range(2):
+        assert err(moe(x, t, w), ref) < 1e-2, (token, ids, call)
+for bad in (dict(token="both", align=True), dict(token="down", slices2=4), dict(token="all")):
+    try:
+        fp4moe.Nvfp4FusedMoe(w13, w2, 1, 2, "cpu", **bad)
+        raise SystemExit(f"no error: {bad}")
+    except DecodeGapError as exc:
+        assert "one-token" in str(exc) or "token is" in str(exc), exc
+print("ok")
+''')
+
+
+def test_one_token_slices_aim_at_the_warps_an_sm_holds_in_whole_iterations():
+    # DeepSeek-V3 TP8 gate_up: 32 tiles x 8 experts want ~14 slices; 112 steps take 8 of 2-step iterations, not 16
+    assert fp4moe.token_slices(32, 8, 112, 2, 132, 16) == 8
+    assert fp4moe.token_slices(32, 8, 96, 2, 132, 16) == 16  # GLM-5 TP8: 96 steps
+    assert fp4moe.token_slices(256, 8, 112, 2, 132, 16) == 2  # TP1: 256 tiles
+    assert fp4moe.token_slices(448, 8, 4, 2, 132, 2) == 1  # down: 448 tiles x 8 experts fill the SMs
+
+
+def test_one_token_runs_gate_up_as_its_kernel_only_where_two_slices_are_enough():
+    _interpret(r'''
+def build(e, h, i, m=1):
+    w13 = [nv.quantize_nvfp4(torch.randn(2 * i, h, generator=g)) for _ in range(e)]
+    w2 = [nv.quantize_nvfp4(torch.randn(h, i, generator=g)) for _ in range(e)]
+    return fp4moe.Nvfp4FusedMoe(w13, w2, m, 2, "cpu")
+wide = build(2, 512, 1024)  # 128 tiles x 2 experts for the interpreter's 4 "SMs": no slices needed
+assert wide.ks13 == 1 and wide.token13 and not wide.token2 and wide.kernels == 3
+narrow = build(2, 2048, 64)  # 8 tiles x 2 experts: more slices than TOKEN_AUTO_SLICES
+assert narrow.ks13 > fp4moe.TOKEN_AUTO_SLICES and not narrow.token13 and narrow.kernels == 4
+assert not build(2, 512, 1024, m=2).token13  # two tokens: the align and the block kernels
+print("ok")
+''')
+
+
 def test_gate_up_rows_interleave_eight_at_a_time_as_a_repack_of_the_interleaved_weight_would():
     import torch
 
@@ -106,11 +157,12 @@ w = torch.rand(2, 2)
 t = torch.tensor([[1, 9], [2, -1]], dtype=torch.int32)  # another EP rank's experts
 ref = fp4moe.reference(x, torch.tensor([[1], [2]]), w[:, :1], expert)
 assert err(moe(x, t, w), ref) < 1e-2
-one = fp4moe.Nvfp4FusedMoe(w13, w2, 1, 2, "cpu")  # one token: no align, its ids read as the blocks' experts
-assert not one.align and one.nb == 2
-for ids, kept in (([[2, 9]], 0), ([[-1, 2]], 1)):  # expert 2 kept, at its place in the token's choice
-    ref = fp4moe.reference(x[1:], torch.tensor([[2]]), w[1:, kept:kept + 1], expert)
-    assert err(one(x[1:], torch.tensor(ids), w[1:]), ref) < 1e-2
+for token in ("none", "both"):  # one token: no align, its ids read as the blocks' experts, or the one-token kernels
+    one = fp4moe.Nvfp4FusedMoe(w13, w2, 1, 2, "cpu", token=token)
+    assert not one.align and one.nb == 2
+    for ids, kept in (([[2, 9]], 0), ([[-1, 2]], 1)):  # expert 2 kept, at its place in the token's choice
+        ref = fp4moe.reference(x[1:], torch.tensor([[2]]), w[1:, kept:kept + 1], expert)
+        assert err(one(x[1:], torch.tensor(ids), w[1:]), ref) < 1e-2
 print("ok")
 ''')
 

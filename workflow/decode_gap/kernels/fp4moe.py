@@ -37,6 +37,13 @@ program that completes a tile group (`silu_epilogue=True`, `cast_epilogue=True`:
   against 116.8 / 216.9 / 399.1 / 736.5 (the one loss, M=8, within what the same form reads from run to run);
   the cast in down drew level (DeepSeek-V3 M=8 392.2, GLM-5 M=16 642.1).
 
+One token can also run either GEMM as `_fp4_moe_token_kernel`: a tile's K range over the warps of a program (and for
+down the token's top_k experts too, a warp each), the sums added in the program and stored from the registers, so no
+fp32 sums, atomics or counters: gate_up writes the activation (3 kernels a call), down the output (no cast kernel),
+both 2 kernels. By default gate_up runs so where 2 K slices a tile give the SMs warps enough (TP1: 4% faster, GLM-5
+52.7 against 54.7 us); at TP8 it needs 8-16 slices, and the sum over that many warps cost more than the atomics and
+the two small kernels behind programmatic launches (TOKEN_GEMMS has the H200's figures).
+
 Under the CPU interpreter the MMA loop runs as lowprec's plain-Triton emulation of the same layout and decode.
 
 The five-kernel form, H200 (2026-12-03, read 4379 GB/s; benchmarks/lowprec_device.py --sections fp4moe: CUDA-graph
@@ -77,6 +84,14 @@ WARPS_PER_SM = 27
 CAST_EPILOGUE = False
 # warps a program of the one-token kernels at most (a tile's K slices; down's, times top_k)
 TOKEN_WARPS = 16
+# the GEMMs one token runs as the one-token kernel by default, and at most how many K slices a tile it may take
+# there (H200, 2026-12-03, us at batch 1, the four block kernels / gate_up as the one-token kernel / down as it / both:
+# DeepSeek-V3 TP1 60.5 / 58.4 / 62.7 / 60.5 and GLM-5 TP1 54.7 / 52.7 / 54.4 / 52.4, gate_up in 2 slices; at TP8,
+# where gate_up needs 8-16 slices for warps enough, DeepSeek-V3 13.7 / 14.5 / 16.8 / 17.6 and GLM-5 13.4 / 14.0 /
+# 14.1 / 16.1: the sum over 8-16 warps in the program cost more than the fp32 atomics and the SiLU and cast kernels
+# behind programmatic launches, and down's 8 warps a program, one an expert, lost or drew level everywhere)
+TOKEN_GEMMS = "gate_up"
+TOKEN_AUTO_SLICES = 2
 CONFIG = lp.FP4_GROUPED_BX_2  # 4 warps (64 rows) a program, 2 steps (128 values) an iteration, evict-first weights
 
 
@@ -272,10 +287,10 @@ if HAVE_TRITON:
 
     @triton.jit
     def _fp4_moe_token_kernel(x_ptr, w_ptr, s_ptr, ts_ptr, ids_ptr, rw_ptr, out_ptr, E, N, NT, NSTEPS, stride_x,
-                              stride_we, stride_wt, stride_se, stride_st, stride_o, TILES: tl.constexpr, SLICES: tl.constexpr,
-                              KS: tl.constexpr, GATE_UP: tl.constexpr, UNROLL: tl.constexpr, USE_ASM: tl.constexpr,
-                              EV: tl.constexpr = "", PDL: tl.constexpr = False):
-        """One token's routed experts in two kernels, with no fp32 sums, atomics or counters: a program is TILES
+                              stride_we, stride_wt, stride_se, stride_st, stride_o, TILES: tl.constexpr,
+                              SLICES: tl.constexpr, KS: tl.constexpr, GATE_UP: tl.constexpr, UNROLL: tl.constexpr,
+                              USE_ASM: tl.constexpr, EV: tl.constexpr = "", PDL: tl.constexpr = False):
+        """One token's gate_up or down with no fp32 sums, atomics or counters: a program is TILES
         16-row tiles of SLICES warps each, warp w on tile w // SLICES and slice s = w % SLICES, the slices' sums
         added in the program (lowprec._slice_sum) and stored from its registers.
         GATE_UP (program (tile group, slot z), expert ids[z]): slice s is K slice s of H (KS = SLICES); out is the
@@ -350,8 +365,8 @@ if HAVE_TRITON:
             if GATE_UP:
                 gate = tl.sum(tl.where((tl.arange(0, 2) == 0)[None, None, :], y, 0.0), axis=2)
                 up = tl.sum(tl.where((tl.arange(0, 2) == 1)[None, None, :], y, 0.0), axis=2)
-                tl.store(out_ptr + z.to(tl.int64) * stride_o + tv * 8 + gv, (gate / (1.0 + tl.exp(-gate)) * up).to(tl.bfloat16),
-                         mask=tv < NT)
+                act = (gate / (1.0 + tl.exp(-gate)) * up).to(tl.bfloat16)
+                tl.store(out_ptr + z.to(tl.int64) * stride_o + tv * 8 + gv, act, mask=tv < NT)
             else:
                 rows = tv[:, :, None] * 16 + gv[:, :, None] + 8 * tl.arange(0, 2)[None, None, :]
                 tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=(rows < N) & (tv < NT)[:, :, None])
@@ -415,16 +430,17 @@ class Nvfp4FusedMoe:
     epilogue where gate_up is not split over K, so from the registers. `cast_epilogue`: the cast in down's epilogue,
     else a kernel of its own. `align`: sort the pairs by expert each call (a kernel); None: not for one token, whose
     top_k experts are distinct, so block b is pair b, always (the sorted pairs filled once, the token's ids read as
-    the blocks' experts). `token`: for one token without the align, the two-kernel form (_fp4_moe_token_kernel: each
-    tile's K range, and down's experts, over a program's warps, summed in the program; no fp32 sums, SiLU or cast
-    kernel), with `slices13` / `slices2` K slices a tile (None: token_slices); None: where it applies (top_k a power
-    of 2 and top_k x slices2 at most 16 warps). The forms are timed against each other by
+    the blocks' experts). `token`: which GEMMs of one token without the align run as the one-token kernel
+    (_fp4_moe_token_kernel: a tile's K range, and for down the experts too, over a program's warps, summed in the
+    program; no fp32 sums, and gate_up's SiLU or down's cast in its epilogue): "both", "gate_up", "down" or "none";
+    None: TOKEN_GEMMS where they apply (down: top_k a power of 2, top_k x slices2 at most TOKEN_WARPS warps).
+    `slices13` / `slices2`: their K slices a tile (None: token_slices). The forms are timed against each other by
     benchmarks/lowprec_device.py."""
 
     def __init__(self, w13, w2, m: int, top_k: int, device, out_dtype=torch.bfloat16, block_m: int | None = None,
                  split13: int | None = None, split2: int | None = None, pdl: bool | None = None,
                  silu_epilogue: bool | None = None, cast_epilogue: bool = CAST_EPILOGUE,
-                 align: bool | None = None, token: bool | None = None, slices13: int | None = None,
+                 align: bool | None = None, token: str | None = None, slices13: int | None = None,
                  slices2: int | None = None) -> None:
         if not HAVE_TRITON:
             raise DecodeGapError("the NVFP4 fused MoE needs Triton, which is not installed")
@@ -468,16 +484,24 @@ class Nvfp4FusedMoe:
         # one token: K slices a tile, summed in the program (gate_up over H, down over the top_k experts and I)
         self.ks13 = slices13 or token_slices(nt13, top_k, h // 64, self.unroll, sms, TOKEN_WARPS)
         self.ks2 = slices2 or token_slices(nt2, top_k, i // 64, self.unroll, sms, TOKEN_WARPS // top_k or 1)
-        fits = (m == 1 and not self.align and top_k & (top_k - 1) == 0 and top_k * self.ks2 <= TOKEN_WARPS
-                and self.ks13 <= TOKEN_WARPS and (h // 64) % (self.ks13 * self.unroll) == 0
-                and (i // 64) % (self.ks2 * self.unroll) == 0)
-        if token and not fits:
-            raise DecodeGapError(f"NVFP4 fused MoE: the one-token form needs 1 token without the align, top_k a power "
-                                 f"of 2 and whole iterations a K slice (m {m}, top_k {top_k}, slices "
+        one = m == 1 and not self.align
+        fits13 = one and self.ks13 <= TOKEN_WARPS and (h // 64) % (self.ks13 * self.unroll) == 0
+        fits2 = (one and top_k & (top_k - 1) == 0 and top_k * self.ks2 <= TOKEN_WARPS
+                 and (i // 64) % (self.ks2 * self.unroll) == 0)
+        if token not in (None, "both", "gate_up", "down", "none"):
+            raise DecodeGapError(f"NVFP4 fused MoE: token is 'both', 'gate_up', 'down' or 'none', not {token!r}")
+        gemms = TOKEN_GEMMS if token is None else token
+        want13, want2 = gemms in ("both", "gate_up"), gemms in ("both", "down")
+        if token is not None and (want13 and not fits13 or want2 and not fits2):
+            raise DecodeGapError(f"NVFP4 fused MoE: the one-token kernels need 1 token without the align, top_k a "
+                                 f"power of 2 and whole iterations a K slice (m {m}, top_k {top_k}, slices "
                                  f"{self.ks13}/{self.ks2})")
-        self.token = fits if token is None else token
-        if self.token:
-            self.silu_epilogue = self.cast_epilogue = True
+        self.token13 = want13 and fits13 and (token is not None or self.ks13 <= TOKEN_AUTO_SLICES)
+        self.token2 = want2 and fits2
+        if self.token13:
+            self.silu_epilogue = True
+        if self.token2:
+            self.cast_epilogue = True
         dev = torch.device(device)
         self.sorted_pairs = torch.full((self.nb, self.block_m), pairs, dtype=torch.int32, device=dev)
         if not self.align:  # block b: pair b, then padding
@@ -500,9 +524,11 @@ class Nvfp4FusedMoe:
 
     @property
     def label(self) -> str:
-        if self.token:
-            return (f"triton fused MoE (nvfp4 weight-only, bf16 tensor-core MMA, one token in two kernels: K slices "
-                    f"{self.ks13}/{self.ks2} summed in the program, SiLU-and-mul in gate_up's epilogue)")
+        gemms = " and ".join(n for n, on in (("gate_up", self.token13), ("down", self.token2)) if on)
+        if gemms:
+            return (f"triton fused MoE (nvfp4 weight-only, bf16 tensor-core MMA, one token: {gemms} as K slices "
+                    f"summed in the program" + (", SiLU-and-mul in gate_up's epilogue" if self.silu_epilogue else "")
+                    + ")")
         return (f"triton fused MoE (nvfp4 weight-only, bf16 tensor-core MMA, pairs sorted by expert in blocks of "
                 f"{self.block_m}" + (", SiLU-and-mul in gate_up's epilogue" if self.silu_epilogue else "") + ")")
 
@@ -534,44 +560,46 @@ class Nvfp4FusedMoe:
             USE_ASM=not lp.interpreted(), EV=self.ev, PDL=self.pdl, EPI=epi, MB=min(16, _pow2(self.m)),
             num_warps=self.warps, **lp._pdl_launch(self.pdl))
 
-    def _token(self, x, flat_ids, flat_w) -> torch.Tensor:
-        """One token: gate_up with the SiLU into the activation rows, then down summing the experts into out."""
-        for gate_up, (words, scales, ts) in ((True, self.mma13), (False, self.mma2)):
-            nt, steps = words.shape[1:3]
-            ks = self.ks13 if gate_up else self.ks2
-            slices = ks if gate_up else ks * self.top_k
-            tiles = max(1, 4 // slices)  # programs of 4 warps at least
-            src, dst = (x, self.act) if gate_up else (self.act.view(torch.int32), self.out)
-            grid = (triton.cdiv(nt, tiles), self.top_k) if gate_up else (triton.cdiv(nt, tiles),)
-            _fp4_moe_token_kernel[grid](
-                src, words, scales, ts, flat_ids, flat_w, dst, self.e, nt * 16, nt, steps, src.stride(0),
-                words.stride(0), words.stride(1), scales.stride(0), scales.stride(1), dst.stride(0), TILES=tiles,
-                SLICES=slices, KS=ks, GATE_UP=gate_up, UNROLL=self.unroll, USE_ASM=not lp.interpreted(), EV=self.ev,
-                PDL=self.pdl, num_warps=tiles * slices, **lp._pdl_launch(self.pdl))
-        return self.out
+    def _token_gemm(self, gate_up: bool, src, dst, flat_ids, flat_w) -> None:
+        """One token's gate_up (the SiLU into the activation rows) or down (the experts summed into out)."""
+        words, scales, ts = self.mma13 if gate_up else self.mma2
+        nt, steps = words.shape[1:3]
+        ks = self.ks13 if gate_up else self.ks2
+        slices = ks if gate_up else ks * self.top_k
+        tiles = max(1, 4 // slices)  # programs of 4 warps at least
+        grid = (triton.cdiv(nt, tiles), self.top_k) if gate_up else (triton.cdiv(nt, tiles),)
+        _fp4_moe_token_kernel[grid](
+            src, words, scales, ts, flat_ids, flat_w, dst, self.e, nt * 16, nt, steps, src.stride(0), words.stride(0),
+            words.stride(1), scales.stride(0), scales.stride(1), dst.stride(0), TILES=tiles, SLICES=slices, KS=ks,
+            GATE_UP=gate_up, UNROLL=self.unroll, USE_ASM=not lp.interpreted(), EV=self.ev, PDL=self.pdl,
+            num_warps=tiles * slices, **lp._pdl_launch(self.pdl))
 
     def __call__(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         if x.shape != (self.m, self.h) or ids.shape != (self.m, self.top_k) or weights.shape != ids.shape:
             raise DecodeGapError(f"NVFP4 fused MoE: x {tuple(x.shape)}, ids {tuple(ids.shape)}, weights "
                                  f"{tuple(weights.shape)}; expected {(self.m, self.h)} and {(self.m, self.top_k)}")
         flat_ids = ids.reshape(-1)
-        if self.token:
-            return self._token(lp.bf16_pairs(x), flat_ids, weights.reshape(-1).float())
         if self.align:
             _align_kernel[(1,)](flat_ids, self.sorted_pairs, self.block_expert, self.pairs, self.e, self.nb,
                                 P2=_pow2(self.pairs), E2=_pow2(self.e + 1), NB2=_pow2(self.nb), BM=self.block_m,
                                 num_warps=8)
         bexp = self.block_expert if self.align else flat_ids
         flat_w = weights.reshape(-1).float()
-        self._gemm(lp.bf16_pairs(x), self.mma13, self.gu, 2 * self.i, self.plan13, True, flat_w, self.act, self.cnt13,
-                   bexp)
+        if self.token13:
+            self._token_gemm(True, lp.bf16_pairs(x), self.act, flat_ids, flat_w)
+        else:
+            self._gemm(lp.bf16_pairs(x), self.mma13, self.gu, 2 * self.i, self.plan13, True, flat_w, self.act,
+                       self.cnt13, bexp)
         if not self.silu_epilogue:
             _silu_pack_kernel[(triton.cdiv(self.i, 1024), self.pairs)](self.gu, self.act, self.i, self.gu.stride(0),
                                                                       self.act.stride(0), BLOCK=1024, BX=True,
                                                                       INTERLEAVED=True, PDL=self.pdl,
                                                                       **lp._pdl_launch(self.pdl))
-        self._gemm(self.act.view(torch.int32), self.mma2, self.acc, self.h, self.plan2, False, flat_w, self.out,
-                   self.cnt2, bexp)
+        if self.token2:
+            self._token_gemm(False, self.act.view(torch.int32), self.out, flat_ids, flat_w)
+        else:
+            self._gemm(self.act.view(torch.int32), self.mma2, self.acc, self.h, self.plan2, False, flat_w, self.out,
+                       self.cnt2, bexp)
         if not self.cast_epilogue:
             _cast_zero_kernel[(triton.cdiv(self.m * self.h, 1024),)](self.acc, self.out, self.m * self.h, BLOCK=1024,
                                                                      PDL=self.pdl, **lp._pdl_launch(self.pdl))
