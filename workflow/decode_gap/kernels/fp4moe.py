@@ -105,8 +105,8 @@ def block_m_for(pairs: int, experts: int) -> int:
 
 if HAVE_TRITON:
     from .fusedmoe import _align_kernel
-    from .lowprec import (_cast_zero_kernel, _emul_plane, _emul_x, _finish_sums, _fp4_mma_emul_m1, _fp4_mma_loop,
-                          _lanes, _silu_pack_kernel, _slice_sum)
+    from .lowprec import (_act_words, _cast_zero_kernel, _emul_plane, _emul_x, _finish_sums, _fp4_mma_emul_m1,
+                          _fp4_mma_loop, _lanes, _silu_pack_kernel, _slice_sum)
 
     @triton.jit
     def _moe_store(out_ptr, y, rows, cols, row_ok, b, pairs_ptr, rw_ptr, P, stride_o, O_DIV: tl.constexpr,
@@ -132,19 +132,11 @@ if HAVE_TRITON:
 
     @triton.jit
     def _emul_act_word(row_ptr, w):
-        """The interpreter's SILU_X: int32 word w of the activation (values 2w, 2w + 1 as bf16, low and high) made
-        from a pair's fp32 gate_up sums at row_ptr (rows interleaved: value v's gate at 16 (v // 8) + v % 8, its up 8
-        on; 2w and 2w + 1 share a group of 8)."""
+        """The interpreter's SILU_X: int32 word w of the activation (values 2w, 2w + 1) made from a pair's fp32
+        gate_up sums at row_ptr (rows interleaved: value v's gate at 16 (v // 8) + v % 8, its up 8 on)."""
         v = 2 * w
         gp = row_ptr + 16 * (v // 8) + v % 8
-        lo = _act_bits(tl.load(gp), tl.load(gp + 8)).to(tl.int32) & 0xFFFF
-        hi = _act_bits(tl.load(gp + 1), tl.load(gp + 9)).to(tl.int32)
-        return lo | (hi << 16)
-
-    @triton.jit
-    def _act_bits(gate, up):
-        """silu(gate) * up rounded to bf16, as its int16 bits."""
-        return (gate / (1.0 + tl.exp(-gate)) * up).to(tl.bfloat16).to(tl.int16, bitcast=True)
+        return _act_words(gp)
 
     @triton.jit
     def _gate_up_finish(gu_ptr, act_ptr, cnt_ptr, b, pid_n, splits, pairs_ptr, P, I, stride_g, stride_a,
@@ -232,7 +224,7 @@ if HAVE_TRITON:
             # its sums are dropped)
             xr = (tl.minimum(tl.load(pairs_ptr + b * BM + g), P - 1) // X_DIV).to(tl.int64)
             # the lane's 8 words of bf16 pairs a step, or (SILU_X) the 32 sums of their 16 values' gates and ups
-            xoff = (qq * 32)[:, None] + tl.arange(0, 8)[None, :] if SILU_X else (qq * 8)[:, None] + c4[None, :]
+            xoff = (qq * 32)[:, None] + 2 * c4[None, :] if SILU_X else (qq * 8)[:, None] + c4[None, :]
             xb = x_ptr + xr[:, None] * stride_x + xoff
             xb2 = xb
             if BM == 16:

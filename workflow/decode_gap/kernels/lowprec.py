@@ -601,22 +601,29 @@ if HAVE_TRITON:
         return tl.load(wb + i * 128, eviction_policy=EV), tl.load(sb + i * 32)
 
     @triton.jit
-    def _act_words(gate, up):
-        """silu(gate) * up of [T, 8] fp32 values as [T, 4] int32 words of bf16 pairs (value 2j low, 2j + 1 high: the
-        words x's int32 view of bf16 holds)."""
-        a = (gate / (1.0 + tl.exp(-gate)) * up).to(tl.bfloat16)
-        lo, hi = tl.split(tl.reshape(a, (a.shape[0], 4, 2)))
-        lo = lo.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-        return lo | (hi.to(tl.int16, bitcast=True).to(tl.int32) << 16)
+    def _act_words(p):
+        """The activation silu(gate) * up of 8 values as [T, 4] int32 words of bf16 pairs (value 2j low, 2j + 1 high:
+        x's int32 view of bf16), from fp32 sums at p ([T, 4] pointers at the even values' gates: gate rows, then up
+        rows 8 on). Loaded as four [T, 4] tiles, the words' own shape: a [T, 8] load split into pairs gave the
+        words another layout, under which the MMA asm's 4 packed elements were not the lane's 4 words (wrong sums
+        on the H200)."""
+        lo = _act_bits(tl.load(p), tl.load(p + 8)) & 0xFFFF
+        return lo | (_act_bits(tl.load(p + 1), tl.load(p + 9)) << 16)
+
+    @triton.jit
+    def _act_bits(gate, up):
+        """silu(gate) * up rounded to bf16: its bits in an int32's low 16 (sign-extended)."""
+        return (gate / (1.0 + tl.exp(-gate)) * up).to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32)
 
     @triton.jit
     def _fp4_mma_xload(xb, xb2, i, TWO: tl.constexpr, SILU: tl.constexpr = False):
         """Step i's packed x: the lane's 32 bytes of x rows 0-7 (and of rows 8-15 at xb2 when TWO). SILU: x is the
-        activation of fp32 gate_up sums, their rows interleaved 8 at a time (fp4moe.gate_up_stack): xb ([T, 8]
-        pointers) at the lane's 32 sums of step 0 (its 16 values' gates and ups), the words made from them here."""
+        activation of fp32 gate_up sums, their rows interleaved 8 at a time (fp4moe.gate_up_stack): xb ([T, 4]
+        pointers) at step 0's sums of the lane's 16 values, 32 of them (gates of 8, ups of 8, twice): the gates of
+        its even values (32q + 2c), the words made from them here (_act_words)."""
         if SILU:
-            xa = _act_words(tl.load(xb + i * 128), tl.load(xb + i * 128 + 8))
-            xc = _act_words(tl.load(xb + i * 128 + 16), tl.load(xb + i * 128 + 24))
+            xa = _act_words(xb + i * 128)
+            xc = _act_words(xb + i * 128 + 16)
         else:
             xa = tl.load(xb + i * 32)
             xc = tl.load(xb + i * 32 + 4)
@@ -624,8 +631,8 @@ if HAVE_TRITON:
         xc2 = xc
         if TWO:
             if SILU:
-                xa2 = _act_words(tl.load(xb2 + i * 128), tl.load(xb2 + i * 128 + 8))
-                xc2 = _act_words(tl.load(xb2 + i * 128 + 16), tl.load(xb2 + i * 128 + 24))
+                xa2 = _act_words(xb2 + i * 128)
+                xc2 = _act_words(xb2 + i * 128 + 16)
             else:
                 xa2 = tl.load(xb2 + i * 32)
                 xc2 = tl.load(xb2 + i * 32 + 4)
