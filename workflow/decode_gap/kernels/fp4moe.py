@@ -92,8 +92,10 @@ TOKEN_WARPS = 16
 # behind programmatic launches, and down's 8 warps a program, one an expert, lost or drew level everywhere)
 TOKEN_GEMMS = "gate_up"
 TOKEN_AUTO_SLICES = 2
-# the SiLU-and-mul made by down as it loads gate_up's sums, where it would otherwise be a kernel of its own
-SILU_IN_DOWN = False
+# tried on the H200 and taken out (2026-12-03): the SiLU-and-mul made by down as it loads gate_up's fp32 sums (each
+# lane its 16 values' gates and ups a step, in the iteration that uses them), the cast kernel zeroing the sums, so
+# no SiLU kernel: 1.9-3.1x slower at every case (batch 1: DeepSeek-V3 TP8 26.3 against 13.7 us, GLM-5 TP8 24.1 / 13.4,
+# DeepSeek-V3 TP1 169.7 / 60.5): every warp of down computes the same activation, an exp a value, in its hot loop
 CONFIG = lp.FP4_GROUPED_BX_2  # 4 warps (64 rows) a program, 2 steps (128 values) an iteration, evict-first weights
 
 
@@ -105,8 +107,8 @@ def block_m_for(pairs: int, experts: int) -> int:
 
 if HAVE_TRITON:
     from .fusedmoe import _align_kernel
-    from .lowprec import (_act_words, _cast_zero_kernel, _emul_plane, _emul_x, _finish_sums, _fp4_mma_emul_m1,
-                          _fp4_mma_loop, _lanes, _silu_pack_kernel, _slice_sum)
+    from .lowprec import (_cast_zero_kernel, _emul_plane, _emul_x, _finish_sums, _fp4_mma_emul_m1, _fp4_mma_loop,
+                          _lanes, _silu_pack_kernel, _slice_sum)
 
     @triton.jit
     def _moe_store(out_ptr, y, rows, cols, row_ok, b, pairs_ptr, rw_ptr, P, stride_o, O_DIV: tl.constexpr,
@@ -129,14 +131,6 @@ if HAVE_TRITON:
         pn = tl.load(pairs_ptr + b * BM + cols)
         a = gate / (1.0 + tl.exp(-gate)) * up
         tl.store(act_ptr + pn.to(tl.int64) * stride_a + vi, a.to(tl.bfloat16), mask=ok & (pn < P))
-
-    @triton.jit
-    def _emul_act_word(row_ptr, w):
-        """The interpreter's SILU_X: int32 word w of the activation (values 2w, 2w + 1) made from a pair's fp32
-        gate_up sums at row_ptr (rows interleaved: value v's gate at 16 (v // 8) + v % 8, its up 8 on)."""
-        v = 2 * w
-        gp = row_ptr + 16 * (v // 8) + v % 8
-        return _act_words(gp)
 
     @triton.jit
     def _gate_up_finish(gu_ptr, act_ptr, cnt_ptr, b, pid_n, splits, pairs_ptr, P, I, stride_g, stride_a,
@@ -182,7 +176,7 @@ if HAVE_TRITON:
                         X_DIV: tl.constexpr, O_DIV: tl.constexpr, WARPS: tl.constexpr, UNROLL: tl.constexpr,
                         BM: tl.constexpr, ATOMIC: tl.constexpr, ROW_WEIGHT: tl.constexpr, USE_ASM: tl.constexpr,
                         EV: tl.constexpr = "", PDL: tl.constexpr = False, EPI: tl.constexpr = 0,
-                        MB: tl.constexpr = 16, SILU_X: tl.constexpr = False):
+                        MB: tl.constexpr = 16):
         """out[pair // O_DIV, n] (+)= x[pair // X_DIV] . W_e[n] for the pairs of block pid 2 (expert e), rows n of
         WARPS 16-row tiles, K steps [pid 1 x steps_per_split, ...). x: int32 view of bf16 pairs; W: the bf16 form's
         repacked expert stack (lowprec._stack_mma(bx=True)); bexp: each block's expert (the align's, or for one
@@ -192,9 +186,7 @@ if HAVE_TRITON:
         EPI, the epilogue in the kernel: 0 none (the sums at out); 1 gate_up (rows interleaved, gate_up_stack): the
         bf16 activation silu(gate) * up at fin[pair, v], from the registers without a K split, else by the split
         that completes the sums at out (_gate_up_finish); 2 down: the program that completes a tile group's sums
-        casts them into fin[token] (_down_finish).
-        SILU_X (down): x is gate_up's fp32 sums (rows interleaved), the activation made from them as they are loaded
-        (lowprec._fp4_mma_xload), so no SiLU kernel runs between the GEMMs; x loaded in the iteration that uses it."""
+        casts them into fin[token] (_down_finish)."""
         T: tl.constexpr = 32 * WARPS
         if PDL:
             tl.extra.cuda.gdc_wait()
@@ -223,19 +215,17 @@ if HAVE_TRITON:
             # lane 4g + q's B fragment is column g: pair g of the block (a padding column reads the last pair's row;
             # its sums are dropped)
             xr = (tl.minimum(tl.load(pairs_ptr + b * BM + g), P - 1) // X_DIV).to(tl.int64)
-            # the lane's 8 words of bf16 pairs a step, or (SILU_X) the 32 sums of their 16 values' gates and ups
-            xoff = (qq * 32)[:, None] + 2 * c4[None, :] if SILU_X else (qq * 8)[:, None] + c4[None, :]
-            xb = x_ptr + xr[:, None] * stride_x + xoff
+            xb = x_ptr + xr[:, None] * stride_x + (qq * 8)[:, None] + c4[None, :]
             xb2 = xb
             if BM == 16:
                 xr2 = (tl.minimum(tl.load(pairs_ptr + b * BM + 8 + g), P - 1) // X_DIV).to(tl.int64)
-                xb2 = x_ptr + xr2[:, None] * stride_x + xoff
+                xb2 = x_ptr + xr2[:, None] * stride_x + (qq * 8)[:, None] + c4[None, :]
             wb = w_base + tile_c[:, None] * stride_wt + (lane * 4)[:, None] + c4[None, :]
             sb = s_base + tile_c * stride_st + lane
             acc0 = tl.zeros((T, 4), dtype=tl.float32)
             acc1 = tl.zeros((T, 4), dtype=tl.float32)
             acc0, acc1, acc2, acc3 = _fp4_mma_loop(wb, sb, xb, xb2, i0, i1, T, UNROLL, EV, BM == 16, acc0, acc1,
-                                                   acc0, acc1, False, True, XJIT=SILU_X, SILU=SILU_X)
+                                                   acc0, acc1, False, True)
             if DIRECT:
                 # accumulator elements 0, 1 of lane 4g + q: the gate of value 8 tile + g at columns 2q, 2q + 1; 2,
                 # 3: its up (rows g + 8)
@@ -269,12 +259,9 @@ if HAVE_TRITON:
                     acc_r = tl.zeros((T, BM), dtype=tl.float32)
                     for wr in tl.static_range(2):
                         word = tl.load(w_base + tile_c * stride_wt + lane * 4 + i * 128 + 2 * r + wr)
-                        xw = (((4 * i + qq) * 2 + wr) * 4)[:, None]
+                        xw = x_ptr + xr[None, :] * stride_x + (((4 * i + qq) * 2 + wr) * 4)[:, None]
                         for j in tl.static_range(4):
-                            if SILU_X:
-                                xv = _emul_act_word(x_ptr + xr[None, :] * stride_x, xw + j)
-                            else:
-                                xv = tl.load(x_ptr + xr[None, :] * stride_x + xw + j)
+                            xv = tl.load(xw + j)
                             lo, hi = _emul_plane(word, j, sr, True)
                             acc_r += lo[:, None] * _emul_x(xv, False, True) + hi[:, None] * _emul_x(xv, True, True)
                     part += tl.where((tl.arange(0, 2) == r)[None, :, None], acc_r[:, None, :], 0.0)
@@ -458,7 +445,7 @@ class Nvfp4FusedMoe:
                  split13: int | None = None, split2: int | None = None, pdl: bool | None = None,
                  silu_epilogue: bool | None = None, cast_epilogue: bool = CAST_EPILOGUE,
                  align: bool | None = None, token: str | None = None, slices13: int | None = None,
-                 slices2: int | None = None, silu_in_down: bool | None = None) -> None:
+                 slices2: int | None = None) -> None:
         if not HAVE_TRITON:
             raise DecodeGapError("the NVFP4 fused MoE needs Triton, which is not installed")
         self.mma13 = lp._stack_mma(w13, bx=True) if isinstance(w13, list) else w13
@@ -519,13 +506,6 @@ class Nvfp4FusedMoe:
             self.silu_epilogue = True
         if self.token2:
             self.cast_epilogue = True
-        # the SiLU made by down as it loads gate_up's sums, where it would be a kernel of its own (the cast kernel
-        # then zeroes the sums): not with the one-token down or the cast in down's epilogue, which zeroes nothing else
-        free = not (self.silu_epilogue or self.token2 or self.cast_epilogue)
-        if silu_in_down and not free:
-            raise DecodeGapError("NVFP4 fused MoE: silu_in_down needs the SiLU and the cast as kernels of their own "
-                                 "(silu_epilogue and cast_epilogue off, down not the one-token kernel)")
-        self.silu_in_down = free and (SILU_IN_DOWN if silu_in_down is None else silu_in_down)
         dev = torch.device(device)
         self.sorted_pairs = torch.full((self.nb, self.block_m), pairs, dtype=torch.int32, device=dev)
         if not self.align:  # block b: pair b, then padding
@@ -554,20 +534,19 @@ class Nvfp4FusedMoe:
                     f"summed in the program" + (", SiLU-and-mul in gate_up's epilogue" if self.silu_epilogue else "")
                     + ")")
         return (f"triton fused MoE (nvfp4 weight-only, bf16 tensor-core MMA, pairs sorted by expert in blocks of "
-                f"{self.block_m}" + (", SiLU-and-mul in gate_up's epilogue" if self.silu_epilogue else "")
-                + (", SiLU-and-mul as down loads" if self.silu_in_down else "") + ")")
+                f"{self.block_m}" + (", SiLU-and-mul in gate_up's epilogue" if self.silu_epilogue else "") + ")")
 
     @property
     def kernels(self) -> int:
         """Kernels a call: gate_up and down, the align, the SiLU-and-mul and the cast where they run apart."""
-        return 2 + self.align + (not (self.silu_epilogue or self.silu_in_down)) + (not self.cast_epilogue)
+        return 2 + self.align + (not self.silu_epilogue) + (not self.cast_epilogue)
 
     def weight_bytes(self, experts_hit: int) -> int:
         """Bytes of weights and scales a call reads: each expert hit once."""
         return experts_hit * (nv.nvfp4_bytes(2 * self.i, self.h) + nv.nvfp4_bytes(self.h, self.i))
 
     def _gemm(self, x, stack, out, n: int, plan: tuple[int, int], by_token: bool, route_w, fin, cnt,
-              block_expert, silu_x: bool = False) -> None:
+              block_expert) -> None:
         """gate_up (by_token: x a token's row, fp32 sums, or with its epilogue the activation at fin) or down (x a
         pair's activation row, weighted sums into the token's row, with its epilogue cast into fin)."""
         words, scales, ts = stack
@@ -583,7 +562,7 @@ class Nvfp4FusedMoe:
             X_DIV=self.top_k if by_token else 1, O_DIV=1 if by_token else self.top_k, WARPS=self.warps,
             UNROLL=self.unroll, BM=self.block_m, ATOMIC=split > 1 or not by_token, ROW_WEIGHT=not by_token,
             USE_ASM=not lp.interpreted(), EV=self.ev, PDL=self.pdl, EPI=epi, MB=min(16, _pow2(self.m)),
-            SILU_X=silu_x, num_warps=self.warps, **lp._pdl_launch(self.pdl))
+            num_warps=self.warps, **lp._pdl_launch(self.pdl))
 
     def _token_gemm(self, gate_up: bool, src, dst, flat_ids, flat_w) -> None:
         """One token's gate_up (the SiLU into the activation rows) or down (the experts summed into out)."""
@@ -615,7 +594,7 @@ class Nvfp4FusedMoe:
         else:
             self._gemm(lp.bf16_pairs(x), self.mma13, self.gu, 2 * self.i, self.plan13, True, flat_w, self.act,
                        self.cnt13, bexp)
-        if not (self.silu_epilogue or self.silu_in_down):
+        if not self.silu_epilogue:
             _silu_pack_kernel[(triton.cdiv(self.i, 1024), self.pairs)](self.gu, self.act, self.i, self.gu.stride(0),
                                                                       self.act.stride(0), BLOCK=1024, BX=True,
                                                                       INTERLEAVED=True, PDL=self.pdl,
@@ -623,13 +602,11 @@ class Nvfp4FusedMoe:
         if self.token2:
             self._token_gemm(False, self.act.view(torch.int32), self.out, flat_ids, flat_w)
         else:
-            self._gemm(self.gu if self.silu_in_down else self.act.view(torch.int32), self.mma2, self.acc, self.h,
-                       self.plan2, False, flat_w, self.out, self.cnt2, bexp, self.silu_in_down)
-        if not self.cast_epilogue:  # with the SiLU in down, the cast zeroes gate_up's sums too
-            zero = dict(zero_ptr=self.gu, NZ=self.gu.numel()) if self.silu_in_down else {}
-            n = max(self.m * self.h, self.gu.numel() if self.silu_in_down else 0)
-            _cast_zero_kernel[(triton.cdiv(n, 1024),)](self.acc, self.out, self.m * self.h, BLOCK=1024, PDL=self.pdl,
-                                                       **zero, **lp._pdl_launch(self.pdl))
+            self._gemm(self.act.view(torch.int32), self.mma2, self.acc, self.h, self.plan2, False, flat_w, self.out,
+                       self.cnt2, bexp)
+        if not self.cast_epilogue:
+            _cast_zero_kernel[(triton.cdiv(self.m * self.h, 1024),)](self.acc, self.out, self.m * self.h, BLOCK=1024,
+                                                                     PDL=self.pdl, **lp._pdl_launch(self.pdl))
         return self.out
 
 

@@ -601,41 +601,15 @@ if HAVE_TRITON:
         return tl.load(wb + i * 128, eviction_policy=EV), tl.load(sb + i * 32)
 
     @triton.jit
-    def _act_words(p):
-        """The activation silu(gate) * up of 8 values as [T, 4] int32 words of bf16 pairs (value 2j low, 2j + 1 high:
-        x's int32 view of bf16), from fp32 sums at p ([T, 4] pointers at the even values' gates: gate rows, then up
-        rows 8 on). Loaded as four [T, 4] tiles, the words' own shape: a [T, 8] load split into pairs gave the
-        words another layout, under which the MMA asm's 4 packed elements were not the lane's 4 words (wrong sums
-        on the H200)."""
-        lo = _act_bits(tl.load(p), tl.load(p + 8)) & 0xFFFF
-        return lo | (_act_bits(tl.load(p + 1), tl.load(p + 9)) << 16)
-
-    @triton.jit
-    def _act_bits(gate, up):
-        """silu(gate) * up rounded to bf16: its bits in an int32's low 16 (sign-extended)."""
-        return (gate / (1.0 + tl.exp(-gate)) * up).to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32)
-
-    @triton.jit
-    def _fp4_mma_xload(xb, xb2, i, TWO: tl.constexpr, SILU: tl.constexpr = False):
-        """Step i's packed x: the lane's 32 bytes of x rows 0-7 (and of rows 8-15 at xb2 when TWO). SILU: x is the
-        activation of fp32 gate_up sums, their rows interleaved 8 at a time (fp4moe.gate_up_stack): xb ([T, 4]
-        pointers) at step 0's sums of the lane's 16 values, 32 of them (gates of 8, ups of 8, twice): the gates of
-        its even values (32q + 2c), the words made from them here (_act_words)."""
-        if SILU:
-            xa = _act_words(xb + i * 128)
-            xc = _act_words(xb + i * 128 + 16)
-        else:
-            xa = tl.load(xb + i * 32)
-            xc = tl.load(xb + i * 32 + 4)
+    def _fp4_mma_xload(xb, xb2, i, TWO: tl.constexpr):
+        """Step i's packed x: the lane's 32 bytes of x rows 0-7 (and of rows 8-15 at xb2 when TWO)."""
+        xa = tl.load(xb + i * 32)
+        xc = tl.load(xb + i * 32 + 4)
         xa2 = xa
         xc2 = xc
         if TWO:
-            if SILU:
-                xa2 = _act_words(xb2 + i * 128)
-                xc2 = _act_words(xb2 + i * 128 + 16)
-            else:
-                xa2 = tl.load(xb2 + i * 32)
-                xc2 = tl.load(xb2 + i * 32 + 4)
+            xa2 = tl.load(xb2 + i * 32)
+            xc2 = tl.load(xb2 + i * 32 + 4)
         return xa, xc, xa2, xc2
 
     @triton.jit
@@ -676,20 +650,20 @@ if HAVE_TRITON:
         return a, b, c, d
 
     @triton.jit
-    def _fp4_mma_with_x(w, xb, xb2, U: tl.constexpr, TWO: tl.constexpr, SILU: tl.constexpr = False):
+    def _fp4_mma_with_x(w, xb, xb2, U: tl.constexpr, TWO: tl.constexpr):
         """U steps' operands: their weights w (_fp4_mma_wloads) with x loaded now (_fp4_mma_xload)."""
-        x = _fp4_mma_xload(xb, xb2, 0, TWO, SILU)
+        x = _fp4_mma_xload(xb, xb2, 0, TWO)
         a = (w[0][0], w[0][1], x[0], x[1], x[2], x[3])
         b = a
         c = a
         d = a
         if U >= 2:
-            x = _fp4_mma_xload(xb, xb2, 1, TWO, SILU)
+            x = _fp4_mma_xload(xb, xb2, 1, TWO)
             b = (w[1][0], w[1][1], x[0], x[1], x[2], x[3])
         if U >= 4:
-            x = _fp4_mma_xload(xb, xb2, 2, TWO, SILU)
+            x = _fp4_mma_xload(xb, xb2, 2, TWO)
             c = (w[2][0], w[2][1], x[0], x[1], x[2], x[3])
-            x = _fp4_mma_xload(xb, xb2, 3, TWO, SILU)
+            x = _fp4_mma_xload(xb, xb2, 3, TWO)
             d = (w[3][0], w[3][1], x[0], x[1], x[2], x[3])
         return a, b, c, d
 
@@ -782,8 +756,7 @@ if HAVE_TRITON:
     @triton.jit
     def _fp4_mma_loop(wb, sb, xb, xb2, i0, i1, T: tl.constexpr, U: tl.constexpr, EV: tl.constexpr,
                       TWO: tl.constexpr, acc0, acc1, acc2, acc3, PDL: tl.constexpr = False,
-                      BX: tl.constexpr = False, XJIT: tl.constexpr = False, XS: tl.constexpr = False, xcp=None,
-                      SILU: tl.constexpr = False):
+                      BX: tl.constexpr = False, XJIT: tl.constexpr = False, XS: tl.constexpr = False, xcp=None):
         """Steps [i0, i1) (a multiple of U) with a register double buffer: the next U steps' loads are issued
         before this U steps' math, so 2U steps' bytes are in flight a warp (on the H200 this, with the decode's
         fewer operations, took Llama-3.1-8B lm_head from 64% to 86% of read bandwidth; unrolling alone: 72%).
@@ -795,8 +768,7 @@ if HAVE_TRITON:
         shapes, 1-3% on the widest, 8-17% slower on 28672x4096 and the small shapes, where the waiting programs
         take places and bandwidth from the running ones; left out.) BX: the bf16 form's asm.
         XJIT: only the weights double-buffered; x (read by every warp, so in L1 or L2) loaded in the iteration that
-        uses it, which halves the registers x holds (two sets of 8 a step at M = 9-16). SILU (with XJIT): x made from
-        fp32 gate_up sums as it is loaded (_fp4_mma_xload)."""
+        uses it, which halves the registers x holds (two sets of 8 a step at M = 9-16)."""
         if PDL:
             tl.extra.cuda.gdc_wait()
         # each iteration's pointers once, its U steps at constant offsets from them (folded into the loads: from an
@@ -824,10 +796,7 @@ if HAVE_TRITON:
             for i in range(i0, i1, U):
                 j = tl.minimum(i + U, i1 - U)
                 wn = _fp4_mma_wloads(wb + j * 128, sb + j * 32, U, EV)
-                if SILU:
-                    a = _fp4_mma_with_x(w, xb + i * 128, xb2 + i * 128, U, TWO, True)
-                else:
-                    a = _fp4_mma_with_x(w, xb + i * 32, xb2 + i * 32, U, TWO)
+                a = _fp4_mma_with_x(w, xb + i * 32, xb2 + i * 32, U, TWO)
                 acc0, acc1, acc2, acc3 = _fp4_mma_steps(a, U, T, TWO, acc0, acc1, acc2, acc3, BX)
                 w = wn
         else:
@@ -1231,11 +1200,9 @@ if HAVE_TRITON:
             tl.store(xp_ptr + slot * stride_ps + idx, y.to(tl.float16).to(tl.int16, bitcast=True), mask=m)
 
     @triton.jit
-    def _cast_zero_kernel(acc_ptr, out_ptr, N, BLOCK: tl.constexpr, PDL: tl.constexpr = False, zero_ptr=None,
-                          NZ=0):
+    def _cast_zero_kernel(acc_ptr, out_ptr, N, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
         """out = acc cast to out's dtype, and acc left at zero for the next call's atomics (the grouped bf16 form's
-        last kernel: no packing kernel zeroes the sums there); zero_ptr[:NZ] zeroed too where given (the grid covers
-        the larger of N and NZ)."""
+        last kernel: no packing kernel zeroes the sums there)."""
         if PDL:
             tl.extra.cuda.gdc_wait()
         k = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -1243,8 +1210,6 @@ if HAVE_TRITON:
         v = tl.load(acc_ptr + k, mask=m, other=0.0)
         tl.store(out_ptr + k, v.to(out_ptr.dtype.element_ty), mask=m)
         tl.store(acc_ptr + k, tl.zeros_like(v), mask=m)
-        if zero_ptr is not None:
-            tl.store(zero_ptr + k, tl.zeros_like(v), mask=k < NZ)
 
     @triton.jit
     def _block_tile(x_base, w_base, rows, nmask, k0, k_end, stride_wn, NB: tl.constexpr, EVEN_K: tl.constexpr,
