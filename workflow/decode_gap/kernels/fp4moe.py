@@ -288,18 +288,18 @@ if HAVE_TRITON:
             _down_finish(out_ptr, fin_ptr, cnt_ptr, pid_n, tl.num_programs(1) * tl.num_programs(2), M_TOK, N,
                          stride_o, stride_f, 16 * WARPS, MB)
 
-
     @triton.jit
     def _fp4_moe_token_kernel(x_ptr, w_ptr, s_ptr, ts_ptr, ids_ptr, rw_ptr, out_ptr, E, N, NT, NSTEPS, stride_x,
                               stride_we, stride_wt, stride_se, stride_st, stride_o, TILES: tl.constexpr,
                               SLICES: tl.constexpr, KS: tl.constexpr, GATE_UP: tl.constexpr, UNROLL: tl.constexpr,
                               USE_ASM: tl.constexpr, EV: tl.constexpr = "", PDL: tl.constexpr = False):
-        """One token's gate_up or down with no fp32 sums, atomics or counters: a program is TILES
-        16-row tiles of SLICES warps each, warp w on tile w // SLICES and slice s = w % SLICES, the slices' sums
-        added in the program (lowprec._slice_sum) and stored from its registers.
+        """One token's gate_up or down with no fp32 sums, atomics or counters: a program is TILES 16-row tiles of
+        SLICES warps each, warp w on tile w // SLICES and slice s = w % SLICES, the slices' sums added in the
+        program (lowprec._slice_sum) and stored from its registers.
         GATE_UP (program (tile group, slot z), expert ids[z]): slice s is K slice s of H (KS = SLICES); out is the
         bf16 activation row z, silu(gate) * up (the rows interleaved, gate_up_stack). An id off [0, E) (another EP
-        rank's expert) returns: its row keeps the zeros it was allocated with.
+        rank's expert) returns, leaving its row as it was (zeros at first, never NaN), which down adds times zero or
+        skips.
         Down (program (tile group)): slice s is slot s // KS, K slice s % KS of I, so the sum over the token's top_k
         experts, each times its routing weight, is the in-program sum, and out is the token's row in out's dtype. A
         slot off the table adds zero; its warp reads the smallest valid id's weights (another warp of the program
@@ -374,6 +374,7 @@ if HAVE_TRITON:
             else:
                 rows = tv[:, :, None] * 16 + gv[:, :, None] + 8 * tl.arange(0, 2)[None, None, :]
                 tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=(rows < N) & (tv < NT)[:, :, None])
+
 
 def expected_hit(pairs: int, experts: int) -> float:
     """Experts that `pairs` uniform choices hit, in expectation: E (1 - (1 - 1/E)^pairs)."""
