@@ -129,8 +129,12 @@ if HAVE_TRITON:
     def _act_store(gate, up, vi, cols, ok, b, pairs_ptr, act_ptr, P, stride_a, BM: tl.constexpr):
         """silu(gate) * up of value vi for the block's column(s) `cols`, as the bf16 activation row of their pairs."""
         pn = tl.load(pairs_ptr + b * BM + cols)
-        a = gate / (1.0 + tl.exp(-gate)) * up
-        tl.store(act_ptr + pn.to(tl.int64) * stride_a + vi, a.to(tl.bfloat16), mask=ok & (pn < P))
+        tl.store(act_ptr + pn.to(tl.int64) * stride_a + vi, _silu_mul(gate, up), mask=ok & (pn < P))
+
+    @triton.jit
+    def _silu_mul(gate, up):
+        """The activation silu(gate) * up as the bf16 down reads."""
+        return (gate / (1.0 + tl.exp(-gate)) * up).to(tl.bfloat16)
 
     @triton.jit
     def _gate_up_finish(gu_ptr, act_ptr, cnt_ptr, b, pid_n, splits, pairs_ptr, P, I, stride_g, stride_a,
@@ -313,6 +317,7 @@ if HAVE_TRITON:
         tile_c = tl.minimum(tile, NT - 1).to(tl.int64)
         s = (t // 32) % SLICES
         per = NSTEPS // KS
+        kof = s % KS * per  # K slice s % KS (gate_up: KS = SLICES, so slice s)
         if GATE_UP:
             z = tl.program_id(1)
             e = tl.load(ids_ptr + z)
@@ -321,11 +326,9 @@ if HAVE_TRITON:
             ec = (e + t * 0).to(tl.int64)
             f = tl.load(ts_ptr + ec) * 16384.0
             xrow = x_ptr + t * 0
-            kof = s * per
         else:
             SLOTS: tl.constexpr = SLICES // KS
             slot = s // KS
-            kof = s % KS * per
             all_ids = tl.load(ids_ptr + tl.arange(0, SLOTS))
             fallback = tl.min(tl.where((all_ids >= 0) & (all_ids < E), all_ids, E))
             e = tl.load(ids_ptr + slot)
@@ -351,8 +354,7 @@ if HAVE_TRITON:
             if GATE_UP:  # row g is value 8 tile + g's gate, row g + 8 its up
                 gate = tl.sum(tl.where(c4[None, :] == 0, y, 0.0), axis=1)
                 up = tl.sum(tl.where(c4[None, :] == 2, y, 0.0), axis=1)
-                tl.store(out_ptr + z.to(tl.int64) * stride_o + tile * 8 + g,
-                         (gate / (1.0 + tl.exp(-gate)) * up).to(tl.bfloat16), mask=keep)
+                tl.store(out_ptr + z.to(tl.int64) * stride_o + tile * 8 + g, _silu_mul(gate, up), mask=keep)
             else:
                 rows = (tile * 16 + g)[:, None] + 8 * (c4[None, :] // 2)
                 om = (rows < N) & keep[:, None] & (c4 % 2 == 0)[None, :]
@@ -369,8 +371,7 @@ if HAVE_TRITON:
             if GATE_UP:
                 gate = tl.sum(tl.where((tl.arange(0, 2) == 0)[None, None, :], y, 0.0), axis=2)
                 up = tl.sum(tl.where((tl.arange(0, 2) == 1)[None, None, :], y, 0.0), axis=2)
-                act = (gate / (1.0 + tl.exp(-gate)) * up).to(tl.bfloat16)
-                tl.store(out_ptr + z.to(tl.int64) * stride_o + tv * 8 + gv, act, mask=tv < NT)
+                tl.store(out_ptr + z.to(tl.int64) * stride_o + tv * 8 + gv, _silu_mul(gate, up), mask=tv < NT)
             else:
                 rows = tv[:, :, None] * 16 + gv[:, :, None] + 8 * tl.arange(0, 2)[None, None, :]
                 tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=(rows < N) & (tv < NT)[:, :, None])
@@ -530,12 +531,10 @@ class Nvfp4FusedMoe:
     @property
     def label(self) -> str:
         gemms = " and ".join(n for n, on in (("gate_up", self.token13), ("down", self.token2)) if on)
-        if gemms:
-            return (f"triton fused MoE (nvfp4 weight-only, bf16 tensor-core MMA, one token: {gemms} as K slices "
-                    f"summed in the program" + (", SiLU-and-mul in gate_up's epilogue" if self.silu_epilogue else "")
-                    + ")")
-        return (f"triton fused MoE (nvfp4 weight-only, bf16 tensor-core MMA, pairs sorted by expert in blocks of "
-                f"{self.block_m}" + (", SiLU-and-mul in gate_up's epilogue" if self.silu_epilogue else "") + ")")
+        form = (f"one token: {gemms} as K slices summed in the program" if gemms
+                else f"pairs sorted by expert in blocks of {self.block_m}")
+        return (f"triton fused MoE (nvfp4 weight-only, bf16 tensor-core MMA, {form}"
+                + (", SiLU-and-mul in gate_up's epilogue" if self.silu_epilogue else "") + ")")
 
     @property
     def kernels(self) -> int:
