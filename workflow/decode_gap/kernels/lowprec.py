@@ -1677,7 +1677,12 @@ FP4_MMA_PAIR = (FP4_MMA_TP, replace(FP4_MMA_TP, block_k=64))
 # tried on the H200 and left out (within 0.2 us of the bf16 default below the lm_heads, or slower): bf16 with about
 # 20 warps an SM, 4 steps an iteration split for 27 or 18 warps an SM, 8-warp programs; operands swapped onto Hopper's
 # wgmma (the decoded weight as A from registers, Triton-pipelined loads: benchmarks/device/swapab_probe.py), 0.44-0.59
-# of read bandwidth at every M, issue-bound (24576x6144 M=16 39.5 us against 31.5, 128256x4096 112.9 against 88.9)
+# of read bandwidth at every M, issue-bound (24576x6144 M=16 39.5 us against 31.5, 128256x4096 112.9 against 88.9);
+# the weights (and x) through Triton's software pipeline (tl.range num_stages 3-6: cp.async into shared memory, then
+# ld.shared) instead of the register double buffer, 54-63 registers for 70-115: slower on all 18 cases of 6 shapes
+# at M = 1, 8 and 16 (H200, 2026-12-03, read 4385 GB/s; the best pipelined form against the best form, us:
+# 28672x4096 M=16 30.9 / 25.8, M=1 41.2 / 19.0; 36864x7168 M=16 61.4 / 53.5; 4096x14336 M=1 16.9 / 11.8), and
+# without x shared (x's per-lane loads pipelined too) 5-20x slower
 # the M=1 CUDA-core forms that still win small shapes (latency-bound: one kernel, no x packing, no split-K)
 FP4_DEFAULT_ASM = GemvConfig(8, 512, 4, asm=True)
 FP4_DEFAULT = GemvConfig(8, 2048, 4, split=1)
