@@ -1682,7 +1682,9 @@ FP4_MMA_PAIR = (FP4_MMA_TP, replace(FP4_MMA_TP, block_k=64))
 # ld.shared) instead of the register double buffer, 54-63 registers for 70-115: slower on all 18 cases of 6 shapes
 # at M = 1, 8 and 16 (H200, 2026-12-03, read 4385 GB/s; the best pipelined form against the best form, us:
 # 28672x4096 M=16 30.9 / 25.8, M=1 41.2 / 19.0; 36864x7168 M=16 61.4 / 53.5; 4096x14336 M=1 16.9 / 11.8), and
-# without x shared (x's per-lane loads pipelined too) 5-20x slower
+# without x shared (x's per-lane loads pipelined too) 5-20x slower; two steps' x chunks joined into one tensor before
+# _x_frags, for one layout conversion (one barrier pair) an iteration: Triton still converted them a step at a time
+# (the same 4 barriers an iteration in the sm_90 SASS) in 88 registers for 70, so not timed
 # the M=1 CUDA-core forms that still win small shapes (latency-bound: one kernel, no x packing, no split-K)
 FP4_DEFAULT_ASM = GemvConfig(8, 512, 4, asm=True)
 FP4_DEFAULT = GemvConfig(8, 2048, 4, split=1)
