@@ -17,6 +17,7 @@ APT_PACKAGES=(
   libpango-1.0-0 libpangoft2-1.0-0 libharfbuzz0b libharfbuzz-subset0 fonts-dejavu-core  # weasyprint
   fonts-liberation   # the charts' font: the PDF draws their labels in the font vl-convert measured them with
   poppler-utils                                 # pdftoppm / pdftotext to look at the rendered report
+  chromium                                      # headless: the HTML report as a browser draws it (tests)
   pciutils                                      # lspci for the audit's MaxReadReq / link checks
   slurm-wlm munge                               # the fleet test's one-node SLURM cluster
 )

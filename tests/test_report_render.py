@@ -198,3 +198,38 @@ def test_datasheet_comes_from_roofline_json_never_from_this_host(monkeypatch):
     real = datasheet(load_bundle(files_in_dir(FIX / "cpu-real")))
     assert real == {"name": "CPU (measured)", "memory_bandwidth_gbps": None, "peak_tflops": {}}
     assert datasheet(load_bundle({})) == {}
+
+
+def _svg_width(spec: dict) -> float:
+    from decode_gap.report.render import chart_svg
+
+    return float(re.search(r'<svg[^>]*width="([0-9.]+)"', chart_svg(spec)).group(1))
+
+
+# A4 less 18 mm margins is 657 px at 96 dpi; the widest chart of the fixture (the trace's step) is 688
+PAGE_PX = 700
+
+
+def test_every_chart_fits_the_page(full):
+    _, ctx = full
+    specs = [(chart["title"], chart["spec"]) for chart in ctx["charts"] if chart.get("spec")]
+    assert len(specs) >= 12
+    for title, spec in specs:
+        assert _svg_width(spec) <= PAGE_PX, title
+
+
+def test_a_legend_of_many_entries_wraps_instead_of_widening_the_chart():
+    """Ten MoE implementations in one legend row made the chart 1241 px wide: cut off in the HTML figure, shrunk to
+    half size on the PDF page."""
+    import pandas as pd
+
+    from decode_gap.report import charts as ch
+
+    impls = ["fused_moe fp8", "fused_moe fp8-block", "fused_moe nvfp4", "grouped_gemv bf16", "grouped_gemv fp8",
+             "grouped_gemv fp8-block", "grouped_gemv nvfp4", "grouped_mm bf16", "loop bf16", "scaled_grouped_mm fp8"]
+    df = pd.DataFrame([{"M": m, "time_us": 10.0 * (i + 1) * m, "impl": s} for i, s in enumerate(impls) for m in (1, 8)])
+    assert _svg_width(ch.to_spec(ch.moe_loop_vs_grouped(df))) <= PAGE_PX
+    legend = ch.wrapped_legend(["a", "b"])
+    assert legend.columns == 2 and legend.orient == "top"
+    long = ["x" * 200] * 3  # labels past the limit, which cuts them at 260 px
+    assert ch.wrapped_legend(long).columns == 2 and ch.wrapped_legend(long, 400).columns == 1

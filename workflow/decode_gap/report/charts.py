@@ -21,7 +21,8 @@ UNAVAILABLE = "#94a3b8"
 RESIDUAL = "#dc2626"
 INCONSISTENT = "#f59e0b"  # a negative step: a finding, never an explanation
 TOTAL = "#334155"
-PALETTE = ["#2563eb", "#f59e0b", "#0f766e", "#dc2626", "#7c3aed", "#0891b2", "#db2777", "#65a30d", "#64748b"]
+PALETTE = ["#2563eb", "#f59e0b", "#0f766e", "#dc2626", "#7c3aed", "#0891b2", "#db2777", "#65a30d", "#64748b",
+           "#ea580c", "#4338ca", "#a16207"]  # twelve: the MoE chart draws ten implementations
 WIDTH = 620  # fits an A4 page with 18 mm margins at 96 dpi
 
 THEME: dict[str, Any] = {
@@ -45,6 +46,20 @@ THEME: dict[str, Any] = {
     "point": {"size": 40, "filled": True},
     "text": {"fontSize": 11, "color": "#334155"},
 }
+
+
+LEGEND_LABEL_LIMIT = 260  # px, THEME's legend labelLimit
+LEGEND_CHAR_PX = 6.5  # an 11 px label's average character width
+LEGEND_ENTRY_PX = 34  # the symbol, its gap and the space after an entry
+
+
+def wrapped_legend(labels, width: int = WIDTH) -> alt.Legend:
+    """A legend over the plot whose entries wrap into as many columns as `width` holds. A top legend otherwise
+    lays every entry out in one row: ten MoE implementations ran past the HTML figure (cut off) and shrank the
+    whole chart to fit the PDF page."""
+    longest = max((len(str(v)) for v in labels), default=1)
+    entry = min(longest * LEGEND_CHAR_PX, LEGEND_LABEL_LIMIT) + LEGEND_ENTRY_PX
+    return alt.Legend(orient="top", columns=max(1, min(len(labels), int(width // entry))))
 
 
 class NoChart(Exception):
@@ -79,8 +94,10 @@ def roofline_components(df: pd.DataFrame, value: str, label: str, unit_title: st
     total = df[value].sum()
     df["share"] = df[value] / total
     color = "group" if "group" in df.columns else label
+    # largest first as a list: sort="-x" on both layers made Vega-Lite warn of conflicting sorts (bar and text)
+    order = df.sort_values(value, ascending=False, kind="stable")[label].tolist()
     base = alt.Chart(df).encode(
-        y=alt.Y(f"{label}:N", sort="-x", title=None),
+        y=alt.Y(f"{label}:N", sort=order, title=None),
         x=alt.X(f"{value}:Q", title=unit_title),
         tooltip=[alt.Tooltip(f"{label}:N"), alt.Tooltip(f"{value}:Q", format=",.4~g"),
                  alt.Tooltip("share:Q", format=".1%")],
@@ -98,7 +115,7 @@ def gemm_m1_bandwidth(df: pd.DataFrame, copy_gbps: float | None) -> alt.Chart:
         y=alt.Y("shape:N", title=None, sort=None),
         yOffset=alt.YOffset("dtype:N"),
         x=alt.X("gbps:Q", title="achieved GB/s (GPU time)", axis=alt.Axis(tickCount=5)),
-        color=alt.Color("dtype:N", title="dtype", legend=alt.Legend(orient="top")),
+        color=alt.Color("dtype:N", title="dtype", legend=wrapped_legend(df["dtype"].unique())),
         tooltip=["shape:N", "dtype:N", "backend:N", alt.Tooltip("gbps:Q", format=",.0f"),
                  alt.Tooltip("gpu_us:Q", format=",.2f", title="GPU µs"),
                  alt.Tooltip("eager_us:Q", format=",.2f", title="eager µs")],
@@ -121,7 +138,7 @@ def gemm_m_sweep(df: pd.DataFrame, copy_gbps: float | None) -> alt.Chart:
         x=alt.X("M:Q", scale=alt.Scale(type="log", base=2), axis=alt.Axis(values=sorted(df["M"].unique().tolist())),
                 title="M (tokens)"),
         y=alt.Y("gbps:Q", title="GB/s"),
-        color=alt.Color("dtype:N", title="dtype", legend=alt.Legend(orient="top")),
+        color=alt.Color("dtype:N", title="dtype", legend=wrapped_legend(df["dtype"].unique())),
         tooltip=["shape:N", "dtype:N", "M:Q", alt.Tooltip("gbps:Q", format=",.0f"),
                  alt.Tooltip("tflops:Q", format=",.2f") if "tflops" in df.columns else "M:Q"],
     )
@@ -161,7 +178,7 @@ def allreduce(df: pd.DataFrame, model_bytes: float | None) -> alt.HConcatChart:
     x = alt.X("size:Q", scale=alt.Scale(type="log", base=2), title="message size",
               axis=alt.Axis(labelExpr=SIZE_LABELS, values=sizes))
     has_series = "series" in df.columns
-    color = (alt.Color("series:N", title=None, legend=alt.Legend(orient="top"),
+    color = (alt.Color("series:N", title=None, legend=wrapped_legend(df["series"].unique(), WIDTH // 2),
                        scale=alt.Scale(range=[PALETTE[0], MEASURED])) if has_series else alt.value(PALETTE[0]))
     tips = [alt.Tooltip("size:Q", format=",", title="bytes")] + ([alt.Tooltip("series:N")] if has_series else [])
     lat = alt.Chart(df).mark_line(point=True).encode(
@@ -214,7 +231,7 @@ def moe_loop_vs_grouped(df: pd.DataFrame) -> alt.Chart:
         x=alt.X("M:Q", scale=alt.Scale(type="log", base=2), axis=alt.Axis(values=sorted(df["M"].unique().tolist())),
                 title="M (tokens)"),
         y=alt.Y("time_us:Q", title="GPU time (µs)"),
-        color=alt.Color("impl:N", title=None, legend=alt.Legend(orient="top")),
+        color=alt.Color("impl:N", title=None, legend=wrapped_legend(df["impl"].unique())),
         tooltip=["impl:N", "M:Q", alt.Tooltip("time_us:Q", format=",.2f")],
     ).properties(width=WIDTH - 120, height=200)
 
