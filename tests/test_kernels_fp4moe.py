@@ -94,6 +94,9 @@ for token, ids, s13, s2, kernels in (("both", [[3, 0]], None, None, 2), ("gate_u
                                      ("gate_up", [[1, 4]], 1, None, 3)):
     moe = fp4moe.Nvfp4FusedMoe(w13, w2, 1, len(ids[0]), "cpu", token=token, slices13=s13, slices2=s2)
     assert (moe.token13, moe.token2, moe.kernels) == (token != "down", token != "gate_up", kernels), moe.label
+    # a GEMM run as the one-token kernel sums in the program: no fp32 sums or counters of the block kernel
+    assert (moe.gu is None, moe.cnt13 is None) == (moe.token13,) * 2
+    assert (moe.acc is None, moe.cnt2 is None) == (moe.token2,) * 2
     t = torch.tensor(ids, dtype=torch.int32)
     w = torch.rand(1, t.shape[1])
     ref = fp4moe.reference(x, t, w, lambda e: (d13[e], d2[e]))

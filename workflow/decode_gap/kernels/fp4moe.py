@@ -364,7 +364,7 @@ if HAVE_TRITON:
             W: tl.constexpr = TILES * SLICES
             part = _fp4_mma_emul_m1(xrow, w_base, s_base, tile_c, lane, qq, 0, per, stride_wt, stride_st, T, W, True,
                                     kof, 1)
-            fw = tl.sum(tl.reshape(f + t * 0.0, (W, 32)), axis=1) / 32.0
+            fw = tl.max(tl.reshape(f + t * 0.0, (W, 32)), axis=1)  # a warp's 32 lanes hold the same factor
             y = tl.sum(tl.reshape(part * fw[:, None, None], (TILES, SLICES, 8, 2)), axis=1)  # [tile, g, half]
             tv = pid_n * TILES + tl.arange(0, TILES)[:, None]
             gv = tl.arange(0, 8)[None, :]
@@ -514,14 +514,17 @@ class Nvfp4FusedMoe:
             self.sorted_pairs[:, 0] = torch.arange(pairs, dtype=torch.int32, device=dev)
         self.sorted_pairs = self.sorted_pairs.reshape(-1)
         self.block_expert = torch.empty(self.nb, dtype=torch.int32, device=dev)
-        # fp32 sums, at zero between calls (the epilogues, or the SiLU kernel and the cast, leave them so), and the
-        # epilogues' counters, at zero between calls too: gate_up's a (block, tile group), down's a tile group
-        self.gu = torch.zeros((pairs, 2 * i), dtype=torch.float32, device=dev)
+        # the block kernels' fp32 sums, at zero between calls (the epilogues, or the SiLU kernel and the cast, leave
+        # them so), and their epilogues' counters, at zero between calls too: gate_up's a (block, tile group), down's
+        # a tile group. A GEMM run as the one-token kernel has neither (it sums in the program)
+        block13, block2 = not self.token13, not self.token2
+        self.gu = torch.zeros((pairs, 2 * i), dtype=torch.float32, device=dev) if block13 else None
         self.act = torch.zeros((pairs, i), dtype=torch.bfloat16, device=dev)  # rows of off-table ids stay zero
-        self.acc = torch.zeros((m, h), dtype=torch.float32, device=dev)
+        self.acc = torch.zeros((m, h), dtype=torch.float32, device=dev) if block2 else None
         self.out = torch.empty((m, h), dtype=out_dtype, device=dev)
-        self.cnt13 = torch.zeros(self.nb * triton.cdiv(nt13, self.warps), dtype=torch.int32, device=dev)
-        self.cnt2 = torch.zeros(triton.cdiv(nt2, self.warps), dtype=torch.int32, device=dev)
+        self.cnt13 = (torch.zeros(self.nb * triton.cdiv(nt13, self.warps), dtype=torch.int32, device=dev)
+                      if block13 else None)
+        self.cnt2 = torch.zeros(triton.cdiv(nt2, self.warps), dtype=torch.int32, device=dev) if block2 else None
 
     def _plan(self, steps: int, split: int) -> tuple[int, int]:
         """(steps a split, splits): whole iterations of `unroll` steps."""
