@@ -629,6 +629,20 @@ def _dense_row(env: BenchEnv, model: str, n: int, k: int, m: int, old: bool, fp8
     return row
 
 
+FORMS = "all"  # --forms
+_G = lp.GemvConfig
+# many K slices a tile for the small shapes (one program a tile or two, the slices summed in the program, no or few
+# K splits): what the sweep's --forms slices times beside the default plan's forms
+SLICED_MANY = (_G(16, 128, 16, mma=True, evict=True, bx=True, slices=16, split=1),
+               _G(16, 64, 16, mma=True, evict=True, bx=True, slices=16, split=1),
+               _G(16, 64, 32, mma=True, evict=True, bx=True, slices=32, split=1),
+               _G(32, 128, 16, mma=True, evict=True, bx=True, slices=8, split=1),
+               _G(16, 64, 8, mma=True, evict=True, bx=True, slices=8, split=1),
+               _G(16, 128, 16, mma=True, evict=True, bx=True, slices=16, warps_per_sm=48),
+               _G(32, 64, 16, mma=True, evict=True, bx=True, slices=8, warps_per_sm=40),
+               _G(16, 64, 8, mma=True, evict=True, bx=True, slices=8, warps_per_sm=40))
+
+
 def fp4_sweep(env: BenchEnv, n: int, k: int, m: int) -> None:
     """Every NVFP4 tensor-core form on one shape (the chained ones too), fastest first, each with its fraction of
     read bandwidth."""
@@ -637,6 +651,14 @@ def fp4_sweep(env: BenchEnv, n: int, k: int, m: int) -> None:
     x = torch.randn((m, k), device=dev, dtype=torch.bfloat16)
     nb4 = nvfp4_call_bytes(n, k, m)
     cfgs = lp.FP4_MMA_CONFIGS + lp.FP4_MMA_CHAINED + lp.FP4_MMA_XJIT + lp.FP4_MMA_XSHARE + lp.FP4_MMA_PAIR
+    if FORMS == "slices":  # the many-slice forms beside the default plan's and its neighbours
+        cfgs = SLICED_MANY + tuple({lp.fp4_config_for(m, k, dev, n), lp.FP4_MMA_BX_40, lp.FP4_MMA_DEFAULT,
+                                    lp.FP4_MMA_KS2, lp.FP4_MMA_KS2_WIDE, lp.FP4_MMA_BX_WIDE} - {None})
+        ref = nv.reference_mm(x, q)
+        for cfg in SLICED_MANY:  # checked on this shape before they are timed (a failed form is not timed)
+            if not k % cfg.k_multiple:
+                _check(f"nvfp4 {cfg.name}", m, n, k, lambda: _twice_if_one_kernel(
+                    lp.Nvfp4Gemv(q, m, dev, cfg, out_dtype=torch.float32), x), ref, 2e-3)
     _, _, times = best_of(env, fp4_builders(nvfp4_copies(q, dev), x, dev, cfgs), nb4)
     read_us = plain_read_us(env, nb4)
     RESULTS["gemm"].append({"model": "sweep", "N": n, "K": k, "M": m, "nvfp4_bytes": nb4, "nvfp4_new_tried": times,
@@ -868,6 +890,8 @@ def main() -> int:
     ap.add_argument("--shapes", default="28672x4096,4096x14336,36864x7168,128256x4096",
                     help="the sweep section's N x K shapes (comma-separated), each at every --ms")
     ap.add_argument("--ms", default="1", help="the sweep section's M values (comma-separated)")
+    ap.add_argument("--forms", default="all", choices=("all", "slices"),
+                    help="the sweep section's forms: all, or many K slices a tile beside the default plan's")
     ap.add_argument("--sections", default="memory,checks,llama,moe,dsv3,glm5,stage",
                     help="also: bw (bandwidths only), stats, fp8block (block-scaled fp8 above batch 1: checks and "
                          "times), fusedmoe (the fp8 fused MoE above batch 1: checks and times), fp4moe (the NVFP4 "
@@ -875,6 +899,8 @@ def main() -> int:
                          "(routing, attention, fp8block, fused MoE and NVFP4 fused MoE checks), moe4 (the NVFP4 "
                          "grouped forms only)")
     args = ap.parse_args()
+    global FORMS
+    FORMS = args.forms
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     device = pick_device()
