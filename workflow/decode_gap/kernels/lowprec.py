@@ -1590,7 +1590,12 @@ FP4_MMA_BX_SK = replace(FP4_MMA_DEFAULT, stream=True)
 # 4-warp program: 2-30% slower), 8 and 16 slices (1 tile, 8 or 16 warps: up to twice as slow, 6144x4096 16.8
 # against 8.1 us), 2 slices of 8-warp programs, slices for about 36 or 40 warps an SM, and any sliced form with the
 # split forced off where 2 slices leave one (benchmarks/device/slices_probe.py: 7168x18432 24.4 us at best against
-# 22.8, too few warps in flight)
+# 22.8, too few warps in flight). On the small shapes too (the TP8 projections, where the K split's atomics and
+# finishing reads might have been the cost), 8-32 slices a tile with no or few splits lost every case: H200
+# (2026-12-03, read 4383 GB/s, lowprec_device.py --sections sweep --forms slices, 12 shapes at M = 1 and 8), best
+# sliced form / best form / a plain read, us: 2048x6144 M=1 6.77 / 5.34 / 3.63, 576x6144 5.97 / 3.75 / 2.26,
+# 6144x2048 7.62 / 5.28 / 3.65, 3584x512 4.59 / 2.55 / 2.03 (one step a warp either way: the slices' sum in the
+# program, not the loads, cost the 2 us)
 FP4_MMA_KS2 = GemvConfig(32, 128, 4, mma=True, evict=True, warps_per_sm=27, bx=True, slices=2)
 FP4_MMA_KS2_WIDE = GemvConfig(32, 256, 4, mma=True, evict=True, warps_per_sm=18, bx=True, slices=2)
 # where the sliced forms won at M <= 8 (H200, M=1, 35 shapes): from 48M weights (4096x14336 yes, 4096x7168 no), or
