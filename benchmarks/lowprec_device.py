@@ -26,6 +26,7 @@ import math
 import sys
 import time
 import traceback
+from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -641,6 +642,13 @@ SLICED_MANY = (_G(16, 128, 16, mma=True, evict=True, bx=True, slices=16, split=1
                _G(16, 128, 16, mma=True, evict=True, bx=True, slices=16, warps_per_sm=48),
                _G(32, 64, 16, mma=True, evict=True, bx=True, slices=8, warps_per_sm=40),
                _G(16, 64, 8, mma=True, evict=True, bx=True, slices=8, warps_per_sm=40))
+# x shared a program at M = 9-16 (lp.FP4_MMA_XS) with other program sizes, iterations and split targets: what
+# --forms m16 times beside the default plan's forms
+_XS = lp.FP4_MMA_XS
+XSHARE_SIZES = (replace(_XS, block_n=128, warps=8), replace(_XS, block_n=32, warps=2), replace(_XS, block_k=64),
+                replace(_XS, warps_per_sm=20), replace(_XS, warps_per_sm=36),
+                replace(lp.FP4_MMA_XS_AHEAD, block_n=128, warps=8), replace(_XS, block_n=128, warps=8, block_k=64))
+EXTRA_FORMS = {"slices": SLICED_MANY, "m16": XSHARE_SIZES}
 
 
 def fp4_sweep(env: BenchEnv, n: int, k: int, m: int) -> None:
@@ -651,11 +659,13 @@ def fp4_sweep(env: BenchEnv, n: int, k: int, m: int) -> None:
     x = torch.randn((m, k), device=dev, dtype=torch.bfloat16)
     nb4 = nvfp4_call_bytes(n, k, m)
     cfgs = lp.FP4_MMA_CONFIGS + lp.FP4_MMA_CHAINED + lp.FP4_MMA_XJIT + lp.FP4_MMA_XSHARE + lp.FP4_MMA_PAIR
-    if FORMS == "slices":  # the many-slice forms beside the default plan's and its neighbours
-        cfgs = SLICED_MANY + tuple({lp.fp4_config_for(m, k, dev, n), lp.FP4_MMA_BX_40, lp.FP4_MMA_DEFAULT,
-                                    lp.FP4_MMA_KS2, lp.FP4_MMA_KS2_WIDE, lp.FP4_MMA_BX_WIDE} - {None})
+    if FORMS != "all":  # the extra forms beside the default plan's and its neighbours
+        extra = EXTRA_FORMS[FORMS]
+        cfgs = extra + tuple({lp.fp4_config_for(m, k, dev, n), lp.FP4_MMA_BX_40, lp.FP4_MMA_DEFAULT, lp.FP4_MMA_KS2,
+                              lp.FP4_MMA_KS2_WIDE, lp.FP4_MMA_BX_WIDE, lp.FP4_MMA_XS, lp.FP4_MMA_XS_AHEAD,
+                              lp.FP4_MMA_BX_SK_XS} - {None})
         ref = nv.reference_mm(x, q)
-        for cfg in SLICED_MANY:  # checked on this shape before they are timed (a failed form is not timed)
+        for cfg in extra:  # checked on this shape before they are timed (a failed form is not timed)
             if not k % cfg.k_multiple:
                 _check(f"nvfp4 {cfg.name}", m, n, k, lambda: _twice_if_one_kernel(
                     lp.Nvfp4Gemv(q, m, dev, cfg, out_dtype=torch.float32), x), ref, 2e-3)
@@ -890,8 +900,9 @@ def main() -> int:
     ap.add_argument("--shapes", default="28672x4096,4096x14336,36864x7168,128256x4096",
                     help="the sweep section's N x K shapes (comma-separated), each at every --ms")
     ap.add_argument("--ms", default="1", help="the sweep section's M values (comma-separated)")
-    ap.add_argument("--forms", default="all", choices=("all", "slices"),
-                    help="the sweep section's forms: all, or many K slices a tile beside the default plan's")
+    ap.add_argument("--forms", default="all", choices=("all", "slices", "m16"),
+                    help="the sweep section's forms: all, or beside the default plan's many K slices a tile "
+                         "(slices) or x shared in other program sizes (m16)")
     ap.add_argument("--sections", default="memory,checks,llama,moe,dsv3,glm5,stage",
                     help="also: bw (bandwidths only), stats, fp8block (block-scaled fp8 above batch 1: checks and "
                          "times), fusedmoe (the fp8 fused MoE above batch 1: checks and times), fp4moe (the NVFP4 "
