@@ -1655,8 +1655,9 @@ FP4_MMA_XJIT = (replace(FP4_MMA_BX_SK, xjit=True), replace(FP4_MMA_BX_SK, block_
 # 24576x6144 35.5 / 32.0 (in place, split cut to 2), 6144x16384 23.8 / 22.8 (in place, split cut to 9), 128256x4096
 # 105.8 / 97.0 (ahead, no split): fp4_config_for plans between them (_m16_plan)
 # Other sizes tried with x shared (H200, 2026-12-03, lowprec_device.py --forms m16, six shapes at M = 12 and 16):
-# programs of 8 warps (x shared by 8: 2.9-4.0 us slower on 28672x4096), of 2 warps, one step an iteration (1-9%
-# slower), about 20 or 36 warps an SM (within 0.3 us or slower) won nothing
+# programs of 8 warps (x shared by 8: 1.1-23.6 us slower, 28672x4096 M=16 40.6 against 26.0), of 2 warps (0.9-16.9
+# us slower), one step an iteration (0.5-3.8 us slower), about 20 or 36 warps an SM (within 0.3 us or slower) won
+# nothing
 FP4_MMA_XS = replace(FP4_MMA_XJ, xshare=True)  # x chunks loaded in the iteration that uses them
 FP4_MMA_XS_AHEAD = replace(FP4_MMA_DEFAULT, xshare=True)  # an iteration ahead, as the weights
 FP4_MMA_BX_SK_XS = replace(FP4_MMA_BX_SK, xshare=True)
