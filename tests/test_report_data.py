@@ -15,7 +15,7 @@ from decode_gap.report.data import (Fig, fmt_num, fmt_size, headline, load_bundl
                                     num, parse_provenance)
 from decode_gap.secrets import redact_url, scrub_text, secret_values
 from decode_gap.report.sections import (chunk_itls, delta_row, findings_delta, itl_hist_frame, levers_list,
-                                        timeline_frame, waterfall_frame)
+                                        timeline_frame, waterfall_frame, waterfall_hosts)
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "report"
 
@@ -138,6 +138,24 @@ def test_waterfall_orders_base_increments_residual_total():
     df2, _ = waterfall_frame([{"name": "roofline", "ms": 2.0}, {"name": "residual", "ms": -0.5},
                               {"name": "framework", "ms": None}, "garbage"])
     assert df2["start"].tolist() == [0.0, 1.5] and df2["end"].tolist() == [2.0, 2.0]
+
+
+def test_waterfall_bars_name_a_device_only_where_it_differs_from_most_steps():
+    on = {"h": "NVIDIA H200, rev h200-x", "c": "cpu: Intel(R) Xeon(R) Processor, rev h200-x"}
+    steps = [{"name": "roofline", "ms": 1.0, "kind": "start", "measured_on": on["h"]},
+             {"name": "kernels", "ms": 2.0, "measured_on": on["h"]},
+             {"name": "launch", "ms": 3.0, "measured_on": on["h"]},
+             {"name": "HTTP/SSE", "ms": 0.1, "measured_on": on["c"]},
+             {"name": "live ITL", "ms": 6.1, "kind": "total", "measured_on": on["h"]}]
+    df, _ = waterfall_frame(steps)
+    labels = dict(zip(df["step"], df["label"]))
+    assert labels["kernels"] == "+2 ms" and labels["live ITL"] == "6.10 ms"
+    assert labels["HTTP/SSE"].startswith("+0.1 ms · cpu: Intel")
+    assert waterfall_hosts(df) == "measured on H200 unless a step names its device"
+    one, _ = waterfall_frame([{**st, "measured_on": on["c"]} for st in steps])
+    assert not one["label"].str.contains("·").any()
+    assert waterfall_hosts(one) == "measured on cpu: Intel(R) Xeon(R) Processor unless a step names its device"
+    assert waterfall_hosts(waterfall_frame([{"name": "roofline", "ms": 1.0}])[0]) == "where each step was measured"
 
 
 def test_levers_sorted_and_tolerant():

@@ -13,7 +13,7 @@ from .audit import audit_facts, audit_section
 from .roofline import ROOFLINE_FIGS, roofline_section
 from .microbench import (memory_sub, SLOW_BELOW, kernel_reading, gemm_frame, gemm_sub, allreduce_sub, comm_floor_text,
                          eager_graph_sub, moe_sub, attention_sub, microbench_section)
-from .simulation import WATERFALL_TOTAL, waterfall_frame, simulation_section
+from .simulation import WATERFALL_TOTAL, waterfall_frame, waterfall_hosts, simulation_section
 from .live import LIVE_STATS, LIVE_METRICS, chunk_itls, itl_hist_frame, timeline_frame, live_section
 from .since import TREND_METRICS, delta_row, findings_delta, findings_brief, since_section
 from .appendix import sources_rows, provenance_section
@@ -27,5 +27,5 @@ __all__ = [
     "df_table", "eager_graph_sub", "findings_brief", "findings_delta", "gemm_frame", "gemm_sub",
     "headline_section", "itl_hist_frame", "kernel_reading", "levers_list", "live_section", "memory_sub",
     "microbench_section", "moe_sub", "provenance_section", "roofline_section", "simulation_section",
-    "since_section", "sources_rows", "timeline_frame", "waterfall_frame",
+    "since_section", "sources_rows", "timeline_frame", "waterfall_frame", "waterfall_hosts",
 ]

@@ -15,7 +15,7 @@ from .headline import headline_section
 from .audit import audit_section
 from .roofline import roofline_section
 from .microbench import microbench_section
-from .simulation import simulation_section
+from .simulation import simulation_section, waterfall_hosts
 from .live import live_section
 from .since import since_section
 from .appendix import provenance_section, sources_rows
@@ -33,11 +33,11 @@ def build_context(bundle: Bundle, *, hw_rev: str, fingerprint: dict[str, str], r
     micro = microbench_section(b, bundle, datasheet or {})
     sim = simulation_section(b, bundle, figs)
     if sim.get("waterfall_frame") is not None:
-        head["waterfall_chart"] = b.chart("Where the time of one token goes: roofline → live ITL", ch.waterfall,
-                                          sim.pop("waterfall_frame"),
+        wdf = sim.pop("waterfall_frame")
+        head["waterfall_chart"] = b.chart("Where the time of one token goes: roofline → live ITL", ch.waterfall, wdf,
                                           caption="gap.json waterfall · teal measured, indigo modelled, red residual, "
                                                   "amber inconsistent (a lower level measured slower: not explained) · "
-                                                  "where each step was measured after its value · details in section 5")
+                                                  f"{waterfall_hosts(wdf)} · details in section 5")
     live = live_section(b, bundle)
     trace = trace_section(b, bundle)  # issue 13: report/templates/trace_section.html.j2
     since = since_section(b, hw_rev, fingerprint, figs, audit.get("findings", []), history or [],

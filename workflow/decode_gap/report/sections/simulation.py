@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import pandas as pd
@@ -17,10 +18,20 @@ from .microbench import CAPPED_FROM
 WATERFALL_TOTAL = ("live", "itl", "total", "server level")
 
 
+def _host(measured_on: str) -> str:
+    """The device part of a waterfall row's `measured_on`."""
+    return measured_on.split(", rev ")[0].replace(" (device not visible to the client)", "").removeprefix("NVIDIA ")
+
+
 def _short_host(measured_on: str) -> str:
-    """The device part of a waterfall row's `measured_on`, short enough for a bar label (the table has it all)."""
-    text = measured_on.split(", rev ")[0].replace(" (device not visible to the client)", "")
-    return _label(text.removeprefix("NVIDIA "), 22)
+    """_host short enough for a bar label (the table has it all)."""
+    return _label(_host(measured_on), 22)
+
+
+def waterfall_hosts(frame: pd.DataFrame) -> str:
+    """The caption's words for where the waterfall's steps were measured (waterfall_frame's labels)."""
+    usual = frame.attrs.get("usual_host", "")
+    return f"measured on {usual} unless a step names its device" if usual else "where each step was measured"
 
 
 def waterfall_frame(steps: list[dict[str, Any]]) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
@@ -63,6 +74,10 @@ def waterfall_frame(steps: list[dict[str, Any]]) -> tuple[pd.DataFrame, list[dic
     incs.sort(key=lambda p: is_residual(p))  # the residual goes last, just before the total
     rows, cur = [], 0.0
     ordered = [base, *incs, *totals]
+    # a bar names its device only where it differs from the one most steps were measured on (the caption names
+    # that one): the same "· cpu: Intel(R) Xeon(R)…" after every bar widened the headline chart past the PDF page
+    hosts = [_host(p["measured_on"]) for p in ordered if p["measured_on"] and p is not base]
+    usual = Counter(hosts).most_common(1)[0][0] if hosts else ""
     for p in ordered:
         ms = p["ms"]
         if ms is None:
@@ -80,12 +95,14 @@ def waterfall_frame(steps: list[dict[str, Any]]) -> tuple[pd.DataFrame, list[dic
         label = f"{'+' if p in incs and ms >= 0 else ''}{fmt_num(ms)} ms"
         if p["inconsistency"]:
             label += " inconsistent"
-        if p["measured_on"] and p is not base:
+        if p["measured_on"] and p is not base and _host(p["measured_on"]) != usual:
             label += f" · {_short_host(p['measured_on'])}"
         rows.append({"step": p["name"], "start": min(start, end), "end": max(start, end), "ms": ms,
                      "right": max(start, end), "label": label,
                      "kind": kind, "source": p["source"], "measured_on": p["measured_on"]})
-    return pd.DataFrame(rows), ordered
+    frame = pd.DataFrame(rows)
+    frame.attrs["usual_host"] = usual
+    return frame, ordered
 
 
 def _where(gap: Doc, level: str) -> str:
@@ -129,7 +146,7 @@ def simulation_section(b: Builder, bundle: Bundle, figs: dict[str, Fig]) -> dict
         s["waterfall_frame"] = wdf
         s["waterfall_chart"] = b.chart("", ch.waterfall, wdf,
                                        caption=f"{gap.rel}: waterfall · teal measured, indigo modelled, red residual, "
-                                               "amber inconsistent · the device each step was measured on")
+                                               f"amber inconsistent · {waterfall_hosts(wdf)}")
         s["waterfall_rows"] = [{"name": p["name"], "ms": fmt_num(p["ms"]) if p["ms"] is not None else "unavailable",
                                 "share": (f"{p['ms'] / live.value * 100:.1f}%" if p["ms"] is not None and live.ok
                                           and live.value else "—"),
