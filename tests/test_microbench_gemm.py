@@ -102,7 +102,7 @@ def test_every_gemv_candidate_name_resolves_to_its_form():
     cases += [(gemm.Backend(gemm.FP8, "torch._scaled_mm"), 1)]
     seen = 0
     for be, m in cases:
-        for variant in gemm.lowprec_variants(gpu, be, m):
+        for variant in gemm.lowprec_variants(gpu, be, m, 4096):
             prefix = variant.rsplit(" ", 1)[0]
             assert f"{prefix} {gemm.variant_config(variant).name}" == variant
             seen += 1
@@ -110,10 +110,23 @@ def test_every_gemv_candidate_name_resolves_to_its_form():
     assert seen >= len(gemm.lp.FP4_STAGE_CONFIGS) + 3 * len(gemm.lp.FP4_STAGE_CONFIGS_M) + 6
     assert gemm.lp.FP4_MMA_XS in stage and gemm.lp.FP4_MMA_XJ in stage  # the M = 9-16 forms are offered
     assert gemm.lp.FP4_MMA_TP in stage  # and tile pairs (the lm_heads' plan at M = 9-16)
-    fp8 = gemm.lowprec_variants(gpu, gemm.Backend(gemm.FP8, "torch._scaled_mm"), 1)
+    fp8 = gemm.lowprec_variants(gpu, gemm.Backend(gemm.FP8, "torch._scaled_mm"), 1, 4096)
     assert all(f"{gemm.FP8_BLOCK_GEMV} {c.name}" in fp8 for c in gemm.lp.DENSE_BLOCK_XSCALE)  # block scales on x
     with pytest.raises(gemm.DecodeGapError, match="no GEMV form is named"):
         gemm.variant_config(f"{gemm.FP4_GEMV} m,BN=1")
+
+
+def test_a_gemv_form_that_does_not_fit_k_is_no_candidate():
+    """GLM-5's 6144x256 expert down: the 512-value K-sliced forms do not fit K=256, and were listed among the cases
+    the host could not run (the H200 report, 2026-12-03) though another form ran the shape."""
+    from types import SimpleNamespace
+
+    gpu = SimpleNamespace(is_gpu=True)
+    be = gemm.Backend(gemm.NVFP4, nv.WeightOnlyGemm.label)
+    for m in (1, 8):
+        offered = [gemm.variant_config(v) for v in gemm.lowprec_variants(gpu, be, m, 256)]
+        assert offered and all(not c.mma or 256 % c.k_multiple == 0 for c in offered)
+        assert len(offered) < len(gemm.lowprec_variants(gpu, be, m, 4096))
 
 
 def test_cpu_moe_expert_rows_carry_a_plain_read_of_their_bytes():

@@ -101,15 +101,18 @@ FP8_BLOCK_GEMV = "triton fp8 gemv (128x128 block scales)"
 FP4_GEMV = "triton nvfp4 gemv"  # + the config name: "m,..." is the tensor-core form, the rest M=1 CUDA-core forms
 
 
-def lowprec_variants(env: BenchEnv, be: Backend, m: int) -> list[str]:
-    """Triton GEMV candidates for this backend and M (label + config), none where they do not apply."""
+def lowprec_variants(env: BenchEnv, be: Backend, m: int, k: int) -> list[str]:
+    """Triton GEMV candidates for this backend, M and K (label + config), none where they do not apply: a
+    tensor-core NVFP4 form whose iteration does not divide K is no candidate (it was listed among the cases the
+    host could not run, which it is not: another form runs the shape)."""
     if not (env.is_gpu and lp.HAVE_TRITON) or m > 16:
         return []
     if be.dtype == FP8 and m == 1:  # CUDA-core FMA: M FMAs per weight byte, so only the GEMV
         return ([f"{FP8_GEMV} {c.name}" for c in lp.DENSE_CONFIGS[:3]]
                 + [f"{FP8_BLOCK_GEMV} {c.name}" for c in lp.DENSE_BLOCK_CONFIGS[:3] + lp.DENSE_BLOCK_XSCALE])
     if be.dtype == NVFP4 and be.label == nv.WeightOnlyGemm.label:
-        return [f"{FP4_GEMV} {c.name}" for c in (lp.FP4_STAGE_CONFIGS if m == 1 else lp.FP4_STAGE_CONFIGS_M)]
+        return [f"{FP4_GEMV} {c.name}" for c in (lp.FP4_STAGE_CONFIGS if m == 1 else lp.FP4_STAGE_CONFIGS_M)
+                if not (c.mma and k % c.k_multiple)]
     return []
 
 
@@ -335,7 +338,7 @@ def run_gemm_bench(env: BenchEnv, shapes: list[GemmShape], m_values: list[int], 
                         # a GEMV: time both operand orders and our Triton GEMV tiles too (chosen at run time)
                         names_tried = [GEMV_WX] + ([gemv_kernel.label(c) for c in gemv_kernel.CONFIGS]
                                                    if gemv_kernel.available(env.device) else [])
-                    ours = lowprec_variants(env, be, m) + block_mm_variants(env, be, m, n, k)
+                    ours = lowprec_variants(env, be, m, k) + block_mm_variants(env, be, m, n, k)
                     names_tried += ours
                     for variant in names_tried:
                         del fns
