@@ -14,6 +14,7 @@ import pytest
 from decode_gap.report.data import files_in_dir, load_bundle
 from decode_gap.report.render import render, write_html
 from decode_gap.report.sections import build_context
+from test_report_render import PAGE_PX  # the widest a chart may be drawn
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "report"
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
@@ -21,7 +22,6 @@ BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--enable-logging=stderr", "--v=0", "--virtual-time-budget=15000", "--dump-dom"]
-PAGE_PX = 700  # as test_report_render: A4 less its margins, with the widest chart's slack
 
 
 def _browser() -> str:
