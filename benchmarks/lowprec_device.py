@@ -631,17 +631,14 @@ def _dense_row(env: BenchEnv, model: str, n: int, k: int, m: int, old: bool, fp8
 
 
 FORMS = "all"  # --forms
-_G = lp.GemvConfig
 # many K slices a tile for the small shapes (one program a tile or two, the slices summed in the program, no or few
 # K splits): what the sweep's --forms slices times beside the default plan's forms
-SLICED_MANY = (_G(16, 128, 16, mma=True, evict=True, bx=True, slices=16, split=1),
-               _G(16, 64, 16, mma=True, evict=True, bx=True, slices=16, split=1),
-               _G(16, 64, 32, mma=True, evict=True, bx=True, slices=32, split=1),
-               _G(32, 128, 16, mma=True, evict=True, bx=True, slices=8, split=1),
-               _G(16, 64, 8, mma=True, evict=True, bx=True, slices=8, split=1),
-               _G(16, 128, 16, mma=True, evict=True, bx=True, slices=16, warps_per_sm=48),
-               _G(32, 64, 16, mma=True, evict=True, bx=True, slices=8, warps_per_sm=40),
-               _G(16, 64, 8, mma=True, evict=True, bx=True, slices=8, warps_per_sm=40))
+_SL = lp.GemvConfig(16, 64, 8, mma=True, evict=True, bx=True, slices=8, split=1)  # a tile of 8 slices, no K split
+SLICED_MANY = tuple(replace(_SL, **kw) for kw in (
+    dict(block_k=128, warps=16, slices=16), dict(warps=16, slices=16), dict(warps=32, slices=32),
+    dict(block_n=32, block_k=128, warps=16), {},
+    dict(block_k=128, warps=16, slices=16, split=None, warps_per_sm=48),
+    dict(block_n=32, warps=16, split=None, warps_per_sm=40), dict(split=None, warps_per_sm=40)))
 # x shared a program at M = 9-16 (lp.FP4_MMA_XS) with other program sizes, iterations and split targets: what
 # --forms m16 times beside the default plan's forms
 _XS = lp.FP4_MMA_XS
