@@ -140,22 +140,26 @@ def test_waterfall_orders_base_increments_residual_total():
     assert df2["start"].tolist() == [0.0, 1.5] and df2["end"].tolist() == [2.0, 2.0]
 
 
-def test_waterfall_bars_name_a_device_only_where_it_differs_from_most_steps():
-    on = {"h": "NVIDIA H200, rev h200-x", "c": "cpu: Intel(R) Xeon(R) Processor, rev h200-x"}
+def test_waterfall_bars_mark_a_step_measured_on_another_device_than_most():
+    on = {"h": "NVIDIA H200, rev h200-x", "c": "cpu: Intel(R) Xeon(R) Processor, rev h200-x", "g": "B200, rev b"}
     steps = [{"name": "roofline", "ms": 1.0, "kind": "start", "measured_on": on["h"]},
              {"name": "kernels", "ms": 2.0, "measured_on": on["h"]},
              {"name": "launch", "ms": 3.0, "measured_on": on["h"]},
              {"name": "HTTP/SSE", "ms": 0.1, "measured_on": on["c"]},
+             {"name": "framework", "ms": None, "measured_on": "not recorded"},  # not drawn, no device
+             {"name": "all-reduce", "ms": 0.0, "measured_on": "no host: modelled from the datasheet"},
              {"name": "live ITL", "ms": 6.1, "kind": "total", "measured_on": on["h"]}]
     df, _ = waterfall_frame(steps)
     labels = dict(zip(df["step"], df["label"]))
-    assert labels["kernels"] == "+2 ms" and labels["live ITL"] == "6.10 ms"
-    assert labels["HTTP/SSE"].startswith("+0.1 ms · cpu: Intel")
-    assert waterfall_hosts(df) == "measured on H200 unless a step names its device"
+    assert (labels["kernels"], labels["HTTP/SSE"], labels["live ITL"]) == ("+2 ms", "+0.1 ms †", "6.10 ms")
+    assert labels["all-reduce"] == "+0 ms"  # modelled, on no host: no mark
+    assert waterfall_hosts(df) == "measured on H200; † on cpu: Intel(R) Xeon(R) Processor"
+    two, _ = waterfall_frame(steps[:3] + [{"name": "x", "ms": 0.2, "measured_on": on["g"]}] + steps[3:])
+    assert waterfall_hosts(two) == "measured on H200; † on B200; ‡ on cpu: Intel(R) Xeon(R) Processor"
     one, _ = waterfall_frame([{**st, "measured_on": on["c"]} for st in steps])
-    assert not one["label"].str.contains("·").any()
-    assert waterfall_hosts(one) == "measured on cpu: Intel(R) Xeon(R) Processor unless a step names its device"
-    assert waterfall_hosts(waterfall_frame([{"name": "roofline", "ms": 1.0}])[0]) == "where each step was measured"
+    assert not one["label"].str.contains("†").any()
+    assert waterfall_hosts(one) == "measured on cpu: Intel(R) Xeon(R) Processor"
+    assert waterfall_hosts(waterfall_frame([{"name": "roofline", "ms": 1.0}])[0]).startswith("where each step")
 
 
 def test_levers_sorted_and_tolerant():

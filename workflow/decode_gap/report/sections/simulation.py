@@ -10,7 +10,7 @@ import pandas as pd
 from ...provenance import MEASURED, MODELLED
 from .. import charts as ch
 from ..data import HEADLINE_LABELS, Bundle, Doc, Fig, first_key, fmt_num, num
-from .common import Builder, _label
+from .common import Builder
 from .headline import levers_list
 from .microbench import CAPPED_FROM
 
@@ -23,15 +23,22 @@ def _host(measured_on: str) -> str:
     return measured_on.split(", rev ")[0].replace(" (device not visible to the client)", "").removeprefix("NVIDIA ")
 
 
-def _short_host(measured_on: str) -> str:
-    """_host short enough for a bar label (the table has it all)."""
-    return _label(_host(measured_on), 22)
+HOST_MARKS = ("†", "‡", "§", "¶")  # after a bar's value: measured on another device than most steps
+
+
+def _device_of(step: dict[str, Any]) -> bool:
+    """Whether a drawn step names the device it was measured on (not "not recorded", not a modelled "no host")."""
+    on = step["measured_on"]
+    return step["ms"] is not None and bool(on) and not on.startswith(("not recorded", "no host"))
 
 
 def waterfall_hosts(frame: pd.DataFrame) -> str:
-    """The caption's words for where the waterfall's steps were measured (waterfall_frame's labels)."""
+    """The caption's words for where the waterfall's steps were measured (waterfall_frame's labels and marks)."""
     usual = frame.attrs.get("usual_host", "")
-    return f"measured on {usual} unless a step names its device" if usual else "where each step was measured"
+    if not usual:
+        return "where each step was measured: section 5's table"
+    others = "".join(f"; {mark} on {host}" for mark, host in frame.attrs.get("other_hosts", []))
+    return f"measured on {usual}{others}"
 
 
 def waterfall_frame(steps: list[dict[str, Any]]) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
@@ -74,10 +81,13 @@ def waterfall_frame(steps: list[dict[str, Any]]) -> tuple[pd.DataFrame, list[dic
     incs.sort(key=lambda p: is_residual(p))  # the residual goes last, just before the total
     rows, cur = [], 0.0
     ordered = [base, *incs, *totals]
-    # a bar names its device only where it differs from the one most steps were measured on (the caption names
-    # that one): the same "· cpu: Intel(R) Xeon(R)…" after every bar widened the headline chart past the PDF page
-    hosts = [_host(p["measured_on"]) for p in ordered if p["measured_on"] and p is not base]
+    # the caption names the device most steps were measured on, and each other device after a mark, which a bar
+    # measured there carries: a device's name after a bar ("· cpu: Intel(R) Xeon(R)…") ran past the plot and
+    # widened the headline chart past the PDF page
+    hosts = [_host(p["measured_on"]) for p in ordered if _device_of(p) and p is not base]
     usual = Counter(hosts).most_common(1)[0][0] if hosts else ""
+    others = list(dict.fromkeys(h for h in hosts if h != usual))
+    marks = {h: HOST_MARKS[i] if i < len(HOST_MARKS) else f"*{i + 1}" for i, h in enumerate(others)}
     for p in ordered:
         ms = p["ms"]
         if ms is None:
@@ -95,13 +105,14 @@ def waterfall_frame(steps: list[dict[str, Any]]) -> tuple[pd.DataFrame, list[dic
         label = f"{'+' if p in incs and ms >= 0 else ''}{fmt_num(ms)} ms"
         if p["inconsistency"]:
             label += " inconsistent"
-        if p["measured_on"] and p is not base and _host(p["measured_on"]) != usual:
-            label += f" · {_short_host(p['measured_on'])}"
+        if _device_of(p) and p is not base and _host(p["measured_on"]) in marks:
+            label += f" {marks[_host(p['measured_on'])]}"
         rows.append({"step": p["name"], "start": min(start, end), "end": max(start, end), "ms": ms,
                      "right": max(start, end), "label": label,
                      "kind": kind, "source": p["source"], "measured_on": p["measured_on"]})
     frame = pd.DataFrame(rows)
     frame.attrs["usual_host"] = usual
+    frame.attrs["other_hosts"] = [(marks[h], h) for h in others]
     return frame, ordered
 
 
