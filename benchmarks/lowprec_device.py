@@ -645,7 +645,7 @@ _XS = lp.FP4_MMA_XS
 XSHARE_SIZES = (replace(_XS, block_n=128, warps=8), replace(_XS, block_n=32, warps=2), replace(_XS, block_k=64),
                 replace(_XS, warps_per_sm=20), replace(_XS, warps_per_sm=36),
                 replace(lp.FP4_MMA_XS_AHEAD, block_n=128, warps=8), replace(_XS, block_n=128, warps=8, block_k=64))
-EXTRA_FORMS = {"slices": SLICED_MANY, "m16": XSHARE_SIZES}
+EXTRA_FORMS = {"slices": SLICED_MANY, "m16": XSHARE_SIZES, "plan": ()}
 
 
 def fp4_sweep(env: BenchEnv, n: int, k: int, m: int) -> None:
@@ -897,9 +897,9 @@ def main() -> int:
     ap.add_argument("--shapes", default="28672x4096,4096x14336,36864x7168,128256x4096",
                     help="the sweep section's N x K shapes (comma-separated), each at every --ms")
     ap.add_argument("--ms", default="1", help="the sweep section's M values (comma-separated)")
-    ap.add_argument("--forms", default="all", choices=("all", "slices", "m16"),
-                    help="the sweep section's forms: all, or beside the default plan's many K slices a tile "
-                         "(slices) or x shared in other program sizes (m16)")
+    ap.add_argument("--forms", default="all", choices=("all", "slices", "m16", "plan"),
+                    help="the sweep section's forms: all, or the default plan's and its neighbours (plan), with "
+                         "many K slices a tile (slices) or x shared in other program sizes (m16)")
     ap.add_argument("--sections", default="memory,checks,llama,moe,dsv3,glm5,stage",
                     help="also: bw (bandwidths only), stats, fp8block (block-scaled fp8 above batch 1: checks and "
                          "times), fusedmoe (the fp8 fused MoE above batch 1: checks and times), fp4moe (the NVFP4 "

@@ -206,8 +206,17 @@ with mock.patch.object(lp, "sm_count", lambda device: 132):
                          (6144, 16384): lp.FP4_MMA_KS2_WIDE, (24576, 6144): lp.FP4_MMA_KS2_WIDE,
                          (24576, 1536): lp.FP4_MMA_KS2_WIDE, (4096, 14336): lp.FP4_MMA_KS2_WIDE,
                          (6144, 4096): lp.FP4_MMA_DEFAULT, (16384, 2048): lp.FP4_MMA_DEFAULT,
-                         (576, 7168): lp.FP4_MMA_DEFAULT, (128256, 4096): lp.FP4_MMA_BX_WIDE}.items():
+                         (576, 7168): lp.FP4_MMA_DEFAULT, (128256, 4096): lp.FP4_MMA_BX_WIDE,
+                         (3584, 512): lp.FP4_MMA_KS2_WIDE, (6144, 256): lp.FP4_MMA_KS2,
+                         (32768, 256): lp.FP4_MMA_KS2}.items():
         assert lp.fp4_config_for(1, k, "cpu", n=n) is want, (n, k, lp.fp4_config_for(1, k, "cpu", n=n).name)
+    # a short K is one iteration of two slices, no K split, at M <= 8 (the TP8 kv_b and shared-expert down)
+    assert lp.fp4_config_for(8, 512, "cpu", n=3584) is lp.FP4_MMA_KS2_WIDE
+    assert lp.fp4_config_for(8, 256, "cpu", n=6144) is lp.FP4_MMA_KS2
+    assert lp.fp4_config_for(12, 256, "cpu", n=6144) is not lp.FP4_MMA_KS2  # M = 9-16 keeps its own plan
+    for n, k in ((3584, 512), (6144, 256)):
+        g = lp.Nvfp4Gemv(nv.quantize_nvfp4(torch.randn(n, k)), 1, "cpu")
+        assert g.split == 1, (n, k, g.label)
     # M = 16, what won on the H200 at each shape (FP4_MMA_XS's and _m16_plan's comments have the times): x shared,
     # the K split with x loaded in place where its grid fits one wave, cut to one wave where that still splits, else
     # stream-K; an iteration ahead with no split

@@ -1756,8 +1756,8 @@ def fp4_config_for(m: int, k: int, device="cuda", n: int = 0) -> GemvConfig | No
     """The default NVFP4 GEMV form for an [M, K] x [K, N]: tensor cores in bf16 on x as it is (bx) where K is whole
     64-value steps (sm89+; on the H200 the tensor-core forms won every M=1 shape from 32x6144 to 154880x6144): at M=1
     on N >= FP4_WIDE_ROWS (an lm_head) with 4 steps an iteration and no split (FP4_MMA_BX_WIDE); up to M = 8 in two
-    K slices a tile from FP4_KS2_VALUES weights or FP4_KS2_WARPS_PER_SM sliced warps an SM (FP4_MMA_KS2), split over
-    K below that; above M = 8 with x loaded once a program and shared (_m16_plan: FP4_MMA_XS split over K, its split
+    K slices a tile from FP4_KS2_VALUES weights or FP4_KS2_WARPS_PER_SM sliced warps an SM (FP4_MMA_KS2), or where K
+    is one iteration of them (256 or 512 values), split over K below that; above M = 8 with x loaded once a program and shared (_m16_plan: FP4_MMA_XS split over K, its split
     cut to fit one wave where needed, else stream-K; no split: FP4_MMA_XS_AHEAD, or on an lm_head two tiles a warp,
     FP4_MMA_TP); else the CUDA-core asm form at M=1 and
     None above. Callers that time the forms (the gemm stage, the benchmark) keep the fastest; this is what the
@@ -1770,6 +1770,13 @@ def fp4_config_for(m: int, k: int, device="cuda", n: int = 0) -> GemvConfig | No
         # K slices: 2 steps an iteration where that leaves no K split, else 4
         whole = mma_split(sliced, k // FP4_MMA_KS2.block_k, FP4_MMA_KS2.warps_per_sm, sm_count(device)) == 1
         return FP4_MMA_KS2 if whole else FP4_MMA_KS2_WIDE
+    if mma_supported(device) and m <= 8 and n < FP4_WIDE_ROWS and k in (FP4_MMA_KS2.k_multiple,
+                                                                         FP4_MMA_KS2_WIDE.k_multiple):
+        # a short K (the TP8 kv_b and shared-expert down projections) in one iteration of two slices: no K split.
+        # H200 (2026-12-03, lowprec_device.py --forms plan), us, M=1 / 8, against the default: 3584x512 2.54 /
+        # 2.71 against 3.27 / 3.85, 4096x512 2.60 / 2.73 against 3.26 / 3.85, 6144x256 2.49 / 2.63 against 3.21 /
+        # 3.72, 7168x256 2.52 / 2.66 against 3.23 / 3.92; the fastest form timed or within 0.01 us
+        return FP4_MMA_KS2 if k == FP4_MMA_KS2.k_multiple else FP4_MMA_KS2_WIDE
     if mma_supported(device) and k % FP4_MMA_DEFAULT.block_k == 0:
         return _m16_plan(n, k, sm_count(device)) if m > 8 else FP4_MMA_DEFAULT
     if mma_supported(device) and k % 64 == 0:
