@@ -95,7 +95,7 @@ def checks(env: BenchEnv) -> None:
         ref4 = nv.reference_mm(x, q)
         for cfg in ((lp.FP4_M1_CONFIGS if m == 1 else lp.FP4_MMA_CONFIGS) + lp.FP4_MMA_CHAINED + lp.FP4_MMA_XJIT
                     + lp.FP4_MMA_XSHARE + lp.FP4_MMA_PAIR):
-            if (cfg.mma and k % cfg.k_multiple) or (not env.is_gpu and cfg.asm):
+            if not cfg.fits(k) or (not env.is_gpu and cfg.asm):
                 continue
             _check(f"nvfp4 {cfg.name}", m, n, k, lambda: _twice_if_one_kernel(lp.Nvfp4Gemv(q, m, dev, cfg,
                                                                                         out_dtype=torch.float32), x),
@@ -531,7 +531,7 @@ def fp4_builders(qs: list[nv.NVFP4Tensor], x: torch.Tensor, dev, cfgs) -> dict:
     """For each NVFP4 GEMV form that applies to x's M and the weight's K: a builder of its calls, one a copy."""
     m, k = x.shape
     return {c.name: (lambda c=c: [(lambda g=g: g(x)) for g in [lp.Nvfp4Gemv(qq, m, dev, c) for qq in qs]])
-            for c in cfgs if not (c.mma and k % c.k_multiple) and (m == 1 or c.mma)}
+            for c in cfgs if c.fits(k) and (m == 1 or c.mma)}
 
 
 def dense_case(env: BenchEnv, model: str, n: int, k: int, m: int, old: bool, fp8_all: bool) -> None:
@@ -630,7 +630,6 @@ def _dense_row(env: BenchEnv, model: str, n: int, k: int, m: int, old: bool, fp8
     return row
 
 
-FORMS = "all"  # --forms
 # many K slices a tile for the small shapes (one program a tile or two, the slices summed in the program, no or few
 # K splits): what the sweep's --forms slices times beside the default plan's forms
 _SL = lp.GemvConfig(16, 64, 8, mma=True, evict=True, bx=True, slices=8, split=1)  # a tile of 8 slices, no K split
@@ -648,22 +647,22 @@ XSHARE_SIZES = (replace(_XS, block_n=128, warps=8), replace(_XS, block_n=32, war
 EXTRA_FORMS = {"slices": SLICED_MANY, "m16": XSHARE_SIZES, "plan": ()}
 
 
-def fp4_sweep(env: BenchEnv, n: int, k: int, m: int) -> None:
+def fp4_sweep(env: BenchEnv, n: int, k: int, m: int, forms: str = "all") -> None:
     """Every NVFP4 tensor-core form on one shape (the chained ones too), fastest first, each with its fraction of
-    read bandwidth."""
+    read bandwidth; with `forms` (EXTRA_FORMS' key) those forms beside the default plan's and its neighbours."""
     dev = env.device
     q = nv.quantize_nvfp4(torch.randn((n, k), device=dev, dtype=torch.bfloat16))
     x = torch.randn((m, k), device=dev, dtype=torch.bfloat16)
     nb4 = nvfp4_call_bytes(n, k, m)
     cfgs = lp.FP4_MMA_CONFIGS + lp.FP4_MMA_CHAINED + lp.FP4_MMA_XJIT + lp.FP4_MMA_XSHARE + lp.FP4_MMA_PAIR
-    if FORMS != "all":  # the extra forms beside the default plan's and its neighbours
-        extra = EXTRA_FORMS[FORMS]
+    if forms != "all":
+        extra = EXTRA_FORMS[forms]
         cfgs = extra + tuple({lp.fp4_config_for(m, k, dev, n), lp.FP4_MMA_BX_40, lp.FP4_MMA_DEFAULT, lp.FP4_MMA_KS2,
                               lp.FP4_MMA_KS2_WIDE, lp.FP4_MMA_BX_WIDE, lp.FP4_MMA_XS, lp.FP4_MMA_XS_AHEAD,
                               lp.FP4_MMA_BX_SK_XS} - {None})
         ref = nv.reference_mm(x, q)
         for cfg in extra:  # checked on this shape before they are timed (a failed form is not timed)
-            if not k % cfg.k_multiple:
+            if cfg.fits(k):
                 _check(f"nvfp4 {cfg.name}", m, n, k, lambda: _twice_if_one_kernel(
                     lp.Nvfp4Gemv(q, m, dev, cfg, out_dtype=torch.float32), x), ref, 2e-3)
     _, _, times = best_of(env, fp4_builders(nvfp4_copies(q, dev), x, dev, cfgs), nb4)
@@ -907,8 +906,6 @@ def main() -> int:
                          "(routing, attention, fp8block, fused MoE and NVFP4 fused MoE checks), moe4 (the NVFP4 "
                          "grouped forms only)")
     args = ap.parse_args()
-    global FORMS
-    FORMS = args.forms
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     device = pick_device()
@@ -1004,7 +1001,7 @@ def main() -> int:
         for nk in args.shapes.split(","):
             n, k = (int(v) for v in nk.lower().split("x"))
             for m in (int(v) for v in args.ms.split(",")):
-                run(f"sweep {n}x{k} M={m}", lambda n=n, k=k, m=m: fp4_sweep(env, n, k, m))
+                run(f"sweep {n}x{k} M={m}", lambda n=n, k=k, m=m: fp4_sweep(env, n, k, m, args.forms))
     if "stage" in sections:
         def do_stage():  # the pipeline's own code paths (gemm and moe stages) on this GPU, small
             from decode_gap.microbench import gemm

@@ -1560,6 +1560,10 @@ class GemvConfig:
         """What K must be a multiple of for the tensor-core form: its iteration's values times its K slices."""
         return self.block_k * self.slices
 
+    def fits(self, k: int) -> bool:
+        """Whether a weight of K columns runs in this form: a tensor-core form needs K a multiple of k_multiple."""
+        return not (self.mma and k % self.k_multiple)
+
     @property
     def unit(self) -> int:
         """Values per loaded weight element of the NVFP4 kernels."""
@@ -1765,18 +1769,19 @@ def fp4_config_for(m: int, k: int, device="cuda", n: int = 0) -> GemvConfig | No
     if mma_supported(device) and m == 1 and n >= FP4_WIDE_ROWS and k % FP4_MMA_BX_WIDE.block_k == 0:
         return FP4_MMA_BX_WIDE
     sliced = 2 * math.ceil(n / 16)  # the sliced forms' warps
-    if (mma_supported(device) and m <= 8 and n < FP4_WIDE_ROWS and k % FP4_MMA_KS2_WIDE.k_multiple == 0
-            and (FP4_KS2_VALUES <= n * k or sliced >= FP4_KS2_WARPS_PER_SM * sm_count(device))):
-        # K slices: 2 steps an iteration where that leaves no K split, else 4
-        whole = mma_split(sliced, k // FP4_MMA_KS2.block_k, FP4_MMA_KS2.warps_per_sm, sm_count(device)) == 1
-        return FP4_MMA_KS2 if whole else FP4_MMA_KS2_WIDE
-    if mma_supported(device) and m <= 8 and n < FP4_WIDE_ROWS and k in (FP4_MMA_KS2.k_multiple,
-                                                                         FP4_MMA_KS2_WIDE.k_multiple):
+    if mma_supported(device) and m <= 8 and n < FP4_WIDE_ROWS:
+        if (FP4_MMA_KS2_WIDE.fits(k)
+                and (FP4_KS2_VALUES <= n * k or sliced >= FP4_KS2_WARPS_PER_SM * sm_count(device))):
+            # K slices: 2 steps an iteration where that leaves no K split, else 4
+            whole = mma_split(sliced, k // FP4_MMA_KS2.block_k, FP4_MMA_KS2.warps_per_sm, sm_count(device)) == 1
+            return FP4_MMA_KS2 if whole else FP4_MMA_KS2_WIDE
         # a short K (the TP8 kv_b and shared-expert down projections) in one iteration of two slices: no K split.
         # H200 (2026-12-03, lowprec_device.py --forms plan), us, M=1 / 8, against the default: 3584x512 2.54 /
         # 2.71 against 3.27 / 3.85, 4096x512 2.60 / 2.73 against 3.26 / 3.85, 6144x256 2.49 / 2.63 against 3.21 /
         # 3.72, 7168x256 2.52 / 2.66 against 3.23 / 3.92; the fastest form timed or within 0.01 us
-        return FP4_MMA_KS2 if k == FP4_MMA_KS2.k_multiple else FP4_MMA_KS2_WIDE
+        for short in (FP4_MMA_KS2, FP4_MMA_KS2_WIDE):
+            if k == short.k_multiple:
+                return short
     if mma_supported(device) and k % FP4_MMA_DEFAULT.block_k == 0:
         return _m16_plan(n, k, sm_count(device)) if m > 8 else FP4_MMA_DEFAULT
     if mma_supported(device) and k % 64 == 0:

@@ -112,7 +112,7 @@ def lowprec_variants(env: BenchEnv, be: Backend, m: int, k: int) -> list[str]:
                 + [f"{FP8_BLOCK_GEMV} {c.name}" for c in lp.DENSE_BLOCK_CONFIGS[:3] + lp.DENSE_BLOCK_XSCALE])
     if be.dtype == NVFP4 and be.label == nv.WeightOnlyGemm.label:
         return [f"{FP4_GEMV} {c.name}" for c in (lp.FP4_STAGE_CONFIGS if m == 1 else lp.FP4_STAGE_CONFIGS_M)
-                if not (c.mma and k % c.k_multiple)]
+                if c.fits(k)]
     return []
 
 
@@ -192,7 +192,7 @@ def build_case(env: BenchEnv, be: Backend, m: int, n: int, k: int, seed: int = 0
         del w
         if variant is not None and variant.startswith(FP4_GEMV):
             cfg = variant_config(variant)
-            if cfg.mma and k % cfg.k_multiple:
+            if not cfg.fits(k):
                 raise _Skip(f"the tensor-core NVFP4 GEMV needs K % {cfg.k_multiple} == 0 (K={k})")
             gs = [lp.Nvfp4Gemv(q if i == 0 else _clone_q(q), m, dev, cfg) for i in range(copies)]
             return [(lambda g=g: g(x)) for g in gs], copies, gs[0].label

@@ -26,10 +26,10 @@ def _host(measured_on: str) -> str:
 HOST_MARKS = ("†", "‡", "§", "¶")  # after a bar's value: measured on another device than most steps
 
 
-def _device_of(step: dict[str, Any]) -> bool:
-    """Whether a drawn step names the device it was measured on (not "not recorded", not a modelled "no host")."""
+def _device(step: dict[str, Any]) -> str:
+    """The device a drawn step was measured on, "" where it names none ("not recorded", a modelled "no host")."""
     on = step["measured_on"]
-    return step["ms"] is not None and bool(on) and not on.startswith(("not recorded", "no host"))
+    return "" if step["ms"] is None or not on or on.startswith(("not recorded", "no host")) else _host(on)
 
 
 def waterfall_hosts(frame: pd.DataFrame) -> str:
@@ -84,7 +84,9 @@ def waterfall_frame(steps: list[dict[str, Any]]) -> tuple[pd.DataFrame, list[dic
     # the caption names the device most steps were measured on, and each other device after a mark, which a bar
     # measured there carries: a device's name after a bar ("· cpu: Intel(R) Xeon(R)…") ran past the plot and
     # widened the headline chart past the PDF page
-    hosts = [_host(p["measured_on"]) for p in ordered if _device_of(p) and p is not base]
+    for p in ordered:
+        p["device"] = "" if p is base else _device(p)
+    hosts = [p["device"] for p in ordered if p["device"]]
     usual = Counter(hosts).most_common(1)[0][0] if hosts else ""
     others = list(dict.fromkeys(h for h in hosts if h != usual))
     marks = {h: HOST_MARKS[i] if i < len(HOST_MARKS) else f"*{i + 1}" for i, h in enumerate(others)}
@@ -105,8 +107,8 @@ def waterfall_frame(steps: list[dict[str, Any]]) -> tuple[pd.DataFrame, list[dic
         label = f"{'+' if p in incs and ms >= 0 else ''}{fmt_num(ms)} ms"
         if p["inconsistency"]:
             label += " inconsistent"
-        if _device_of(p) and p is not base and _host(p["measured_on"]) in marks:
-            label += f" {marks[_host(p['measured_on'])]}"
+        if p["device"] in marks:
+            label += f" {marks[p['device']]}"
         rows.append({"step": p["name"], "start": min(start, end), "end": max(start, end), "ms": ms,
                      "right": max(start, end), "label": label,
                      "kind": kind, "source": p["source"], "measured_on": p["measured_on"]})
