@@ -35,7 +35,10 @@ def test_deepseek_v3_shapes_at_tp1_and_ep():
     by = {s.name: s for s in shapes.gemm_shapes(spec)}
     assert (by["mlp.gate_up_proj"].n, by["mlp.gate_up_proj"].k) == (2 * 18432, 7168)
     assert (by["moe.router"].n, by["moe.router"].k, by["moe.router"].quantizable) == (256, 7168, False)
-    assert (by["attn.kv_a_proj"].n, by["attn.kv_a_proj"].k) == (512 + 64, 7168)
+    # q_a and kv_a as the one replicated GEMM SGLang and vLLM run (fused_qkv_a_proj_with_mqa)
+    fused = by["attn.fused_qkv_a_proj"]
+    assert (fused.n, fused.k, fused.layers) == (1536 + 512 + 64, 7168, 61)
+    assert "attn.kv_a_proj" not in by and "attn.q_a_proj" not in by
     moe = shapes.moe_shape(spec, tp=1, ep=8)
     assert (moe.experts_local, moe.inter, moe.n_group, moe.topk_group) == (32, 2048, 8, 4)
     att = shapes.attention_shape(spec)

@@ -8,7 +8,9 @@ import pytest
 
 from decode_gap.errors import ConfigError
 from decode_gap.model import (
+    LinearLayer,
     expected_distinct_experts,
+    fuse_mla_a_projections,
     linear_layers,
     load_model_card,
     parameter_counts,
@@ -198,6 +200,29 @@ def test_llama8b_tp2_shapes():
     assert shapes["mlp.gate_up_proj"] == (2 * 7168, 4096)
     assert shapes["mlp.down_proj"] == (4096, 7168)
     assert shapes["lm_head"] == (128256 // 2, 4096)
+
+
+@pytest.mark.parametrize("tp", [1, 8])
+def test_mla_a_projections_are_one_replicated_gemm_as_engines_load_them(tp):
+    lins = {lin.name: lin for lin in linear_layers(card("glm-5"), tp=tp)}
+    fused = lins["attn.fused_qkv_a_proj"]
+    assert (fused.n, fused.k, fused.layers, fused.replicated) == (2048 + 512 + 64, 6144, 78, tp > 1)
+    assert not {"attn.q_a_proj", "attn.kv_a_proj"} & set(lins)
+    assert list(lins).index("attn.fused_qkv_a_proj") < list(lins).index("attn.q_b_proj")
+
+
+def test_mla_a_projections_that_differ_stay_apart():
+    def lin(name, k=7168, layers=61):
+        return LinearLayer(name, "attention", 512, k, layers, replicated=True)
+
+    apart = fuse_mla_a_projections([lin("attn.q_a_proj"), lin("attn.kv_a_proj", k=4096)])
+    assert [l.name for l in apart] == ["attn.q_a_proj", "attn.kv_a_proj"]
+    # a second width ("#2", layers of another shape) pairs with its own kv_a
+    both = fuse_mla_a_projections([lin("attn.q_a_proj"), lin("attn.q_a_proj#2", layers=3),
+                                   lin("attn.kv_a_proj"), lin("attn.kv_a_proj#2", layers=3)])
+    assert [(l.name, l.n, l.layers) for l in both] == [("attn.fused_qkv_a_proj", 1024, 61),
+                                                       ("attn.fused_qkv_a_proj#2", 1024, 3)]
+    assert [l.name for l in fuse_mla_a_projections([lin("attn.kv_a_proj")])] == ["attn.kv_a_proj"]
 
 
 def test_expected_distinct_experts():

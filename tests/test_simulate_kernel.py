@@ -55,6 +55,25 @@ def test_mla_moe_step_on_cpu():
     _check_scaling(r)
 
 
+def test_mla_a_projections_run_as_one_gemv(monkeypatch):
+    """q_a and kv_a read the same hidden state: one GEMV of both rows, as SGLang and vLLM run them."""
+    from decode_gap.simulate import step as step_module
+
+    built = []
+
+    class Recorded(step_module.Linear):
+        def __init__(self, n, k, *args, **kwargs):
+            built.append((n, k))
+            super().__init__(n, k, *args, **kwargs)
+
+    monkeypatch.setattr(step_module, "Linear", Recorded)
+    r = simulate_kernel(spec_from_dict(TINY_MLA), KernelSettings(weight_format="bf16", layers=2, **FAST))
+    assert r["status"] == "ok"
+    hidden, q_lora, latent = 128, 48, 32 + 8
+    assert built.count((q_lora + latent, hidden)) == 2  # one a layer
+    assert (q_lora, hidden) not in built and (latent, hidden) not in built
+
+
 def test_stand_in_format_and_modelled_allreduce():
     spec = spec_from_dict(TINY_MOE)
     r = simulate_kernel(spec, KernelSettings(tp=2, ranks=1, weight_format="gguf-q4_k_m", layers=1, sampling="top_p",

@@ -3,12 +3,14 @@
 from .graph import MIN_TRANSFORMERS, Weight, build_graph, config_hash
 from .kv import LayerAttention, kv_shard
 from .spec import (
+    MLA_FUSED_A,
     LinearLayer,
     LinearTemplate,
     ModelSpec,
     shard_count,
     expected_distinct_experts,
     extra_params,
+    fuse_mla_a_projections,
     linear_layers,
     load_model_card,
     mtp_params,
@@ -19,8 +21,9 @@ from .spec import (
 )
 
 __all__ = [
-    "MIN_TRANSFORMERS", "LayerAttention", "LinearLayer", "LinearTemplate", "ModelSpec", "Weight",
-    "build_graph", "config_hash", "expected_distinct_experts", "extra_params", "kv_shard", "linear_layers",
+    "MIN_TRANSFORMERS", "MLA_FUSED_A", "LayerAttention", "LinearLayer", "LinearTemplate", "ModelSpec", "Weight",
+    "build_graph", "config_hash", "expected_distinct_experts", "extra_params", "fuse_mla_a_projections", "kv_shard",
+    "linear_layers",
     "load_model_card", "mtp_params", "norm_params", "parameter_counts", "role_counts", "shard_count",
     "spec_from_dict",
 ]

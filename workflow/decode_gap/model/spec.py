@@ -446,9 +446,33 @@ def linear_layers(spec: ModelSpec, tp: int = 1, ep: int = 1, batch: int = 1) -> 
 
     Sharding follows SGLang/vLLM: QKV and gate/up are column-parallel, o_proj and down are row-parallel,
     MLA's low-rank A projections, the DSA indexer and the router are replicated, the lm_head is vocab-parallel.
-    With ep > 1 experts are whole on their rank and the active ones spread over ep ranks.
+    With ep > 1 experts are whole on their rank and the active ones spread over ep ranks. MLA's q_a and kv_a
+    projections, which read the same hidden state, are one GEMM (`fuse_mla_a_projections`).
     """
-    return [_shard_template(t, spec, tp, ep, batch) for t in spec.linears]
+    return fuse_mla_a_projections([_shard_template(t, spec, tp, ep, batch) for t in spec.linears])
+
+
+MLA_FUSED_A = "fused_qkv_a_proj"
+
+
+def fuse_mla_a_projections(layers: list[LinearLayer]) -> list[LinearLayer]:
+    """MLA's q_a_proj and kv_a_proj (both [*, hidden], replicated) as the one GEMM SGLang and vLLM load them into
+    (`fused_qkv_a_proj_with_mqa`, `fused_qkv_a_proj`): rows [q_lora_rank | kv_lora_rank + rope], in q_a's place.
+
+    The bytes are the same; a step runs one GEMV a layer where it ran two (GLM-5 TP8: 2048x6144 and 576x6144, each
+    latency-bound on its own; H200, NVFP4: 6.0 us fused against 5.3 + 3.8 apart). llama.cpp and TGI run the two
+    apart: one launch more a layer over the same bytes. Pairs that differ in K, layer count or format stay apart."""
+    by_name = {l.name: l for l in layers}
+    fused: dict[str, LinearLayer | None] = {}
+    for l in layers:
+        head, q_a, rest = l.name.partition(".q_a_proj")
+        kv = by_name.get(f"{head}.kv_a_proj{rest}") if q_a and rest[:1] in ("", "#") else None
+        if kv is None or (kv.k, kv.layers, kv.quantizable, kv.replicated) != (l.k, l.layers, l.quantizable,
+                                                                               l.replicated):
+            continue
+        fused[l.name] = dataclasses.replace(l, name=f"{head}.{MLA_FUSED_A}{rest}", n=l.n + kv.n)
+        fused[kv.name] = None
+    return [fused.get(l.name, l) for l in layers if fused.get(l.name, l) is not None]
 
 
 def _decode_weights(spec: ModelSpec) -> list[Weight]:

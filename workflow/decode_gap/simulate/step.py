@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..model import ModelSpec
+from ..model import MLA_FUSED_A, ModelSpec
 from ..errors import DecodeGapError
 from ..kernels import attention as attn_kernels
 from ..kernels import norm as norm_kernels
@@ -296,9 +296,12 @@ class DecodeStep:
         nope, rope, lora, vd = spec.qk_nope_head_dim, spec.qk_rope_head_dim, spec.kv_lora_rank, spec.v_head_dim
         ql = spec.q_lora_rank
         L = self.shapes.linears
-        q_a = self._lin("attn.q_a_proj") if ql else None
+        # q_a and kv_a as one GEMV where the shapes fuse them (model.fuse_mla_a_projections), as the engines do
+        qkv_a = self._lin(f"attn.{MLA_FUSED_A}") if f"attn.{MLA_FUSED_A}" in L else None
+        q_a = self._lin("attn.q_a_proj") if ql and qkv_a is None else None
         q_b = self._lin("attn.q_b_proj") if ql else self._lin("attn.q_proj")
-        kv_a, o = self._lin("attn.kv_a_proj"), self._lin("attn.o_proj")
+        kv_a = self._lin("attn.kv_a_proj") if qkv_a is None else None
+        o = self._lin("attn.o_proj")
         # kv_b_proj in its absorbed form: W_UK [H, nope, lora] and W_UV [H, lora, v] (bf16 batched GEMVs)
         w_uk = _rand((H, nope, lora), self.act, self.device)
         w_uv = _rand((H, lora, vd), self.act, self.device)
@@ -353,14 +356,16 @@ class DecodeStep:
 
         def proj(S):
             x = S["h"]
-            if q_a is not None:
+            if qkv_a is not None:
+                q_lat, S["kv"] = qkv_a(x).split([ql, lora + rope], dim=-1)
+                S["q_in"] = rms(q_lat, qa_norm, eps)
+            elif q_a is not None:
                 S["q_in"] = rms(q_a(x), qa_norm, eps)
-                q = q_b(S["q_in"])
             else:
                 S["q_in"] = x
-                q = q_b(x)
-            S["q"] = q.view(M, H, nope + rope)
-            S["kv"] = kv_a(x)
+            S["q"] = q_b(S["q_in"]).view(M, H, nope + rope)
+            if qkv_a is None:
+                S["kv"] = kv_a(x)
 
         def attend(S):
             q = S["q"]
