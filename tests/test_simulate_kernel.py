@@ -267,6 +267,40 @@ print("ok")
     assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stderr[-3000:]
 
 
+def test_bf16_linear_at_one_row_runs_the_kernel_the_picker_chose():
+    """A bf16 linear at batch 1 (the router, the indexer's weights) runs whichever of our bf16 GEMV, F.linear and
+    the swapped torch.mm the picker chose; all three give x @ W^T (TRITON_INTERPRET on the CPU)."""
+    code = r'''
+import torch
+from decode_gap.simulate.layers import KernelPicker, Linear
+
+
+class Forced(KernelPicker):  # test double for the timing: the choice is the test's
+    def __init__(self, name):
+        super().__init__("cpu")
+        self.name = name
+
+    def pick(self, key, candidates):
+        assert set(candidates) == {"lowprec.DenseGemv", "torch linear (cuBLAS)", "torch.mm(W, x^T) (cuBLAS)"}
+        return self.name
+
+
+torch.manual_seed(0)
+x = torch.randn(1, 256).to(torch.bfloat16)
+for name, kind in (("lowprec.DenseGemv", "bf16-gemv"), ("torch linear (cuBLAS)", "bf16"),
+                   ("torch.mm(W, x^T) (cuBLAS)", "bf16-swapped")):
+    lin = Linear(64, 256, "bf16", "bf16", "cpu")
+    lin._pick_bf16_gemv(64, 256, "cpu", Forced(name))
+    assert lin.kind == kind, (name, lin.kind)
+    y, ref = lin(x).float(), x.float() @ lin.w.float().t()
+    assert y.shape == (1, 64) and ((y - ref).norm() / ref.norm()).item() < 1e-2, name
+print("ok")
+'''
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "workflow")}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stderr[-3000:]
+
+
 def test_fused_step_matches_the_torch_ops_step_in_the_interpreter():
     """The kernel level's GPU path (fused norms, rope, the qkv append, split-KV GQA and MLA decode, the DSA indexer
     scores and its radix-select top-k with the MLA reading the selected rows in place, fused routing) wired into the

@@ -300,7 +300,7 @@ def simulate_rank(spec: ModelSpec, settings: KernelSettings, device: str, group=
                      "l2_flush": bool(on_gpu)},
         "notes": list(shapes.notes) + ([fmt["note"]] if fmt.get("note") else []) +
                  ([step.experts_note] if step.experts_note else []) +
-                 ([step.picker.summary("fp8 linears")] if step.picker and step.picker.records else []) +
+                 ([step.picker.summary("linears")] if step.picker and step.picker.records else []) +
                  ([step.attn_picker.summary("decode attention")] if step.attn_picker and step.attn_picker.records
                   else []),
         "kernel_choices": [r for p in (step.picker, step.attn_picker) if p for r in p.records],

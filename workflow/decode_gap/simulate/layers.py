@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import partial
 
+from ..errors import DecodeGapError
 from .formats import FUSED_K_MULTIPLE, GROUPED_GEMV_KINDS, _torch
 
 # ----------------------------------------------------------------------------------------------------------
@@ -152,13 +153,37 @@ class Linear:
         if kind == "fp8":
             self.one = torch.ones((), device=device)
             self.w_scale = torch.full((), FP8_SCALE, device=device)
+        if kind == "bf16" and picker is not None and device.startswith("cuda") and m == 1:
+            self._pick_bf16_gemv(n, k, device, picker)
+
+    def _pick_bf16_gemv(self, n: int, k: int, device: str, picker: KernelPicker) -> None:
+        """One row a step: our bf16 GEMV, cuBLAS through F.linear, or cuBLAS with the operands swapped (W @ x^T,
+        which the gemm stage finds fastest on the narrowest shapes), whichever is fastest for this shape."""
+        from ..kernels import lowprec as lp
+
+        torch = _torch()
+        x = torch.randn(1, k, device=device).to(self.act_dtype)
+        candidates = {"torch linear (cuBLAS)": lambda: torch.nn.functional.linear(x, self.w),
+                      "torch.mm(W, x^T) (cuBLAS)": lambda: torch.mm(self.w, x.t()).t()}
+        try:
+            gemv = lp.DenseGemv(self.w, 1, device, out_dtype=self.act_dtype)
+            candidates = {"lowprec.DenseGemv": lambda: gemv(x), **candidates}
+        except DecodeGapError:  # a shape the GEMV does not take
+            gemv = None
+        chosen = picker.pick(("bf16", n, k, 1), candidates)
+        if chosen == "lowprec.DenseGemv":
+            self.kind, self.gemm = "bf16-gemv", gemv
+        elif chosen.startswith("torch.mm"):
+            self.kind = "bf16-swapped"
 
     def __call__(self, x):
         torch = _torch()
-        if self.kind in ("nvfp4-wo", "fp8-block", "fp8-gemv", "fp8-block-mm"):
+        if self.kind in ("nvfp4-wo", "fp8-block", "fp8-gemv", "fp8-block-mm", "bf16-gemv"):
             return self.gemm(x)
         if self.kind == "fp8":
             return self._scaled_mm(x)
+        if self.kind == "bf16-swapped":  # one row: [n, 1] transposed is the same memory as [1, n]
+            return torch.mm(self.w, x.t()).t()
         return torch.nn.functional.linear(x, self.w)
 
     def _scaled_mm(self, x):

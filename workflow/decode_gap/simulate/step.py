@@ -64,8 +64,13 @@ class DecodeStep:
                              f"of its K steps" if self.experts_kind != probed else "")
         self.pad_m = int(fmt.get("pad_m", 0))
         self.moe_backend = _probe_grouped(device, self.experts_kind) if spec.is_moe else ""
-        # fp8 per-tensor at batch 1: each linear shape keeps the faster of our GEMV and torch._scaled_mm
-        self.picker = KernelPicker(device) if self.lin_kind == "fp8-gemv" else None
+        # at batch 1, each linear shape keeps the faster of our GEMV and the library's: fp8 per-tensor against
+        # torch._scaled_mm, and the bf16 linears on a GPU (the router, the indexer's weights, every linear of a bf16
+        # model) against cuBLAS, as engines give the router a GEMV of its own (SGLang's dsv3_router_gemm). H200,
+        # GLM-5 TP8: 7.5 against 9.6 us (256x6144), 6.1 against 8.5 (32x6144); at 8 rows our bf16 GEMV took
+        # 114-230 us against cuBLAS's 8-10, so it is no candidate there.
+        bf16_gemv = device.startswith("cuda") and available(device) and shapes.batch == 1
+        self.picker = KernelPicker(device) if self.lin_kind == "fp8-gemv" or bf16_gemv else None
         # norms (the residual add fused in), the rotary embedding and MLA's attention as Triton kernels on a GPU, as
         # engines run them; else torch ops (`fused` forces either: the tests run the fused step in the interpreter)
         self.fused = (device.startswith("cuda") and available(device)) if fused is None else fused
