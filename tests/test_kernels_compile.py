@@ -37,6 +37,9 @@ CASES = [
     (norm._rms_kernel, {"ADD": True, "BLOCK": 8192}, {"x", "res", "w", "out", "sum_out"}),
     (routing._route_kernel, {"BLOCK_E": 256, "K": 8, "BLOCK_K": 8, "N_GROUP": 8, "TOPK_GROUP": 4, "SIGMOID": True,
                              "HAS_BIAS": True, "NORM": True}, {"logits", "bias", "out_w", "out_ids"}),
+    # the shared expert's column (SGLang's shared-experts fusion)
+    (routing._route_kernel, {"BLOCK_E": 256, "K": 8, "BLOCK_K": 16, "N_GROUP": 1, "TOPK_GROUP": 1, "SIGMOID": True,
+                             "HAS_BIAS": True, "NORM": True, "SHARED": True}, {"logits", "bias", "out_w", "out_ids"}),
     (topk._topk_kernel, {"BITS": topk.BITS, "BLOCK_T": topk.MAX_ROW}, {"scores": "*fp32", "out": "*i32"}),
     (topk._topk_count_kernel, {"P": 2, "DIGIT": topk.DIGIT, "KEYBITS": 32, "CHUNK": topk.CHUNK, "PDL": True},
      {"scores": "*fp32", "hist": "*i32"}),

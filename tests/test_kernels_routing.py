@@ -52,7 +52,7 @@ def test_fused_kernel_matches_the_reference_in_the_interpreter():
     softmax over a count that is not a power of two, and no renormalisation; three tokens each."""
     code = r'''
 import torch
-from decode_gap.kernels.routing import FusedRoute, Routing, route_reference
+from decode_gap.kernels.routing import FusedRoute, Routing, route_reference, with_shared_slot
 torch.manual_seed(0)
 cases = [(Routing(256, 8, True, 8, 4, True, 2.5), True), (Routing(256, 8, True), True),
          (Routing(60, 4, False), False), (Routing(8, 2, False, norm=False), False)]
@@ -64,6 +64,15 @@ for r, with_bias in cases:
     got, want = ids.long().sort(-1), rids.sort(-1)
     assert torch.equal(got.values, want.values), (r, ids, rids)
     assert torch.allclose(w.gather(1, got.indices), rw.gather(1, want.indices), atol=1e-6), (r, w, rw)
+# the shared expert as one more column (slot E, weight 1), written by the same kernel
+r = Routing(256, 8, True, 8, 4, True, 2.5)
+logits, bias = torch.randn(3, r.experts), torch.randn(r.experts) * 0.1
+w, ids = FusedRoute(r, 3, "cpu", shared_slot=r.experts)(logits, bias)
+rw, rids = with_shared_slot(*route_reference(logits, r, bias), r.experts)
+assert w.shape == ids.shape == (3, 9) and torch.equal(ids[:, 8].long(), rids[:, 8]) and bool((w[:, 8] == 1).all())
+got, want = ids[:, :8].long().sort(-1), rids[:, :8].sort(-1)
+assert torch.equal(got.values, want.values)
+assert torch.allclose(w[:, :8].gather(1, got.indices), rw[:, :8].gather(1, want.indices), atol=1e-6)
 print("ok")
 '''
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO / "workflow")}

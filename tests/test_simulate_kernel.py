@@ -206,6 +206,49 @@ print("ok")
     assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stderr[-3000:]
 
 
+def test_shared_expert_runs_inside_the_fused_moe_in_the_interpreter():
+    """Where the routed experts run a fused MoE and the shared expert has their shape (DeepSeek-V3, GLM-5), it is
+    one more expert of it at batch 1, the token's (k+1)-th pair with weight 1, as SGLang fuses it: no shared-expert
+    op, the routing writes the column (the Triton kernel, or torch ops where it does not run), and both give the
+    same logits (the same weights; CPU interpreter, NVFP4 experts). Above batch 1 it stays apart."""
+    code = r'''
+import torch
+from decode_gap.model import spec_from_dict
+from decode_gap.simulate.formats import probe_formats
+from decode_gap.simulate.shapes import plan_layers, step_shapes
+from decode_gap.simulate.step import DecodeStep
+
+card = {**%r, "moe_intermediate_size": 64}  # whole K steps of the fused MoE (64 values)
+spec = spec_from_dict(card)
+shapes = step_shapes(spec, 1, 1, 1, 40)
+plan = plan_layers(shapes, 2, None)
+fmt = {**probe_formats("bf16", "cpu", 1), "activations": "fp32", "linear": "fp32", "experts": "nvfp4-moe"}
+E, k = shapes.experts, shapes.top_k
+logits, bytes_ = {}, {}
+for fused in (True, False):
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        step = DecodeStep(shapes, plan, fmt, "cpu", 40, "greedy", fused=fused)
+        step.runner(lambda op: True)()
+    assert step.shared_note and not any(op.component == "shared expert" for op in step.ops)
+    ids, w = step.S["ids"], step.S["w"]
+    assert ids.shape == w.shape == (1, k + 1) and int(ids[0, k]) == E and float(w[0, k]) == 1.0
+    logits[fused], bytes_[fused] = step.S["logits"].float(), step.weight_bytes
+assert bytes_[True] == bytes_[False]
+err = ((logits[True] - logits[False]).norm() / logits[False].norm()).item()
+assert err < 1e-3, err
+shapes8 = step_shapes(spec, 1, 1, 8, 40)
+with torch.inference_mode():
+    step = DecodeStep(shapes8, plan_layers(shapes8, 2, None), {**fmt, **probe_formats("bf16", "cpu", 8),
+                      "experts": "nvfp4-moe"}, "cpu", 40, "greedy", fused=False)
+assert not step.shared_note and any(op.component == "shared expert" for op in step.ops)
+print("ok")
+''' % (TINY_MLA,)
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO / "workflow")}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stderr[-3000:]
+
+
 def test_kernel_picker_keeps_the_fastest_and_records_each_shape():
     """The kernel level's build-time choice (fp8 linears at batch 1): the faster candidate wins, a shape already
     timed keeps its choice without timing again, and every shape's times are recorded."""

@@ -77,9 +77,12 @@ def fused_fits(r: Routing) -> str | None:
 if HAVE_TRITON:
 
     @triton.jit
-    def _route_kernel(logits, bias, out_w, out_ids, E, stride_l, scale,
+    def _route_kernel(logits, bias, out_w, out_ids, E, stride_l, scale, shared_id,
                       BLOCK_E: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr, N_GROUP: tl.constexpr,
-                      TOPK_GROUP: tl.constexpr, SIGMOID: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr):
+                      TOPK_GROUP: tl.constexpr, SIGMOID: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr,
+                      SHARED: tl.constexpr = False):
+        """One token's top-K experts and weights; SHARED: a (K+1)-th column, the shared expert as slot shared_id
+        with weight 1 (its output is added unscaled), written by this kernel so the fused MoE runs it too."""
         m = tl.program_id(0)
         offs = tl.arange(0, BLOCK_E)
         valid = offs < E
@@ -116,21 +119,35 @@ if HAVE_TRITON:
             choice = tl.where(offs == best, float("-inf"), choice)
         if NORM:
             w = w / tl.maximum(tl.sum(w, axis=0), 1e-20)
-        tl.store(out_w + m * K + kidx, w * scale, mask=kidx < K)
-        tl.store(out_ids + m * K + kidx, ids, mask=kidx < K)
+        w = w * scale
+        KO: tl.constexpr = K + 1 if SHARED else K
+        if SHARED:
+            ids = tl.where(kidx == K, shared_id, ids)
+            w = tl.where(kidx == K, 1.0, w)
+        tl.store(out_w + m * KO + kidx, w, mask=kidx < KO)
+        tl.store(out_ids + m * KO + kidx, ids, mask=kidx < KO)
+
+
+def with_shared_slot(weights: torch.Tensor, ids: torch.Tensor, slot: int):
+    """(weights, ids) [M, k] -> [M, k + 1]: the shared expert as expert `slot` with weight 1, as SGLang's
+    shared-experts fusion appends it for the fused MoE (torch ops; FusedRoute writes the column in its kernel)."""
+    ones = torch.ones_like(weights[:, :1])
+    return torch.cat((weights, ones), dim=1), torch.cat((ids, torch.full_like(ids[:, :1], slot)), dim=1)
 
 
 class FusedRoute:
     """The routing of M tokens as one Triton kernel into buffers it owns (graph-safe): call(logits [M, E][, bias])
-    -> (weights [M, k] fp32, ids [M, k] int32)."""
+    -> (weights [M, k] fp32, ids [M, k] int32); with `shared_slot`, [M, k + 1], the last column the shared expert
+    (`with_shared_slot`)."""
 
-    def __init__(self, r: Routing, m: int, device) -> None:
+    def __init__(self, r: Routing, m: int, device, shared_slot: int | None = None) -> None:
         why = fused_fits(r)
         if why:
             raise DecodeGapError(f"fused routing: {why}")
-        self.r, self.m = r, m
-        self.weights = torch.empty((m, r.top_k), dtype=torch.float32, device=device)
-        self.ids = torch.empty((m, r.top_k), dtype=torch.int32, device=device)
+        self.r, self.m, self.shared_slot = r, m, shared_slot
+        cols = r.top_k + (shared_slot is not None)
+        self.weights = torch.empty((m, cols), dtype=torch.float32, device=device)
+        self.ids = torch.empty((m, cols), dtype=torch.int32, device=device)
 
     label = "triton fused routing (scores, group-limited top-k, weights)"
 
@@ -139,8 +156,10 @@ class FusedRoute:
         if logits.shape != (self.m, r.experts) or logits.stride(1) != 1:
             raise DecodeGapError(f"fused routing: logits {tuple(logits.shape)}, expected {(self.m, r.experts)} "
                                  "with contiguous rows")
+        shared = self.shared_slot is not None
         _route_kernel[(self.m,)](
             logits, bias if bias is not None else logits, self.weights, self.ids, r.experts, logits.stride(0),
-            float(r.scale), BLOCK_E=_pow2(r.experts), K=r.top_k, BLOCK_K=_pow2(r.top_k), N_GROUP=r.n_group,
-            TOPK_GROUP=r.topk_group, SIGMOID=r.sigmoid, HAS_BIAS=bias is not None, NORM=r.norm, num_warps=4)
+            float(r.scale), self.shared_slot or 0, BLOCK_E=_pow2(r.experts), K=r.top_k,
+            BLOCK_K=_pow2(r.top_k + shared), N_GROUP=r.n_group, TOPK_GROUP=r.topk_group, SIGMOID=r.sigmoid,
+            HAS_BIAS=bias is not None, NORM=r.norm, SHARED=shared, num_warps=4)
         return self.weights, self.ids

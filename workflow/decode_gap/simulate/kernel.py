@@ -300,6 +300,7 @@ def simulate_rank(spec: ModelSpec, settings: KernelSettings, device: str, group=
                      "l2_flush": bool(on_gpu)},
         "notes": list(shapes.notes) + ([fmt["note"]] if fmt.get("note") else []) +
                  ([step.experts_note] if step.experts_note else []) +
+                 ([step.shared_note] if step.shared_note else []) +
                  ([step.picker.summary("linears")] if step.picker and step.picker.records else []) +
                  ([step.attn_picker.summary("decode attention")] if step.attn_picker and step.attn_picker.records
                   else []),

@@ -13,8 +13,8 @@ from ..kernels import attention as attn_kernels
 from ..kernels import norm as norm_kernels
 from ..kernels import topk as topk_kernels
 from ..kernels.lowprec import available
-from ..kernels.routing import FusedRoute, Routing, fused_fits, route_reference
-from .formats import GROUPED_GEMV_KINDS, _probe_grouped, _torch, fused_moe_fallback
+from ..kernels.routing import FusedRoute, Routing, fused_fits, route_reference, with_shared_slot
+from .formats import FUSED_K_MULTIPLE, GROUPED_GEMV_KINDS, _probe_grouped, _torch, fused_moe_fallback
 from .layers import Experts, KernelPicker, Linear, _rand, _tdtype
 from .shapes import StepShapes
 
@@ -82,6 +82,7 @@ class DecodeStep:
         self.attn_picker = KernelPicker(device) if self.fused else None
         self.attention_impl = "MLA absorbed (bmm)" if spec.mla else "SDPA"
         self.routing_impl = ""  # MoE: the routing as one Triton kernel where fused (and it fits), else torch ops
+        self.shared_note = ""  # MoE: where the shared expert runs inside the fused MoE (_moe)
         M, h = shapes.batch, spec.hidden
         self.kv_len = kv_len
         self.T = kv_len + 1  # the new token attends to the cache and itself
@@ -423,25 +424,37 @@ class DecodeStep:
         norm = bool(raw.get("norm_topk_prob", True))
         rscale = float(raw.get("routed_scaling_factor", 1.0) or 1.0)
         sigmoid = spec.scoring == "sigmoid"
+        # at batch 1, the shared expert as one more expert of the fused MoE, the token's (k+1)-th pair, where it has
+        # the routed experts' shape (SGLang's shared-experts fusion, on by default for DeepSeek-V3 and GLM-5). H200,
+        # GLM-5-NVFP4 TP8: the step 8.70 -> 7.95 ms (the ninth pair cost nothing measurable; the shared expert's own
+        # GEMVs took 0.76 ms). Above batch 1 our fused MoEs lose with it: at 8 rows, its 8 pairs on one expert took
+        # the routed experts 1.1-1.7 ms a step more than the 0.96 ms the separate shared expert takes (GLM-5-NVFP4 and
+        # DeepSeek-V3 fp8 at TP8), so it stays apart there.
+        fuse_shared = bool(sh.batch == 1 and sh.shared_inter == sh.moe_inter and spec.shared_experts == 1
+                           and sh.ep == 1 and self.experts_kind in FUSED_K_MULTIPLE)
+        self.shared_note = ("shared expert: one more expert of the fused MoE, each token's (k+1)-th pair with weight "
+                            "1 (SGLang's shared-experts fusion); its time is in routed experts") if fuse_shared else ""
         shared = None
-        if sh.shared_inter:
+        if sh.shared_inter and not fuse_shared:
             shared = (self._lin("moe.shared.gate_up_proj"), self._lin("moe.shared.down_proj"))
-        experts = Experts(E, sh.moe_inter, spec.hidden, self.experts_kind, self.act, self.device, self.moe_backend,
-                          top_k=k)
+        experts = Experts(E + fuse_shared, sh.moe_inter, spec.hidden, self.experts_kind, self.act, self.device,
+                          self.moe_backend, top_k=k + fuse_shared)
         # only the experts a token hits are read; count those bytes (all of them are allocated)
-        self.weight_bytes += experts.per_expert_bytes * min(E, k * sh.batch)
+        self.weight_bytes += experts.per_expert_bytes * (min(E, k * sh.batch) + fuse_shared)
         act = self.act_fn
         M = sh.batch
 
         routing = Routing(E, k, sigmoid, n_group, topk_group, norm, rscale)
-        fused = FusedRoute(routing, M, self.device) if self.fused and fused_fits(routing) is None else None
+        slot = E if fuse_shared else None
+        fused = FusedRoute(routing, M, self.device, slot) if self.fused and fused_fits(routing) is None else None
         self.routing_impl = "triton fused" if fused is not None else "torch ops"
         int32_ids = self.experts_kind in GROUPED_GEMV_KINDS  # the other expert kernels index with int64
 
         def route(S):
             logits = router(S["h"])
             if fused is None:
-                S["w"], S["ids"] = route_reference(logits, routing, bias)
+                w, ids = route_reference(logits, routing, bias)
+                S["w"], S["ids"] = with_shared_slot(w, ids, slot) if fuse_shared else (w, ids)
                 return
             w, ids = fused(logits, bias)
             S["w"], S["ids"] = w, ids if int32_ids else ids.long()
