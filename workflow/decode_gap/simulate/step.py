@@ -432,15 +432,16 @@ class DecodeStep:
         # DeepSeek-V3 fp8 at TP8), so it stays apart there.
         fuse_shared = bool(sh.batch == 1 and sh.shared_inter == sh.moe_inter and spec.shared_experts == 1
                            and sh.ep == 1 and self.experts_kind in FUSED_K_MULTIPLE)
-        self.shared_note = ("shared expert: one more expert of the fused MoE, each token's (k+1)-th pair with weight "
-                            "1 (SGLang's shared-experts fusion); its time is in routed experts") if fuse_shared else ""
+        self.shared_note = ("shared expert: one more expert of the fused MoE, the token's (k+1)-th pair with weight 1 "
+                            "(SGLang's shared-experts fusion); its time is in routed experts") if fuse_shared else ""
+        extra = 1 if fuse_shared else 0  # the shared expert's slot and pair
         shared = None
         if sh.shared_inter and not fuse_shared:
             shared = (self._lin("moe.shared.gate_up_proj"), self._lin("moe.shared.down_proj"))
-        experts = Experts(E + fuse_shared, sh.moe_inter, spec.hidden, self.experts_kind, self.act, self.device,
-                          self.moe_backend, top_k=k + fuse_shared)
+        experts = Experts(E + extra, sh.moe_inter, spec.hidden, self.experts_kind, self.act, self.device,
+                          self.moe_backend, top_k=k + extra)
         # only the experts a token hits are read; count those bytes (all of them are allocated)
-        self.weight_bytes += experts.per_expert_bytes * (min(E, k * sh.batch) + fuse_shared)
+        self.weight_bytes += experts.per_expert_bytes * (min(E, k * sh.batch) + extra)
         act = self.act_fn
         M = sh.batch
 
