@@ -2108,7 +2108,11 @@ class Nvfp4Gemv:
 
 
 class DenseGemv:
-    """y[M, N] = x[M, K] @ W^T for bf16 W, or fp8 W with per-tensor / 128x128 block scales (M <= 16, Triton)."""
+    """y[M, N] = x[M, K] @ W^T for bf16 W, or fp8 W with per-tensor / 128x128 block scales (M <= 16, Triton).
+
+    A batch-1 kernel: above M=1 (but for block scales, DENSE_BLOCK_M) the default tile [M, BLOCK_N, BLOCK_K] of fp32
+    products spills (H200, bf16 at M=8: 114-230 us where cuBLAS takes 8-10), so the gemm stage and the kernel level
+    run it at M=1 only."""
 
     def __init__(self, w: torch.Tensor | Fp8Weight, m: int, device, cfg: GemvConfig | None = None,
                  out_dtype=torch.bfloat16, split: int | None = None, finish: bool = True):
