@@ -30,6 +30,16 @@ MEMBAR.ALL.GPU) or with st.async completing an mbarrier's bytes (no membar). Cor
 the finish with a split of 4), clusters of 4 21.0-21.2 (the clusters no longer fit one wave), 4096x14336 12.9
 against 12.3, 6144x4096 7.4 against 7.5, 4096x4096 6.3 against 6.4; the asynchronous stores 0-1 us better than the
 barrier.
+Tried against it too (commit 806babb, reverted; its probe benchmarks/device/radd_probe.py): the splits' sums added
+in bf16 straight into the output, zeroed by a kernel the GEMV launched behind as a programmatic dependent (its loop
+before the wait), so no fp32 sums, counter or cast: what SGLang's Marlin does on sm90 for narrow, long-K GEMMs
+(use_atomic_add). sm_90 compiles it to red.global.add.noftz.bf16, one 2-byte address a value, and the splits
+contend there: H200 (2026-12-04, read 4383 GB/s), us, the default plan / the same split adding in bf16, M = 1 and
+8: 2624x6144 (split 16) 5.87 / 20.60 and 6.53 / 33.21, 6144x2048 (8) 5.36 / 11.61 and 5.94 / 21.00, 6144x4096
+(8) 7.38 / 12.94 and 7.92 / 22.27, 4096x14336 (the K-sliced form, split 5) 11.83 / 15.17 and 12.39 / 18.70,
+28672x4096 (split 2) 20.40 / 21.64: slower everywhere, more so with more splits and rows of x; and the bf16 sums
+were 2-4x further from dequantise-then-matmul (error 3.9e-3 to 7.5e-3 against 1.6e-3 to 1.7e-3; 200 calls each,
+no call far off).
 """
 
 from __future__ import annotations

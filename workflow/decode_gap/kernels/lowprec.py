@@ -859,8 +859,7 @@ if HAVE_TRITON:
                         USE_ASM: tl.constexpr, EV: tl.constexpr = "", PDL: tl.constexpr = False,
                         SELF_PACK: tl.constexpr = False, FINISH: tl.constexpr = False, BX: tl.constexpr = False,
                         STREAM: tl.constexpr = False, SLICES: tl.constexpr = 1, DEPS: tl.constexpr = False,
-                        XJIT: tl.constexpr = False, XS: tl.constexpr = False, PAIR: tl.constexpr = False,
-                        ZWAIT: tl.constexpr = False):
+                        XJIT: tl.constexpr = False, XS: tl.constexpr = False, PAIR: tl.constexpr = False):
         """y[M<=16, N] = x W^T on tensor cores (see _fp4_mma_asm); program (group of WARPS 16-row tiles, K split).
         ATOMIC: fp32 partial sums added into out_ptr (K split; the last split casting the sums in-kernel, with a
         counter and fences, was no faster on the H200 than the separate cast once the GEMV launches as a programmatic
@@ -884,9 +883,7 @@ if HAVE_TRITON:
         launch and set-up overlap this kernel's last stores. (Triggered at the start instead, kernels launched two
         and three ahead took the places of the one that could run: 10-18% slower on 28672x4096 and 4096x14336.)
         PAIR (K split, XJIT, not STREAM or SLICES): a group is 2 x WARPS tiles, warp w taking tiles w and w + WARPS
-        against the same x loads (_fp4_mma_loop_pair).
-        ZWAIT (K split, ATOMIC into a bf16 out_ptr, no FINISH): the splits add their sums in bf16 straight into the
-        output, which _zero_kernel zeroed; launched as its programmatic dependent, the loop runs before the wait."""
+        against the same x loads (_fp4_mma_loop_pair)."""
         pid_n = tl.program_id(0)
         ts = tl.load(ts_ptr) * 16384.0
         if STREAM:  # at most two parts: the plan keeps a program's range within one group boundary
@@ -901,14 +898,12 @@ if HAVE_TRITON:
             n_a = tl.minimum(ki - k0, u1 - u)
             _fp4_mma_part(xp_ptr, w_ptr, s_ptr, ts, out_ptr, M, N, NT, grp, k0 * UNROLL, (k0 + n_a) * UNROLL,
                           n_a, ki, stride_xm, stride_wt, stride_st, stride_om, fin_ptr, stride_fm, cnt_ptr,
-                          WARPS, BLOCK_M, UNROLL, ATOMIC, USE_ASM, EV, PDL, FINISH, BX, XJIT=XJIT, XS=XS,
-                          ZWAIT=ZWAIT)
+                          WARPS, BLOCK_M, UNROLL, ATOMIC, USE_ASM, EV, PDL, FINISH, BX, XJIT=XJIT, XS=XS)
             n_b = u1 - u - n_a
             if n_b > 0:
                 _fp4_mma_part(xp_ptr, w_ptr, s_ptr, ts, out_ptr, M, N, NT, grp + 1, 0, n_b * UNROLL, n_b, ki,
                               stride_xm, stride_wt, stride_st, stride_om, fin_ptr, stride_fm, cnt_ptr,
-                              WARPS, BLOCK_M, UNROLL, ATOMIC, USE_ASM, EV, False, FINISH, BX, XJIT=XJIT, XS=XS,
-                              ZWAIT=ZWAIT)
+                              WARPS, BLOCK_M, UNROLL, ATOMIC, USE_ASM, EV, False, FINISH, BX, XJIT=XJIT, XS=XS)
             if DEPS:
                 tl.extra.cuda.gdc_launch_dependents()
         else:
@@ -920,8 +915,7 @@ if HAVE_TRITON:
                                  32 * WARPS)
             _fp4_mma_part(xp_ptr, w_ptr, s_ptr, ts, out_ptr, M, N, NT, pid_n, i0, i1, 1, tl.num_programs(1),
                           stride_xm, stride_wt, stride_st, stride_om, fin_ptr, stride_fm, cnt_ptr,
-                          WARPS, BLOCK_M, UNROLL, ATOMIC, USE_ASM, EV, PDL, FINISH, BX, SLICES, DEPS, XJIT, XS, PAIR,
-                          ZWAIT)
+                          WARPS, BLOCK_M, UNROLL, ATOMIC, USE_ASM, EV, PDL, FINISH, BX, SLICES, DEPS, XJIT, XS, PAIR)
 
     @triton.jit
     def _lanes(first_tile, T: tl.constexpr, SLICES: tl.constexpr):
@@ -949,8 +943,7 @@ if HAVE_TRITON:
                       WARPS: tl.constexpr, BLOCK_M: tl.constexpr, UNROLL: tl.constexpr, ATOMIC: tl.constexpr,
                       USE_ASM: tl.constexpr, EV: tl.constexpr, PDL: tl.constexpr, FINISH: tl.constexpr,
                       BX: tl.constexpr, SLICES: tl.constexpr = 1, DEPS: tl.constexpr = False,
-                      XJIT: tl.constexpr = False, XS: tl.constexpr = False, PAIR: tl.constexpr = False,
-                      ZWAIT: tl.constexpr = False):
+                      XJIT: tl.constexpr = False, XS: tl.constexpr = False, PAIR: tl.constexpr = False):
         """Steps [i0, i1) of group grp's WARPS / SLICES 16-row tiles, added (ATOMIC) or stored; with FINISH these
         steps count as `units` of the group's `total` (the one that completes it casts). Accumulator element e of
         lane 4g+q holds row g + 8 (e // 2), x row 2q + e % 2 (+ 8 in the second set of BLOCK_M = 16: x rows 8-15
@@ -958,8 +951,7 @@ if HAVE_TRITON:
         SLICES: warp w takes tile w // SLICES and slice w % SLICES of the steps (i1 - i0 a multiple of SLICES x
         UNROLL); the slices' sums are added in the program (Triton's cross-warp reduction) before anything is
         stored. DEPS: the kernel after this one may launch once the loop is done (_fp4_mma_kernel). PAIR: the group
-        is 2 TILES tiles, warp w taking tiles w and w + TILES (their sums stored apart, finished together). ZWAIT
-        (a programmatic dependent of the kernel that zeroes out_ptr): wait for it after the loop, before the sums."""
+        is 2 TILES tiles, warp w taking tiles w and w + TILES (their sums stored apart, finished together)."""
         T: tl.constexpr = 32 * WARPS
         TILES: tl.constexpr = WARPS // SLICES
         GT: tl.constexpr = TILES * (2 if PAIR else 1)  # the group's tiles
@@ -993,8 +985,6 @@ if HAVE_TRITON:
                                                        acc1, acc0, acc1, PDL, BX, XJIT, XS, xcp)
             if DEPS:
                 tl.extra.cuda.gdc_launch_dependents()
-            if ZWAIT:  # the sums go straight into the output: wait for its zeroing (the kernel before) to be done
-                tl.extra.cuda.gdc_wait()
             y = _slice_sum(acc0 + acc1, TILES, SLICES) * ts
             if SLICES > 1:  # the indices of the summed layout: TILES warps' lanes
                 t, tile, lane, g, qq = _lanes(grp * TILES, 32 * TILES, 1)
@@ -1007,16 +997,19 @@ if HAVE_TRITON:
             if BLOCK_M == 16:  # x rows 8-15
                 y2 = _slice_sum(acc2 + acc3, TILES, SLICES) * ts
                 om2 = (rows < N) & (ms + 8 < M) & (tile < NT)[:, None]
-                _store_sums(op + 8 * stride_om, y2, om2, ATOMIC, USE_ASM)
+                if ATOMIC:
+                    tl.atomic_add(op + 8 * stride_om, y2, mask=om2, sem="relaxed")
+                else:
+                    tl.store(op + 8 * stride_om, y2.to(out_ptr.dtype.element_ty), mask=om2)
             fp = fin_ptr + ms * stride_fm + rows
             omb = om
             omb2 = om2
             if PAIR:  # the second tile's sums, 16 TILES rows on
                 omb = (rows + 16 * TILES < N) & (ms < M) & (tile_b < NT)[:, None]
                 omb2 = (rows + 16 * TILES < N) & (ms + 8 < M) & (tile_b < NT)[:, None]
-                _store_sums(op + 16 * TILES, (acc4 + acc5) * ts, omb, ATOMIC, USE_ASM)
+                _store_sums(op + 16 * TILES, (acc4 + acc5) * ts, omb, ATOMIC)
                 if BLOCK_M == 16:
-                    _store_sums(op + 16 * TILES + 8 * stride_om, (acc6 + acc7) * ts, omb2, ATOMIC, USE_ASM)
+                    _store_sums(op + 16 * TILES + 8 * stride_om, (acc6 + acc7) * ts, omb2, ATOMIC)
         else:
             # the CPU interpreter (no asm): the same repacked layout, decode and fp16 scaling; each lane's partial
             # per (row half, x row), then the four lanes of a quad (four groups) summed
@@ -1058,7 +1051,7 @@ if HAVE_TRITON:
             op = out_ptr + mv * stride_om + rows
             fp = fin_ptr + mv * stride_fm + rows
         if ATOMIC:
-            _store_sums(op, y, om, ATOMIC, USE_ASM)
+            tl.atomic_add(op, y, mask=om, sem="relaxed")
             if FINISH:
                 _split_finish(op, fp, om, cnt_ptr + grp, units, total, USE_ASM and BLOCK_M == 16,
                               8 * stride_om, om2, PAIR and USE_ASM, 16 * TILES, omb, omb2)
@@ -1207,15 +1200,6 @@ if HAVE_TRITON:
             tl.store(xp_ptr + slot * stride_ps + idx, y.to(tl.float16).to(tl.int16, bitcast=True), mask=m)
 
     @triton.jit
-    def _zero_kernel(out_ptr, N, BLOCK: tl.constexpr, DEPS: tl.constexpr = False):
-        """out[:N] = 0, for a K split that adds its sums straight into the output. DEPS: the GEMV launched after it
-        as a programmatic dependent may start now (it runs its loop, then waits for this grid before its sums)."""
-        if DEPS:
-            tl.extra.cuda.gdc_launch_dependents()
-        k = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        tl.store(out_ptr + k, tl.zeros((BLOCK,), dtype=out_ptr.dtype.element_ty), mask=k < N)
-
-    @triton.jit
     def _cast_zero_kernel(acc_ptr, out_ptr, N, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
         """out = acc cast to out's dtype, and acc left at zero for the next call's atomics (the grouped bf16 form's
         last kernel: no packing kernel zeroes the sums there)."""
@@ -1324,18 +1308,10 @@ if HAVE_TRITON:
         return acc
 
     @triton.jit
-    def _store_sums(p, y, mask, ATOMIC: tl.constexpr, USE_ASM: tl.constexpr = True):
-        """Sums y at p: added (a K split's partial sums: in fp32, or in bf16 straight into a zeroed output) or
-        stored in p's type. The CPU interpreter has no bf16 atomics; its programs run one after another, so a load,
-        an add and a store are the same there."""
+    def _store_sums(p, y, mask, ATOMIC: tl.constexpr):
+        """Sums y at p: added in fp32 (a K split's partial sums) or stored in p's type."""
         if ATOMIC:
-            if p.dtype.element_ty == tl.float32:
-                tl.atomic_add(p, y, mask=mask, sem="relaxed")
-            elif USE_ASM:
-                tl.atomic_add(p, y.to(p.dtype.element_ty), mask=mask, sem="relaxed")
-            else:
-                old = tl.load(p, mask=mask, other=0.0).to(tl.float32)
-                tl.store(p, (old + y).to(p.dtype.element_ty), mask=mask)
+            tl.atomic_add(p, y, mask=mask, sem="relaxed")
         else:
             tl.store(p, y.to(p.dtype.element_ty), mask=mask)
 
@@ -1355,7 +1331,10 @@ if HAVE_TRITON:
         its release covers every thread's sums through the barrier, the pattern of CUTLASS's split-K semaphore), and
         the program that completes the total reads the sums from L2, writes them cast at fp and leaves zeros (and
         the counter) for the next call. (A fence in every thread before the barrier, as before, cost 0.2-0.45 us a
-        call on the H200: benchmarks/device/finish_probe.py; 300 calls a shape since then found no missed sums.)
+        call on the H200: benchmarks/device/finish_probe.py; 300 calls a shape since then found no missed sums.
+        The sums added in bf16 straight into a zeroed output instead, as SGLang's Marlin does with use_atomic_add:
+        1.1-9x slower on the H200, bf16 atomics contending on each value's 2 bytes, and 2-4x the error: the same
+        probe.)
         TWO: a second set of sums at op + off2 (cast to fp + off2) under om2. PAIR: the same again at op + offb (a
         warp's second tile) under omb (and omb2)."""
         tl.debug_barrier()
@@ -1563,7 +1542,6 @@ class GemvConfig:
     xshare: bool = False  # tensor-core form, no K slices: x loaded once a program, shared through shared memory
     pair: bool = False  # tensor-core form, x loaded in place: each warp two 16-row tiles against one x load a step
     xscale: bool = False  # fp8 128x128 blocks at M=1, BLOCK_N dividing 128: the block scales applied to x
-    radd: bool = False  # bf16 tensor-core form, K split: the splits add their sums into the zeroed output (no fp32)
 
     @property
     def name(self) -> str:
@@ -1574,7 +1552,7 @@ class GemvConfig:
                 + (",1k" if self.one_kernel else "") + (",bx" if self.bx else "") + (",sk" if self.stream else "")
                 + (f",ks={self.slices}" if self.slices > 1 else "") + (",pc" if self.chain else "")
                 + (",xj" if self.xjit else "") + (",xs" if self.xshare else "") + (",tp" if self.pair else "")
-                + (",xb" if self.xscale else "") + (",rb" if self.radd else ""))
+                + (",xb" if self.xscale else ""))
 
     @property
     def tiles_per_warp(self) -> int:
@@ -1996,9 +1974,6 @@ class Nvfp4Gemv:
                                  f"stream-K, shared x or K slices ({cfg.name})")
         if cfg.chain and not cfg.bx:
             raise DecodeGapError(f"nvfp4 gemv: only the bf16 form chains on the kernel before it ({cfg.name})")
-        if cfg.radd and (not cfg.bx or cfg.chain):
-            raise DecodeGapError(f"nvfp4 gemv: sums added into the output need the bf16 form, not chained: the "
-                                 f"kernel before it is the zeroing ({cfg.name})")
         if cfg.bx and cfg.one_kernel:
             raise DecodeGapError(f"nvfp4 gemv: the bf16 form packs no x, so it has no one-kernel variant ({cfg.name})")
         if cfg.slices != 1 and (cfg.slices < 1 or cfg.stream or cfg.one_kernel or cfg.warps % cfg.slices
@@ -2026,10 +2001,6 @@ class Nvfp4Gemv:
         self.bx = cfg.bx
         self.xp = None if self.bx else torch.empty((self.m, self.kw, 4), dtype=torch.int32, device=device)
         split_sums = self.split > 1 or self.stream
-        # radd: the split's sums go into the output itself, zeroed by a kernel before the GEMV (SGLang's Marlin does
-        # so on sm90 for narrow outputs and long K: no fp32 sums, counter or cast at the grid's end)
-        self.radd = cfg.radd and split_sums
-        split_sums = split_sums and not self.radd
         self.acc = torch.zeros((self.m, self.n), dtype=torch.float32, device=device) if split_sums else None
         # the GEMV as a programmatic dependent of the x packing (sm90+): its launch overlaps the packing
         self.pdl = pdl_supported(device) if pdl is None else pdl and pdl_supported(device)
@@ -2040,8 +2011,6 @@ class Nvfp4Gemv:
         # at zero
         self.finish = (self.one_kernel or self.stream) and split_sums
         self.cnt = torch.zeros((ctas,), dtype=torch.int32, device=device) if self.finish else None
-        # radd: the GEMV as a programmatic dependent of the zeroing, waiting for it only before its sums
-        self.zwait = self.radd and pdl_supported(device)
         self.planned = not self.stream
 
     def _plan_stream(self, programs_per_sm: int) -> None:
@@ -2086,10 +2055,10 @@ class Nvfp4Gemv:
             stride_xm=xp.stride(0), stride_wt=self.words.stride(0), stride_st=self.scales.stride(0),
             stride_om=target.stride(0), x_ptr=x, stride_x=x.stride(0), fin_ptr=self.out, stride_fm=self.out.stride(0),
             cnt_ptr=self.cnt if self.finish else target, WARPS=cfg.warps, BLOCK_M=self.block_m, UNROLL=self.steps,
-            ATOMIC=self.acc is not None or self.radd, USE_ASM=not interpreted(), EV=_evict(cfg), PDL=self.pdl,
+            ATOMIC=self.acc is not None, USE_ASM=not interpreted(), EV=_evict(cfg), PDL=self.pdl,
             SELF_PACK=self.one_kernel and not self.bx, FINISH=self.finish, BX=self.bx, STREAM=self.stream,
             SLICES=cfg.slices, DEPS=self.pdl and cfg.chain, XJIT=cfg.xjit, XS=cfg.xshare, PAIR=cfg.pair,
-            ZWAIT=self.zwait, num_warps=cfg.warps, **_pdl_launch(self.pdl or self.zwait))
+            num_warps=cfg.warps, **_pdl_launch(self.pdl))
 
     def _call_mma(self, x: torch.Tensor) -> torch.Tensor:
         target = self.acc if self.acc is not None else self.out
@@ -2100,9 +2069,6 @@ class Nvfp4Gemv:
             _fp4_xpack4_kernel[(grid0, self.m)](x, self.xp, self.kw, x.stride(0), self.xp.stride(0), target, nz,
                                                 BLOCK=512, ZERO=split_sums and not self.finish, DEPS=self.pdl)
         finish = self.finish
-        if self.radd:
-            nz = self.m * self.n
-            _zero_kernel[(triton.cdiv(nz, 1024),)](self.out, nz, BLOCK=1024, DEPS=self.zwait)
         self.compiled = _fp4_mma_kernel[self.grid](**self.mma_args(x))
         if split_sums and not finish:
             self.out.copy_(self.acc)
@@ -2115,8 +2081,6 @@ class Nvfp4Gemv:
         """Kernel launches a call makes: [zeroing,] [x packing,] the GEMV[, cast]."""
         if not self.mma:
             return 1 + (2 if self.acc is not None else 0) + (1 if self.asm else 0)
-        if self.radd:
-            return 2  # the zeroing, the GEMV
         if self.one_kernel:
             return 1
         return 2 + (1 if self.acc is not None and not self.finish else 0)  # the x packing zeroes the split-K sums
