@@ -171,23 +171,26 @@ assert not lp.fp4_config_for(1, 48, "cpu").mma and lp.fp4_config_for(4, 48, "cpu
 assert lp.fp4_config_for(1, 4096, "cpu", n=128256) is lp.FP4_MMA_BX_WIDE
 assert lp.FP4_MMA_BX_WIDE.bx and lp.FP4_MMA_BX_WIDE.block_k == 256 and lp.FP4_MMA_BX_WIDE.warps_per_sm == 18
 assert lp.fp4_config_for(1, 4096, "cpu", n=512) is lp.FP4_MMA_DEFAULT
-assert lp.fp4_config_for(4, 4096, "cpu", n=128256) is lp.FP4_MMA_DEFAULT
+assert lp.fp4_config_for(4, 4096, "cpu", n=128256) == lp.with_cast(lp.FP4_MMA_DEFAULT)
 assert lp.fp4_config_for(1, 4224, "cpu", n=128256) is lp.FP4_MMA_DEFAULT  # K not whole 256-value steps
 # the bf16 form on x as it is (one kernel a call), which won every shape on the H200
 assert lp.FP4_MMA_DEFAULT.bx and not lp.FP4_MMA_WIDE.bx
 assert lp.fp4_config_for(1, 7168, "cpu", n=576) is lp.FP4_MMA_DEFAULT
-assert lp.fp4_config_for(4, 4096, "cpu", n=128256) is lp.FP4_MMA_DEFAULT
+assert lp.fp4_config_for(4, 4096, "cpu", n=128256) == lp.with_cast(lp.FP4_MMA_DEFAULT)
 assert lp.fp4_config_for(1, 192, "cpu", n=576).bx  # K whole 64-value steps only
 # M = 9-16 (two MMA sets a decoded tile, more registers, fewer programs an SM), x loaded once a program and shared
 # (xshare): the K split with x loaded in place (xjit) where its grid fits one wave, its split cut to fit where that
 # still splits, else stream-K (one wave of equal work); with no split, x loaded an iteration ahead
 assert lp.FP4_MMA_BX_SK_XS.stream and lp.FP4_MMA_XS.xjit and not lp.FP4_MMA_XS.stream
 assert all(c.xshare for c in lp.FP4_MMA_XSHARE) and not lp.FP4_MMA_XS_AHEAD.xjit
-assert lp.fp4_config_for(12, 4096, "cpu", n=128) is lp.FP4_MMA_XS  # 4 SMs ("cpu"): split 11, 22 programs <= 7 x 4
-assert lp.fp4_config_for(12, 4096, "cpu", n=1024) is lp.FP4_MMA_BX_SK_XS  # split 2, 32 programs > 7 x 4, cut to none
+# 4 SMs ("cpu"): split 11, 22 programs <= 7 x 4
+assert lp.fp4_config_for(12, 4096, "cpu", n=128) == lp.with_cast(lp.FP4_MMA_XS)
+# split 2, 32 programs > 7 x 4, cut to none
+assert lp.fp4_config_for(12, 4096, "cpu", n=1024) == lp.with_cast(lp.FP4_MMA_BX_SK_XS)
 assert lp.fp4_config_for(12, 4096, "cpu", n=640).split == 2  # 10 programs: split 3 (30 > 28) cut to 2
-assert lp.fp4_config_for(12, 4096, "cpu", n=2048) is lp.FP4_MMA_XS_AHEAD  # no split
-assert lp.fp4_config_for(16, 4096, "cpu", n=128256) is lp.FP4_MMA_TP  # no split, an lm_head: two tiles a warp
+assert lp.fp4_config_for(12, 4096, "cpu", n=2048) == lp.with_cast(lp.FP4_MMA_XS_AHEAD)  # no split
+# no split, an lm_head: two tiles a warp
+assert lp.fp4_config_for(16, 4096, "cpu", n=128256) == lp.with_cast(lp.FP4_MMA_TP)
 assert lp.FP4_MMA_XS.name.endswith(",xj,xs") and "xs" in lp.FP4_MMA_BX_SK_XS.name
 # x shared a program needs every warp of it on the same K range
 from dataclasses import replace
@@ -198,7 +201,7 @@ except lp.DecodeGapError as exc:
     assert "K slices" in str(exc)
 # from FP4_KS2_VALUES weights, or FP4_KS2_WARPS_PER_SM sliced warps an SM, up to M = 8 (not the lm_heads): two K
 # slices a tile, 2 steps an iteration where that leaves no K split, else 4 (the H200's 132 SMs: what won there)
-assert lp.fp4_config_for(8, 4096, "cpu", n=28672) is lp.FP4_MMA_KS2 and lp.FP4_MMA_KS2.slices == 2
+assert lp.fp4_config_for(8, 4096, "cpu", n=28672) == lp.with_cast(lp.FP4_MMA_KS2) and lp.FP4_MMA_KS2.slices == 2
 assert lp.fp4_config_for(1, 4224, "cpu", n=36864) is lp.FP4_MMA_DEFAULT  # K not whole 512-value slices
 from unittest import mock
 with mock.patch.object(lp, "sm_count", lambda device: 132):
@@ -211,9 +214,9 @@ with mock.patch.object(lp, "sm_count", lambda device: 132):
                          (32768, 256): lp.FP4_MMA_KS2}.items():
         assert lp.fp4_config_for(1, k, "cpu", n=n) is want, (n, k, lp.fp4_config_for(1, k, "cpu", n=n).name)
     # a short K is one iteration of two slices, no K split, at M <= 8 (the TP8 kv_b and shared-expert down)
-    assert lp.fp4_config_for(8, 512, "cpu", n=3584) is lp.FP4_MMA_KS2_WIDE
-    assert lp.fp4_config_for(8, 256, "cpu", n=6144) is lp.FP4_MMA_KS2
-    assert lp.fp4_config_for(12, 256, "cpu", n=6144) is not lp.FP4_MMA_KS2  # M = 9-16 keeps its own plan
+    assert lp.fp4_config_for(8, 512, "cpu", n=3584) == lp.with_cast(lp.FP4_MMA_KS2_WIDE)
+    assert lp.fp4_config_for(8, 256, "cpu", n=6144) == lp.with_cast(lp.FP4_MMA_KS2)
+    assert lp.fp4_config_for(12, 256, "cpu", n=6144) != lp.with_cast(lp.FP4_MMA_KS2)  # M = 9-16 keeps its own plan
     for n, k in ((3584, 512), (6144, 256)):
         g = lp.Nvfp4Gemv(nv.quantize_nvfp4(torch.randn(n, k)), 1, "cpu")
         assert g.split == 1, (n, k, g.label)
@@ -224,7 +227,20 @@ with mock.patch.object(lp, "sm_count", lambda device: 132):
                          (4096, 14336): lp.FP4_MMA_XS, (128256, 4096): lp.FP4_MMA_TP,
                          (36864, 7168): lp.FP4_MMA_BX_SK_XS, (24576, 6144): replace(lp.FP4_MMA_XS, split=2),
                          (6144, 16384): replace(lp.FP4_MMA_XS, split=9)}.items():
-        assert lp.fp4_config_for(16, k, "cpu", n=n) == want, (n, k)
+        assert lp.fp4_config_for(16, k, "cpu", n=n) == lp.with_cast(want), (n, k)
+# above M=1 the K split's sums are cast by a kernel behind the GEMV (GemvConfig.cast); at M=1 the last split casts
+assert lp.fp4_config_for(8, 4096, "cpu", n=6144).cast and not lp.fp4_config_for(1, 4096, "cpu", n=6144).cast
+assert not lp.with_cast(lp.FP4_MMA_FP16).cast and not lp.with_cast(lp.FP4_MMA_CHAINED[0]).cast  # bf16, unchained
+for m, cfg in ((1, replace(lp.FP4_MMA_DEFAULT, split=4, cast=True)), (8, replace(lp.FP4_MMA_BX_SK, cast=True)),
+               (16, replace(lp.FP4_MMA_XS, split=4, cast=True))):
+    qc = nv.quantize_nvfp4(torch.randn(64, 512))
+    g = lp.Nvfp4Gemv(qc, m, "cpu", cfg)
+    assert g.cast and not g.finish and g.kernels == 2 and ",ck" in g.label, g.label
+    for _ in range(2):  # the second call sees the sums the cast kernel left at zero
+        xc = torch.randn(m, 512).to(torch.bfloat16)
+        err = nv.relative_error(g(xc).float(), nv.reference_mm(xc.float(), qc))
+        assert err < 1e-2, (m, cfg.name, err)
+    assert not g.acc.any()
 # the x packing for the f16x2 asm form (the asm itself needs a GPU): plane j holds (x[8w+3-j], x[8w+7-j]) as fp16
 x = torch.randn(1, 64).to(torch.bfloat16)
 xp = torch.empty((4, 8), dtype=torch.int32)

@@ -41,7 +41,10 @@ NVFP4 tensor-core form (any M <= 16, the default where K % 64 == 0; `cfg.mma`):
   pairs values 2j and 2j+1, as x's word j does. The planes decode into bf16 (e1 e0 m at bits 8..6: E2M1 x 2^-126,
   e = 0 being bf16's subnormal), the block scale goes to bf16 x 2^112 (from the fp16 conversion: shift, mask, add),
   and one fma.rn.bf16x2 multiplies them exactly. The MMA runs in bf16, and the last K split casts the sums and leaves
-  zeros (`_split_finish`): one kernel a call. x is not rounded to fp16 either.
+  zeros (`_split_finish`): one kernel a call. x is not rounded to fp16 either. Above M=1 (`cfg.cast`, what
+  fp4_config_for plans there) the split's sums are cast instead by a kernel launched as the GEMV's programmatic
+  dependent once its programs are past their loops, in place of the counter's serial round trips at the grid's end
+  (H200: 0.4-1.5 us a call faster at M = 8-16 on the split shapes; at M=1 it lost in the kernel level's step).
 NVFP4 CUDA-core forms (M=1): int32 words decoded in f16x2 inline asm (`asm`) or plain Triton, the 8 nibbles of a word
 as 8 "planes" against strided x; kept where K is not whole 64-value steps (and timed by the gemm stage, which keeps the
 fastest form per shape). Under the CPU interpreter every form runs its decode in plain Triton (the asm needs a GPU).
@@ -1542,6 +1545,7 @@ class GemvConfig:
     xshare: bool = False  # tensor-core form, no K slices: x loaded once a program, shared through shared memory
     pair: bool = False  # tensor-core form, x loaded in place: each warp two 16-row tiles against one x load a step
     xscale: bool = False  # fp8 128x128 blocks at M=1, BLOCK_N dividing 128: the block scales applied to x
+    cast: bool = False  # bf16 tensor-core form, K split: the sums cast by a kernel behind it (PDL), not its last split
 
     @property
     def name(self) -> str:
@@ -1552,7 +1556,7 @@ class GemvConfig:
                 + (",1k" if self.one_kernel else "") + (",bx" if self.bx else "") + (",sk" if self.stream else "")
                 + (f",ks={self.slices}" if self.slices > 1 else "") + (",pc" if self.chain else "")
                 + (",xj" if self.xjit else "") + (",xs" if self.xshare else "") + (",tp" if self.pair else "")
-                + (",xb" if self.xscale else ""))
+                + (",xb" if self.xscale else "") + (",ck" if self.cast else ""))
 
     @property
     def tiles_per_warp(self) -> int:
@@ -1571,6 +1575,12 @@ class GemvConfig:
     def unit(self) -> int:
         """Values per loaded weight element of the NVFP4 kernels."""
         return 16 if self.grouped else 8
+
+
+def with_cast(cfg: GemvConfig) -> GemvConfig:
+    """The bf16 tensor-core form with its K split's sums cast by a kernel behind it (GemvConfig.cast); other forms
+    as they are."""
+    return replace(cfg, cast=True) if cfg.mma and cfg.bx and not cfg.chain else cfg
 
 
 # the tensor-core forms (M <= 16). H200 sweep (benchmarks/lowprec_device.py, M = 1, 4, 8, 16): the bf16 form (bx: x
@@ -1712,11 +1722,14 @@ FP4_M1_CONFIGS = FP4_MMA_CONFIGS + FP4_CUDA_CORE_CONFIGS
 # (the K-sliced 4-step form with x loaded in place fits one wave where without it it does not: Llama-3.1-8B gate_up,
 # M=1, 18.4 us against the default's 19.3 on the H200; elsewhere it lost, so the stage times it, no rule picks it)
 FP4_STAGE_CONFIGS = (FP4_MMA_CONFIGS[:5] + (FP4_MMA_BX_SK, FP4_MMA_KS2, FP4_MMA_KS2_WIDE,
-                                            replace(FP4_MMA_KS2_WIDE, xjit=True)) + FP4_CUDA_CORE_CONFIGS[:2])
+                                            replace(FP4_MMA_KS2_WIDE, xjit=True)) + FP4_CUDA_CORE_CONFIGS[:2]
+                     # the same split forms with the cast kernel behind them (GemvConfig.cast; fp4_config_for)
+                     + tuple(with_cast(c) for c in (FP4_MMA_DEFAULT, FP4_MMA_BX_40, FP4_MMA_BX_SK, FP4_MMA_KS2_WIDE)))
 # M = 2..16 (with the K-sliced form with x loaded in place: 28672x4096 at M=16 26.5 us on the H200, the fastest)
-FP4_STAGE_CONFIGS_M = (FP4_MMA_DEFAULT, FP4_MMA_BX_SK, FP4_MMA_BX_40, FP4_MMA_FP16, FP4_MMA_KS2,
-                       FP4_MMA_KS2_WIDE, FP4_MMA_XJ, replace(FP4_MMA_KS2, xjit=True), FP4_MMA_XS, FP4_MMA_XS_AHEAD,
-                       FP4_MMA_BX_SK_XS, FP4_MMA_TP)
+# (each with the cast kernel behind it, as fp4_config_for plans above M=1)
+FP4_STAGE_CONFIGS_M = tuple(with_cast(c) for c in (
+    FP4_MMA_DEFAULT, FP4_MMA_BX_SK, FP4_MMA_BX_40, FP4_MMA_FP16, FP4_MMA_KS2, FP4_MMA_KS2_WIDE, FP4_MMA_XJ,
+    replace(FP4_MMA_KS2, xjit=True), FP4_MMA_XS, FP4_MMA_XS_AHEAD, FP4_MMA_BX_SK_XS, FP4_MMA_TP))
 
 
 # the grouped (MoE) tensor-core form, the default where it fits (H200, 8 of 256 experts, DeepSeek-V3 / GLM-5: 61 / 54 us,
@@ -1760,6 +1773,16 @@ def mma_supported(device) -> bool:
 
 
 def fp4_config_for(m: int, k: int, device="cuda", n: int = 0) -> GemvConfig | None:
+    """What _fp4_plan picks, with the K split's sums cast by a kernel behind the GEMV above M=1 (with_cast). H200
+    (2026-12-04, benchmarks/device/cast_probe.py): the cast kernel was 0.03-0.6 us a call faster in isolation at
+    M=1 and 8 on every split shape tried, and 0.4-1.5 us at M=16; in the kernel level's GLM-5-NVFP4 TP8 step it
+    took batch 8 from 13.95 to 13.84 ms but batch 1 from 7.91 to 8.02 ms (the attention projections 1.74 -> 1.81),
+    so at M=1 the last split casts. The gemm stage times both forms at every M."""
+    cfg = _fp4_plan(m, k, device, n)
+    return with_cast(cfg) if cfg is not None and m > 1 else cfg
+
+
+def _fp4_plan(m: int, k: int, device="cuda", n: int = 0) -> GemvConfig | None:
     """The default NVFP4 GEMV form for an [M, K] x [K, N]: tensor cores in bf16 on x as it is (bx) where K is whole
     64-value steps (sm89+; on the H200 the tensor-core forms won every M=1 shape from 32x6144 to 154880x6144): at M=1
     on N >= FP4_WIDE_ROWS (an lm_head) with 4 steps an iteration and no split (FP4_MMA_BX_WIDE); up to M = 8 in two
@@ -2009,7 +2032,10 @@ class Nvfp4Gemv:
             self.pdl = cfg.chain and cfg.bx and pdl_supported(device)
         # the last split (stream-K: the part completing a group) casts the sums; the counters start (and are left)
         # at zero
-        self.finish = (self.one_kernel or self.stream) and split_sums
+        # cast: the bf16 form's split sums cast (and left at zero) by _cast_zero_kernel, launched as a programmatic
+        # dependent that the GEMV lets start once its programs are past their loops
+        self.cast = cfg.cast and cfg.bx and split_sums and not cfg.chain
+        self.finish = (self.one_kernel or self.stream) and split_sums and not self.cast
         self.cnt = torch.zeros((ctas,), dtype=torch.int32, device=device) if self.finish else None
         self.planned = not self.stream
 
@@ -2057,7 +2083,8 @@ class Nvfp4Gemv:
             cnt_ptr=self.cnt if self.finish else target, WARPS=cfg.warps, BLOCK_M=self.block_m, UNROLL=self.steps,
             ATOMIC=self.acc is not None, USE_ASM=not interpreted(), EV=_evict(cfg), PDL=self.pdl,
             SELF_PACK=self.one_kernel and not self.bx, FINISH=self.finish, BX=self.bx, STREAM=self.stream,
-            SLICES=cfg.slices, DEPS=self.pdl and cfg.chain, XJIT=cfg.xjit, XS=cfg.xshare, PAIR=cfg.pair,
+            SLICES=cfg.slices, DEPS=self.pdl and cfg.chain or self.cast and pdl_supported(x.device), XJIT=cfg.xjit,
+            XS=cfg.xshare, PAIR=cfg.pair,
             num_warps=cfg.warps, **_pdl_launch(self.pdl))
 
     def _call_mma(self, x: torch.Tensor) -> torch.Tensor:
@@ -2070,7 +2097,12 @@ class Nvfp4Gemv:
                                                 BLOCK=512, ZERO=split_sums and not self.finish, DEPS=self.pdl)
         finish = self.finish
         self.compiled = _fp4_mma_kernel[self.grid](**self.mma_args(x))
-        if split_sums and not finish:
+        if self.cast:
+            nz = self.m * self.n
+            pdl = pdl_supported(x.device)
+            _cast_zero_kernel[(triton.cdiv(nz, 1024),)](self.acc, self.out, nz, BLOCK=1024, PDL=pdl,
+                                                        **_pdl_launch(pdl))
+        elif split_sums and not finish:
             self.out.copy_(self.acc)
         if not self.planned:
             self._replan_stream()
@@ -2082,7 +2114,7 @@ class Nvfp4Gemv:
         if not self.mma:
             return 1 + (2 if self.acc is not None else 0) + (1 if self.asm else 0)
         if self.one_kernel:
-            return 1
+            return 2 if self.cast else 1
         return 2 + (1 if self.acc is not None and not self.finish else 0)  # the x packing zeroes the split-K sums
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
