@@ -221,11 +221,12 @@ def test_gemv_config_names_are_explained_once_under_the_table():
 
     legend = gemv_form_legend(["torch.mm", "triton nvfp4 gemv m,BN=64,BK=128,w=4,ef,t=27,bx,sk",
                                 "triton nvfp4 gemv m,BN=32,BK=128,w=4,ef,t=27,bx,ks=2",
-                                "triton nvfp4 gemv m,BN=64,BK=128,w=4,ef,t=27,bx,xj,xs",
+                                "triton nvfp4 gemv m,BN=64,BK=128,w=4,ef,t=27,bx,xj,xs,ck",
                                 "triton nvfp4 gemv m,BN=128,BK=128,w=4,ef,t=14,bx,xj,tp"])
     assert "tp: two 16-row tiles a warp" in legend
     assert "m: tensor cores" in legend and "sk: stream-K" in legend and "bx: bf16" in legend
     assert "ks: K slices" in legend and "xj: x loaded in the iteration" in legend and "xs: x loaded once" in legend
+    assert "ck: the K split's sums cast by a second kernel" in legend
     assert "1k:" not in legend and "a: CUDA-core" not in legend  # parts that do not occur are not explained
     assert gemv_form_legend(["torch.mm", "triton gemv (BLOCK_N=4, BLOCK_K=2048, warps=4)"]) == ""
     # FP8's block scales on x, and the grouped forms' two configs (the MoE table says the same under it)
