@@ -184,7 +184,7 @@ def _breakable_name(v: Any) -> str:
 GEMV_FORM_PARTS = (("m", "tensor cores (mma.sync)"), ("a", "CUDA-core asm decode"), ("g", "16-value words"),
                    ("BN", "rows a program"), ("BK", "K values an iteration"), ("w", "warps a program"),
                    ("s", "K splits"), ("ef", "weights loaded evict-first"), ("t", "warps an SM the K split aims at"),
-                   ("bx", "bf16 on x as it is, one kernel a call"),
+                   ("bx", "bf16 on x as it is, no x packing kernel"),
                    ("ck", "the K split's sums cast by a second kernel, launched behind the GEMV (PDL)"),
                    ("sk", "stream-K: one wave, equal work a program"),
                    ("1k", "fp16, one kernel a call"), ("ks", "K slices a tile, summed in the program"),
