@@ -44,7 +44,8 @@ NVFP4 tensor-core form (any M <= 16, the default where K % 64 == 0; `cfg.mma`):
   zeros (`_split_finish`): one kernel a call. x is not rounded to fp16 either. Above M=1 (`cfg.cast`, what
   fp4_config_for plans there) the split's sums are cast instead by a kernel launched as the GEMV's programmatic
   dependent once its programs are past their loops, in place of the counter's serial round trips at the grid's end
-  (H200: 0.4-1.5 us a call faster at M = 8-16 on the split shapes; at M=1 it lost in the kernel level's step).
+  (H200: 0.1-0.6 us a call faster at M=8 and 0.6-1.3 at M=16 on the split shapes; at M=1 it lost in the kernel
+  level's step).
 NVFP4 CUDA-core forms (M=1): int32 words decoded in f16x2 inline asm (`asm`) or plain Triton, the 8 nibbles of a word
 as 8 "planes" against strided x; kept where K is not whole 64-value steps (and timed by the gemm stage, which keeps the
 fastest form per shape). Under the CPU interpreter every form runs its decode in plain Triton (the asm needs a GPU).
@@ -1775,9 +1776,9 @@ def mma_supported(device) -> bool:
 def fp4_config_for(m: int, k: int, device="cuda", n: int = 0) -> GemvConfig | None:
     """What _fp4_plan picks, with the K split's sums cast by a kernel behind the GEMV above M=1 (with_cast). H200
     (2026-12-04, benchmarks/device/cast_probe.py): the cast kernel was 0.03-0.6 us a call faster in isolation at
-    M=1 and 8 on every split shape tried, and 0.4-1.5 us at M=16; in the kernel level's GLM-5-NVFP4 TP8 step it
-    took batch 8 from 13.95 to 13.84 ms but batch 1 from 7.91 to 8.02 ms (the attention projections 1.74 -> 1.81),
-    so at M=1 the last split casts. The gemm stage times both forms at every M."""
+    M=1 and 8 on every split shape tried, and 0.6-1.3 us at M=16 (28672x4096, split 2: level); in the kernel
+    level's GLM-5-NVFP4 TP8 step it took batch 8 from 13.95 to 13.84 ms but batch 1 from 7.91 to 8.02 ms (the
+    attention projections 1.74 -> 1.81), so at M=1 the last split casts. The gemm stage times both at every M."""
     cfg = _fp4_plan(m, k, device, n)
     return with_cast(cfg) if cfg is not None and m > 1 else cfg
 
