@@ -1,13 +1,22 @@
 """Probe (H200): the NVFP4 bf16 tensor-core GEMV's K split with its fp32 sums cast by a kernel behind it, launched
 as a programmatic dependent that the GEMV lets start once its programs are past their loops (GemvConfig.cast: no
-counter), against the default plan's form (the last split casting the sums after an acq_rel counter), on the small
-TP8 shapes where that finish is a large share of a call, and the issue's Llama-3.1-8B shapes.
+counter), against the same form with its last split casting the sums after an acq_rel counter: the plan's form and
+the other split forms, on the small TP8 shapes where that finish is a large share of a call, and the issue's
+Llama-3.1-8B shapes.
 
     PYTHONPATH=workflow python3 benchmarks/device/cast_probe.py [M,M...] [NxK,NxK...]
 
 Per shape and M: us a call (CUDA-graph replay, rotating weight copies), the fraction of read bandwidth, the error
 against dequantise-then-matmul for each form, and the worst error over 200 calls with x changing (a race between the
 cast and the sums would show as a call far off).
+
+What it found (2026-12-04, H200, read 4383-4462 GB/s), us a call, the last split casting / the cast kernel, same
+form and split: at M=1 2624x6144 5.89 / 5.72, 6144x2048 5.33 / 5.08, 6144x4096 7.39 / 7.16, 4096x14336 (K slices)
+11.82 / 11.55, stream-K 7168x18432 22.67 / 20.65; at M=8 2624x6144 6.58 / 6.03, 6144x2048 6.05 / 5.64, 6144x4096
+7.86 / 7.49; at M=16 6144x2048 8.29 / 6.97, 36864x7168 (stream-K) 53.33 / 52.31, 28672x4096 (split 2) 25.91 /
+26.01. Faster everywhere but that last, level; the worst of 200 calls 2.5e-3 against 1.7e-3 for one call on x
+itself (x times 1-7 rounded to bf16 against an unrounded reference). In the kernel level's step it lost at batch 1
+(fp4_config_for has the figures), so the plan casts this way above M=1 only.
 """
 
 from __future__ import annotations
