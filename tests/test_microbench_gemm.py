@@ -108,8 +108,12 @@ def test_every_gemv_candidate_name_resolves_to_its_form():
             seen += 1
     stage = gemm.lp.FP4_STAGE_CONFIGS + gemm.lp.FP4_STAGE_CONFIGS_M
     assert seen >= len(gemm.lp.FP4_STAGE_CONFIGS) + 3 * len(gemm.lp.FP4_STAGE_CONFIGS_M) + 6
-    assert gemm.lp.FP4_MMA_XS in stage and gemm.lp.FP4_MMA_XJ in stage  # the M = 9-16 forms are offered
-    assert gemm.lp.FP4_MMA_TP in stage  # and tile pairs (the lm_heads' plan at M = 9-16)
+    # the M = 9-16 forms are offered, as the plan runs them above M=1 (the K split's sums cast by a kernel behind)
+    cast = gemm.lp.with_cast
+    assert cast(gemm.lp.FP4_MMA_XS) in stage and cast(gemm.lp.FP4_MMA_XJ) in stage
+    assert cast(gemm.lp.FP4_MMA_TP) in stage  # and tile pairs (the lm_heads' plan at M = 9-16)
+    # at M=1 both: the last split casting (what the plan runs there) and the cast kernel
+    assert gemm.lp.FP4_MMA_DEFAULT in stage and cast(gemm.lp.FP4_MMA_DEFAULT) in stage
     fp8 = gemm.lowprec_variants(gpu, gemm.Backend(gemm.FP8, "torch._scaled_mm"), 1, 4096)
     assert all(f"{gemm.FP8_BLOCK_GEMV} {c.name}" in fp8 for c in gemm.lp.DENSE_BLOCK_XSCALE)  # block scales on x
     with pytest.raises(gemm.DecodeGapError, match="no GEMV form is named"):
