@@ -636,6 +636,8 @@ def test_chained_forms_are_bf16_and_leave_pdl_to_gpus():
     assert not lp.Nvfp4Gemv(q, 1, "cpu", cfg=lp.FP4_MMA_CHAINED[2]).pdl
     with pytest.raises(lp.DecodeGapError, match="only the bf16 form chains"):
         lp.Nvfp4Gemv(q, 1, "cpu", cfg=lp.GemvConfig(64, 128, 4, mma=True, chain=True))
+    with pytest.raises(lp.DecodeGapError, match="not chained"):  # the cast kernel finishes unchained forms only
+        lp.Nvfp4Gemv(q, 1, "cpu", cfg=replace(lp.FP4_MMA_CHAINED[2], cast=True))
 
 
 def test_lowprec_benchmark_sweep_runs_in_the_interpreter(tmp_path):

@@ -22,7 +22,7 @@ accumulator holds a value's gate beside its up. Three to five kernels a call, ev
 3. (split gate_up only) silu(gate) * up as the bf16 activation a pair, the sums left at zero
    (`lowprec._silu_pack_kernel`);
 4. down, each pair's row times its routing weight added into its token's fp32 row (atomics);
-5. the cast of the sums to the output dtype, which leaves them at zero (`lowprec._cast_zero_kernel`).
+5. the cast of the sums to the output dtype, which leaves them at zero (`lowprec.cast_zero`).
 On sm90+ each kernel after the align (every kernel, for one token) launches as a programmatic dependent of the one
 before (as the grouped GEMV's do). Two more epilogues are kept as forms, off by default: the SiLU of a split gate_up by
 the split that completes a (block, tile group) (a counter, as lowprec's split-K finish), and the cast by the down
@@ -107,7 +107,7 @@ def block_m_for(pairs: int, experts: int) -> int:
 
 if HAVE_TRITON:
     from .fusedmoe import _align_kernel
-    from .lowprec import (_cast_zero_kernel, _emul_plane, _emul_x, _finish_sums, _fp4_mma_emul_m1, _fp4_mma_loop,
+    from .lowprec import (_emul_plane, _emul_x, _finish_sums, _fp4_mma_emul_m1, _fp4_mma_loop,
                           _lanes, _silu_pack_kernel, _slice_sum)
 
     @triton.jit
@@ -608,8 +608,7 @@ class Nvfp4FusedMoe:
             self._gemm(self.act.view(torch.int32), self.mma2, self.acc, self.h, self.plan2, False, flat_w, self.out,
                        self.cnt2, bexp)
         if not self.cast_epilogue:
-            _cast_zero_kernel[(triton.cdiv(self.m * self.h, 1024),)](self.acc, self.out, self.m * self.h, BLOCK=1024,
-                                                                     PDL=self.pdl, **lp._pdl_launch(self.pdl))
+            lp.cast_zero(self.acc, self.out, self.pdl)
         return self.out
 
 

@@ -1760,6 +1760,13 @@ def _pdl_launch(pdl: bool) -> dict:
     return {"launch_pdl": True} if pdl else {}
 
 
+def cast_zero(acc: torch.Tensor, out: torch.Tensor, pdl: bool) -> None:
+    """Cast the fp32 split sums in acc to out's dtype and leave acc at zero for the next call (one kernel). pdl:
+    launched as a programmatic dependent of the kernel before it, which lets it start once past its loop."""
+    n = out.numel()
+    _cast_zero_kernel[(triton.cdiv(n, 1024),)](acc, out, n, BLOCK=1024, PDL=pdl, **_pdl_launch(pdl))
+
+
 def pdl_supported(device) -> bool:
     """Programmatic dependent launch (griddepcontrol) needs sm90+ and a GPU (the interpreter has none)."""
     dev = torch.device(device)
@@ -2035,7 +2042,10 @@ class Nvfp4Gemv:
         # at zero
         # cast: the bf16 form's split sums cast (and left at zero) by _cast_zero_kernel, launched as a programmatic
         # dependent that the GEMV lets start once its programs are past their loops
-        self.cast = cfg.cast and cfg.bx and split_sums and not cfg.chain
+        if cfg.cast and (not cfg.bx or cfg.chain):
+            raise DecodeGapError(f"nvfp4 gemv: the cast kernel finishes only the bf16 form, not chained ({cfg.name})")
+        self.cast = cfg.cast and split_sums
+        self.cast_pdl = self.cast and pdl_supported(device)  # queried once: not on every call
         self.finish = (self.one_kernel or self.stream) and split_sums and not self.cast
         self.cnt = torch.zeros((ctas,), dtype=torch.int32, device=device) if self.finish else None
         self.planned = not self.stream
@@ -2084,7 +2094,7 @@ class Nvfp4Gemv:
             cnt_ptr=self.cnt if self.finish else target, WARPS=cfg.warps, BLOCK_M=self.block_m, UNROLL=self.steps,
             ATOMIC=self.acc is not None, USE_ASM=not interpreted(), EV=_evict(cfg), PDL=self.pdl,
             SELF_PACK=self.one_kernel and not self.bx, FINISH=self.finish, BX=self.bx, STREAM=self.stream,
-            SLICES=cfg.slices, DEPS=self.pdl and cfg.chain or self.cast and pdl_supported(x.device), XJIT=cfg.xjit,
+            SLICES=cfg.slices, DEPS=self.pdl and cfg.chain or self.cast_pdl, XJIT=cfg.xjit,
             XS=cfg.xshare, PAIR=cfg.pair,
             num_warps=cfg.warps, **_pdl_launch(self.pdl))
 
@@ -2099,10 +2109,7 @@ class Nvfp4Gemv:
         finish = self.finish
         self.compiled = _fp4_mma_kernel[self.grid](**self.mma_args(x))
         if self.cast:
-            nz = self.m * self.n
-            pdl = pdl_supported(x.device)
-            _cast_zero_kernel[(triton.cdiv(nz, 1024),)](self.acc, self.out, nz, BLOCK=1024, PDL=pdl,
-                                                        **_pdl_launch(pdl))
+            cast_zero(self.acc, self.out, self.cast_pdl)
         elif split_sums and not finish:
             self.out.copy_(self.acc)
         if not self.planned:
@@ -2353,8 +2360,7 @@ class GroupedExperts:
         self.mma_gate_up(x)
         self.mma_down()
         if self.bx:  # the cast leaves the sums at zero for the next call
-            _cast_zero_kernel[(triton.cdiv(self.h, 1024),)](self.acc, self.out, self.h, BLOCK=1024, PDL=self.pdl,
-                                                             **_pdl_launch(self.pdl))
+            cast_zero(self.acc, self.out, self.pdl)
         else:
             self.out.copy_(self.acc[None, :])
         return self.out
