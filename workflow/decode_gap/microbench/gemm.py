@@ -17,7 +17,7 @@ import torch
 
 from ..errors import DecodeGapError
 from . import gemv as gemv_kernel
-from ..kernels import fp8block
+from ..kernels import fp8block, fp8mma
 from ..kernels import lowprec as lp
 from ..kernels import nvfp4 as nv
 from .common import BenchEnv, short_error, skip, summary
@@ -98,6 +98,7 @@ GEMV_WX = "torch.mm(W, x^T)"  # M=1 only: y^T = W @ x^T is the same memory as y,
 # our Triton GEMVs (lowprec.py), offered beside the library kernel for M <= 16 and kept only when faster
 FP8_GEMV = "triton fp8 gemv (per-tensor scale)"
 FP8_BLOCK_GEMV = "triton fp8 gemv (128x128 block scales)"
+FP8_MMA_GEMV = "triton fp8 tensor-core gemv (128x128 block scales)"  # kernels/fp8mma, M = 1-16
 FP4_GEMV = "triton nvfp4 gemv"  # + the config name: "m,..." is the tensor-core form, the rest M=1 CUDA-core forms
 
 
@@ -117,12 +118,15 @@ def lowprec_variants(env: BenchEnv, be: Backend, m: int, k: int) -> list[str]:
 
 
 def block_mm_variants(env: BenchEnv, be: Backend, m: int, n: int, k: int) -> list[str]:
-    """fp8 with 128x128 block scales above batch 1 (DeepSeek-V3's format, what the kernel level runs there): the
-    activation's 1x128 quantisation and cuBLAS's blockwise-scaled GEMM, timed beside per-tensor `_scaled_mm`, where
-    this GPU's cuBLAS has blockwise scaling and takes the shape."""
-    if not env.is_gpu or be.dtype != FP8 or m == 1 or fp8block.refusal(n, k) or not fp8block.supported(env.device):
+    """fp8 with 128x128 block scales (DeepSeek-V3's format): above batch 1 the activation's 1x128 quantisation and
+    cuBLAS's blockwise-scaled GEMM, where this GPU's cuBLAS has blockwise scaling and takes the shape, and at M =
+    1-16 our tensor-core GEMV (kernels/fp8mma), both timed beside per-tensor `_scaled_mm`; the kernel level picks
+    between the two block-scaled ones per shape."""
+    if not env.is_gpu or be.dtype != FP8:
         return []
-    return [fp8block.LABEL]
+    out = [] if m == 1 or fp8block.refusal(n, k) or not fp8block.supported(env.device) else [fp8block.LABEL]
+    # our tensor-core GEMV on the same block-scaled bytes, x in bf16 as it is (weight-only), at every M
+    return out + ([FP8_MMA_GEMV] if m <= 16 and fp8mma.available(env.device, k) else [])
 
 
 # every NVFP4 GEMV form a candidate name (lowprec_variants) can name, M=1 and M > 1
@@ -175,6 +179,11 @@ def build_case(env: BenchEnv, be: Backend, m: int, n: int, k: int, seed: int = 0
             mms = [fp8block.BlockScaledMm(fw if i == 0 else lp.Fp8Weight(fw.data.clone(), fw.scales.clone(), True), m,
                                           dev) for i in range(copies)]
             return [(lambda mm=mm: mm(x)) for mm in mms], copies, "bf16 activation quantised 1x128 in the call"
+        if variant == FP8_MMA_GEMV:
+            fw = lp.quantize_fp8(w8.float() * sw, block=True)
+            gs = [fp8mma.Fp8MmaGemv(fw if i == 0 else lp.Fp8Weight(fw.data.clone(), fw.scales.clone(), True), m, dev)
+                  for i in range(copies)]
+            return [(lambda g=g: g(x)) for g in gs], copies, f"{gs[0].label}; bf16 activation (weight-only)"
         if variant is not None and variant.startswith((FP8_GEMV, FP8_BLOCK_GEMV)):
             block = variant.startswith(FP8_BLOCK_GEMV)
             cfg = variant_config(variant)
@@ -274,6 +283,9 @@ def check_variant(env: BenchEnv, be: Backend, variant: str, m: int, n: int, k: i
         elif variant == fp8block.LABEL:
             mm = fp8block.BlockScaledMm(lp.quantize_fp8(w, block=True), m, dev)
             out, ref = mm(x), mm.reference(x)
+        elif variant == FP8_MMA_GEMV:
+            g = fp8mma.Fp8MmaGemv(lp.quantize_fp8(w, block=True), m, dev)
+            out, ref = g(x), g.reference(x)
         else:
             block = variant.startswith(FP8_BLOCK_GEMV)
             cfg = variant_config(variant)

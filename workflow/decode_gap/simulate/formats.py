@@ -43,8 +43,10 @@ def probe_formats(weight_format: str, device: str, batch: int = 1) -> dict[str, 
             if batch == 1 and _probe_fp8_gemvs(device, block):
                 kind = "fp8-block" if block else "fp8-gemv"
                 info.update(linear=kind, experts=kind, note=(
-                    "fp8-block linears run our 128x128 block-scaled Triton GEMV (decode_gap.kernels.lowprec."
-                    "DenseGemv, the scales applied to x) and routed experts the grouped GEMV with the same scales"
+                    "fp8-block linears run, shape by shape, the faster of our 128x128 block-scaled Triton GEMVs "
+                    "(decode_gap.kernels.lowprec.DenseGemv, the scales applied to x, and the tensor-core "
+                    "decode_gap.kernels.fp8mma, x in bf16; both timed once a shape at build) and routed experts the "
+                    "grouped GEMV with the same scales"
                     if block else
                     "fp8 linears run, shape by shape, the faster of torch._scaled_mm and our per-tensor Triton GEMV "
                     "(decode_gap.kernels.lowprec.DenseGemv; both timed once a shape at build, as engines pick "
@@ -61,9 +63,11 @@ def probe_formats(weight_format: str, device: str, batch: int = 1) -> dict[str, 
                     info["note"] = f"fp8 linears at {batch} rows a step run torch._scaled_mm; {experts}"
                 elif not (why_not := _block_mm_why_not(device)):
                     info.update(linear="fp8-block-mm", note=(
-                        f"fp8-block linears at {batch} rows a step run the activation's 1x128 quantisation (Triton) "
-                        "and torch._scaled_mm with the 128x128 block scales (cuBLAS blockwise scaling; decode_gap."
-                        f"kernels.fp8block); {experts}"))
+                        f"fp8-block linears at {batch} rows a step run, shape by shape, the faster of the "
+                        "activation's 1x128 quantisation (Triton) and torch._scaled_mm with the 128x128 block scales "
+                        "(cuBLAS blockwise scaling; decode_gap.kernels.fp8block) and our tensor-core GEMV on x in "
+                        "bf16 (decode_gap.kernels.fp8mma, up to 16 rows; both timed once a shape at build); "
+                        f"{experts}"))
                 else:
                     info["note"] = (f"fp8-block linears run with per-tensor scales (at {batch} rows a step cuBLAS's "
                                     f"blockwise scaling did not run here ({why_not}) and our block-scaled GEMVs run "

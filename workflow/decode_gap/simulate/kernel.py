@@ -29,7 +29,8 @@ at batch 1 runs our 128x128 block-scaled Triton GEMVs (`kernels.lowprec.DenseGem
 the grouped GEMV over each token's selected experts), which the H200 runs level with the per-tensor ones; above
 batch 1 its linears quantise the activation per 1x128 group (Triton) and run `torch._scaled_mm` with the block scales
 (cuBLAS blockwise scaling, sm90 with CUDA 12.9+; `kernels.fp8block`), and its routed experts the fused MoE with the
-block scales; where either does not run here, the per-tensor kernels on the same bytes, which it says. NVFP4 runs the
+block scales; at any batch up to 16 each block-scaled linear shape runs whichever is faster of that and our
+tensor-core GEMV on x in bf16 (`kernels.fp8mma`, timed once a shape at build: `kernel_choices`); where either does not run here, the per-tensor kernels on the same bytes, which it says. NVFP4 runs the
 micro-benchmarks' weight-only Triton kernels: the linears through `kernels.nvfp4.WeightOnlyGemm`, the routed experts
 through the NVFP4 fused MoE over the token-expert pairs sorted by expert (`kernels.fp4moe`, each expert hit read once
 a step, sm89+; where it does not run, the grouped NVFP4 GEMV once a token, `kernels.lowprec.GroupedExperts`). A

@@ -129,7 +129,9 @@ class Linear:
             w = _fp8_weight((n, k), device, block)
             self.gemm = lp.DenseGemv(w, m, device, out_dtype=self.act_dtype)
             self.nbytes = lp.fp8_bytes(n, k, block)
-            if not block:  # per-tensor: torch._scaled_mm on the same bytes is the other candidate
+            if block:
+                self._pick_fp8_mma(w, "lowprec.DenseGemv", n, k, m, device, picker)
+            else:  # per-tensor: torch._scaled_mm on the same bytes is the other candidate
                 self.w, self.w_scale, self.one = w.data, w.scales, torch.ones((), device=device)
                 if picker is not None:
                     x = torch.randn(m, k, device=device).to(self.act_dtype)
@@ -146,6 +148,7 @@ class Linear:
                 w = _fp8_weight((n, k), device, True)
                 self.gemm = fp8block.BlockScaledMm(w, m, device, out_dtype=self.act_dtype)
                 self.nbytes = lp.fp8_bytes(n, k, True)
+                self._pick_fp8_mma(w, "fp8block.BlockScaledMm", n, k, m, device, picker)
                 return
             kind = self.kind = "fp8"  # a shape BlockScaledMm refuses: per-tensor scales on the same bytes
         self.w = _rand((n, k), kind, device)
@@ -155,6 +158,26 @@ class Linear:
             self.w_scale = torch.full((), FP8_SCALE, device=device)
         if kind == "bf16" and picker is not None and device.startswith("cuda") and m == 1:
             self._pick_bf16_gemv(n, k, device, picker)
+
+    def _pick_fp8_mma(self, w, current: str, n: int, k: int, m: int, device: str, picker: KernelPicker | None) -> None:
+        """Block-scaled fp8: our tensor-core GEMV (kernels/fp8mma, x in bf16 as it is) beside the current kernel,
+        timed at build; the faster runs. H200 (2026-12-04, benchmarks/device/fp8mma_probe.py, us): DeepSeek-V3
+        2112x7168 at M = 4 / 8 / 16 7.4 / 8.1 / 9.8 against cuBLAS's 17.2-17.3, 36864x7168 at M=4 66.6 against 88.7;
+        at M=16 cuBLAS kept the largest (36864x7168 86.4 against 104.9)."""
+        from ..kernels import fp8mma
+
+        if picker is None or not device.startswith("cuda") or self.act_dtype != _torch().bfloat16:
+            return
+        if not fp8mma.available(device, k):
+            return
+        torch = _torch()
+        mma = fp8mma.Fp8MmaGemv(w, m, device, out_dtype=self.act_dtype)
+        x = torch.randn(m, k, device=device).to(self.act_dtype)
+        current_gemm = self.gemm
+        chosen = picker.pick(("fp8-block", n, k, m), {current: lambda: current_gemm(x),
+                                                      "fp8mma.Fp8MmaGemv": lambda: mma(x)})
+        if chosen == "fp8mma.Fp8MmaGemv":
+            self.gemm = mma
 
     def _pick_bf16_gemv(self, n: int, k: int, device: str, picker: KernelPicker) -> None:
         """One row a step: our bf16 GEMV, cuBLAS through F.linear, or cuBLAS with the operands swapped (W @ x^T,

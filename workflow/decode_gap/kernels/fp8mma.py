@@ -1,0 +1,333 @@
+"""FP8 weight-only GEMV on tensor cores for M = 1-16: e4m3 weights with per-tensor or 128x128 block scales, x in
+bf16 as the model gives it (no activation quantisation), fp32 sums.
+
+Why: above batch 1 the fp8 candidates were cuBLAS's (per-tensor `_scaled_mm` on a quantised x; for block scales
+kernels/fp8block.py, x quantised 1x128 by a kernel of its own, then cuBLAS's blockwise form) and our CUDA-core GEMV
+(lowprec.DenseGemv, M FMAs per weight value: a batch-1 kernel). At M = 2-16 decode still reads every weight byte once,
+so the kernel that streams them fastest sets the ceiling.
+
+The form (lowprec's NVFP4 tensor-core GEMV, with a one-instruction decode):
+- each warp owns a 16-row tile; the weight is repacked once (`repack`, the same bytes) so that per step of 32 K values
+  lane 4g+q loads 16 contiguous bytes, its A fragments of two mma.sync.m16n8k16: rows g and g+8 at K values 8q..8q+7
+  in pairs. The K values of the MMA's slots are permuted (the sum does not care) so that the same lane's B operand is
+  x row g at K values 8q..8q+7: one 16-byte load of x as it is, no packing kernel;
+- decode: cvt.rn.f16x2.e4m3x2, one instruction a pair (exact: every e4m3 value is an fp16); x's bf16 pairs to fp16
+  pairs in three instructions (an |x| above 65504 would not fit, as in every fp16 MMA on activations);
+- four steps (128 K values) an iteration, the next iteration's weights loaded before this one's math (a register
+  double buffer), x loaded in the iteration that uses it (every warp reads it: L1 / L2);
+- block scales: a tile's 16 rows lie in one 128-row block and an iteration is one 128-value block, so each
+  iteration's sums are multiplied by its scale into fp32 accumulators; per-tensor: once at the end;
+- K split over the grid's second axis until about WARPS_PER_SM warps an SM; fp32 partial sums added with relaxed
+  atomics, then lowprec.cast_zero's kernel (a programmatic dependent on sm90) casts them and leaves zeros; unsplit, the
+  program stores bf16 itself.
+Under TRITON_INTERPRET (no inline asm) the same repacked bytes and x positions go through plain Triton: e4m3 by bitcast,
+x rounded to fp16 as on the GPU, each lane's products summed over the lanes of a quad.
+
+Tried first and kept out: Triton's own tl.dot with the operands swapped (acc[BLOCK_N, 16] += W @ x^T, the e4m3 tile
+converted in registers, wgmma, tl.range software pipelining): H200 (2026-12-04, read 4384 GB/s), M = 4-16, 0.34-0.38
+of read bandwidth on DeepSeek-V3 2112x7168 and 7168x2048 (9.4-9.8 us), 0.53 on 4608x7168, 0.57-0.64 on 36864x7168
+and 7168x18432 (94-105 us, 53-54), 0.75 on Llama-3.1-8B 28672x4096 (35.4 us, against 30.0 for per-tensor
+`_scaled_mm`); it beat the blockwise cuBLAS call only up to about 40M weights (2112x7168 9.7 against 17.1 us).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..errors import DecodeGapError
+from . import lowprec as lp
+
+FP8_BLOCK = lp.FP8_BLOCK
+STEP_K = 32  # K values a lane's 16-byte load covers (two MMAs)
+ITER_K = 128  # K values an iteration (four steps: one 128-value scale block)
+WARPS = 4
+# the K split's target: H200 (2026-12-04), 24 left 36864x7168 unsplit, 79.0 us at M=4 against 66.6 split in two
+WARPS_PER_SM = 32
+
+
+def available(device, k: int) -> bool:
+    """Whether this GEMV runs for a K on this device: Triton, K whole 128-value iterations, and on a GPU sm89+."""
+    return lp.HAVE_TRITON and k % ITER_K == 0 and lp.mma_supported(device)
+
+
+def repack(data: torch.Tensor) -> torch.Tensor:
+    """e4m3 [N, K] (K a multiple of 128) -> int32 [ceil(N/16), K/32, 32 lanes, 4]: lane 4g+q's 16 bytes of a step,
+    pairs (row g, row g+8) at K values 8q + 2j, 8q + 2j + 1 for j = 0..3. Rows past N are zeros."""
+    n, k = data.shape
+    nt = math.ceil(n / 16)
+    b = torch.zeros((nt * 16, k), dtype=torch.uint8, device=data.device)
+    b[:n] = data.view(torch.uint8)
+    # [tile, h, g, step, q, j, byte] -> [tile, step, g, q, j, h, byte]
+    b = b.view(nt, 2, 8, k // STEP_K, 4, 4, 2).permute(0, 3, 2, 4, 5, 1, 6)
+    return b.reshape(nt, k // STEP_K, 32, 16).contiguous().view(torch.int32)
+
+
+def unpack(words: torch.Tensor, n: int) -> torch.Tensor:
+    """The inverse of repack (for tests): e4m3 [n, K]."""
+    nt, ks = words.shape[:2]
+    b = words.contiguous().view(torch.uint8).reshape(nt, ks, 8, 4, 4, 2, 2).permute(0, 5, 2, 1, 3, 4, 6)
+    return b.reshape(nt * 16, ks * STEP_K)[:n].contiguous().view(torch.float8_e4m3fn)
+
+
+if lp.HAVE_TRITON:
+    import triton
+    import triton.language as tl
+
+    def _mma_asm(nb: int) -> str:
+        """One step of a lane: $0.. the accumulators (per x set: the first MMA's four, the second's four), then the 4
+        weight words, then 4 x words per x set (bf16 pairs, K values 8q..8q+7 of x row g, and of g + 8)."""
+        w0 = 8 * nb
+        x0 = w0 + 4
+        lines = ["{", ".reg .b32 a<8>, b<4>, lo, hi;", ".reg .b16 p, r;"]
+        for i in range(4):  # word i: (row g, row g+8) at K slots of pair i -> A registers 2i (row g), 2i+1 (g+8)
+            lines += [f"mov.b32 {{p, r}}, ${w0 + i};", f"cvt.rn.f16x2.e4m3x2 a{2 * i}, p;",
+                      f"cvt.rn.f16x2.e4m3x2 a{2 * i + 1}, r;"]
+        for s in range(nb):
+            for i in range(4):  # x word i: bf16 (lo, hi) -> fp16x2
+                lines += [f"shl.b32 lo, ${x0 + 4 * s + i}, 16;", f"and.b32 hi, ${x0 + 4 * s + i}, 0xFFFF0000;",
+                          f"cvt.rn.f16x2.f32 b{i}, hi, lo;"]
+            for mm in range(2):  # MMA mm: A = pairs 2mm (slots 2q, 2q+1) and 2mm+1 (slots 2q+8, 2q+9)
+                acc = ",".join(f"${8 * s + 4 * mm + e}" for e in range(4))
+                a = ",".join(f"a{4 * mm + e}" for e in range(4))
+                lines.append(f"mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {{{acc}}}, {{{a}}}, "
+                             f"{{b{2 * mm},b{2 * mm + 1}}}, {{{acc}}};")
+        lines.append("}")
+        return "\n".join(lines)
+
+    def _mma_cons(nb: int) -> str:
+        return ",".join(["=f"] * (8 * nb) + ["r"] * (4 + 4 * nb) + [str(i) for i in range(8 * nb)])
+
+    _ASM1 = tl.constexpr(_mma_asm(1))
+    _CONS1 = tl.constexpr(_mma_cons(1))
+    _ASM2 = tl.constexpr(_mma_asm(2))
+    _CONS2 = tl.constexpr(_mma_cons(2))
+
+    @triton.jit
+    def _step(w, x, x2, a0, a1, a2, a3, TWO: tl.constexpr):
+        if TWO:
+            a0, a1, a2, a3 = tl.inline_asm_elementwise(_ASM2, _CONS2, [w, x, x2, a0, a1, a2, a3],
+                                                       dtype=(tl.float32, tl.float32, tl.float32, tl.float32),
+                                                       is_pure=True, pack=4)
+        else:
+            a0, a1 = tl.inline_asm_elementwise(_ASM1, _CONS1, [w, x, a0, a1], dtype=(tl.float32, tl.float32),
+                                               is_pure=True, pack=4)
+        return a0, a1, a2, a3
+
+    @triton.jit
+    def _xload(xp, xp2, xmask, xmask2, off, TWO: tl.constexpr):
+        """A step's x words: rows 0-7 (and 8-15 when TWO) at word offset off."""
+        x = tl.load(xp + off, mask=xmask, other=0)
+        x2 = x
+        if TWO:
+            x2 = tl.load(xp2 + off, mask=xmask2, other=0)
+        return x, x2
+
+    @triton.jit
+    def _iteration(wa, wb, wc, wd, xp, xp2, xmask, xmask2, it, a0, a1, a2, a3, TWO: tl.constexpr,
+                   XAHEAD: tl.constexpr):
+        """One iteration's four steps; x (16 words a step) loaded here: a step's before its math, or (XAHEAD) all
+        four steps' before the first step's math."""
+        xo = it * 64
+        x, x2 = _xload(xp, xp2, xmask, xmask2, xo, TWO)
+        if XAHEAD:
+            xb, xb2 = _xload(xp, xp2, xmask, xmask2, xo + 16, TWO)
+            xc, xc2 = _xload(xp, xp2, xmask, xmask2, xo + 32, TWO)
+            xd, xd2 = _xload(xp, xp2, xmask, xmask2, xo + 48, TWO)
+            a0, a1, a2, a3 = _step(wa, x, x2, a0, a1, a2, a3, TWO)
+            a0, a1, a2, a3 = _step(wb, xb, xb2, a0, a1, a2, a3, TWO)
+            a0, a1, a2, a3 = _step(wc, xc, xc2, a0, a1, a2, a3, TWO)
+            a0, a1, a2, a3 = _step(wd, xd, xd2, a0, a1, a2, a3, TWO)
+        else:
+            a0, a1, a2, a3 = _step(wa, x, x2, a0, a1, a2, a3, TWO)
+            x, x2 = _xload(xp, xp2, xmask, xmask2, xo + 16, TWO)
+            a0, a1, a2, a3 = _step(wb, x, x2, a0, a1, a2, a3, TWO)
+            x, x2 = _xload(xp, xp2, xmask, xmask2, xo + 32, TWO)
+            a0, a1, a2, a3 = _step(wc, x, x2, a0, a1, a2, a3, TWO)
+            x, x2 = _xload(xp, xp2, xmask, xmask2, xo + 48, TWO)
+            a0, a1, a2, a3 = _step(wd, x, x2, a0, a1, a2, a3, TWO)
+        return a0, a1, a2, a3
+
+    @triton.jit
+    def _fp8_mma_kernel(w_ptr, s_ptr, x_ptr, xw_ptr, out_ptr, M, N, NT, KS, ITERS, iters_per_split, stride_wt,
+                        stride_sn, stride_x, stride_xw, stride_om, WARPS: tl.constexpr, TWO: tl.constexpr,
+                        BLOCK_SCALES: tl.constexpr, ATOMIC: tl.constexpr, DEPS: tl.constexpr,
+                        USE_ASM: tl.constexpr, XAHEAD: tl.constexpr = False):
+        T: tl.constexpr = 32 * WARPS
+        pid_n = tl.program_id(0)
+        it0 = tl.program_id(1) * iters_per_split
+        it1 = tl.minimum(it0 + iters_per_split, ITERS)
+        t = tl.arange(0, T)
+        lane = t % 32
+        g = lane // 4
+        q = lane % 4
+        tile = pid_n * WARPS + t // 32
+        tile_c = tl.minimum(tile, NT - 1)
+        c4 = tl.arange(0, 4)
+        sp = s_ptr + (tile_c * 16 // 128) * stride_sn  # the tile's 128-row block
+        if USE_ASM:
+            wp = w_ptr + tile_c.to(tl.int64)[:, None] * stride_wt + (lane * 4)[:, None] + c4[None, :]
+            xp = xw_ptr + (g * stride_xw + q * 4)[:, None] + c4[None, :]
+            xp2 = xp + 8 * stride_xw
+            xmask = (g < M)[:, None]
+            xmask2 = (g + 8 < M)[:, None]
+            acc0 = tl.zeros((T, 4), dtype=tl.float32)
+            acc1 = tl.zeros((T, 4), dtype=tl.float32)
+            acc2 = tl.zeros((T, 4), dtype=tl.float32)
+            acc3 = tl.zeros((T, 4), dtype=tl.float32)
+            wo = it0 * 512  # an iteration: 4 steps of 32 lanes x 4 words
+            wa = tl.load(wp + wo, eviction_policy="evict_first")
+            wb = tl.load(wp + wo + 128, eviction_policy="evict_first")
+            wc = tl.load(wp + wo + 256, eviction_policy="evict_first")
+            wd = tl.load(wp + wo + 384, eviction_policy="evict_first")
+            for it in range(it0, it1):
+                nx = tl.minimum(it + 1, it1 - 1) * 512  # the last iteration loads its own again (unused)
+                na = tl.load(wp + nx, eviction_policy="evict_first")
+                nb = tl.load(wp + nx + 128, eviction_policy="evict_first")
+                nc = tl.load(wp + nx + 256, eviction_policy="evict_first")
+                nd = tl.load(wp + nx + 384, eviction_policy="evict_first")
+                if BLOCK_SCALES:
+                    z = tl.zeros((T, 4), dtype=tl.float32)
+                    b0, b1, b2, b3 = _iteration(wa, wb, wc, wd, xp, xp2, xmask, xmask2, it, z, z, z, z, TWO,
+                                                XAHEAD)
+                    s = tl.load(sp + it)[:, None]
+                    acc0 += (b0 + b1) * s
+                    acc2 += (b2 + b3) * s
+                else:
+                    acc0, acc1, acc2, acc3 = _iteration(wa, wb, wc, wd, xp, xp2, xmask, xmask2, it, acc0, acc1,
+                                                        acc2, acc3, TWO, XAHEAD)
+                wa = na
+                wb = nb
+                wc = nc
+                wd = nd
+            if DEPS:  # the cast kernel behind this one may launch (it waits for the grid before reading)
+                tl.extra.cuda.gdc_launch_dependents()
+            y = acc0 + acc1
+            y2 = acc2 + acc3
+            if not BLOCK_SCALES:
+                ts = tl.load(s_ptr)
+                y = y * ts
+                y2 = y2 * ts
+            # D fragment: element e of lane 4g+q is row g + 8 (e // 2) of the tile, x row 2q + e % 2
+            e = c4[None, :]
+            rows = (tile * 16 + g)[:, None] + 8 * (e // 2)
+            ms = (2 * q)[:, None] + e % 2
+            om = (rows < N) & (ms < M)
+            op = out_ptr + ms * stride_om + rows
+            if ATOMIC:
+                tl.atomic_add(op, y, mask=om, sem="relaxed")
+            else:
+                tl.store(op, y.to(out_ptr.dtype.element_ty), mask=om)
+            if TWO:  # x rows 8-15
+                om2 = (rows < N) & (ms + 8 < M)
+                if ATOMIC:
+                    tl.atomic_add(op + 8 * stride_om, y2, mask=om2, sem="relaxed")
+                else:
+                    tl.store(op + 8 * stride_om, y2.to(out_ptr.dtype.element_ty), mask=om2)
+        else:
+            # the interpreter: lane 4g+q's bytes decoded, times x at the same K values (rounded to fp16 as the GPU
+            # path does), per (row half h, x row); then the four lanes of a quad summed
+            XR: tl.constexpr = 16 if TWO else 8
+            mr = tl.arange(0, XR)
+            xm = (mr < M)[None, :]
+            y = tl.zeros((T, 2, XR), dtype=tl.float32)
+            for it in range(it0, it1):
+                blk = tl.zeros((T, 2, XR), dtype=tl.float32)
+                for st in tl.static_range(4):
+                    step = it * 4 + st
+                    for j in tl.static_range(4):
+                        word = tl.load(w_ptr + tile_c.to(tl.int64) * stride_wt + step * 128 + lane * 4 + j)
+                        for h in tl.static_range(2):
+                            for b in tl.static_range(2):
+                                code = ((word >> (16 * h + 8 * b)) & 0xFF).to(tl.uint8)
+                                wv = code.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+                                kk = step * 32 + q * 8 + 2 * j + b
+                                xv = tl.load(x_ptr + mr[None, :] * stride_x + kk[:, None], mask=xm, other=0.0)
+                                xv = xv.to(tl.float16).to(tl.float32)
+                                hv = (tl.arange(0, 2) == h)[None, :, None]
+                                blk += tl.where(hv, (wv[:, None] * xv)[:, None, :], 0.0)
+                if BLOCK_SCALES:
+                    blk = blk * tl.load(sp + it)[:, None, None]
+                y += blk
+            if not BLOCK_SCALES:
+                y = y * tl.load(s_ptr)
+            yq = tl.sum(tl.reshape(y, (WARPS, 8, 4, 2, XR)), axis=2)  # [tile, g, h, x row]
+            wv4 = tl.arange(0, WARPS)[:, None, None, None]
+            gv = tl.arange(0, 8)[None, :, None, None]
+            hv4 = tl.arange(0, 2)[None, None, :, None]
+            mv = mr[None, None, None, :]
+            rows4 = (pid_n * WARPS + wv4) * 16 + gv + 8 * hv4
+            om4 = (rows4 < N) & (mv < M)
+            op4 = out_ptr + mv * stride_om + rows4
+            if ATOMIC:
+                tl.atomic_add(op4, yq, mask=om4, sem="relaxed")
+            else:
+                tl.store(op4, yq.to(out_ptr.dtype.element_ty), mask=om4)
+
+
+class Fp8MmaGemv:
+    """y[M, N] = x[M, K] @ W^T for e4m3 W (lp.Fp8Weight: per-tensor or 128x128 block scales), M = 1-16, K a multiple
+    of 128, on tensor cores (sm89+; the CPU interpreter runs the same layout in plain Triton). The weight is repacked
+    once; buffers are made once; a call is the GEMV (and the cast kernel where K is split), CUDA-graph capturable."""
+
+    label_prefix = "triton fp8 tensor-core gemv"
+
+    def __init__(self, w: lp.Fp8Weight, m: int, device, out_dtype=torch.bfloat16, split: int | None = None,
+                 x_ahead: bool | None = None, warps: int | None = None):
+        if not lp.HAVE_TRITON:
+            raise DecodeGapError("the fp8 tensor-core GEMV needs Triton, which is not installed")
+        if not lp.mma_supported(device):
+            raise DecodeGapError("the fp8 tensor-core GEMV needs sm89+ (cvt.rn.f16x2.e4m3x2)")
+        n, k = w.data.shape
+        if not 1 <= m <= 16:
+            raise DecodeGapError(f"fp8 tensor-core gemv: 1 <= M <= 16 (M={m})")
+        if k % ITER_K:
+            raise DecodeGapError(f"fp8 tensor-core gemv: K={k} is not a multiple of {ITER_K}")
+        self.m, self.n, self.k, self.block = m, n, k, w.block
+        self.words = repack(w.data)  # the only copy kept: reference() unpacks it
+        nt = self.words.shape[0]
+        self.x_ahead = bool(x_ahead)
+        self.warps = warps or WARPS
+        iters = k // ITER_K
+        groups = math.ceil(nt / self.warps)
+        sms = lp.sm_count(device)
+        want = split or max(1, min(iters, round(WARPS_PER_SM * sms / (groups * self.warps))))
+        per = math.ceil(iters / want)
+        self.split, self.iters_per_split, self.iters = math.ceil(iters / per), per, iters
+        self.grid = (groups, self.split)
+        self.out = torch.empty((m, n), dtype=out_dtype, device=device)
+        self.acc = torch.zeros((m, n), dtype=torch.float32, device=device) if self.split > 1 else None
+        self.pdl = self.acc is not None and lp.pdl_supported(device)
+        self.scales = w.scales if w.block else w.scales.reshape(1).float().contiguous()
+
+    @property
+    def label(self) -> str:
+        scales = "128x128 block scales" if self.block else "per-tensor scale"
+        return f"{self.label_prefix} (mma.sync, {scales}, split={self.split}; bf16 x, weight-only)"
+
+    @property
+    def kernels(self) -> int:
+        return 2 if self.acc is not None else 1
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape != (self.m, self.k) or x.dtype != torch.bfloat16 or x.stride(1) != 1:
+            raise DecodeGapError(f"fp8 tensor-core gemv: x must be a row-major bf16 [{self.m}, {self.k}] (got "
+                                 f"{x.dtype} {tuple(x.shape)})")
+        target = self.acc if self.acc is not None else self.out
+        xw = x.view(torch.int32)  # the bf16 pairs the MMA's B operand is made of
+        compiled = _fp8_mma_kernel[self.grid](
+            self.words, self.scales, x, xw, target, self.m, self.n, self.words.shape[0], self.words.shape[1],
+            self.iters, self.iters_per_split, self.words.stride(0), self.scales.stride(0) if self.block else 0,
+            x.stride(0), xw.stride(0), target.stride(0), WARPS=self.warps, TWO=self.m > 8, BLOCK_SCALES=self.block,
+            ATOMIC=self.acc is not None, DEPS=self.pdl, USE_ASM=not lp.interpreted(), XAHEAD=self.x_ahead,
+            num_warps=self.warps)
+        self.compiled = compiled
+        if self.acc is not None:
+            lp.cast_zero(self.acc, self.out, self.pdl)
+        return self.out
+
+    def reference(self, x: torch.Tensor) -> torch.Tensor:
+        """Dequantise-then-matmul in fp32, on the weight unpacked from the repacked copy."""
+        scales = self.scales if self.block else self.scales.reshape(())
+        return x.float() @ lp.dequantize_fp8(lp.Fp8Weight(unpack(self.words, self.n), scales, self.block)).t()
