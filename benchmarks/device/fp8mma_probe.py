@@ -30,9 +30,8 @@ from decode_gap.microbench.timing import rotating_copies  # noqa: E402
 # DeepSeek-V3 (block scales): fused_qkv_a, o_proj TP8, dense gate_up, dense down, q_b, TP8 gate_up; Llama-3.1-8B
 # (per-tensor): qkv, o_proj, gate_up, down
 BLOCK_SHAPES = [(2112, 7168), (7168, 2048), (36864, 7168), (7168, 18432), (24576, 1536), (4608, 7168)]
-# the plan, then variants: the split doubled, x of an iteration loaded at its start, 8 and 2 warps a program
-FORMS = [("plan", {}), ("split x2", {"split": 2}), ("x ahead", {"x_ahead": True}), ("8 warps", {"warps": 8}),
-         ("2 warps", {"warps": 2}), ("x ahead, 8 warps", {"x_ahead": True, "warps": 8})]
+# the plan, then variants: the split doubled and halved, x of a step loaded before its own MMA
+FORMS = [("plan", {}), ("split x2", {"split": 2}), ("split /2", {"split": 0.5}), ("x in place", {"x_ahead": False})]
 TENSOR_SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
 
 
@@ -62,7 +61,7 @@ def main() -> None:
             for form, kw in FORMS:
                 kw = dict(kw)
                 if "split" in kw:
-                    kw["split"] = base * kw["split"]
+                    kw["split"] = max(1, round(base * kw["split"]))
                 try:
                     gs = [fm.Fp8MmaGemv(v, m, dev, **kw) for v in ws]
                     err = max((gs[0](x).float() - ref).abs().max().item() for _ in range(2))

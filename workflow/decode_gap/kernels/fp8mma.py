@@ -14,20 +14,34 @@ The form (lowprec's NVFP4 tensor-core GEMV, with a one-instruction decode):
 - decode: cvt.rn.f16x2.e4m3x2, one instruction a pair (exact: every e4m3 value is an fp16); x's bf16 pairs to fp16
   pairs in three instructions (an |x| above 65504 would not fit, as in every fp16 MMA on activations);
 - four steps (128 K values) an iteration, the next iteration's weights loaded before this one's math (a register
-  double buffer), x loaded in the iteration that uses it (every warp reads it: L1 / L2);
+  double buffer), x of the iteration's four steps loaded before its first MMA (every warp reads x: L1 / L2);
 - block scales: a tile's 16 rows lie in one 128-row block and an iteration is one 128-value block, so each
   iteration's sums are multiplied by its scale into fp32 accumulators; per-tensor: once at the end;
-- K split over the grid's second axis until about WARPS_PER_SM warps an SM; fp32 partial sums added with relaxed
-  atomics, then lowprec.cast_zero's kernel (a programmatic dependent on sm90) casts them and leaves zeros; unsplit, the
-  program stores bf16 itself.
+- K split over the grid's second axis until about WARPS_PER_SM warps an SM (twice that at M = 9-16 where a split
+  keeps 4 or more iterations); fp32 partial sums added with relaxed atomics, then lowprec.cast_zero's kernel (a
+  programmatic dependent on sm90) casts them and leaves zeros; unsplit, the program stores bf16 itself.
 Under TRITON_INTERPRET (no inline asm) the same repacked bytes and x positions go through plain Triton: e4m3 by bitcast,
 x rounded to fp16 as on the GPU, each lane's products summed over the lanes of a quad.
 
-Tried first and kept out: Triton's own tl.dot with the operands swapped (acc[BLOCK_N, 16] += W @ x^T, the e4m3 tile
-converted in registers, wgmma, tl.range software pipelining): H200 (2026-12-04, read 4384 GB/s), M = 4-16, 0.34-0.38
-of read bandwidth on DeepSeek-V3 2112x7168 and 7168x2048 (9.4-9.8 us), 0.53 on 4608x7168, 0.57-0.64 on 36864x7168
-and 7168x18432 (94-105 us, 53-54), 0.75 on Llama-3.1-8B 28672x4096 (35.4 us, against 30.0 for per-tensor
-`_scaled_mm`); it beat the blockwise cuBLAS call only up to about 40M weights (2112x7168 9.7 against 17.1 us).
+Measured on an H200 (2026-12-04, benchmarks/device/fp8mma_probe.py, read 4456 GB/s, CUDA-graph replay over rotating
+weight copies), DeepSeek-V3 shapes with 128x128 block scales, us and fraction of read bandwidth on the fp8 bytes, this
+GEMV / cuBLAS's blockwise call with x's 1x128 quantisation (fp8block.py):
+  36864x7168  M=4 62.2 (0.97) / 88.8, M=8 63.7 (0.95) / 88.2, M=16 84.7 (0.71, split doubled) / 90.3
+  7168x18432  M=4 32.6 (0.92) / 44.6, M=8 33.3 (0.91) / 45.6, M=16 45.0 (0.67) / 44.8
+  24576x1536  M=4 12.5 (0.69) / 17.2, M=8 13.7 (0.63) / 17.2, M=16 18.7 / 17.8
+  4608x7168   M=4 11.2 / 18.1, M=8 11.9 / 18.3, M=16 16.6 / 18.3
+  2112x7168   M=4 7.1 / 17.0, M=8 7.7 / 17.2, M=16 9.6 / 17.4
+At M=1 it draws level with or beats our CUDA-core block GEMV (36864x7168 64.3 against 64.9, 24576x1536 12.0 against
+15.2, 4608x7168 10.9 against 12.8; 7168x2048 6.8 against 6.7). Per-tensor `_scaled_mm` on a pre-quantised x stayed
+faster on Llama-3.1-8B's shapes at M = 4-16 (6144x4096 9.6 against 9.9-12.7 us), so the form is offered for block
+scales only (microbench/gemm.py); the kernel level times it against the current kernel per shape (simulate/layers.py).
+Tried and kept out:
+- Triton's own tl.dot with the operands swapped (acc[BLOCK_N, 16] += W @ x^T, the e4m3 tile converted in registers,
+  wgmma, tl.range software pipelining): 0.34-0.38 of read bandwidth on 2112x7168 and 7168x2048, 0.57-0.64 on
+  36864x7168 and 7168x18432, 0.75 on Llama-3.1-8B 28672x4096 (35.4 us, against 30.0 for per-tensor `_scaled_mm`);
+- x packed to fp16 once a call by a kernel before the GEMV (its programmatic dependent, first weights loaded before
+  the wait), so no warp converts: slower on 22 of 24 cases (36864x7168 M = 4 / 8 62.2 / 63.7 -> 68.7 / 71.1 us;
+  2112x7168 M=16 9.6 -> 11.7); a step's x loaded before its own MMA (the first version): slower on 17 of 18.
 """
 
 from __future__ import annotations
@@ -42,7 +56,15 @@ from . import lowprec as lp
 FP8_BLOCK = lp.FP8_BLOCK
 STEP_K = 32  # K values a lane's 16-byte load covers (two MMAs)
 ITER_K = 128  # K values an iteration (four steps: one 128-value scale block)
-WARPS = 4
+WARPS = 4  # H200: 8 warps a program lost on 5 of 6 shapes at M = 4-16, 2 on all
+# x of an iteration's four steps loaded before its first MMA, not each step's before its own: H200 (2026-12-04,
+# fp8mma_probe.py), faster on 17 of 18 cases, e.g. DeepSeek-V3 36864x7168 at M = 4 / 8 / 16 67.0 / 69.9 / 113.6 ->
+# 62.3 / 63.7 / 97.3 us (0.97 / 0.95 / 0.62 of read bandwidth), 7168x18432 34.5 / 37.2 / 58.6 -> 32.4 / 34.4 / 51.3
+X_AHEAD = True
+# at M = 9-16, where a split has at least this many iterations, twice the splits: H200 (2026-12-04, M=16, us)
+# 36864x7168 97.5 -> 84.7 (split 2 -> 4), 7168x18432 51.4 -> 45.0 (9 -> 18); where splits had 2-4 iterations it was
+# level or slower (2112x7168 9.6 -> 10.9, 7168x2048 9.1 -> 9.8, 4608x7168 16.6 -> 16.4)
+M16_SPLIT_ITERS = 8
 # the K split's target: H200 (2026-12-04), 24 left 36864x7168 unsplit, 79.0 us at M=4 against 66.6 split in two
 WARPS_PER_SM = 32
 
@@ -287,13 +309,15 @@ class Fp8MmaGemv:
         self.m, self.n, self.k, self.block = m, n, k, w.block
         self.words = repack(w.data)  # the only copy kept: reference() unpacks it
         nt = self.words.shape[0]
-        self.x_ahead = bool(x_ahead)
+        self.x_ahead = X_AHEAD if x_ahead is None else x_ahead
         self.warps = warps or WARPS
         iters = k // ITER_K
         groups = math.ceil(nt / self.warps)
         sms = lp.sm_count(device)
         want = split or max(1, min(iters, round(WARPS_PER_SM * sms / (groups * self.warps))))
         per = math.ceil(iters / want)
+        if m > 8 and not split and per >= M16_SPLIT_ITERS:  # two x sets: twice the splits where each keeps 4+
+            per = math.ceil(per / 2)
         self.split, self.iters_per_split, self.iters = math.ceil(iters / per), per, iters
         self.grid = (groups, self.split)
         self.out = torch.empty((m, n), dtype=out_dtype, device=device)
@@ -315,7 +339,7 @@ class Fp8MmaGemv:
             raise DecodeGapError(f"fp8 tensor-core gemv: x must be a row-major bf16 [{self.m}, {self.k}] (got "
                                  f"{x.dtype} {tuple(x.shape)})")
         target = self.acc if self.acc is not None else self.out
-        xw = x.view(torch.int32)  # the bf16 pairs the MMA's B operand is made of
+        xw = x.view(torch.int32)  # the bf16 pairs the MMA's B operand is made of (converted to fp16 in the asm)
         compiled = _fp8_mma_kernel[self.grid](
             self.words, self.scales, x, xw, target, self.m, self.n, self.words.shape[0], self.words.shape[1],
             self.iters, self.iters_per_split, self.words.stride(0), self.scales.stride(0) if self.block else 0,
