@@ -226,19 +226,22 @@ def test_moe_stage_keeps_the_fastest_grouped_form_and_names_one_that_failed():
 
 
 def test_block_scaled_mm_is_a_candidate_only_above_batch_1_on_a_gpu_that_has_it(monkeypatch):
-    """fp8's block-scaled candidates: above M=1 cuBLAS's blockwise-scaled call where it runs and takes the shape, and
-    at M = 1-16 our tensor-core GEMV (kernels/fp8mma) where K is whole 128-value iterations; on a CPU, none."""
+    """fp8's candidates above M=1 include cuBLAS's blockwise-scaled call where it runs and takes the shape; on a CPU,
+    at M=1 (our GEMVs' place) or for a shape it refuses (K not whole groups of 512), none. Our tensor-core GEMV
+    (kernels/fp8mma) is a candidate at M = 1-16, per-tensor and block-scaled, where K is whole 128-value blocks."""
     from decode_gap.microbench import gemm
 
     gpu = BenchEnv(device=torch.device("cpu"), warmup=1, iters=1, cpu_budget_s=0.01)
     fp8 = gemm.Backend(gemm.FP8, "torch._scaled_mm(e4m3, per-tensor scales)")
     assert gemm.block_mm_variants(gpu, fp8, 8, 2048, 7168) == []  # a CPU host
+    assert gemm.fp8_mma_variants(gpu, fp8, 8, 7168) == []
     monkeypatch.setattr(BenchEnv, "is_gpu", property(lambda self: True))
     monkeypatch.setattr(gemm.fp8block, "supported", lambda device: True)
-    mma = [gemm.FP8_MMA_GEMV] if gemm.lp.HAVE_TRITON else []
-    assert gemm.block_mm_variants(gpu, fp8, 8, 2048, 7168) == [gemm.fp8block.LABEL] + mma
-    assert gemm.block_mm_variants(gpu, fp8, 1, 2048, 7168) == mma
-    assert gemm.block_mm_variants(gpu, fp8, 8, 2048, 640) == mma  # cuBLAS wants K in 512s; ours takes 5 x 128
-    assert gemm.block_mm_variants(gpu, fp8, 8, 2048, 576) == []  # neither: K is not whole 128-value blocks
-    assert gemm.block_mm_variants(gpu, fp8, 17, 2048, 7168) == [gemm.fp8block.LABEL]
+    assert gemm.block_mm_variants(gpu, fp8, 8, 2048, 7168) == [gemm.fp8block.LABEL]
+    assert gemm.block_mm_variants(gpu, fp8, 1, 2048, 7168) == []
+    assert gemm.block_mm_variants(gpu, fp8, 8, 2048, 640) == []
+    mma = [gemm.FP8_MMA_GEMV_TENSOR, gemm.FP8_MMA_GEMV] if gemm.lp.HAVE_TRITON else []
+    assert gemm.fp8_mma_variants(gpu, fp8, 1, 640) == mma and gemm.fp8_mma_variants(gpu, fp8, 16, 7168) == mma
+    assert gemm.fp8_mma_variants(gpu, fp8, 17, 7168) == [] and gemm.fp8_mma_variants(gpu, fp8, 8, 576) == []
+    assert gemm.fp8_mma_variants(gpu, gemm.Backend(gemm.BF16, "torch.mm"), 8, 7168) == []
     assert gemm.block_mm_variants(gpu, gemm.Backend(gemm.BF16, "torch.mm"), 8, 2048, 7168) == []

@@ -24,17 +24,20 @@ Under TRITON_INTERPRET (no inline asm) the same repacked bytes and x positions g
 x rounded to fp16 as on the GPU, each lane's products summed over the lanes of a quad.
 
 Measured on an H200 (2026-12-04, benchmarks/device/fp8mma_probe.py, read 4456 GB/s, CUDA-graph replay over rotating
-weight copies), DeepSeek-V3 shapes with 128x128 block scales, us and fraction of read bandwidth on the fp8 bytes, this
-GEMV / cuBLAS's blockwise call with x's 1x128 quantisation (fp8block.py):
-  36864x7168  M=4 62.2 (0.97) / 88.8, M=8 63.7 (0.95) / 88.2, M=16 84.7 (0.71, split doubled) / 90.3
-  7168x18432  M=4 32.6 (0.92) / 44.6, M=8 33.3 (0.91) / 45.6, M=16 45.0 (0.67) / 44.8
-  24576x1536  M=4 12.5 (0.69) / 17.2, M=8 13.7 (0.63) / 17.2, M=16 18.7 / 17.8
-  4608x7168   M=4 11.2 / 18.1, M=8 11.9 / 18.3, M=16 16.6 / 18.3
-  2112x7168   M=4 7.1 / 17.0, M=8 7.7 / 17.2, M=16 9.6 / 17.4
-At M=1 it draws level with or beats our CUDA-core block GEMV (36864x7168 64.3 against 64.9, 24576x1536 12.0 against
-15.2, 4608x7168 10.9 against 12.8; 7168x2048 6.8 against 6.7). Per-tensor `_scaled_mm` on a pre-quantised x stayed
-faster on Llama-3.1-8B's shapes at M = 4-16 (6144x4096 9.6 against 9.9-12.7 us), so the form is offered for block
-scales only (microbench/gemm.py); the kernel level times it against the current kernel per shape (simulate/layers.py).
+weight copies), us and the fraction of read bandwidth on the fp8 bytes. DeepSeek-V3 shapes with 128x128 block
+scales, this GEMV / cuBLAS's blockwise call with x's 1x128 quantisation (fp8block.py):
+  36864x7168  M=4 61.7 (0.96) / 87.1, M=8 62.5 (0.95) / 87.0, M=16 85.7 (0.69) / 87.4
+  7168x18432  M=4 32.3 (0.92) / 43.1, M=8 33.4 (0.89) / 43.4, M=16 45.9 (0.65) / 43.6
+  24576x1536  M=4 13.1 / 16.9, M=8 13.5 / 17.2, M=16 18.6 / 17.5
+  4608x7168   M=4 11.1 / 18.1, M=8 12.5 / 18.2, M=16 16.8 / 18.3
+  2112x7168   M=4 7.1 / 17.1, M=8 8.2 / 17.3, M=16 9.4 / 17.3
+  7168x2048   M=4 7.3 / 10.8, M=8 7.5 / 10.8, M=16 9.2 / 10.9
+and at M=1 against our CUDA-core block GEMV (lowprec.DenseGemv): 36864x7168 63.4 / 64.0, 7168x18432 32.9 / 33.6,
+24576x1536 12.7 / 15.2, 4608x7168 11.2 / 12.7, 2112x7168 6.8 / 8.5, 7168x2048 7.0 / 6.6. Llama-3.1-8B with the
+per-tensor scale, this GEMV / `_scaled_mm` on a pre-quantised x / DenseGemv: 4096x14336 M=1 16.7 (0.79) / 19.7 /
+20.8, M=4 17.0 / 19.5, M=8 18.5 / 19.4, M=16 21.6 / 19.9; 4096x4096 M=1 7.3 / 7.4 / 8.9, M = 4-16 7.7-10.1 / 7.2-7.3;
+28672x4096 M=1 30.7 / 29.5 / 28.8, M = 4-16 33.4-43.3 / 29.3-30.0. So no kernel wins every shape: the gemm stage
+times this one beside the others (microbench/gemm.py) and the kernel level picks per shape (simulate/layers.py).
 Tried and kept out:
 - Triton's own tl.dot with the operands swapped (acc[BLOCK_N, 16] += W @ x^T, the e4m3 tile converted in registers,
   wgmma, tl.range software pipelining): 0.34-0.38 of read bandwidth on 2112x7168 and 7168x2048, 0.57-0.64 on

@@ -99,6 +99,7 @@ GEMV_WX = "torch.mm(W, x^T)"  # M=1 only: y^T = W @ x^T is the same memory as y,
 FP8_GEMV = "triton fp8 gemv (per-tensor scale)"
 FP8_BLOCK_GEMV = "triton fp8 gemv (128x128 block scales)"
 FP8_MMA_GEMV = "triton fp8 tensor-core gemv (128x128 block scales)"  # kernels/fp8mma, M = 1-16
+FP8_MMA_GEMV_TENSOR = "triton fp8 tensor-core gemv (per-tensor scale)"
 FP4_GEMV = "triton nvfp4 gemv"  # + the config name: "m,..." is the tensor-core form, the rest M=1 CUDA-core forms
 
 
@@ -118,15 +119,20 @@ def lowprec_variants(env: BenchEnv, be: Backend, m: int, k: int) -> list[str]:
 
 
 def block_mm_variants(env: BenchEnv, be: Backend, m: int, n: int, k: int) -> list[str]:
-    """fp8 with 128x128 block scales (DeepSeek-V3's format): above batch 1 the activation's 1x128 quantisation and
-    cuBLAS's blockwise-scaled GEMM, where this GPU's cuBLAS has blockwise scaling and takes the shape, and at M =
-    1-16 our tensor-core GEMV (kernels/fp8mma), both timed beside per-tensor `_scaled_mm`; the kernel level picks
-    between the two block-scaled ones per shape."""
-    if not env.is_gpu or be.dtype != FP8:
+    """fp8 with 128x128 block scales above batch 1 (DeepSeek-V3's format): the activation's 1x128 quantisation and
+    cuBLAS's blockwise-scaled GEMM, timed beside per-tensor `_scaled_mm`, where this GPU's cuBLAS has blockwise
+    scaling and takes the shape."""
+    if not env.is_gpu or be.dtype != FP8 or m == 1 or fp8block.refusal(n, k) or not fp8block.supported(env.device):
         return []
-    out = [] if m == 1 or fp8block.refusal(n, k) or not fp8block.supported(env.device) else [fp8block.LABEL]
-    # our tensor-core GEMV on the same block-scaled bytes, x in bf16 as it is (weight-only), at every M
-    return out + ([FP8_MMA_GEMV] if m <= 16 and fp8mma.available(env.device, k) else [])
+    return [fp8block.LABEL]
+
+
+def fp8_mma_variants(env: BenchEnv, be: Backend, m: int, k: int) -> list[str]:
+    """Our fp8 tensor-core GEMV (kernels/fp8mma, x in bf16 as it is: weight-only) at M = 1-16, with the per-tensor
+    scale and with 128x128 block scales on the same e4m3 bytes, where K is whole 128-value iterations."""
+    if not env.is_gpu or be.dtype != FP8 or m > 16 or not fp8mma.available(env.device, k):
+        return []
+    return [FP8_MMA_GEMV_TENSOR, FP8_MMA_GEMV]
 
 
 # every NVFP4 GEMV form a candidate name (lowprec_variants) can name, M=1 and M > 1
@@ -179,10 +185,11 @@ def build_case(env: BenchEnv, be: Backend, m: int, n: int, k: int, seed: int = 0
             mms = [fp8block.BlockScaledMm(fw if i == 0 else lp.Fp8Weight(fw.data.clone(), fw.scales.clone(), True), m,
                                           dev) for i in range(copies)]
             return [(lambda mm=mm: mm(x)) for mm in mms], copies, "bf16 activation quantised 1x128 in the call"
-        if variant == FP8_MMA_GEMV:
-            fw = lp.quantize_fp8(w8.float() * sw, block=True)
-            gs = [fp8mma.Fp8MmaGemv(fw if i == 0 else lp.Fp8Weight(fw.data.clone(), fw.scales.clone(), True), m, dev)
-                  for i in range(copies)]
+        if variant in (FP8_MMA_GEMV, FP8_MMA_GEMV_TENSOR):
+            block = variant == FP8_MMA_GEMV
+            fw = lp.quantize_fp8(w8.float() * sw, block=block)
+            gs = [fp8mma.Fp8MmaGemv(fw if i == 0 else lp.Fp8Weight(fw.data.clone(), fw.scales.clone(), block), m,
+                                    dev) for i in range(copies)]
             return [(lambda g=g: g(x)) for g in gs], copies, f"{gs[0].label}; bf16 activation (weight-only)"
         if variant is not None and variant.startswith((FP8_GEMV, FP8_BLOCK_GEMV)):
             block = variant.startswith(FP8_BLOCK_GEMV)
@@ -283,8 +290,8 @@ def check_variant(env: BenchEnv, be: Backend, variant: str, m: int, n: int, k: i
         elif variant == fp8block.LABEL:
             mm = fp8block.BlockScaledMm(lp.quantize_fp8(w, block=True), m, dev)
             out, ref = mm(x), mm.reference(x)
-        elif variant == FP8_MMA_GEMV:
-            g = fp8mma.Fp8MmaGemv(lp.quantize_fp8(w, block=True), m, dev)
+        elif variant in (FP8_MMA_GEMV, FP8_MMA_GEMV_TENSOR):
+            g = fp8mma.Fp8MmaGemv(lp.quantize_fp8(w, block=variant == FP8_MMA_GEMV), m, dev)
             out, ref = g(x), g.reference(x)
         else:
             block = variant.startswith(FP8_BLOCK_GEMV)
@@ -350,7 +357,8 @@ def run_gemm_bench(env: BenchEnv, shapes: list[GemmShape], m_values: list[int], 
                         # a GEMV: time both operand orders and our Triton GEMV tiles too (chosen at run time)
                         names_tried = [GEMV_WX] + ([gemv_kernel.label(c) for c in gemv_kernel.CONFIGS]
                                                    if gemv_kernel.available(env.device) else [])
-                    ours = lowprec_variants(env, be, m, k) + block_mm_variants(env, be, m, n, k)
+                    ours = (lowprec_variants(env, be, m, k) + block_mm_variants(env, be, m, n, k)
+                            + fp8_mma_variants(env, be, m, k))
                     names_tried += ours
                     for variant in names_tried:
                         del fns

@@ -48,9 +48,10 @@ def probe_formats(weight_format: str, device: str, batch: int = 1) -> dict[str, 
                     "decode_gap.kernels.fp8mma, x in bf16; both timed once a shape at build) and routed experts the "
                     "grouped GEMV with the same scales"
                     if block else
-                    "fp8 linears run, shape by shape, the faster of torch._scaled_mm and our per-tensor Triton GEMV "
-                    "(decode_gap.kernels.lowprec.DenseGemv; both timed once a shape at build, as engines pick "
-                    "tactics); routed experts the grouped fp8 GEMV over each token's selected experts"))
+                    "fp8 linears run, shape by shape, the fastest of torch._scaled_mm and our per-tensor Triton GEMVs "
+                    "(decode_gap.kernels.lowprec.DenseGemv on CUDA cores, decode_gap.kernels.fp8mma on tensor "
+                    "cores; each timed once a shape at build, as engines pick tactics); routed experts the grouped "
+                    "fp8 GEMV over each token's selected experts"))
             elif batch != 1:
                 moe = _probe_fused_moe(device, block)
                 info["experts"] = ("fp8-block-moe" if block else "fp8-moe") if moe else "fp8"
@@ -60,7 +61,9 @@ def probe_formats(weight_format: str, device: str, batch: int = 1) -> dict[str, 
                            "routed experts torch._scaled_grouped_mm with per-tensor scales" +
                            (" (the same bytes but for the scales)" if block else ""))
                 if not block:
-                    info["note"] = f"fp8 linears at {batch} rows a step run torch._scaled_mm; {experts}"
+                    info["note"] = (f"fp8 linears at {batch} rows a step run, shape by shape, the faster of "
+                                    "torch._scaled_mm and our tensor-core GEMV on x in bf16 (decode_gap.kernels."
+                                    f"fp8mma, up to 16 rows; both timed once a shape at build); {experts}")
                 elif not (why_not := _block_mm_why_not(device)):
                     info.update(linear="fp8-block-mm", note=(
                         f"fp8-block linears at {batch} rows a step run, shape by shape, the faster of the "

@@ -20,11 +20,12 @@ All-reduce: with a world size above 1 (tp GPUs present, or gloo ranks on a CPU) 
 the step (torch.distributed). With one rank and tp > 1 the measured all-reduce time at the model's message size
 (microbench/allreduce.json) times the collectives per token is added as a `modelled` component.
 
-Weight formats: bf16 runs as bf16; fp8 runs `torch._scaled_mm` (per-tensor scales) where the device has it, and
-above batch 1 its routed experts a fused MoE over the token-expert pairs sorted by expert (`kernels.fusedmoe`, Triton
+Weight formats: bf16 runs as bf16; fp8 runs `torch._scaled_mm` (per-tensor scales) where the device has it, or
+where faster for the shape our tensor-core GEMV on x in bf16 (`kernels.fp8mma`, up to 16 rows, timed once a shape at
+build: `kernel_choices`), and above batch 1 its routed experts a fused MoE over the token-expert pairs sorted by expert (`kernels.fusedmoe`, Triton
 fp8 dots, as engines' fused_moe_kernel; else `torch._scaled_grouped_mm`); at batch 1 each linear shape runs the
-faster of `torch._scaled_mm` and our per-tensor Triton GEMV (`kernels.lowprec.DenseGemv`, both timed once a shape at
-build: `kernel_choices`), and the routed experts our grouped fp8 GEMV over each token's selected experts. fp8-block
+fastest of `torch._scaled_mm`, our per-tensor Triton GEMV (`kernels.lowprec.DenseGemv`) and the tensor-core one (each
+timed once a shape at build), and the routed experts our grouped fp8 GEMV over each token's selected experts. fp8-block
 at batch 1 runs our 128x128 block-scaled Triton GEMVs (`kernels.lowprec.DenseGemv` with the scales applied to x, and
 the grouped GEMV over each token's selected experts), which the H200 runs level with the per-tensor ones; above
 batch 1 its linears quantise the activation per 1x128 group (Triton) and run `torch._scaled_mm` with the block scales

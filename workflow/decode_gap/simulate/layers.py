@@ -106,6 +106,9 @@ class KernelPicker:
         return f"{what}: " + "; ".join(parts) + " (each shape timed at build: kernel_choices in simulate/kernel.json)"
 
 
+FP8_MMA = "fp8mma.Fp8MmaGemv"  # the kernel_choices name of our fp8 tensor-core GEMV
+
+
 class Linear:
     """y = x @ W^T for one weight matrix in the kernel level's dtype for it."""
 
@@ -129,16 +132,21 @@ class Linear:
             w = _fp8_weight((n, k), device, block)
             self.gemm = lp.DenseGemv(w, m, device, out_dtype=self.act_dtype)
             self.nbytes = lp.fp8_bytes(n, k, block)
+            mma = self._fp8_mma(w, m, k, device, picker)
             if block:
-                self._pick_fp8_mma(w, "lowprec.DenseGemv", n, k, m, device, picker)
+                if mma is not None and self._fastest(picker, ("fp8-block", n, k, m), {
+                        "lowprec.DenseGemv": self.gemm, FP8_MMA: mma}, m, k, device) == FP8_MMA:
+                    self.gemm = mma
             else:  # per-tensor: torch._scaled_mm on the same bytes is the other candidate
                 self.w, self.w_scale, self.one = w.data, w.scales, torch.ones((), device=device)
                 if picker is not None:
-                    x = torch.randn(m, k, device=device).to(self.act_dtype)
-                    ours = "lowprec.DenseGemv"
-                    if picker.pick((n, k, m), {ours: lambda: self.gemm(x),
-                                               "torch._scaled_mm": lambda: self._scaled_mm(x)}) != ours:
+                    chosen = self._fastest(picker, (n, k, m), {"lowprec.DenseGemv": self.gemm,
+                                                               "torch._scaled_mm": self._scaled_mm,
+                                                               **({FP8_MMA: mma} if mma else {})}, m, k, device)
+                    if chosen == "torch._scaled_mm":
                         self.kind, self.gemm = "fp8", None
+                    elif chosen == FP8_MMA:
+                        self.gemm, self.w = mma, None
             return
         if kind == "fp8-block-mm":  # above batch 1 (probe_formats): x quantised per 1x128 group, cuBLAS blockwise
             from ..kernels import fp8block
@@ -148,36 +156,48 @@ class Linear:
                 w = _fp8_weight((n, k), device, True)
                 self.gemm = fp8block.BlockScaledMm(w, m, device, out_dtype=self.act_dtype)
                 self.nbytes = lp.fp8_bytes(n, k, True)
-                self._pick_fp8_mma(w, "fp8block.BlockScaledMm", n, k, m, device, picker)
+                mma = self._fp8_mma(w, m, k, device, picker)
+                if mma is not None and self._fastest(picker, ("fp8-block", n, k, m), {
+                        "fp8block.BlockScaledMm": self.gemm, FP8_MMA: mma}, m, k, device) == FP8_MMA:
+                    self.gemm = mma
                 return
-            kind = self.kind = "fp8"  # a shape BlockScaledMm refuses: per-tensor scales on the same bytes
+            w = _fp8_weight((n, k), device, True)
+            mma = self._fp8_mma(w, m, k, device, picker)
+            if mma is not None:  # a shape cuBLAS's blockwise form refuses (K not whole 512s): ours runs the scales
+                self.gemm, self.nbytes = mma, lp.fp8_bytes(n, k, True)
+                return
+            kind = self.kind = "fp8"  # else per-tensor scales on the same bytes
         self.w = _rand((n, k), kind, device)
         self.nbytes = self.w.numel() * self.w.element_size()
         if kind == "fp8":
             self.one = torch.ones((), device=device)
             self.w_scale = torch.full((), FP8_SCALE, device=device)
+            from ..kernels import lowprec as lp
+
+            mma = self._fp8_mma(lp.Fp8Weight(self.w, self.w_scale, False), m, k, device, picker)
+            if mma is not None and self._fastest(picker, ("fp8", n, k, m), {
+                    "torch._scaled_mm": self._scaled_mm, FP8_MMA: mma}, m, k, device) == FP8_MMA:
+                self.kind, self.gemm, self.w = "fp8-mma", mma, None
         if kind == "bf16" and picker is not None and device.startswith("cuda") and m == 1:
             self._pick_bf16_gemv(n, k, device, picker)
 
-    def _pick_fp8_mma(self, w, current: str, n: int, k: int, m: int, device: str, picker: KernelPicker | None) -> None:
-        """Block-scaled fp8: our tensor-core GEMV (kernels/fp8mma, x in bf16 as it is) beside the current kernel,
-        timed at build; the faster runs. H200 (2026-12-04, benchmarks/device/fp8mma_probe.py, us): DeepSeek-V3
-        2112x7168 at M = 4 / 8 / 16 7.4 / 8.1 / 9.8 against cuBLAS's 17.2-17.3, 36864x7168 at M=4 66.6 against 88.7;
-        at M=16 cuBLAS kept the largest (36864x7168 86.4 against 104.9)."""
+    def _fp8_mma(self, w, m: int, k: int, device: str, picker: KernelPicker | None):
+        """Our fp8 tensor-core GEMV on w (kernels/fp8mma: x in bf16 as it is, per-tensor or block scales), a
+        candidate the picker times beside the library's and our CUDA-core GEMV; None where it cannot run here.
+        H200 (2026-12-04, benchmarks/device/fp8mma_probe.py, us): DeepSeek-V3 block-scaled 2112x7168 at M = 4 / 8 /
+        16 7.1 / 8.2 / 9.4 against cuBLAS's blockwise 17.0-17.3, 36864x7168 at M=4 61.7 against 87.1; Llama-3.1-8B
+        per-tensor 4096x14336 at M=4 17.0 against `_scaled_mm`'s 19.5; cuBLAS kept 7168x18432 at M=16 (45.9
+        against 43.6) and per-tensor 28672x4096 at M > 1."""
+        if picker is None or not device.startswith("cuda") or m > 16 or self.act_dtype != _torch().bfloat16:
+            return None
         from ..kernels import fp8mma
 
-        if picker is None or not device.startswith("cuda") or self.act_dtype != _torch().bfloat16:
-            return
-        if not fp8mma.available(device, k):
-            return
-        torch = _torch()
-        mma = fp8mma.Fp8MmaGemv(w, m, device, out_dtype=self.act_dtype)
-        x = torch.randn(m, k, device=device).to(self.act_dtype)
-        current_gemm = self.gemm
-        chosen = picker.pick(("fp8-block", n, k, m), {current: lambda: current_gemm(x),
-                                                      "fp8mma.Fp8MmaGemv": lambda: mma(x)})
-        if chosen == "fp8mma.Fp8MmaGemv":
-            self.gemm = mma
+        return fp8mma.Fp8MmaGemv(w, m, device, out_dtype=self.act_dtype) if fp8mma.available(device, k) else None
+
+    def _fastest(self, picker: KernelPicker, key: tuple, calls: dict, m: int, k: int, device: str) -> str:
+        """The name of the fastest of calls (name -> a call on x [m, k]) for this shape, timed once by the picker."""
+        x = _torch().randn(m, k, device=device).to(self.act_dtype)
+        return picker.pick(key, {name: (lambda fn=fn: fn(x)) for name, fn in calls.items()})
 
     def _pick_bf16_gemv(self, n: int, k: int, device: str, picker: KernelPicker) -> None:
         """One row a step: our bf16 GEMV, cuBLAS through F.linear, or cuBLAS with the operands swapped (W @ x^T,
@@ -201,7 +221,7 @@ class Linear:
 
     def __call__(self, x):
         torch = _torch()
-        if self.kind in ("nvfp4-wo", "fp8-block", "fp8-gemv", "fp8-block-mm", "bf16-gemv"):
+        if self.kind in ("nvfp4-wo", "fp8-block", "fp8-gemv", "fp8-block-mm", "bf16-gemv", "fp8-mma"):
             return self.gemm(x)
         if self.kind == "fp8":
             return self._scaled_mm(x)

@@ -70,9 +70,10 @@ class DecodeStep:
         # GLM-5 TP8: 7.5 against 9.6 us (256x6144), 6.1 against 8.5 (32x6144); at 8 rows our bf16 GEMV took
         # 114-230 us against cuBLAS's 8-10, so it is no candidate there.
         bf16_gemv = device.startswith("cuda") and available(device) and shapes.batch == 1
-        # block-scaled fp8 (batch 1 our GEMV, above it cuBLAS's blockwise form) against our fp8 tensor-core GEMV
-        block_fp8 = self.lin_kind in ("fp8-block", "fp8-block-mm") and device.startswith("cuda")
-        self.picker = KernelPicker(device) if self.lin_kind == "fp8-gemv" or bf16_gemv or block_fp8 else None
+        # fp8 at any batch (our GEMV at batch 1, above it cuBLAS's blockwise form or `_scaled_mm`) against our fp8
+        # tensor-core GEMV, each shape timed once
+        fp8 = self.lin_kind in ("fp8", "fp8-block", "fp8-block-mm") and device.startswith("cuda")
+        self.picker = KernelPicker(device) if self.lin_kind == "fp8-gemv" or bf16_gemv or fp8 else None
         # norms (the residual add fused in), the rotary embedding and MLA's attention as Triton kernels on a GPU, as
         # engines run them; else torch ops (`fused` forces either: the tests run the fused step in the interpreter)
         self.fused = (device.startswith("cuda") and available(device)) if fused is None else fused
