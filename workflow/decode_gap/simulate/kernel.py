@@ -20,18 +20,18 @@ All-reduce: with a world size above 1 (tp GPUs present, or gloo ranks on a CPU) 
 the step (torch.distributed). With one rank and tp > 1 the measured all-reduce time at the model's message size
 (microbench/allreduce.json) times the collectives per token is added as a `modelled` component.
 
-Weight formats: bf16 runs as bf16; fp8 runs `torch._scaled_mm` (per-tensor scales) where the device has it, or
-where faster for the shape our tensor-core GEMV on x in bf16 (`kernels.fp8mma`, up to 16 rows, timed once a shape at
-build: `kernel_choices`), and above batch 1 its routed experts a fused MoE over the token-expert pairs sorted by expert (`kernels.fusedmoe`, Triton
+Weight formats: bf16 runs as bf16; fp8 runs `torch._scaled_mm` (per-tensor scales) where the device has it, and
+above batch 1 its routed experts a fused MoE over the token-expert pairs sorted by expert (`kernels.fusedmoe`, Triton
 fp8 dots, as engines' fused_moe_kernel; else `torch._scaled_grouped_mm`); at batch 1 each linear shape runs the
-fastest of `torch._scaled_mm`, our per-tensor Triton GEMV (`kernels.lowprec.DenseGemv`) and the tensor-core one (each
-timed once a shape at build), and the routed experts our grouped fp8 GEMV over each token's selected experts. fp8-block
-at batch 1 runs our 128x128 block-scaled Triton GEMVs (`kernels.lowprec.DenseGemv` with the scales applied to x, and
-the grouped GEMV over each token's selected experts), which the H200 runs level with the per-tensor ones; above
-batch 1 its linears quantise the activation per 1x128 group (Triton) and run `torch._scaled_mm` with the block scales
-(cuBLAS blockwise scaling, sm90 with CUDA 12.9+; `kernels.fp8block`), and its routed experts the fused MoE with the
-block scales; at any batch up to 16 each block-scaled linear shape runs whichever is faster of that and our
-tensor-core GEMV on x in bf16 (`kernels.fp8mma`, timed once a shape at build: `kernel_choices`); where either does not run here, the per-tensor kernels on the same bytes, which it says. NVFP4 runs the
+fastest of `torch._scaled_mm`, our per-tensor Triton GEMV (`kernels.lowprec.DenseGemv`) and the tensor-core one, and
+the routed experts our grouped fp8 GEMV over each token's selected experts. fp8-block at batch 1 runs our 128x128
+block-scaled Triton GEMVs (`kernels.lowprec.DenseGemv` with the scales applied to x, and the grouped GEMV over each
+token's selected experts), which the H200 runs level with the per-tensor ones; above batch 1 its linears quantise the
+activation per 1x128 group (Triton) and run `torch._scaled_mm` with the block scales (cuBLAS blockwise scaling, sm90
+with CUDA 12.9+; `kernels.fp8block`), and its routed experts the fused MoE with the block scales. At every batch up to
+16 rows each fp8 linear shape also times our tensor-core GEMV on x in bf16 (`kernels.fp8mma`, per-tensor or block
+scales) and runs the fastest (each timed once a shape at build: `kernel_choices`); a block-scaled shape cuBLAS refuses
+runs that GEMV. Where none of these runs here, the per-tensor kernels on the same bytes, which it says. NVFP4 runs the
 micro-benchmarks' weight-only Triton kernels: the linears through `kernels.nvfp4.WeightOnlyGemm`, the routed experts
 through the NVFP4 fused MoE over the token-expert pairs sorted by expert (`kernels.fp4moe`, each expert hit read once
 a step, sm89+; where it does not run, the grouped NVFP4 GEMV once a token, `kernels.lowprec.GroupedExperts`). A
