@@ -100,6 +100,8 @@ if lp.HAVE_TRITON:
     import triton
     import triton.language as tl
 
+    from .lowprec import _store_sums
+
     def _mma_asm(nb: int) -> str:
         """One step of a lane: $0.. the accumulators (per x set: the first MMA's four, the second's four), then the 4
         weight words, then 4 x words per x set (bf16 pairs, K values 8q..8q+7 of x row g, and of g + 8)."""
@@ -240,16 +242,9 @@ if lp.HAVE_TRITON:
             ms = (2 * q)[:, None] + e % 2
             om = (rows < N) & (ms < M)
             op = out_ptr + ms * stride_om + rows
-            if ATOMIC:
-                tl.atomic_add(op, y, mask=om, sem="relaxed")
-            else:
-                tl.store(op, y.to(out_ptr.dtype.element_ty), mask=om)
+            _store_sums(op, y, om, ATOMIC)
             if TWO:  # x rows 8-15
-                om2 = (rows < N) & (ms + 8 < M)
-                if ATOMIC:
-                    tl.atomic_add(op + 8 * stride_om, y2, mask=om2, sem="relaxed")
-                else:
-                    tl.store(op + 8 * stride_om, y2.to(out_ptr.dtype.element_ty), mask=om2)
+                _store_sums(op + 8 * stride_om, y2, (rows < N) & (ms + 8 < M), ATOMIC)
         else:
             # the interpreter: lane 4g+q's bytes decoded, times x at the same K values (rounded to fp16 as the GPU
             # path does), per (row half h, x row); then the four lanes of a quad summed
@@ -284,11 +279,7 @@ if lp.HAVE_TRITON:
             mv = mr[None, None, None, :]
             rows4 = (pid_n * WARPS + wv4) * 16 + gv + 8 * hv4
             om4 = (rows4 < N) & (mv < M)
-            op4 = out_ptr + mv * stride_om + rows4
-            if ATOMIC:
-                tl.atomic_add(op4, yq, mask=om4, sem="relaxed")
-            else:
-                tl.store(op4, yq.to(out_ptr.dtype.element_ty), mask=om4)
+            _store_sums(out_ptr + mv * stride_om + rows4, yq, om4, ATOMIC)
 
 
 class Fp8MmaGemv:
