@@ -39,7 +39,7 @@ from decode_gap.microbench import launch, memory, moe, shapes  # noqa: E402
 from decode_gap.kernels import lowprec as lp  # noqa: E402
 from decode_gap.kernels import nvfp4 as nv  # noqa: E402
 from decode_gap.kernels import attention as attn  # noqa: E402
-from decode_gap.kernels import fp8block, fusedmoe  # noqa: E402
+from decode_gap.kernels import fp8block, fp8mma, fusedmoe  # noqa: E402
 from decode_gap.kernels import norm as norm_kernels  # noqa: E402
 from decode_gap.kernels import routing as rt  # noqa: E402
 from decode_gap.kernels import topk as topk_kernels  # noqa: E402
@@ -590,6 +590,13 @@ def _dense_row(env: BenchEnv, model: str, n: int, k: int, m: int, old: bool, fp8
         name, us, _ = best_of(env, {"_scaled_mm": lambda: [(lambda a=a: torch._scaled_mm(x8, a.t(), sx, sw, out_dtype=torch.bfloat16))
                                                             for a in w8s]}, nb8)
         put("fp8_scaled_mm", name, us, nb8)
+        if fp8mma.available(dev, k):  # our tensor-core GEMV (kernels/fp8mma) at every M, the per-tensor scale
+            fw = lp.quantize_fp8(w, False)
+            fws = [fw] + [lp.Fp8Weight(fw.data.clone(), fw.scales.clone(), False) for _ in range(c8 - 1)]
+            name, us, _ = best_of(env, {"fp8mma": lambda: [(lambda g=g: g(x)) for g in
+                                                           [fp8mma.Fp8MmaGemv(f, m, dev) for f in fws]]}, nb8)
+            put("fp8_mma", name, us, nb8)
+            fws = fw = None
         # our FP8 GEMVs at M=1 only, as the gemm stage times them: CUDA-core FMAs, M of them per weight byte (at
         # M=4 the 3-D accumulator tile took 538 us on 6144x4096, against 9.5 us for _scaled_mm)
         for block in ((False, True) if m == 1 else ()):
@@ -874,16 +881,17 @@ def closing_table(res: dict) -> str:
         return "n/a" if mhz is None else f"{mhz}" + ("" if capped is None else f" ({100 * capped:.0f}% capped)")
 
     lines = ["| model | N x K | M | nvfp4 v1 | nvfp4 previous | nvfp4 now (kernel) | bound at floor | plain read of its bytes "
-             "| now / read | fp8 _scaled_mm | fp8 gemv | fp8 128x128 gemv | bf16 | SM MHz |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| now / read | fp8 _scaled_mm | fp8 gemv | fp8 128x128 gemv | fp8 tensor-core gemv | bf16 | SM MHz |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res["gemm"]:
         lines.append(f"| {r['model']} | {r['N']}x{r['K']} | {r['M']} | {cell(r, 'nvfp4_old')} | {cell(r, 'nvfp4_prev')} | "
                      f"{cell(r, 'nvfp4_new')} ({r.get('nvfp4_new_kernel')}) | {bound(r)} | "
                      f"{cell(r, 'nvfp4_plain_read')} | {over_read(r)} | {cell(r, 'fp8_scaled_mm')} | "
-                     f"{cell(r, 'fp8_gemv')} | {cell(r, 'fp8_block_gemv')} | {cell(r, 'bf16')} | {clocks(r)} |")
+                     f"{cell(r, 'fp8_gemv')} | {cell(r, 'fp8_block_gemv')} | {cell(r, 'fp8_mma')} | {cell(r, 'bf16')} | "
+                     f"{clocks(r)} |")
     for r in res["moe"]:
         if r.get("of_read") is not None:
-            lines.append(f"| {r['model']} MoE | {r['what']} | 1 | | | {r['us']:.1f} us, {r['of_read']:.2f} | | | | | | | | |")
+            lines.append(f"| {r['model']} MoE | {r['what']} | 1 | | | {r['us']:.1f} us, {r['of_read']:.2f} | | | | | | | | | |")
     return "\n".join(lines)
 
 

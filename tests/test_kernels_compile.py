@@ -12,7 +12,7 @@ triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from decode_gap.kernels import attention, fp4moe, fp8block, fusedmoe, norm, routing, topk  # noqa: E402
+from decode_gap.kernels import attention, fp4moe, fp8block, fp8mma, fusedmoe, norm, routing, topk  # noqa: E402
 
 FLOAT_ARGS = {"scale", "eps"}
 FP32_POINTERS = {"part", "lse", "wts", "logits", "bias", "out_w"}
@@ -80,7 +80,14 @@ CASES = [
     (fp4moe._fp4_moe_token_kernel, {"TILES": 1, "SLICES": 4, "KS": 4, "GATE_UP": True, "UNROLL": 2, "USE_ASM": True,
                                     "EV": "evict_first", "PDL": True}, FP4MOE_POINTERS),
     (fp4moe._fp4_moe_token_kernel, {"TILES": 1, "SLICES": 4, "KS": 1, "GATE_UP": False, "UNROLL": 2,
-                                    "USE_ASM": True, "EV": "evict_first", "PDL": True}, FP4MOE_POINTERS),
+                                    "USE_ASM": True, "EV": "evict_first", "PDL": True}, FP4MOE_POINTERS),    # the fp8 tensor-core GEMV (its inline asm: cvt.rn.f16x2.e4m3x2 and mma.sync): a K split's fp32 sums with block
+    # scales at one x set, and the bf16 store with the per-tensor scale at two (M = 9-16)
+    (fp8mma._fp8_mma_kernel, {"WARPS": 4, "TWO": False, "BLOCK_SCALES": True, "ATOMIC": True, "DEPS": True,
+                              "USE_ASM": True, "XAHEAD": True},
+     {"w_ptr": "*i32", "s_ptr": "*fp32", "x_ptr": "*bf16", "xw_ptr": "*i32", "out_ptr": "*fp32"}),
+    (fp8mma._fp8_mma_kernel, {"WARPS": 4, "TWO": True, "BLOCK_SCALES": False, "ATOMIC": False, "DEPS": False,
+                              "USE_ASM": True, "XAHEAD": True},
+     {"w_ptr": "*i32", "s_ptr": "*fp32", "x_ptr": "*bf16", "xw_ptr": "*i32", "out_ptr": "*bf16"}),
 ]
 
 
