@@ -107,6 +107,10 @@ def checks(env: BenchEnv) -> None:
                         if m == 1 else ()):
                 _check(f"fp8 {'block' if block else 'tensor'} {cfg.name}", m, n, k,
                        lambda: lp.DenseGemv(fw, m, dev, cfg, out_dtype=torch.float32)(x), ref8, 1e-4)
+            if fp8mma.available(dev, k):  # the tensor-core GEMV at every M (x rounded to fp16: 2e-3); two calls
+                g8 = fp8mma.Fp8MmaGemv(fw, m, dev, out_dtype=torch.float32)
+                _check(f"fp8 {'block' if block else 'tensor'} tensor-core", m, n, k, lambda: [g8(x), g8(x)][1],
+                       ref8, 2e-3)
         wb = w.to(torch.bfloat16)
         if m == 1:
             _check("bf16", m, n, k, lambda: lp.DenseGemv(wb, m, dev, out_dtype=torch.float32)(x),

@@ -12,7 +12,8 @@ The form (lowprec's NVFP4 tensor-core GEMV, with a one-instruction decode):
   in pairs. The K values of the MMA's slots are permuted (the sum does not care) so that the same lane's B operand is
   x row g at K values 8q..8q+7: one 16-byte load of x as it is, no packing kernel;
 - decode: cvt.rn.f16x2.e4m3x2, one instruction a pair (exact: every e4m3 value is an fp16); x's bf16 pairs to fp16
-  pairs in three instructions (an |x| above 65504 would not fit, as in every fp16 MMA on activations);
+  pairs in three instructions, exact for |x| in fp16's normal range, 6.1e-5 to 65504 (bf16's 8 significant bits fit
+  in fp16's 11): smaller values lose bits as fp16 subnormals, and a larger one would not fit;
 - four steps (128 K values) an iteration, the next iteration's weights loaded before this one's math (a register
   double buffer), x of the iteration's four steps loaded before its first MMA (every warp reads x: L1 / L2);
 - block scales: a tile's 16 rows lie in one 128-row block and an iteration is one 128-value block, so each
