@@ -891,11 +891,12 @@ def closing_table(res: dict) -> str:
         lines.append(f"| {r['model']} | {r['N']}x{r['K']} | {r['M']} | {cell(r, 'nvfp4_old')} | {cell(r, 'nvfp4_prev')} | "
                      f"{cell(r, 'nvfp4_new')} ({r.get('nvfp4_new_kernel')}) | {bound(r)} | "
                      f"{cell(r, 'nvfp4_plain_read')} | {over_read(r)} | {cell(r, 'fp8_scaled_mm')} | "
-                     f"{cell(r, 'fp8_gemv')} | {cell(r, 'fp8_block_gemv')} | {cell(r, 'fp8_mma')} | {cell(r, 'bf16')} | "
-                     f"{clocks(r)} |")
+                     f"{cell(r, 'fp8_gemv')} | {cell(r, 'fp8_block_gemv')} | {cell(r, 'fp8_mma')} | "
+                     f"{cell(r, 'bf16')} | {clocks(r)} |")
     for r in res["moe"]:
         if r.get("of_read") is not None:
-            lines.append(f"| {r['model']} MoE | {r['what']} | 1 | | | {r['us']:.1f} us, {r['of_read']:.2f} | | | | | | | | | |")
+            lines.append(f"| {r['model']} MoE | {r['what']} | 1 | | | {r['us']:.1f} us, {r['of_read']:.2f} "
+                         "| | | | | | | | | |")
     return "\n".join(lines)
 
 
