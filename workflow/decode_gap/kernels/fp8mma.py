@@ -147,6 +147,15 @@ if lp.HAVE_TRITON:
         return a0, a1, a2, a3
 
     @triton.jit
+    def _wloads(wp, it):
+        """Iteration it's weights: four steps of a lane's 16 bytes (an iteration: 4 steps of 32 lanes x 4 words),
+        streamed once (evict-first keeps x and the scales in L2)."""
+        wo = it * 512
+        return (tl.load(wp + wo, eviction_policy="evict_first"), tl.load(wp + wo + 128, eviction_policy="evict_first"),
+                tl.load(wp + wo + 256, eviction_policy="evict_first"),
+                tl.load(wp + wo + 384, eviction_policy="evict_first"))
+
+    @triton.jit
     def _xload(xp, xp2, xmask, xmask2, off, TWO: tl.constexpr):
         """A step's x words: rows 0-7 (and 8-15 when TWO) at word offset off."""
         x = tl.load(xp + off, mask=xmask, other=0)
@@ -181,7 +190,7 @@ if lp.HAVE_TRITON:
         return a0, a1, a2, a3
 
     @triton.jit
-    def _fp8_mma_kernel(w_ptr, s_ptr, x_ptr, xw_ptr, out_ptr, M, N, NT, KS, ITERS, iters_per_split, stride_wt,
+    def _fp8_mma_kernel(w_ptr, s_ptr, x_ptr, xw_ptr, out_ptr, M, N, NT, ITERS, iters_per_split, stride_wt,
                         stride_sn, stride_x, stride_xw, stride_om, WARPS: tl.constexpr, TWO: tl.constexpr,
                         BLOCK_SCALES: tl.constexpr, ATOMIC: tl.constexpr, DEPS: tl.constexpr,
                         USE_ASM: tl.constexpr, XAHEAD: tl.constexpr = False):
@@ -207,17 +216,9 @@ if lp.HAVE_TRITON:
             acc1 = tl.zeros((T, 4), dtype=tl.float32)
             acc2 = tl.zeros((T, 4), dtype=tl.float32)
             acc3 = tl.zeros((T, 4), dtype=tl.float32)
-            wo = it0 * 512  # an iteration: 4 steps of 32 lanes x 4 words
-            wa = tl.load(wp + wo, eviction_policy="evict_first")
-            wb = tl.load(wp + wo + 128, eviction_policy="evict_first")
-            wc = tl.load(wp + wo + 256, eviction_policy="evict_first")
-            wd = tl.load(wp + wo + 384, eviction_policy="evict_first")
+            wa, wb, wc, wd = _wloads(wp, it0)
             for it in range(it0, it1):
-                nx = tl.minimum(it + 1, it1 - 1) * 512  # the last iteration loads its own again (unused)
-                na = tl.load(wp + nx, eviction_policy="evict_first")
-                nb = tl.load(wp + nx + 128, eviction_policy="evict_first")
-                nc = tl.load(wp + nx + 256, eviction_policy="evict_first")
-                nd = tl.load(wp + nx + 384, eviction_policy="evict_first")
+                na, nb, nc, nd = _wloads(wp, tl.minimum(it + 1, it1 - 1))  # the last loads its own again (unused)
                 if BLOCK_SCALES:
                     z = tl.zeros((T, 4), dtype=tl.float32)
                     b0, b1, b2, b3 = _iteration(wa, wb, wc, wd, xp, xp2, xmask, xmask2, it, z, z, z, z, TWO,
@@ -339,8 +340,8 @@ class Fp8MmaGemv:
         target = self.acc if self.acc is not None else self.out
         xw = x.view(torch.int32)  # the bf16 pairs the MMA's B operand is made of (converted to fp16 in the asm)
         compiled = _fp8_mma_kernel[self.grid](
-            self.words, self.scales, x, xw, target, self.m, self.n, self.words.shape[0], self.words.shape[1],
-            self.iters, self.iters_per_split, self.words.stride(0), self.scales.stride(0) if self.block else 0,
+            self.words, self.scales, x, xw, target, self.m, self.n, self.words.shape[0], self.iters,
+            self.iters_per_split, self.words.stride(0), self.scales.stride(0) if self.block else 0,
             x.stride(0), xw.stride(0), target.stride(0), WARPS=self.warps, TWO=self.m > 8, BLOCK_SCALES=self.block,
             ATOMIC=self.acc is not None, DEPS=self.pdl, USE_ASM=not lp.interpreted(), XAHEAD=self.x_ahead,
             num_warps=self.warps)

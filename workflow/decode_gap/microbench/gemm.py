@@ -98,8 +98,9 @@ GEMV_WX = "torch.mm(W, x^T)"  # M=1 only: y^T = W @ x^T is the same memory as y,
 # our Triton GEMVs (lowprec.py), offered beside the library kernel for M <= 16 and kept only when faster
 FP8_GEMV = "triton fp8 gemv (per-tensor scale)"
 FP8_BLOCK_GEMV = "triton fp8 gemv (128x128 block scales)"
-FP8_MMA_GEMV = "triton fp8 tensor-core gemv (128x128 block scales)"  # kernels/fp8mma, M = 1-16
-FP8_MMA_GEMV_TENSOR = "triton fp8 tensor-core gemv (per-tensor scale)"
+FP8_MMA_PREFIX = "triton fp8 tensor-core gemv"  # kernels/fp8mma, M = 1-16
+FP8_MMA_GEMV = f"{FP8_MMA_PREFIX} (128x128 block scales)"
+FP8_MMA_GEMV_TENSOR = f"{FP8_MMA_PREFIX} (per-tensor scale)"
 FP4_GEMV = "triton nvfp4 gemv"  # + the config name: "m,..." is the tensor-core form, the rest M=1 CUDA-core forms
 
 
@@ -137,6 +138,18 @@ def fp8_mma_variants(env: BenchEnv, be: Backend, m: int, k: int) -> list[str]:
 
 # every NVFP4 GEMV form a candidate name (lowprec_variants) can name, M=1 and M > 1
 FP4_VARIANT_CONFIGS = lp.FP4_M1_CONFIGS + lp.FP4_STAGE_CONFIGS + lp.FP4_STAGE_CONFIGS_M
+
+
+def fp8_variant_block(variant: str) -> bool:
+    """Whether an fp8 GEMV candidate name (lowprec_variants, fp8_mma_variants) runs 128x128 block scales."""
+    return variant.startswith(FP8_BLOCK_GEMV) or variant == FP8_MMA_GEMV
+
+
+def fp8_gemv(variant: str, fw: lp.Fp8Weight, m: int, dev) -> Any:
+    """The fp8 GEMV a candidate name of ours names, on fw: the tensor-core one, or the CUDA-core form it names."""
+    if variant.startswith(FP8_MMA_PREFIX):
+        return fp8mma.Fp8MmaGemv(fw, m, dev)
+    return lp.DenseGemv(fw, m, dev, variant_config(variant))
 
 
 def variant_config(variant: str) -> lp.GemvConfig:
@@ -185,17 +198,10 @@ def build_case(env: BenchEnv, be: Backend, m: int, n: int, k: int, seed: int = 0
             mms = [fp8block.BlockScaledMm(fw if i == 0 else lp.Fp8Weight(fw.data.clone(), fw.scales.clone(), True), m,
                                           dev) for i in range(copies)]
             return [(lambda mm=mm: mm(x)) for mm in mms], copies, "bf16 activation quantised 1x128 in the call"
-        if variant in (FP8_MMA_GEMV, FP8_MMA_GEMV_TENSOR):
-            block = variant == FP8_MMA_GEMV
+        if variant is not None and variant.startswith((FP8_GEMV, FP8_BLOCK_GEMV, FP8_MMA_PREFIX)):
+            block = fp8_variant_block(variant)
             fw = lp.quantize_fp8(w8.float() * sw, block=block)
-            gs = [fp8mma.Fp8MmaGemv(fw if i == 0 else lp.Fp8Weight(fw.data.clone(), fw.scales.clone(), block), m,
-                                    dev) for i in range(copies)]
-            return [(lambda g=g: g(x)) for g in gs], copies, f"{gs[0].label}; bf16 activation (weight-only)"
-        if variant is not None and variant.startswith((FP8_GEMV, FP8_BLOCK_GEMV)):
-            block = variant.startswith(FP8_BLOCK_GEMV)
-            cfg = variant_config(variant)
-            fw = lp.quantize_fp8(w8.float() * sw, block=block)
-            gs = [lp.DenseGemv(fw if i == 0 else lp.Fp8Weight(fw.data.clone(), fw.scales.clone(), block), m, dev, cfg)
+            gs = [fp8_gemv(variant, fw if i == 0 else lp.Fp8Weight(fw.data.clone(), fw.scales.clone(), block), m, dev)
                   for i in range(copies)]
             return [(lambda g=g: g(x)) for g in gs], copies, f"{gs[0].label}; bf16 activation (weight-only)"
         ws = _copies_of(w8, copies)
@@ -290,14 +296,9 @@ def check_variant(env: BenchEnv, be: Backend, variant: str, m: int, n: int, k: i
         elif variant == fp8block.LABEL:
             mm = fp8block.BlockScaledMm(lp.quantize_fp8(w, block=True), m, dev)
             out, ref = mm(x), mm.reference(x)
-        elif variant in (FP8_MMA_GEMV, FP8_MMA_GEMV_TENSOR):
-            g = fp8mma.Fp8MmaGemv(lp.quantize_fp8(w, block=variant == FP8_MMA_GEMV), m, dev)
-            out, ref = g(x), g.reference(x)
         else:
-            block = variant.startswith(FP8_BLOCK_GEMV)
-            cfg = variant_config(variant)
-            fw = lp.quantize_fp8(w, block=block)
-            out = lp.DenseGemv(fw, m, dev, cfg)(x)
+            fw = lp.quantize_fp8(w, block=fp8_variant_block(variant))
+            out = fp8_gemv(variant, fw, m, dev)(x)
             ref = x.float() @ lp.dequantize_fp8(fw).t()
         err = nv.relative_error(out, ref)
         row.update(rel_err=err, tolerance=1e-2, **{"pass": bool(math.isfinite(err) and err <= 1e-2)})

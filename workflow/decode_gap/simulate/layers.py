@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import partial
+from typing import Any
 
 from ..errors import DecodeGapError
 from .formats import FUSED_K_MULTIPLE, GROUPED_GEMV_KINDS, _torch
@@ -132,21 +133,19 @@ class Linear:
             w = _fp8_weight((n, k), device, block)
             self.gemm = lp.DenseGemv(w, m, device, out_dtype=self.act_dtype)
             self.nbytes = lp.fp8_bytes(n, k, block)
-            mma = self._fp8_mma(w, m, k, device, picker)
             if block:
-                if mma is not None and self._fastest(picker, ("fp8-block", n, k, m), {
-                        "lowprec.DenseGemv": self.gemm, FP8_MMA: mma}, m, k, device) == FP8_MMA:
+                chosen, mma = self._pick_fp8(picker, ("fp8-block", n, k, m), w, {"lowprec.DenseGemv": self.gemm},
+                                             m, k, device)
+                if chosen == FP8_MMA:
                     self.gemm = mma
             else:  # per-tensor: torch._scaled_mm on the same bytes is the other candidate
                 self.w, self.w_scale, self.one = w.data, w.scales, torch.ones((), device=device)
-                if picker is not None:
-                    chosen = self._fastest(picker, (n, k, m), {"lowprec.DenseGemv": self.gemm,
-                                                               "torch._scaled_mm": self._scaled_mm,
-                                                               **({FP8_MMA: mma} if mma else {})}, m, k, device)
-                    if chosen == "torch._scaled_mm":
-                        self.kind, self.gemm = "fp8", None
-                    elif chosen == FP8_MMA:
-                        self.gemm, self.w = mma, None
+                chosen, mma = self._pick_fp8(picker, (n, k, m), w, {"lowprec.DenseGemv": self.gemm,
+                                                                   "torch._scaled_mm": self._scaled_mm}, m, k, device)
+                if chosen == "torch._scaled_mm":
+                    self.kind, self.gemm = "fp8", None
+                elif chosen == FP8_MMA:
+                    self.gemm, self.w = mma, None
             return
         if kind == "fp8-block-mm":  # above batch 1 (probe_formats): x quantised per 1x128 group, cuBLAS blockwise
             from ..kernels import fp8block
@@ -156,9 +155,9 @@ class Linear:
                 w = _fp8_weight((n, k), device, True)
                 self.gemm = fp8block.BlockScaledMm(w, m, device, out_dtype=self.act_dtype)
                 self.nbytes = lp.fp8_bytes(n, k, True)
-                mma = self._fp8_mma(w, m, k, device, picker)
-                if mma is not None and self._fastest(picker, ("fp8-block", n, k, m), {
-                        "fp8block.BlockScaledMm": self.gemm, FP8_MMA: mma}, m, k, device) == FP8_MMA:
+                chosen, mma = self._pick_fp8(picker, ("fp8-block", n, k, m), w,
+                                             {"fp8block.BlockScaledMm": self.gemm}, m, k, device)
+                if chosen == FP8_MMA:
                     self.gemm = mma
                 return
             w = _fp8_weight((n, k), device, True)
@@ -174,9 +173,9 @@ class Linear:
             self.w_scale = torch.full((), FP8_SCALE, device=device)
             from ..kernels import lowprec as lp
 
-            mma = self._fp8_mma(lp.Fp8Weight(self.w, self.w_scale, False), m, k, device, picker)
-            if mma is not None and self._fastest(picker, ("fp8", n, k, m), {
-                    "torch._scaled_mm": self._scaled_mm, FP8_MMA: mma}, m, k, device) == FP8_MMA:
+            chosen, mma = self._pick_fp8(picker, ("fp8", n, k, m), lp.Fp8Weight(self.w, self.w_scale, False),
+                                         {"torch._scaled_mm": self._scaled_mm}, m, k, device)
+            if chosen == FP8_MMA:
                 self.kind, self.gemm, self.w = "fp8-mma", mma, None
         if kind == "bf16" and picker is not None and device.startswith("cuda") and m == 1:
             self._pick_bf16_gemv(n, k, device, picker)
@@ -194,10 +193,20 @@ class Linear:
 
         return fp8mma.Fp8MmaGemv(w, m, device, out_dtype=self.act_dtype) if fp8mma.available(device, k) else None
 
-    def _fastest(self, picker: KernelPicker, key: tuple, calls: dict, m: int, k: int, device: str) -> str:
-        """The name of the fastest of calls (name -> a call on x [m, k]) for this shape, timed once by the picker."""
+    def _pick_fp8(self, picker: KernelPicker | None, key: tuple, w, calls: dict, m: int, k: int,
+                  device: str) -> tuple[str | None, Any]:
+        """The fastest for this shape of calls (name -> a call on x [m, k]) and our fp8 tensor-core GEMV on w, and
+        that GEMV where it is the one chosen. The picker times a shape once; a shape it has timed builds the GEMV
+        (a repacked copy of the weight) only where it chose it. (None, None) without a picker."""
+        if picker is None:
+            return None, None
+        known = picker.chosen.get(key)
+        mma = self._fp8_mma(w, m, k, device, picker) if known in (None, FP8_MMA) else None
+        if known is not None:
+            return known, mma
         x = _torch().randn(m, k, device=device).to(self.act_dtype)
-        return picker.pick(key, {name: (lambda fn=fn: fn(x)) for name, fn in calls.items()})
+        calls = {**calls, **({FP8_MMA: mma} if mma is not None else {})}
+        return picker.pick(key, {name: (lambda fn=fn: fn(x)) for name, fn in calls.items()}), mma
 
     def _pick_bf16_gemv(self, n: int, k: int, device: str, picker: KernelPicker) -> None:
         """One row a step: our bf16 GEMV, cuBLAS through F.linear, or cuBLAS with the operands swapped (W @ x^T,
