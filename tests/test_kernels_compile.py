@@ -82,12 +82,12 @@ CASES = [
     (fp4moe._fp4_moe_token_kernel, {"TILES": 1, "SLICES": 4, "KS": 1, "GATE_UP": False, "UNROLL": 2,
                                     "USE_ASM": True, "EV": "evict_first", "PDL": True}, FP4MOE_POINTERS),
     # the fp8 tensor-core GEMV (its inline asm: cvt.rn.f16x2.e4m3x2 and mma.sync): a K split's fp32 sums with block
-    # scales at one x set, and the bf16 store with the per-tensor scale at two (M = 9-16)
-    (fp8mma._fp8_mma_kernel, {"WARPS": 4, "TWO": False, "BLOCK_SCALES": True, "ATOMIC": True, "DEPS": True,
-                              "USE_ASM": True, "XAHEAD": True},
+    # scales, one warp a tile (M <= 8), and the bf16 store with the per-tensor scale, two warps a tile (M = 9-16)
+    (fp8mma._fp8_mma_kernel, {"WARPS": 4, "XWARP": False, "BLOCK_SCALES": True, "ATOMIC": True, "DEPS": True,
+                              "USE_ASM": True, "XAHEAD": True, "XCLAMP": False},
      {"w_ptr": "*i32", "s_ptr": "*fp32", "x_ptr": "*bf16", "xw_ptr": "*i32", "out_ptr": "*fp32"}),
-    (fp8mma._fp8_mma_kernel, {"WARPS": 4, "TWO": True, "BLOCK_SCALES": False, "ATOMIC": False, "DEPS": False,
-                              "USE_ASM": True, "XAHEAD": True},
+    (fp8mma._fp8_mma_kernel, {"WARPS": 4, "XWARP": True, "BLOCK_SCALES": False, "ATOMIC": False, "DEPS": False,
+                              "USE_ASM": True, "XAHEAD": True, "XCLAMP": True},
      {"w_ptr": "*i32", "s_ptr": "*fp32", "x_ptr": "*bf16", "xw_ptr": "*i32", "out_ptr": "*bf16"}),
 ]
 

@@ -1,6 +1,6 @@
 """The fp8 weight-only tensor-core GEMV (kernels/fp8mma.py): the repacked layout round-trips, and in Triton's CPU
 interpreter (a subprocess: the interpreter is chosen when Triton is imported) the call matches dequantise-then-matmul
-with per-tensor and 128x128 block scales, at one x set (M <= 8) and two (M = 9-16), K split and not, a row count that
+with per-tensor and 128x128 block scales, one warp a tile (M <= 8) and two (M = 9-16), K split and not, a row count that
 is not whole tiles, and leaves the split sums at zero for the next call. The H200 runs the same checks compiled
 (benchmarks/device/fp8mma_probe.py)."""
 
@@ -44,6 +44,16 @@ def test_bad_shapes_and_inputs_are_refused_in_one_line():
     with pytest.raises(DecodeGapError, match="row-major bf16"):
         g(torch.randn(2, 256))
     assert not fp8mma.available("cpu", 192) and fp8mma.available("cpu", 256) == lp.HAVE_TRITON
+
+
+def test_above_8_rows_two_warps_share_a_tile_and_x_is_clamped_where_the_h200_measured_it_faster():
+    w = lp.quantize_fp8(torch.randn(200, 256), block=True)  # 13 tiles of 16 rows
+    wide, narrow = fp8mma.Fp8MmaGemv(w, 16, "cpu"), fp8mma.Fp8MmaGemv(w, 8, "cpu")
+    assert wide.xwarp and wide.grid[0] == 7 and not narrow.xwarp and narrow.grid[0] == 4  # 4 warps a program
+    assert [fp8mma.x_clamped(True, m) for m in (1, 2, 4, 8, 9, 11, 12, 16)] == [True, False, False, False, True,
+                                                                                True, False, False]
+    assert all(fp8mma.x_clamped(False, m) for m in range(1, 17))
+    assert fp8mma.Fp8MmaGemv(w, 9, "cpu").xclamp and not fp8mma.Fp8MmaGemv(w, 9, "cpu", xclamp=False).xclamp
 
 
 def test_gemv_matches_dequantise_then_matmul_in_the_interpreter():

@@ -2,7 +2,7 @@
 per-tensor `torch._scaled_mm` on a quantised x, and for 128x128 block scales kernels/fp8block.py (x quantised 1x128
 in the call, then cuBLAS's blockwise `_scaled_mm`); beside a plain read of the fp8 bytes.
 
-    PYTHONPATH=workflow python3 benchmarks/device/fp8mma_probe.py [M,M...] [NxK,NxK...]
+    PYTHONPATH=workflow python3 benchmarks/device/fp8mma_probe.py [M,M...] [NxK,NxK...] [form,form...]
 
 Per shape, scale kind and M: each form checked against dequantise-then-matmul (relative to the largest output, 2e-2),
 then us a call in CUDA-graph replay over rotating weight copies (lowprec_device.gpu_us), the fraction of read
@@ -31,7 +31,8 @@ from decode_gap.microbench.timing import rotating_copies  # noqa: E402
 # (per-tensor): qkv, o_proj, gate_up, down
 BLOCK_SHAPES = [(2112, 7168), (7168, 2048), (36864, 7168), (7168, 18432), (24576, 1536), (4608, 7168)]
 # the plan, then variants: the split doubled and halved, x of a step loaded before its own MMA
-FORMS = [("plan", {}), ("split x2", {"split": 2}), ("split /2", {"split": 0.5}), ("x in place", {"x_ahead": False})]
+FORMS = [("plan", {}), ("split x2", {"split": 2}), ("split /2", {"split": 0.5}), ("x in place", {"x_ahead": False}),
+         ("x clamped", {"xclamp": True}), ("x masked", {"xclamp": False})]
 TENSOR_SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
 
 
@@ -39,6 +40,7 @@ def main() -> None:
     dev = torch.device("cuda")
     ms = [int(v) for v in sys.argv[1].split(",")] if sys.argv[1:] else [1, 4, 8, 16]
     only = {tuple(int(v) for v in nk.split("x")) for nk in sys.argv[2].split(",")} if sys.argv[2:] else None
+    forms = [f for f in FORMS if f[0] in sys.argv[3].split(",")] if sys.argv[3:] else FORMS
     env = BenchEnv(device=dev, warmup=3, iters=40, cpu_budget_s=0.05)
     read = memory.measure_memory(env)["read_gbps"]
     print(f"read {read:.0f} GB/s", flush=True)
@@ -57,10 +59,10 @@ def main() -> None:
             ref = x.float() @ lp.dequantize_fp8(w).t()
             tol = 2e-2 * ref.abs().max().item()
             rows = {}
-            base = fm.Fp8MmaGemv(w, m, dev).split
-            for form, kw in FORMS:
+            for form, kw in forms:
                 kw = dict(kw)
-                if "split" in kw:
+                if "split" in kw:  # a factor on the form's own plan
+                    base = fm.Fp8MmaGemv(w, m, dev, **{a: v for a, v in kw.items() if a != "split"}).split
                     kw["split"] = max(1, round(base * kw["split"]))
                 try:
                     gs = [fm.Fp8MmaGemv(v, m, dev, **kw) for v in ws]

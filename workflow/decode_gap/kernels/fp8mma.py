@@ -7,7 +7,8 @@ kernels/fp8block.py, x quantised 1x128 by a kernel of its own, then cuBLAS's blo
 so the kernel that streams them fastest sets the ceiling.
 
 The form (lowprec's NVFP4 tensor-core GEMV, with a one-instruction decode):
-- each warp owns a 16-row tile; the weight is repacked once (`repack`, the same bytes) so that per step of 32 K values
+- each warp owns a 16-row tile and up to 8 x rows (at M = 9-16 two warps a tile, x rows 0-7 and 8-15: XWARP);
+  the weight is repacked once (`repack`, the same bytes) so that per step of 32 K values
   lane 4g+q loads 16 contiguous bytes, its A fragments of two mma.sync.m16n8k16: rows g and g+8 at K values 8q..8q+7
   in pairs. The K values of the MMA's slots are permuted (the sum does not care) so that the same lane's B operand is
   x row g at K values 8q..8q+7: one 16-byte load of x as it is, no packing kernel;
@@ -18,15 +19,16 @@ The form (lowprec's NVFP4 tensor-core GEMV, with a one-instruction decode):
   double buffer), x of the iteration's four steps loaded before its first MMA (every warp reads x: L1 / L2);
 - block scales: a tile's 16 rows lie in one 128-row block and an iteration is one 128-value block, so each
   iteration's sums are multiplied by its scale into fp32 accumulators; per-tensor: once at the end;
-- K split over the grid's second axis until about WARPS_PER_SM warps an SM (twice that at M = 9-16 where a split
-  keeps 4 or more iterations); fp32 partial sums added with relaxed atomics, then lowprec.cast_zero's kernel (a
-  programmatic dependent on sm90) casts them and leaves zeros; unsplit, the program stores bf16 itself.
+- K split over the grid's second axis until about WARPS_PER_SM warps an SM; fp32 partial sums added with relaxed
+  atomics, then lowprec.cast_zero's kernel (a programmatic dependent on sm90) casts them and leaves zeros; unsplit,
+  the program stores bf16 itself.
 Under TRITON_INTERPRET (no inline asm) the same repacked bytes and x positions go through plain Triton: e4m3 by bitcast,
 x rounded to fp16 as on the GPU, each lane's products summed over the lanes of a quad.
 
 Measured on an H200 (2026-12-04, benchmarks/device/fp8mma_probe.py, read 4456 GB/s, CUDA-graph replay over rotating
 weight copies), us and the fraction of read bandwidth on the fp8 bytes. DeepSeek-V3 shapes with 128x128 block
 scales, this GEMV / cuBLAS's blockwise call with x's 1x128 quantisation (fp8block.py):
+(the M=16 column: the first version, one warp a tile and both x sets; the second, two warps a tile, below)
   36864x7168  M=4 61.7 (0.96) / 87.1, M=8 62.5 (0.95) / 87.0, M=16 85.7 (0.69) / 87.4
   7168x18432  M=4 32.3 (0.92) / 43.1, M=8 33.4 (0.89) / 43.4, M=16 45.9 (0.65) / 43.6
   24576x1536  M=4 13.1 / 16.9, M=8 13.5 / 17.2, M=16 18.6 / 17.5
@@ -42,13 +44,28 @@ times this one beside the others (microbench/gemm.py) and the kernel level picks
 There (benchmarks/simulate_gpu.py, CUDA graph, 512 tokens, before / after) DeepSeek-V3 fp8-block TP8 took 14.12 /
 12.43 ms a step at batch 8 and 20.26 / 19.06 at batch 16 (attention projections 2.87 -> 2.06 ms, shared expert
 1.59 -> 0.88), 7.25 / 7.18 at batch 1; Llama-3.1-8B fp8 3.11 / 3.00 at batch 1 and 3.62 / 3.56 at batch 8.
+At M = 9-16 one warp held both x sets (twice the x loads, conversions, MMAs and accumulators: 72 registers, 7
+programs an SM, the K split doubled to fill the SMs); two warps a tile, each with one set (XWARP: 48 registers, the
+tile's weight read twice, the second read from L1 or L2), were faster on every block-scaled shape (H200, 2026-12-04,
+M=16, us, before / after): 36864x7168 84.6 / 69.5-71.0 (0.84 of read bandwidth; cuBLAS's blockwise call 83.3-89.4),
+7168x18432 46.5 / 41.3, 24576x1536 19.2 / 13.9, 4608x7168 16.8 / 14.0, 2112x7168 9.4 / 8.5, 7168x2048 9.2 / 8.4;
+DeepSeek-V3 fp8-block TP8 at batch 16 took 19.06 -> 18.50 ms a step. With x's rows past M read as row M-1 where that
+is faster (x_clamped): per-tensor 28672x4096 M=16 43.1 / 33.3 (`_scaled_mm` 30.0-32.6), 4096x14336 21.1 / 20.1-20.5.
 Tried and kept out:
 - Triton's own tl.dot with the operands swapped (acc[BLOCK_N, 16] += W @ x^T, the e4m3 tile converted in registers,
   wgmma, tl.range software pipelining): 0.34-0.38 of read bandwidth on 2112x7168 and 7168x2048, 0.57-0.64 on
   36864x7168 and 7168x18432, 0.75 on Llama-3.1-8B 28672x4096 (35.4 us, against 30.0 for per-tensor `_scaled_mm`);
 - x packed to fp16 once a call by a kernel before the GEMV (its programmatic dependent, first weights loaded before
   the wait), so no warp converts: slower on 22 of 24 cases (36864x7168 M = 4 / 8 62.2 / 63.7 -> 68.7 / 71.1 us;
-  2112x7168 M=16 9.6 -> 11.7); a step's x loaded before its own MMA (the first version): slower on 17 of 18.
+  2112x7168 M=16 9.6 -> 11.7); a step's x loaded before its own MMA (the first version): slower on 17 of 18;
+- W8A8: x quantised 1x128 to e4m3 by fp8block.quantize_act (1.5-1.9 us a call), the raw e4m3 bytes straight into
+  mma.m16n8k32 (no decode, no x conversion, half the MMAs): slower than the first version on all 32 cases (8
+  shapes, M = 1-16; 36864x7168 M = 1 / 8 / 16 64.8 / 92.6 / 85.9 against 63.4 / 63.6 / 85.7), so the instructions
+  were not what held M=16 back;
+- at M = 9-16 (XWARP): 8 warps a program (slower on 16 of 16 cases), twice or four times the K split (slower on 27
+  of 32), weights loaded without the evict-first hint (up to twice as slow), an L1-allocating load with L2's
+  evict-first policy in inline asm (level, 36864x7168 M=16 81.6 against 71.0), a barrier an iteration to keep the two
+  warps of a tile in step (level or slower but at 36864x7168 M = 9 / 16).
 """
 
 from __future__ import annotations
@@ -68,12 +85,19 @@ WARPS = 4  # H200: 8 warps a program lost on 5 of 6 shapes at M = 4-16, 2 on all
 # fp8mma_probe.py), faster on 17 of 18 cases, e.g. DeepSeek-V3 36864x7168 at M = 4 / 8 / 16 67.0 / 69.9 / 113.6 ->
 # 62.3 / 63.7 / 97.3 us (0.97 / 0.95 / 0.62 of read bandwidth), 7168x18432 34.5 / 37.2 / 58.6 -> 32.4 / 34.4 / 51.3
 X_AHEAD = True
-# at M = 9-16, where a split has at least this many iterations, twice the splits: H200 (2026-12-04, M=16, us)
-# 36864x7168 97.5 -> 84.7 (split 2 -> 4), 7168x18432 51.4 -> 45.0 (9 -> 18); where splits had 2-4 iterations it was
-# level or slower (2112x7168 9.6 -> 10.9, 7168x2048 9.1 -> 9.8, 4608x7168 16.6 -> 16.4)
-M16_SPLIT_ITERS = 8
 # the K split's target: H200 (2026-12-04), 24 left 36864x7168 unsplit, 79.0 us at M=4 against 66.6 split in two
 WARPS_PER_SM = 32
+
+
+def x_clamped(block: bool, m: int) -> bool:
+    """Whether x's rows past M are read as row M-1 (XCLAMP) rather than masked: with the per-tensor scale at every M,
+    with block scales at M=1 and M = 9-11. H200 (2026-12-04, benchmarks/device/fp8mma_probe.py, us, clamped / masked;
+    the same across three runs): per-tensor 28672x4096 M = 1 / 4 / 8 / 16 29.0 / 30.3 / 31.3 / 33.3 against 30.7 /
+    33.9 / 35.8 / 40.6, 4096x14336 16.0 / 16.8 / 17.6 / 20.1 against 16.7 / 17.2 / 18.1 / 21.8; block 36864x7168
+    M=1 61.2 against 63.9, M = 4 / 8 67.3 / 71.4 against 62.3 / 63.9, M=9 72.8-73.7 against 79.0-97.0 (masked, this
+    one shape swings from run to run), M = 13-16 74.4-78.2 against 69.6-76.1; 7168x18432 M = 13-16 41.7-42.9 against
+    40.5-41.4. Unmeasured M (2, 3, 12) take their neighbours' choice."""
+    return not block or m == 1 or 9 <= m <= 11
 
 
 def available(device, k: int) -> bool:
@@ -106,45 +130,31 @@ if lp.HAVE_TRITON:
 
     from .lowprec import _store_sums
 
-    def _mma_asm(nb: int) -> str:
-        """One step of a lane: $0.. the accumulators (per x set: the first MMA's four, the second's four), then the 4
-        weight words, then 4 x words per x set (bf16 pairs, K values 8q..8q+7 of x row g, and of g + 8)."""
-        w0 = 8 * nb
-        x0 = w0 + 4
+    def _mma_asm() -> str:
+        """One step of a lane: $0-$7 the accumulators (the first MMA's four, the second's four), then the 4 weight
+        words, then 4 x words (bf16 pairs, K values 8q..8q+7 of the warp's x row g)."""
         lines = ["{", ".reg .b32 a<8>, b<4>, lo, hi;", ".reg .b16 p, r;"]
         for i in range(4):  # word i: (row g, row g+8) at K slots of pair i -> A registers 2i (row g), 2i+1 (g+8)
-            lines += [f"mov.b32 {{p, r}}, ${w0 + i};", f"cvt.rn.f16x2.e4m3x2 a{2 * i}, p;",
+            lines += [f"mov.b32 {{p, r}}, ${8 + i};", f"cvt.rn.f16x2.e4m3x2 a{2 * i}, p;",
                       f"cvt.rn.f16x2.e4m3x2 a{2 * i + 1}, r;"]
-        for s in range(nb):
-            for i in range(4):  # x word i: bf16 (lo, hi) -> fp16x2
-                lines += [f"shl.b32 lo, ${x0 + 4 * s + i}, 16;", f"and.b32 hi, ${x0 + 4 * s + i}, 0xFFFF0000;",
-                          f"cvt.rn.f16x2.f32 b{i}, hi, lo;"]
-            for mm in range(2):  # MMA mm: A = pairs 2mm (slots 2q, 2q+1) and 2mm+1 (slots 2q+8, 2q+9)
-                acc = ",".join(f"${8 * s + 4 * mm + e}" for e in range(4))
-                a = ",".join(f"a{4 * mm + e}" for e in range(4))
-                lines.append(f"mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {{{acc}}}, {{{a}}}, "
-                             f"{{b{2 * mm},b{2 * mm + 1}}}, {{{acc}}};")
+        for i in range(4):  # x word i: bf16 (lo, hi) -> fp16x2
+            lines += [f"shl.b32 lo, ${12 + i}, 16;", f"and.b32 hi, ${12 + i}, 0xFFFF0000;",
+                      f"cvt.rn.f16x2.f32 b{i}, hi, lo;"]
+        for mm in range(2):  # MMA mm: A = pairs 2mm (slots 2q, 2q+1) and 2mm+1 (slots 2q+8, 2q+9)
+            acc = ",".join(f"${4 * mm + e}" for e in range(4))
+            a = ",".join(f"a{4 * mm + e}" for e in range(4))
+            lines.append(f"mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {{{acc}}}, {{{a}}}, "
+                         f"{{b{2 * mm},b{2 * mm + 1}}}, {{{acc}}};")
         lines.append("}")
         return "\n".join(lines)
 
-    def _mma_cons(nb: int) -> str:
-        return ",".join(["=f"] * (8 * nb) + ["r"] * (4 + 4 * nb) + [str(i) for i in range(8 * nb)])
-
-    _ASM1 = tl.constexpr(_mma_asm(1))
-    _CONS1 = tl.constexpr(_mma_cons(1))
-    _ASM2 = tl.constexpr(_mma_asm(2))
-    _CONS2 = tl.constexpr(_mma_cons(2))
+    _ASM = tl.constexpr(_mma_asm())
+    _CONS = tl.constexpr(",".join(["=f"] * 8 + ["r"] * 8 + [str(i) for i in range(8)]))
 
     @triton.jit
-    def _step(w, x, x2, a0, a1, a2, a3, TWO: tl.constexpr):
-        if TWO:
-            a0, a1, a2, a3 = tl.inline_asm_elementwise(_ASM2, _CONS2, [w, x, x2, a0, a1, a2, a3],
-                                                       dtype=(tl.float32, tl.float32, tl.float32, tl.float32),
-                                                       is_pure=True, pack=4)
-        else:
-            a0, a1 = tl.inline_asm_elementwise(_ASM1, _CONS1, [w, x, a0, a1], dtype=(tl.float32, tl.float32),
-                                               is_pure=True, pack=4)
-        return a0, a1, a2, a3
+    def _step(w, x, a0, a1):
+        return tl.inline_asm_elementwise(_ASM, _CONS, [w, x, a0, a1], dtype=(tl.float32, tl.float32), is_pure=True,
+                                         pack=4)
 
     @triton.jit
     def _wloads(wp, it):
@@ -156,44 +166,31 @@ if lp.HAVE_TRITON:
                 tl.load(wp + wo + 384, eviction_policy="evict_first"))
 
     @triton.jit
-    def _xload(xp, xp2, xmask, xmask2, off, TWO: tl.constexpr):
-        """A step's x words: rows 0-7 (and 8-15 when TWO) at word offset off."""
-        x = tl.load(xp + off, mask=xmask, other=0)
-        x2 = x
-        if TWO:
-            x2 = tl.load(xp2 + off, mask=xmask2, other=0)
-        return x, x2
-
-    @triton.jit
-    def _iteration(wa, wb, wc, wd, xp, xp2, xmask, xmask2, it, a0, a1, a2, a3, TWO: tl.constexpr,
-                   XAHEAD: tl.constexpr):
+    def _iteration(wa, wb, wc, wd, xp, xmask, it, a0, a1, XAHEAD: tl.constexpr):
         """One iteration's four steps; x (16 words a step) loaded here: a step's before its math, or (XAHEAD) all
         four steps' before the first step's math."""
         xo = it * 64
-        x, x2 = _xload(xp, xp2, xmask, xmask2, xo, TWO)
+        x = tl.load(xp + xo, mask=xmask, other=0)
         if XAHEAD:
-            xb, xb2 = _xload(xp, xp2, xmask, xmask2, xo + 16, TWO)
-            xc, xc2 = _xload(xp, xp2, xmask, xmask2, xo + 32, TWO)
-            xd, xd2 = _xload(xp, xp2, xmask, xmask2, xo + 48, TWO)
-            a0, a1, a2, a3 = _step(wa, x, x2, a0, a1, a2, a3, TWO)
-            a0, a1, a2, a3 = _step(wb, xb, xb2, a0, a1, a2, a3, TWO)
-            a0, a1, a2, a3 = _step(wc, xc, xc2, a0, a1, a2, a3, TWO)
-            a0, a1, a2, a3 = _step(wd, xd, xd2, a0, a1, a2, a3, TWO)
+            xb = tl.load(xp + xo + 16, mask=xmask, other=0)
+            xc = tl.load(xp + xo + 32, mask=xmask, other=0)
+            xd = tl.load(xp + xo + 48, mask=xmask, other=0)
+            a0, a1 = _step(wa, x, a0, a1)
+            a0, a1 = _step(wb, xb, a0, a1)
+            a0, a1 = _step(wc, xc, a0, a1)
+            a0, a1 = _step(wd, xd, a0, a1)
         else:
-            a0, a1, a2, a3 = _step(wa, x, x2, a0, a1, a2, a3, TWO)
-            x, x2 = _xload(xp, xp2, xmask, xmask2, xo + 16, TWO)
-            a0, a1, a2, a3 = _step(wb, x, x2, a0, a1, a2, a3, TWO)
-            x, x2 = _xload(xp, xp2, xmask, xmask2, xo + 32, TWO)
-            a0, a1, a2, a3 = _step(wc, x, x2, a0, a1, a2, a3, TWO)
-            x, x2 = _xload(xp, xp2, xmask, xmask2, xo + 48, TWO)
-            a0, a1, a2, a3 = _step(wd, x, x2, a0, a1, a2, a3, TWO)
-        return a0, a1, a2, a3
+            a0, a1 = _step(wa, x, a0, a1)
+            a0, a1 = _step(wb, tl.load(xp + xo + 16, mask=xmask, other=0), a0, a1)
+            a0, a1 = _step(wc, tl.load(xp + xo + 32, mask=xmask, other=0), a0, a1)
+            a0, a1 = _step(wd, tl.load(xp + xo + 48, mask=xmask, other=0), a0, a1)
+        return a0, a1
 
     @triton.jit
     def _fp8_mma_kernel(w_ptr, s_ptr, x_ptr, xw_ptr, out_ptr, M, N, NT, ITERS, iters_per_split, stride_wt,
-                        stride_sn, stride_x, stride_xw, stride_om, WARPS: tl.constexpr, TWO: tl.constexpr,
+                        stride_sn, stride_x, stride_xw, stride_om, WARPS: tl.constexpr, XWARP: tl.constexpr,
                         BLOCK_SCALES: tl.constexpr, ATOMIC: tl.constexpr, DEPS: tl.constexpr,
-                        USE_ASM: tl.constexpr, XAHEAD: tl.constexpr = False):
+                        USE_ASM: tl.constexpr, XAHEAD: tl.constexpr = False, XCLAMP: tl.constexpr = False):
         T: tl.constexpr = 32 * WARPS
         pid_n = tl.program_id(0)
         it0 = tl.program_id(1) * iters_per_split
@@ -202,33 +199,34 @@ if lp.HAVE_TRITON:
         lane = t % 32
         g = lane // 4
         q = lane % 4
-        tile = pid_n * WARPS + t // 32
+        if XWARP:  # M = 9-16: two warps a tile, x rows 0-7 and 8-15 (the tile's second read of the weight: L1 or L2)
+            tile = pid_n * (WARPS // 2) + t // 64
+            xs = (t // 32) % 2 * 8
+        else:
+            tile = pid_n * WARPS + t // 32
+            xs = 0
         tile_c = tl.minimum(tile, NT - 1)
         c4 = tl.arange(0, 4)
         sp = s_ptr + (tile_c * 16 // 128) * stride_sn  # the tile's 128-row block
         if USE_ASM:
             wp = w_ptr + tile_c.to(tl.int64)[:, None] * stride_wt + (lane * 4)[:, None] + c4[None, :]
-            xp = xw_ptr + (g * stride_xw + q * 4)[:, None] + c4[None, :]
-            xp2 = xp + 8 * stride_xw
-            xmask = (g < M)[:, None]
-            xmask2 = (g + 8 < M)[:, None]
+            if XCLAMP:  # lanes of x rows past M read row M-1 (their sums are not stored): no masked loads
+                xp = xw_ptr + (tl.minimum(g + xs, M - 1) * stride_xw + q * 4)[:, None] + c4[None, :]
+                xmask = (g >= 0)[:, None]  # all true
+            else:
+                xp = xw_ptr + ((g + xs) * stride_xw + q * 4)[:, None] + c4[None, :]
+                xmask = (g + xs < M)[:, None]
             acc0 = tl.zeros((T, 4), dtype=tl.float32)
             acc1 = tl.zeros((T, 4), dtype=tl.float32)
-            acc2 = tl.zeros((T, 4), dtype=tl.float32)
-            acc3 = tl.zeros((T, 4), dtype=tl.float32)
             wa, wb, wc, wd = _wloads(wp, it0)
             for it in range(it0, it1):
                 na, nb, nc, nd = _wloads(wp, tl.minimum(it + 1, it1 - 1))  # the last loads its own again (unused)
                 if BLOCK_SCALES:
                     z = tl.zeros((T, 4), dtype=tl.float32)
-                    b0, b1, b2, b3 = _iteration(wa, wb, wc, wd, xp, xp2, xmask, xmask2, it, z, z, z, z, TWO,
-                                                XAHEAD)
-                    s = tl.load(sp + it)[:, None]
-                    acc0 += (b0 + b1) * s
-                    acc2 += (b2 + b3) * s
+                    b0, b1 = _iteration(wa, wb, wc, wd, xp, xmask, it, z, z, XAHEAD)
+                    acc0 += (b0 + b1) * tl.load(sp + it)[:, None]
                 else:
-                    acc0, acc1, acc2, acc3 = _iteration(wa, wb, wc, wd, xp, xp2, xmask, xmask2, it, acc0, acc1,
-                                                        acc2, acc3, TWO, XAHEAD)
+                    acc0, acc1 = _iteration(wa, wb, wc, wd, xp, xmask, it, acc0, acc1, XAHEAD)
                 wa = na
                 wb = nb
                 wc = nc
@@ -236,29 +234,24 @@ if lp.HAVE_TRITON:
             if DEPS:  # the cast kernel behind this one may launch (it waits for the grid before reading)
                 tl.extra.cuda.gdc_launch_dependents()
             y = acc0 + acc1
-            y2 = acc2 + acc3
             if not BLOCK_SCALES:
-                ts = tl.load(s_ptr)
-                y = y * ts
-                y2 = y2 * ts
-            # D fragment: element e of lane 4g+q is row g + 8 (e // 2) of the tile, x row 2q + e % 2
+                y = y * tl.load(s_ptr)
+            # D fragment: element e of lane 4g+q is row g + 8 (e // 2) of the tile, x row 2q + e % 2 of the warp's set
             e = c4[None, :]
             rows = (tile * 16 + g)[:, None] + 8 * (e // 2)
-            ms = (2 * q)[:, None] + e % 2
-            om = (rows < N) & (ms < M)
-            op = out_ptr + ms * stride_om + rows
-            _store_sums(op, y, om, ATOMIC)
-            if TWO:  # x rows 8-15
-                _store_sums(op + 8 * stride_om, y2, (rows < N) & (ms + 8 < M), ATOMIC)
+            ms = (2 * q + xs)[:, None] + e % 2
+            _store_sums(out_ptr + ms * stride_om + rows, y, (rows < N) & (ms < M), ATOMIC)
         else:
-            # the interpreter: lane 4g+q's bytes decoded, times x at the same K values (rounded to fp16 as the GPU
-            # path does), per (row half h, x row); then the four lanes of a quad summed
-            XR: tl.constexpr = 16 if TWO else 8
-            mr = tl.arange(0, XR)
-            xm = (mr < M)[None, :]
-            y = tl.zeros((T, 2, XR), dtype=tl.float32)
+            # the interpreter: lane 4g+q's bytes decoded, times its warp's x rows at the same K values (rounded to
+            # fp16 as the GPU path does), per (row half h, x row); then the four lanes of a quad summed
+            if XWARP:  # [T or 1, 8]: the lane's x rows
+                mr = ((t // 32) % 2 * 8)[:, None] + tl.arange(0, 8)[None, :]
+            else:
+                mr = tl.arange(0, 8)[None, :]
+            xm = mr < M
+            y = tl.zeros((T, 2, 8), dtype=tl.float32)
             for it in range(it0, it1):
-                blk = tl.zeros((T, 2, XR), dtype=tl.float32)
+                blk = tl.zeros((T, 2, 8), dtype=tl.float32)
                 for st in tl.static_range(4):
                     step = it * 4 + st
                     for j in tl.static_range(4):
@@ -268,7 +261,7 @@ if lp.HAVE_TRITON:
                                 code = ((word >> (16 * h + 8 * b)) & 0xFF).to(tl.uint8)
                                 wv = code.to(tl.float8e4nv, bitcast=True).to(tl.float32)
                                 kk = step * 32 + q * 8 + 2 * j + b
-                                xv = tl.load(x_ptr + mr[None, :] * stride_x + kk[:, None], mask=xm, other=0.0)
+                                xv = tl.load(x_ptr + mr * stride_x + kk[:, None], mask=xm, other=0.0)
                                 xv = xv.to(tl.float16).to(tl.float32)
                                 hv = (tl.arange(0, 2) == h)[None, :, None]
                                 blk += tl.where(hv, (wv[:, None] * xv)[:, None, :], 0.0)
@@ -277,12 +270,16 @@ if lp.HAVE_TRITON:
                 y += blk
             if not BLOCK_SCALES:
                 y = y * tl.load(s_ptr)
-            yq = tl.sum(tl.reshape(y, (WARPS, 8, 4, 2, XR)), axis=2)  # [tile, g, h, x row]
+            yq = tl.sum(tl.reshape(y, (WARPS, 8, 4, 2, 8)), axis=2)  # [warp, g, h, x row of its set]
             wv4 = tl.arange(0, WARPS)[:, None, None, None]
             gv = tl.arange(0, 8)[None, :, None, None]
             hv4 = tl.arange(0, 2)[None, None, :, None]
-            mv = mr[None, None, None, :]
-            rows4 = (pid_n * WARPS + wv4) * 16 + gv + 8 * hv4
+            mv = tl.arange(0, 8)[None, None, None, :]
+            if XWARP:
+                rows4 = (pid_n * (WARPS // 2) + wv4 // 2) * 16 + gv + 8 * hv4
+                mv = mv + wv4 % 2 * 8
+            else:
+                rows4 = (pid_n * WARPS + wv4) * 16 + gv + 8 * hv4
             om4 = (rows4 < N) & (mv < M)
             _store_sums(out_ptr + mv * stride_om + rows4, yq, om4, ATOMIC)
 
@@ -295,7 +292,7 @@ class Fp8MmaGemv:
     label_prefix = "triton fp8 tensor-core gemv"
 
     def __init__(self, w: lp.Fp8Weight, m: int, device, out_dtype=torch.bfloat16, split: int | None = None,
-                 x_ahead: bool | None = None, warps: int | None = None):
+                 x_ahead: bool | None = None, warps: int | None = None, xclamp: bool | None = None):
         if not lp.HAVE_TRITON:
             raise DecodeGapError("the fp8 tensor-core GEMV needs Triton, which is not installed")
         if not lp.mma_supported(device):
@@ -309,14 +306,14 @@ class Fp8MmaGemv:
         self.words = repack(w.data)  # the only copy kept: reference() unpacks it
         nt = self.words.shape[0]
         self.x_ahead = X_AHEAD if x_ahead is None else x_ahead
+        self.xclamp = x_clamped(w.block, m) if xclamp is None else xclamp
         self.warps = warps or WARPS
         iters = k // ITER_K
-        groups = math.ceil(nt / self.warps)
+        self.xwarp = m > 8  # two warps a tile (XWARP)
+        groups = math.ceil(nt / (self.warps // 2 if self.xwarp else self.warps))
         sms = lp.sm_count(device)
         want = split or max(1, min(iters, round(WARPS_PER_SM * sms / (groups * self.warps))))
         per = math.ceil(iters / want)
-        if m > 8 and not split and per >= M16_SPLIT_ITERS:  # two x sets: twice the splits where each keeps 4+
-            per = math.ceil(per / 2)
         self.split, self.iters_per_split, self.iters = math.ceil(iters / per), per, iters
         self.grid = (groups, self.split)
         self.out = torch.empty((m, n), dtype=out_dtype, device=device)
@@ -342,9 +339,9 @@ class Fp8MmaGemv:
         compiled = _fp8_mma_kernel[self.grid](
             self.words, self.scales, x, xw, target, self.m, self.n, self.words.shape[0], self.iters,
             self.iters_per_split, self.words.stride(0), self.scales.stride(0) if self.block else 0,
-            x.stride(0), xw.stride(0), target.stride(0), WARPS=self.warps, TWO=self.m > 8, BLOCK_SCALES=self.block,
+            x.stride(0), xw.stride(0), target.stride(0), WARPS=self.warps, XWARP=self.xwarp, BLOCK_SCALES=self.block,
             ATOMIC=self.acc is not None, DEPS=self.pdl, USE_ASM=not lp.interpreted(), XAHEAD=self.x_ahead,
-            num_warps=self.warps)
+            XCLAMP=self.xclamp, num_warps=self.warps)
         self.compiled = compiled
         if self.acc is not None:
             lp.cast_zero(self.acc, self.out, self.pdl)

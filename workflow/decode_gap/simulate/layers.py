@@ -184,9 +184,10 @@ class Linear:
         """Our fp8 tensor-core GEMV on w (kernels/fp8mma: x in bf16 as it is, per-tensor or block scales), a
         candidate the picker times beside the library's and our CUDA-core GEMV; None where it cannot run here.
         H200 (2026-12-04, benchmarks/device/fp8mma_probe.py, us): DeepSeek-V3 block-scaled 2112x7168 at M = 4 / 8 /
-        16 7.1 / 8.2 / 9.4 against cuBLAS's blockwise 17.0-17.3, 36864x7168 at M=4 61.7 against 87.1; Llama-3.1-8B
-        per-tensor 4096x14336 at M=4 17.0 against `_scaled_mm`'s 19.5; cuBLAS kept 7168x18432 at M=16 (45.9
-        against 43.6) and per-tensor 28672x4096 at M > 1."""
+        16 7.1 / 8.0 / 8.5-8.8 against cuBLAS's blockwise 17.0-17.3, 36864x7168 at M = 4 / 16 62.3 / 71.0 against
+        87.1 / 83.3, 7168x18432 at M=16 41.3 against 45.0; Llama-3.1-8B per-tensor 4096x14336 at M=4 16.8 against
+        `_scaled_mm`'s 19.5; per-tensor 28672x4096 above M=1 ours 30.3-33.3 against `_scaled_mm`'s 30.0-32.6 (runs
+        differ on which wins: the picker times both)."""
         if picker is None or not device.startswith("cuda") or m > 16 or self.act_dtype != _torch().bfloat16:
             return None
         from ..kernels import fp8mma
