@@ -1675,7 +1675,11 @@ FP4_MMA_XJIT = (replace(FP4_MMA_BX_SK, xjit=True), replace(FP4_MMA_BX_SK, block_
 # Other sizes tried with x shared (H200, 2026-12-03, lowprec_device.py --forms m16, six shapes at M = 12 and 16):
 # programs of 8 warps (x shared by 8: 1.1-23.6 us slower, 28672x4096 M=16 40.6 against 26.0), of 2 warps (0.9-16.9
 # us slower), one step an iteration (0.5-3.8 us slower), about 20 or 36 warps an SM (within 0.3 us or slower) won
-# nothing
+# nothing. Two warps a tile, one x set each (the bf16 form, K split, cast behind it: what took kernels/fp8mma's M=16
+# from 84.6 to 71.0 us on 36864x7168), checked on the GPU and then slower than these on all 15 cases (H200,
+# 2026-12-04, five shapes at M = 9, 12, 16, best of six sizes against the best form, us): 28672x4096 M=16 33.9 /
+# 26.0, 36864x7168 70.5 / 52.1, 7168x18432 39.3 / 28.1, 4096x14336 20.1 / 14.6, 6144x4096 10.9 / 9.3 (the best
+# forms here share x a program, which fp8mma does not)
 FP4_MMA_XS = replace(FP4_MMA_XJ, xshare=True)  # x chunks loaded in the iteration that uses them
 FP4_MMA_XS_AHEAD = replace(FP4_MMA_DEFAULT, xshare=True)  # an iteration ahead, as the weights
 FP4_MMA_BX_SK_XS = replace(FP4_MMA_BX_SK, xshare=True)
