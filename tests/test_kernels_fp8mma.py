@@ -54,6 +54,8 @@ def test_above_8_rows_two_warps_share_a_tile_and_x_is_clamped_where_the_h200_mea
                                                                                 True, False, False]
     assert all(fp8mma.x_clamped(False, m) for m in range(1, 17))
     assert fp8mma.Fp8MmaGemv(w, 9, "cpu").xclamp and not fp8mma.Fp8MmaGemv(w, 9, "cpu", xclamp=False).xclamp
+    with pytest.raises(DecodeGapError, match="warps must be even"):
+        fp8mma.Fp8MmaGemv(w, 9, "cpu", warps=3)
 
 
 def test_gemv_matches_dequantise_then_matmul_in_the_interpreter():

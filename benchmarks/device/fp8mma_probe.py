@@ -30,7 +30,8 @@ from decode_gap.microbench.timing import rotating_copies  # noqa: E402
 # DeepSeek-V3 (block scales): fused_qkv_a, o_proj TP8, dense gate_up, dense down, q_b, TP8 gate_up; Llama-3.1-8B
 # (per-tensor): qkv, o_proj, gate_up, down
 BLOCK_SHAPES = [(2112, 7168), (7168, 2048), (36864, 7168), (7168, 18432), (24576, 1536), (4608, 7168)]
-# the plan, then variants: the split doubled and halved, x of a step loaded before its own MMA
+# the plan, then variants: the split doubled and halved, x of a step loaded before its own MMA, x rows past M read
+# as row M-1 or masked (whichever the plan does not)
 FORMS = [("plan", {}), ("split x2", {"split": 2}), ("split /2", {"split": 0.5}), ("x in place", {"x_ahead": False}),
          ("x clamped", {"xclamp": True}), ("x masked", {"xclamp": False})]
 TENSOR_SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]

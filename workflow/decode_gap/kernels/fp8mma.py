@@ -49,7 +49,8 @@ programs an SM, the K split doubled to fill the SMs); two warps a tile, each wit
 tile's weight read twice, the second read from L1 or L2), were faster on every block-scaled shape (H200, 2026-12-04,
 M=16, us, before / after): 36864x7168 84.6 / 69.5-71.0 (0.84 of read bandwidth; cuBLAS's blockwise call 83.3-89.4),
 7168x18432 46.5 / 41.3, 24576x1536 19.2 / 13.9, 4608x7168 16.8 / 14.0, 2112x7168 9.4 / 8.5, 7168x2048 9.2 / 8.4;
-DeepSeek-V3 fp8-block TP8 at batch 16 took 19.06 -> 18.50 ms a step. With x's rows past M read as row M-1 where that
+DeepSeek-V3 fp8-block TP8 at batch 16 took 18.50 and 19.02 ms a step in two runs (19.06 before; its routed
+experts, which this GEMV does not run, 11.59 and 12.54 of them). With x's rows past M read as row M-1 where that
 is faster (x_clamped): per-tensor 28672x4096 M=16 43.1 / 33.3 (`_scaled_mm` 30.0-32.6), 4096x14336 21.1 / 20.1-20.5.
 Tried and kept out:
 - Triton's own tl.dot with the operands swapped (acc[BLOCK_N, 16] += W @ x^T, the e4m3 tile converted in registers,
@@ -310,6 +311,9 @@ class Fp8MmaGemv:
         self.warps = warps or WARPS
         iters = k // ITER_K
         self.xwarp = m > 8  # two warps a tile (XWARP)
+        if self.xwarp and self.warps % 2:
+            raise DecodeGapError(f"fp8 tensor-core gemv: above 8 rows two warps share a tile, so a program's warps "
+                                 f"must be even (warps={self.warps})")
         groups = math.ceil(nt / (self.warps // 2 if self.xwarp else self.warps))
         sms = lp.sm_count(device)
         want = split or max(1, min(iters, round(WARPS_PER_SM * sms / (groups * self.warps))))
