@@ -60,7 +60,7 @@ Tried and kept out:
   the wait), so no warp converts: slower on 22 of 24 cases (36864x7168 M = 4 / 8 62.2 / 63.7 -> 68.7 / 71.1 us;
   2112x7168 M=16 9.6 -> 11.7); a step's x loaded before its own MMA (the first version): slower on 17 of 18;
 - W8A8: x quantised 1x128 to e4m3 by fp8block.quantize_act (1.5-1.9 us a call), the raw e4m3 bytes straight into
-  mma.m16n8k32 (no decode, no x conversion, half the MMAs): slower than the first version on all 32 cases (8
+  mma.m16n8k32 (no decode, no x conversion, half the MMAs): faster than the first version on none of 32 cases (8
   shapes, M = 1-16; 36864x7168 M = 1 / 8 / 16 64.8 / 92.6 / 85.9 against 63.4 / 63.6 / 85.7), so the instructions
   were not what held M=16 back;
 - at M = 9-16 (XWARP): 8 warps a program (slower on 16 of 16 cases), twice or four times the K split (slower on 27
@@ -92,12 +92,12 @@ WARPS_PER_SM = 32
 
 def x_clamped(block: bool, m: int) -> bool:
     """Whether x's rows past M are read as row M-1 (XCLAMP) rather than masked: with the per-tensor scale at every M,
-    with block scales at M=1 and M = 9-11. H200 (2026-12-04, benchmarks/device/fp8mma_probe.py, us, clamped / masked;
-    the same across three runs): per-tensor 28672x4096 M = 1 / 4 / 8 / 16 29.0 / 30.3 / 31.3 / 33.3 against 30.7 /
-    33.9 / 35.8 / 40.6, 4096x14336 16.0 / 16.8 / 17.6 / 20.1 against 16.7 / 17.2 / 18.1 / 21.8; block 36864x7168
-    M=1 61.2 against 63.9, M = 4 / 8 67.3 / 71.4 against 62.3 / 63.9, M=9 72.8-73.7 against 79.0-97.0 (masked, this
-    one shape swings from run to run), M = 13-16 74.4-78.2 against 69.6-76.1; 7168x18432 M = 13-16 41.7-42.9 against
-    40.5-41.4. Unmeasured M (2, 3, 12) take their neighbours' choice."""
+    with block scales at M=1 and M = 9-11. H200 (2026-12-04, benchmarks/device/fp8mma_probe.py, us, clamped /
+    masked; the same in the two runs that timed both): per-tensor 28672x4096 M = 1 / 4 / 8 / 16 29.0 / 30.3 / 31.3 /
+    33.3 against 30.7 / 33.9 / 35.8 / 40.6, 4096x14336 16.0 / 16.8 / 17.6 / 20.1 against 16.7 / 17.2 / 18.1 /
+    21.8; block 36864x7168 M=1 61.2 against 63.9, M = 4 / 8 67.3 / 71.4 against 62.3 / 63.9, M=9 72.8-73.7 against
+    79.0-97.0 (masked, this one shape swings from run to run), M = 13-16 74.4-78.2 against 69.6-76.1; 7168x18432
+    M = 13-16 41.7-42.9 against 40.5-41.4. Unmeasured M (2, 3, 12) take their neighbours' choice."""
     return not block or m == 1 or 9 <= m <= 11
 
 
