@@ -246,7 +246,7 @@ if lp.HAVE_TRITON:
             # the interpreter: lane 4g+q's bytes decoded, times its warp's x rows at the same K values (rounded to
             # fp16 as the GPU path does), per (row half h, x row); then the four lanes of a quad summed
             if XWARP:  # [T or 1, 8]: the lane's x rows
-                mr = ((t // 32) % 2 * 8)[:, None] + tl.arange(0, 8)[None, :]
+                mr = xs[:, None] + tl.arange(0, 8)[None, :]
             else:
                 mr = tl.arange(0, 8)[None, :]
             xm = mr < M
