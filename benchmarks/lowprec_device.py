@@ -452,6 +452,13 @@ def grouped_checks(env: BenchEnv) -> None:
         d13, d2 = lp.dequantized_experts(g)
         call = (lambda: (g(x), g(x))[1]) if g.bx else (lambda: g(x))  # bx: the second call sees the zeros left
         _check(f"grouped {fmt}", 1, e, h, call, lp.reference_experts(x, d13, d2, ids, rw), 1e-2)
+    if fp8mma.available(dev, h) and i % fp8mma.ITER_K == 0:  # the tensor-core form (GPU sizes: I = 256)
+        for block in (False, True):
+            q13, q2 = lp.quantize_fp8(w13, block), lp.quantize_fp8(w2, block)
+            tc = fp8mma.GroupedFp8Mma(q13, q2, ids, rw, dev)
+            ref = lp.reference_experts(x, lp.dequantize_fp8(q13), lp.dequantize_fp8(q2), ids, rw)
+            _check(f"grouped fp8{'-block' if block else ''} tensor-core", 1, e, h, lambda: (tc(x), tc(x))[1], ref,
+                   1e-2)  # the second call on the zeros the first left
 
 
 def kernel_stats(env: BenchEnv, out: Path) -> None:

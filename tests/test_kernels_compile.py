@@ -84,11 +84,16 @@ CASES = [
     # the fp8 tensor-core GEMV (its inline asm: cvt.rn.f16x2.e4m3x2 and mma.sync): a K split's fp32 sums with block
     # scales, one warp a tile (M <= 8), and the bf16 store with the per-tensor scale, two warps a tile (M = 9-16)
     (fp8mma._fp8_mma_kernel, {"WARPS": 4, "XWARP": False, "BLOCK_SCALES": True, "ATOMIC": True, "DEPS": True,
-                              "USE_ASM": True, "XAHEAD": True, "XCLAMP": False},
+                              "USE_ASM": True, "XAHEAD": True, "XCLAMP": False, "GROUPED": False, "ROW_WEIGHT": False},
      {"w_ptr": "*i32", "s_ptr": "*fp32", "x_ptr": "*bf16", "xw_ptr": "*i32", "out_ptr": "*fp32"}),
     (fp8mma._fp8_mma_kernel, {"WARPS": 4, "XWARP": True, "BLOCK_SCALES": False, "ATOMIC": False, "DEPS": False,
-                              "USE_ASM": True, "XAHEAD": True, "XCLAMP": True},
+                              "USE_ASM": True, "XAHEAD": True, "XCLAMP": True, "GROUPED": False, "ROW_WEIGHT": False},
      {"w_ptr": "*i32", "s_ptr": "*fp32", "x_ptr": "*bf16", "xw_ptr": "*i32", "out_ptr": "*bf16"}),
+    # grouped (GroupedFp8Mma's down): an expert a slot through ids, the slot's routing weight on its sums
+    (fp8mma._fp8_mma_kernel, {"WARPS": 4, "XWARP": False, "BLOCK_SCALES": True, "ATOMIC": True, "DEPS": True,
+                              "USE_ASM": True, "XAHEAD": True, "XCLAMP": True, "GROUPED": True, "ROW_WEIGHT": True},
+     {"w_ptr": "*i32", "s_ptr": "*fp32", "x_ptr": "*bf16", "xw_ptr": "*i32", "out_ptr": "*fp32", "ids_ptr": "*i32",
+      "rw_ptr": "*fp32"}),
 ]
 
 

@@ -81,3 +81,36 @@ for block in (False, True):
         assert "weight-only" in mm.label and ("block" in mm.label) == block
 print("ok")
 ''')
+
+
+def test_grouped_experts_match_the_dequantised_reference_in_the_interpreter():
+    run_interpreted(r'''
+import torch
+from decode_gap.errors import DecodeGapError
+from decode_gap.kernels import fp8mma, lowprec as lp, nvfp4 as nv
+g = torch.Generator().manual_seed(1)
+e, h, i = 4, 256, 128
+for block in (False, True):
+    w13 = lp.quantize_fp8(torch.randn(e, 2 * i, h, generator=g) * 0.02, block=block)
+    w2 = lp.quantize_fp8(torch.randn(e, h, i, generator=g) * 0.02, block=block)
+    ids, rw = torch.tensor([2, 0, 3], dtype=torch.int32), torch.tensor([0.5, 0.3, 0.2])
+    mm = fp8mma.GroupedFp8Mma(w13, w2, ids, rw, "cpu")
+    assert mm.kernels == 4 and mm.slots == 3 and ("block" in mm.label) == block
+    assert mm.weight_bytes() == 3 * (lp.fp8_bytes(2 * i, h, block) + lp.fp8_bytes(h, i, block))
+    for step in range(2):  # a second call (another choice copied in) on the buffers the first left at zero
+        if step:
+            mm.ids.copy_(torch.tensor([1, 1, 2], dtype=torch.int32))
+            mm.rw.copy_(torch.tensor([0.6, 0.1, 0.3]))
+        x = torch.randn(1, h, generator=g).to(torch.bfloat16)
+        y = mm(x).float()
+        ref = lp.reference_experts(x, lp.dequantize_fp8(w13), lp.dequantize_fp8(w2), mm.ids, mm.rw)
+        err = nv.relative_error(y, ref)
+        assert err < 1e-2, (block, step, err)  # bf16 activation and output, as GroupedExperts' check
+        assert mm.acc.abs().max().item() == 0.0 and mm.gu.abs().max().item() == 0.0
+try:
+    fp8mma.GroupedFp8Mma(w13, lp.quantize_fp8(torch.randn(e, h, 2 * i), block=True), ids, rw, "cpu")
+    raise SystemExit("a w2 that does not fit w13 was accepted")
+except DecodeGapError as exc:
+    assert "do not fit" in str(exc), exc
+print("ok")
+''')

@@ -731,11 +731,12 @@ def test_block_scales_on_x_take_whole_iterations_of_k():
 @pytest.mark.skipif(not lp.HAVE_TRITON, reason="Triton is not installed (pip install triton runs its CPU interpreter)")
 def test_kernel_level_fp8_block_layers_run_the_block_scaled_gemvs_in_the_interpreter():
     """The simulated step's fp8-block layers at batch 1 (probe_formats on a GPU picks them): a linear is our
-    block-scaled GEMV with the scales applied to x, the routed experts the grouped GEMV with the same scales, each
-    against dequantise-then-matmul; the bytes they count are the fp8 values plus one fp32 scale a 128x128 block."""
+    block-scaled GEMV with the scales applied to x, the routed experts the grouped GEMV with the same scales (on
+    tensor cores where I is whole 128-value blocks, else on CUDA cores), each against dequantise-then-matmul; the
+    bytes they count are the fp8 values plus one fp32 scale a 128x128 block."""
     out = _interpret(r'''
 import torch
-from decode_gap.kernels import lowprec as lp
+from decode_gap.kernels import fp8mma, lowprec as lp
 from decode_gap.simulate.layers import Experts, Linear
 torch.manual_seed(0)
 lin = Linear(200, 384, "fp8-block", "fp32", "cpu", m=1)
@@ -743,15 +744,21 @@ assert lin.gemm.cfg.xscale and lin.nbytes == 200 * 384 + 4 * 2 * 3
 x = torch.randn(1, 384)
 ref = x @ lp.dequantize_fp8(lp.Fp8Weight(lin.gemm.data, lin.gemm.scales, True)).t()
 assert torch.allclose(lin(x).float(), ref, rtol=2e-2, atol=1e-4), (lin(x), ref)
-E, I, H = 4, 128, 256
-ex = Experts(E, I, H, "fp8-block", "fp32", "cpu", "grouped_gemv", top_k=2)
-g = ex.grouped
-assert g.cfg13.xscale and g.cfg2.xscale and ex.per_expert_bytes == lp.fp8_bytes(2 * I, H, True) + lp.fp8_bytes(H, I, True)
-ids, w = torch.tensor([[3, 1]]), torch.tensor([[0.7, 0.3]])
-d13, d2 = lp.dequantized_experts(g)
-ref = lp.reference_experts(x[:, :H].to(torch.bfloat16), d13, d2, ids[0], w[0])
-y = ex(x[:, :H], ids, w, None)
-assert torch.allclose(y.float(), ref.float(), rtol=3e-2, atol=1e-3), (y, ref)
+E, H = 4, 256
+for I in (128, 64):  # I whole 128-value blocks: the tensor-core form (fp8mma); else the CUDA-core one
+    ex = Experts(E, I, H, "fp8-block", "fp32", "cpu", "grouped_gemv", top_k=2)
+    g = ex.grouped
+    assert ex.per_expert_bytes == lp.fp8_bytes(2 * I, H, True) + lp.fp8_bytes(H, I, True)
+    if I == 128:
+        assert isinstance(g, fp8mma.GroupedFp8Mma) and g.block and g.warps == 8
+        d13, d2 = g.dequantized()
+    else:
+        assert isinstance(g, lp.GroupedExperts) and not g.cfg13.xscale  # block scales on x need I % 128 == 0
+        d13, d2 = lp.dequantized_experts(g)
+    ids, w = torch.tensor([[3, 1]]), torch.tensor([[0.7, 0.3]])
+    ref = lp.reference_experts(x[:, :H].to(torch.bfloat16), d13, d2, ids[0], w[0])
+    y = ex(x[:, :H], ids, w, None)
+    assert torch.allclose(y.float(), ref.float(), rtol=3e-2, atol=1e-3), (I, y, ref)
 print("ok")
 ''')
     assert out.startswith("ok")

@@ -83,3 +83,25 @@ print("ok")
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO / "workflow")}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stderr[-3000:]
+
+
+def test_moe_rows_keep_the_faster_form_and_name_the_other_and_the_tensor_core_form_says_where_it_cannot_run():
+    import torch
+
+    from decode_gap.microbench import moe
+    from decode_gap.microbench.common import BenchEnv
+    from decode_gap.microbench.shapes import MoeShape
+
+    a = {"backend": "cuda cores", "gpu_us": 96.1, "note": ""}
+    b = {"backend": "tensor cores", "gpu_us": 84.7, "note": "graph"}
+    best = moe._fastest_of(a, b)
+    assert best["backend"] == "tensor cores" and best["note"] == "graph; fastest of: cuda cores 96.10 us"
+    c = {"backend": "wider", "gpu_us": 80.0, "note": ""}
+    assert moe._fastest_of(best, c)["note"] == "fastest of: tensor cores 84.70 us, cuda cores 96.10 us"
+    assert moe._fastest_of(None, a) is a and moe._fastest_of(a, None) is a and moe._fastest_of(None, None) is None
+    env = BenchEnv(device=torch.device("cpu"))
+    shape = MoeShape(hidden=256, experts_total=8, experts_local=8, top_k=2, inter=64, scoring="softmax")
+    es = moe.ExpertSet(env, shape, 1)
+    skipped: list = []
+    assert moe.grouped_fp8_mma_row(env, es, "fp8-block", lambda tc: {"gpu_us": 1.0}, skipped) is None
+    assert "I=64" in skipped[0]["reason"] and "tensor-core" in skipped[0]["case"]  # I not whole 128-value blocks

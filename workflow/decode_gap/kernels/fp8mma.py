@@ -52,6 +52,15 @@ M=16, us, before / after): 36864x7168 84.6 / 69.5-71.0 (0.84 of read bandwidth; 
 DeepSeek-V3 fp8-block TP8 at batch 16 took 18.50 and 19.02 ms a step in two runs (19.06 before; its routed
 experts, which this GEMV does not run, 11.59 and 12.54 of them). With x's rows past M read as row M-1 where that
 is faster (x_clamped): per-tensor 28672x4096 M=16 43.1 / 33.3 (`_scaled_mm` 30.0-32.6), 4096x14336 21.1 / 20.1-20.5.
+Grouped (GroupedFp8Mma: one token's routed experts at M=1, the kernel's third grid axis a slot, its expert through
+ids): H200 (2026-12-04, benchmarks/device/grouped_fp8_probe.py, 8 experts, the default warps, read 4.3-4.4 TB/s), us
+against lowprec.GroupedExperts on CUDA cores and a plain read of the selected experts' bytes: block scales
+DeepSeek-V3 TP1 84.7 / 96.1 (80.5), TP8 12.8 / 34.3 (12.4), GLM-5 TP1 73.9 / 78.3 (69.0), TP8 11.8 / 26.2 (11.0);
+per-expert scales DeepSeek-V3 TP1 89.8 / 92.5, TP8 13.4 / 36.7. The CUDA-core form's one program a row block and
+slot left TP8's 256-row experts a few warps an SM; here the K split counts every slot's tiles. In the MoE stage,
+after its other rows, the TP8 figures read 16.2-16.8 (the CUDA-core form's 34-37 there too). At the kernel level
+(benchmarks/simulate_gpu.py, CUDA graph, before / after) DeepSeek-V3 TP8 at batch 1 took 7.15 / 6.13 ms a step
+with block scales (routed experts 2.30 / 1.29 ms) and 7.30 / 6.16 ms per-tensor (2.47 / 1.33).
 Tried and kept out:
 - Triton's own tl.dot with the operands swapped (acc[BLOCK_N, 16] += W @ x^T, the e4m3 tile converted in registers,
   wgmma, tl.range software pipelining): 0.34-0.38 of read bandwidth on 2112x7168 and 7168x2048, 0.57-0.64 on
@@ -88,6 +97,7 @@ WARPS = 4  # H200: 8 warps a program lost on 5 of 6 shapes at M = 4-16, 2 on all
 X_AHEAD = True
 # the K split's target: H200 (2026-12-04), 24 left 36864x7168 unsplit, 79.0 us at M=4 against 66.6 split in two
 WARPS_PER_SM = 32
+FP8_MMA_GROUPED = "triton grouped fp8 tensor-core gemv"
 
 
 def x_clamped(block: bool, m: int) -> bool:
@@ -191,9 +201,21 @@ if lp.HAVE_TRITON:
     def _fp8_mma_kernel(w_ptr, s_ptr, x_ptr, xw_ptr, out_ptr, M, N, NT, ITERS, iters_per_split, stride_wt,
                         stride_sn, stride_x, stride_xw, stride_om, WARPS: tl.constexpr, XWARP: tl.constexpr,
                         BLOCK_SCALES: tl.constexpr, ATOMIC: tl.constexpr, DEPS: tl.constexpr,
-                        USE_ASM: tl.constexpr, XAHEAD: tl.constexpr = False, XCLAMP: tl.constexpr = False):
+                        USE_ASM: tl.constexpr, XAHEAD: tl.constexpr = False, XCLAMP: tl.constexpr = False,
+                        ids_ptr=None, rw_ptr=None, stride_we=0, stride_se=0, stride_xg=0, stride_xwg=0, stride_og=0,
+                        GROUPED: tl.constexpr = False, ROW_WEIGHT: tl.constexpr = False):
+        """GROUPED (GroupedFp8Mma): the grid's third axis is a slot, its expert ids_ptr[slot]; the weight and scales
+        move by that expert's strides, x and the output by the slot's; ROW_WEIGHT: the sums times rw_ptr[slot]."""
         T: tl.constexpr = 32 * WARPS
         pid_n = tl.program_id(0)
+        if GROUPED:
+            slot = tl.program_id(2)
+            ex = tl.load(ids_ptr + slot).to(tl.int64)
+            w_ptr += ex * stride_we
+            s_ptr += ex * stride_se
+            x_ptr += slot * stride_xg
+            xw_ptr += slot * stride_xwg
+            out_ptr += slot * stride_og
         it0 = tl.program_id(1) * iters_per_split
         it1 = tl.minimum(it0 + iters_per_split, ITERS)
         t = tl.arange(0, T)
@@ -237,6 +259,8 @@ if lp.HAVE_TRITON:
             y = acc0 + acc1
             if not BLOCK_SCALES:
                 y = y * tl.load(s_ptr)
+            if ROW_WEIGHT:
+                y = y * tl.load(rw_ptr + tl.program_id(2))
             # D fragment: element e of lane 4g+q is row g + 8 (e // 2) of the tile, x row 2q + e % 2 of the warp's set
             e = c4[None, :]
             rows = (tile * 16 + g)[:, None] + 8 * (e // 2)
@@ -271,6 +295,8 @@ if lp.HAVE_TRITON:
                 y += blk
             if not BLOCK_SCALES:
                 y = y * tl.load(s_ptr)
+            if ROW_WEIGHT:
+                y = y * tl.load(rw_ptr + tl.program_id(2))
             yq = tl.sum(tl.reshape(y, (WARPS, 8, 4, 2, 8)), axis=2)  # [warp, g, h, x row of its set]
             wv4 = tl.arange(0, WARPS)[:, None, None, None]
             gv = tl.arange(0, 8)[None, :, None, None]
@@ -355,3 +381,120 @@ class Fp8MmaGemv:
         """Dequantise-then-matmul in fp32, on the weight unpacked from the repacked copy."""
         scales = self.scales if self.block else self.scales.reshape(())
         return x.float() @ lp.dequantize_fp8(lp.Fp8Weight(unpack(self.words, self.n), scales, self.block)).t()
+
+
+def grouped_warps(block: bool) -> int:
+    """Warps a program of the grouped form: 8 with 128x128 block scales, 4 with per-expert scales. H200 (2026-12-04,
+    benchmarks/device/grouped_fp8_probe.py, 8 experts at M=1, us, 4 / 8 warps; a plain read of the bytes beside):
+    block scales DeepSeek-V3 TP1 88.9 / 84.7 (80.5), TP8 13.4 / 12.8 (12.4), GLM-5 TP1 77.6 / 73.9 (69.0), TP8 12.7 /
+    11.8 (11.0); per-expert DeepSeek-V3 TP1 89.8 / 88.8, TP8 13.4 / 14.1, GLM-5 TP1 78.5 / 78.0, TP8 12.7 / 12.6. The
+    CUDA-core grouped GEMV (lowprec.GroupedExperts) took 96.1, 34.3, 78.3 and 26.2 with block scales, 92.5, 36.7,
+    80.0 and 30.4 per expert. The MoE stage times both warp counts (microbench/moe.py)."""
+    return 8 if block else 4
+
+
+class GroupedFp8Mma:
+    """One token's routed experts at M=1 on tensor cores (the GEMV above, grouped): silu(x W_gate^T) * (x W_up^T),
+    then (.) W_down^T, weighted and summed, reading only the selected experts' weights. The same call interface as
+    lowprec.GroupedExperts (its fp8 path runs the CUDA-core GEMV): `ids` [S] and `weights` [S] are buffers a caller
+    may copy each token's choice into (graph-safe); a call returns `out` [1, H].
+
+    `w13` is an Fp8Weight [E, 2I, H] (gate rows, then up rows) and `w2` [E, H, I], per-expert or 128x128 block
+    scales, H and I multiples of 128. Four kernels a call: gate_up (fp32 sums added into `gu`, its K split or not), a
+    SiLU kernel (gu -> the bf16 activation, gu left at zero), down (each slot's sums times its routing weight added
+    into `acc`) and lowprec.cast_zero (acc -> out, acc left at zero); the two small ones are programmatic dependents
+    (sm90) of the GEMV before them. The weights are repacked once, an expert at a time (the caller's copy is not
+    kept)."""
+
+    def __init__(self, w13: lp.Fp8Weight, w2: lp.Fp8Weight, ids: torch.Tensor, weights: torch.Tensor, device,
+                 out_dtype=torch.bfloat16, warps: int | None = None):
+        if not lp.HAVE_TRITON:
+            raise DecodeGapError("the grouped fp8 tensor-core GEMV needs Triton, which is not installed")
+        if not lp.mma_supported(device):
+            raise DecodeGapError("the grouped fp8 tensor-core GEMV needs sm89+ (cvt.rn.f16x2.e4m3x2)")
+        e, two_i, h = w13.data.shape
+        e2, hh, i = w2.data.shape
+        if two_i != 2 * i or hh != h or e2 != e or w13.block != w2.block:
+            raise DecodeGapError(f"grouped fp8 gemv: w13 {tuple(w13.data.shape)} and w2 {tuple(w2.data.shape)} do not "
+                                 "fit together (or mix scale kinds)")
+        if h % ITER_K or i % ITER_K:
+            raise DecodeGapError(f"grouped fp8 gemv: H and I must be multiples of {ITER_K} (H={h}, I={i})")
+        self.h, self.i, self.block = h, i, w13.block
+        self.words13 = torch.stack([repack(w13.data[x]) for x in range(e)])
+        self.words2 = torch.stack([repack(w2.data[x]) for x in range(e)])
+        self.s13 = w13.scales.float().contiguous()
+        self.s2 = w2.scales.float().contiguous()
+        self.ids = ids.to(torch.int32).contiguous()
+        self.rw = weights.float().contiguous()
+        self.slots = int(self.ids.numel())
+        self.pdl = lp.pdl_supported(device)
+        self.gu = torch.zeros((self.slots, 2 * i), dtype=torch.float32, device=device)
+        self.act = torch.empty((self.slots, i), dtype=torch.bfloat16, device=device)
+        self.acc = torch.zeros((h,), dtype=torch.float32, device=device)
+        self.out = torch.empty((1, h), dtype=out_dtype, device=device)
+        self.sms = lp.sm_count(device)
+        self.set_warps(warps or grouped_warps(self.block))
+
+    def set_warps(self, warps: int) -> None:
+        """Warps a program (4 or 8: 16-row tiles a program), and the K splits that follow from it."""
+        self.warps = warps
+        self.plan13 = self._plan(2 * self.i, self.h, self.sms)
+        self.plan2 = self._plan(self.h, self.i, self.sms)
+
+    def _plan(self, n: int, k: int, sms: int) -> tuple[tuple[int, int, int], int]:
+        """(grid, iterations a split) for an [n, k] GEMV of every slot: K split until about WARPS_PER_SM warps an SM,
+        counting every slot's programs (the dense GEMV's rule)."""
+        groups = math.ceil(math.ceil(n / 16) / self.warps)
+        iters = k // ITER_K
+        want = max(1, min(iters, round(WARPS_PER_SM * sms / (groups * self.slots * self.warps))))
+        per = math.ceil(iters / want)
+        return (groups, math.ceil(iters / per), self.slots), per
+
+    @property
+    def label(self) -> str:
+        scales = "128x128 block scales" if self.block else "per-expert scales"
+        return (f"{FP8_MMA_GROUPED} ({scales}; w={self.warps}, gate_up split={self.plan13[0][1]}, down split="
+                f"{self.plan2[0][1]}; bf16 x, weight-only)")
+
+    @property
+    def kernels(self) -> int:
+        return 4
+
+    def _gemv(self, words, scales, x, out, n, k, plan, xg: int, og: int, row_weight: bool, deps: bool) -> None:
+        grid, per = plan
+        xw = x.view(torch.int32)
+        _fp8_mma_kernel[grid](
+            words, scales, x, xw, out, 1, n, words.shape[1], k // ITER_K, per, words.stride(1),
+            scales.stride(1) if self.block else 0, 0, 0, 0, WARPS=self.warps, XWARP=False, BLOCK_SCALES=self.block,
+            ATOMIC=True, DEPS=deps, USE_ASM=not lp.interpreted(), XAHEAD=X_AHEAD, XCLAMP=True,
+            ids_ptr=self.ids, rw_ptr=self.rw, stride_we=words.stride(0),
+            stride_se=scales.stride(0) if self.block else 1,
+            stride_xg=xg, stride_xwg=xg // 2, stride_og=og, GROUPED=True, ROW_WEIGHT=row_weight,
+            num_warps=self.warps)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape != (1, self.h):
+            raise DecodeGapError(f"grouped fp8 gemv: x has shape {tuple(x.shape)}, expected (1, {self.h})")
+        if x.dtype != torch.bfloat16 or x.stride(1) != 1:  # the MMA reads x's bf16 pairs (a CPU step runs fp32)
+            x = x.to(torch.bfloat16).contiguous()
+        h, i = self.h, self.i
+        self._gemv(self.words13, self.s13, x, self.gu, 2 * i, h, self.plan13, 0, self.gu.stride(0), False, self.pdl)
+        lp._silu_pack_kernel[(triton.cdiv(i, 1024), self.slots)](
+            self.gu, self.act, i, self.gu.stride(0), self.act.stride(0), BLOCK=1024, PDL=self.pdl, BX=True,
+            **lp._pdl_launch(self.pdl))
+        self._gemv(self.words2, self.s2, self.act, self.acc, h, i, self.plan2, self.act.stride(0), 0, True, self.pdl)
+        lp.cast_zero(self.acc, self.out, self.pdl)
+        return self.out
+
+    def dequantized(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every expert's gate_up [E, 2I, H] and down [E, H, I] in fp32, unpacked from the repacked copy (checks)."""
+        def experts(words: torch.Tensor, scales: torch.Tensor, n: int) -> torch.Tensor:
+            return torch.stack([lp.dequantize_fp8(lp.Fp8Weight(unpack(words[e], n), scales[e], self.block))
+                                for e in range(words.shape[0])])
+
+        return experts(self.words13, self.s13, 2 * self.i), experts(self.words2, self.s2, self.h)
+
+    def weight_bytes(self) -> int:
+        """Bytes of the selected experts' weights (and scales): what a call must read."""
+        per = lp.fp8_bytes(2 * self.i, self.h, self.block) + lp.fp8_bytes(self.h, self.i, self.block)
+        return per * self.slots

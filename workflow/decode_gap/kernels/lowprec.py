@@ -1741,9 +1741,12 @@ FP4_STAGE_CONFIGS_M = tuple(with_cast(c) for c in (
 # 73% / 71% of read bandwidth, against 130 / 131 us for the CUDA-core form): gate_up split 2 ways over K (fp32 partials,
 # then the SiLU kernel: 40 / 35 us, where gate+up paired in one warp with the SiLU fused took 102 / 88 us, too few
 # warps in flight with 8 x 128 tiles), down unsplit (21 / 19 us); evict-first weights, each kernel a programmatic
-# dependent of the one before
-FP4_GROUPED_MMA_13 = GemvConfig(64, 128, 4, split=2, mma=True, evict=True)
-FP4_GROUPED_MMA_2 = GemvConfig(64, 128, 4, mma=True, evict=True)
+# dependent of the one before. The split is no longer fixed at 2 but planned as the dense form's (about 27 warps an
+# SM, every slot's tiles counted: GroupedExperts._mma_plan), which gives 2 there and 14 at TP8 (I = 256 a GPU: 8
+# programs a slot for gate_up), where the fixed 2 left 4 warps an SM: H200 (2026-12-04), 8 experts, DeepSeek-V3
+# TP8 25.9 us against 7.7 for a plain read of their bytes, GLM-5 TP8 22.0 against 7.0
+FP4_GROUPED_MMA_13 = GemvConfig(64, 128, 4, mma=True, evict=True, warps_per_sm=27)
+FP4_GROUPED_MMA_2 = GemvConfig(64, 128, 4, mma=True, evict=True)  # down: unsplit, as measured
 # the bf16 form of both (x and the activation read as they are: no packing kernel; the SiLU kernel and a final
 # cast leave the fp32 sums at zero), the default: one kernel fewer a call; on the H200 it lost by 2% (62.4 / 55.3
 # against 60.6 / 54.1 us) until both rows' block scales were converted at once, and wins by 1-3% since (DeepSeek-V3 /
@@ -2238,7 +2241,8 @@ class GroupedExperts:
     fused, then down, weighted and summed through fp32 atomics), a zero-fill and a cast.
 
     `w13` is [E, 2I, H] (gate rows then up rows) and `w2` [E, H, I], in bf16, as `Fp8Weight`s, or as lists of
-    per-expert `NVFP4Tensor`s stacked here; `ids` [S] selects experts and `weights` [S] weighs them."""
+    per-expert `NVFP4Tensor`s stacked here; `ids` [S] selects experts and `weights` [S] weighs them. fp8 here runs on
+    CUDA cores; fp8mma.GroupedFp8Mma is the tensor-core form of the same call (faster on the H200 where it fits)."""
 
     def __init__(self, fmt: str, w13: Any, w2: Any, ids: torch.Tensor, weights: torch.Tensor, device,
                  cfg13: GemvConfig | None = None, cfg2: GemvConfig | None = None, pdl: bool | None = None):
@@ -2246,6 +2250,7 @@ class GroupedExperts:
             raise DecodeGapError("the grouped GEMV needs Triton, which is not installed")
         # tensor-core form: each kernel after the x packing launched as a programmatic dependent of the one before
         self.pdl = pdl_supported(device) if pdl is None else pdl and pdl_supported(device)
+        self.sms = sm_count(device)
         self.fmt = fmt
         self.ids = ids.to(torch.int32).contiguous()
         self.rw = weights.float().contiguous()
@@ -2305,7 +2310,7 @@ class GroupedExperts:
     def kernels(self) -> int:
         """Kernel launches a call makes."""
         if self.fmt == "nvfp4" and self.cfg13.mma:  # [x packing (+ zeroing),] gate_up, [SiLU], down, cast
-            return (3 if self.bx else 4) + (1 if self._mma_plan(self.cfg13, self.h)[2] > 1 else 0)
+            return (3 if self.bx else 4) + (1 if self._mma_plan(self.cfg13, self.h, 2 * self.i)[2] > 1 else 0)
         if self.fmt == "nvfp4" and self.cfg13.asm and not self.cfg13.grouped:
             return 6  # zero, x packing, gate_up, activation packing, down, cast
         return 4  # zero, gate_up, down, cast
@@ -2347,14 +2352,19 @@ class GroupedExperts:
             EVEN_N=n % cfg.block_n == 0, HAS_IDS=True, PAIRED=paired, ATOMIC=final, ROW_WEIGHT=final,
             XSCALE=cfg.xscale and kind == 2, num_warps=cfg.warps)
 
-    def _mma_plan(self, cfg: GemvConfig, k: int) -> tuple[int, int, int]:
-        """(steps a loop iteration, steps per K split, splits) of the tensor-core form for K = k."""
+    def _mma_plan(self, cfg: GemvConfig, k: int, n: int = 0) -> tuple[int, int, int]:
+        """(steps a loop iteration, steps per K split, splits) of the tensor-core form for K = k and N = n rows a
+        slot: the config's split, else (warps_per_sm) enough to put about that many warps on every SM."""
         unroll = cfg.block_k // 64
         if (cfg.block_k % 64 or cfg.slices < 1 or cfg.warps % cfg.slices or cfg.block_n * cfg.slices != 16 * cfg.warps
                 or k % cfg.k_multiple):
             raise DecodeGapError(f"grouped experts: the tensor-core form needs BLOCK_N = 16 x warps / slices and K a "
                                  f"multiple of BLOCK_K = 64 x steps x slices ({cfg.name}, K={k})")
-        per, split, _ = _k_plan(k // 64, unroll * cfg.slices, cfg.split or 1)
+        split = cfg.split
+        if split is None and cfg.warps_per_sm and n:  # every slot's tiles (slices) a warp, about warps_per_sm an SM
+            split = mma_split(math.ceil(n / 16) * cfg.slices * self.slots, k // 64 // (unroll * cfg.slices),
+                              cfg.warps_per_sm, self.sms)
+        per, split, _ = _k_plan(k // 64, unroll * cfg.slices, split or 1)
         return unroll, per, split
 
     def _call_mma(self, x: torch.Tensor) -> torch.Tensor:
@@ -2374,7 +2384,7 @@ class GroupedExperts:
         The bf16 form packs nothing: x and the activation are read as they are, and the sums start at zero (left so
         by the SiLU kernel and the final cast)."""
         h, i, c13 = self.h, self.i, self.cfg13
-        u13, per13, split13 = self._mma_plan(c13, h)
+        u13, per13, split13 = self._mma_plan(c13, h, 2 * i)
         use_asm = not interpreted()
         if self.bx:
             xin, pdl13 = bf16_pairs(x), False  # the call's first kernel: nothing to depend on
@@ -2408,7 +2418,7 @@ class GroupedExperts:
     def mma_down(self) -> None:
         """Tensor-core form, second half: down on the packed activation, weighted and summed into self.acc."""
         h, i, c2 = self.h, self.i, self.cfg2
-        u2, per2, split2 = self._mma_plan(c2, i)
+        u2, per2, split2 = self._mma_plan(c2, i, h)
         words, scales, ts = self.mma2
         nt2 = words.shape[1]
         xin = self.act.view(torch.int32) if self.bx else self.xq2  # the bf16 activation's own pairs, or packed

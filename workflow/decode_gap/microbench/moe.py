@@ -16,8 +16,9 @@ Expert GEMMs for the permuted rows: gate_up [2I, H], SiLU-and-mul, down [H, I] f
 - `grouped_gemv` (M=1, GPU with Triton): our grouped GEMV over only the selected experts (lowprec.py) in bf16,
   fp8 (per-tensor and 128x128 block scales) and nvfp4: gate+up with the SiLU fused, then down with the routing
   weights and the sum fused. Its bytes are the selected experts' weights in their stored format. Where lowprec has
-  other forms of the same weights (`grouped_alternatives`), each is timed and the fastest kept, as the gemm stage
-  keeps the fastest GEMV form of a shape.
+  other forms of the same weights (`grouped_alternatives`), and for fp8 the tensor-core form (fp8mma.GroupedFp8Mma,
+  at 4 and 8 warps a program), each is timed and the fastest kept, the others' times in the row's note, as the gemm
+  stage keeps the fastest GEMV form of a shape.
 Routing is also timed as one row, `moe.routing` (router GEMM, scoring, top-k, permute and unpermute together).
 On a GPU `moe.route_fused` is `moe.route` with the scoring and top-k as one Triton kernel (`kernels.routing`, what
 the kernel level runs), against the dozen small torch kernels of `moe.route`.
@@ -33,7 +34,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from ..kernels import fp4moe, fusedmoe
+from ..kernels import fp4moe, fp8mma, fusedmoe
 from ..kernels import lowprec as lp
 from ..kernels import nvfp4 as nv
 from ..kernels import routing as rt
@@ -219,6 +220,56 @@ def fastest_form(g: "lp.GroupedExperts", time_form: Callable[[list], dict[str, A
     return best
 
 
+def grouped_fp8_mma(es: ExpertSet, fmt: str) -> "fp8mma.GroupedFp8Mma":
+    """The selected experts on our fp8 tensor-core GEMV (kernels/fp8mma), per-expert or 128x128 block scales."""
+    ids = torch.arange(es.experts_hit, dtype=torch.int32, device=es.x.device)
+    block = fmt == "fp8-block"
+    return fp8mma.GroupedFp8Mma(lp.quantize_fp8(es.w13, block), lp.quantize_fp8(es.w2, block), ids, es.row_weights,
+                                es.x.device)
+
+
+def grouped_fp8_mma_row(env: BenchEnv, es: ExpertSet, fmt: str, time_it: Callable[[Any], dict[str, Any] | None],
+                        skipped: list[dict[str, str]]) -> dict[str, Any] | None:
+    """The tensor-core form's row (time_it(its call object)), or None where it does not run here (named in
+    `skipped`): sm89+ and H, I whole 128-value blocks."""
+    h, i = es.w13.shape[2], es.w2.shape[2]
+    if not fp8mma.available(env.device, h) or i % fp8mma.ITER_K:
+        skipped.append(skip(f"grouped_gemv {fmt} tensor-core M=1", f"needs Triton, sm89+ and H, I multiples of "
+                                                                   f"{fp8mma.ITER_K} (H={h}, I={i}; {env.sm})"))
+        return None
+    try:
+        tc = grouped_fp8_mma(es, fmt)
+        tc(es.x)  # fail here (compile error) rather than inside the timing
+    except Exception as exc:
+        skipped.append(skip(f"grouped_gemv {fmt} tensor-core M=1", short_error(exc)))
+        return None
+    best = None
+    for warps in sorted((4, 8), key=lambda w: w != tc.warps):  # its default first (fp8mma.grouped_warps)
+        tc.set_warps(warps)
+        row = time_it(tc)
+        best = _fastest_of(best, {**row, "kernels": tc.kernels} if row else None)
+    return best
+
+
+FASTEST_OF = "fastest of: "
+
+
+def _fastest_of(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The faster of two rows of one case, its note naming the other's time (as the gemm stage's rows do)."""
+    if a is None or b is None:
+        return a or b
+    win, lose = (a, b) if a["gpu_us"] <= b["gpu_us"] else (b, a)
+    lost = [f"{lose['backend']} {lose['gpu_us']:.2f} us"]
+    notes = []
+    for note in (win.get("note"), lose.get("note")):  # the loser's own losers are listed beside it, once
+        for part in str(note or "").split("; "):
+            if part.startswith(FASTEST_OF):
+                lost.append(part[len(FASTEST_OF):])
+            elif part and note is win.get("note"):
+                notes.append(part)
+    return {**win, "note": "; ".join(notes + [FASTEST_OF + ", ".join(lost)])}
+
+
 def _expert_bytes(es: ExpertSet, weight_bytes_per_elem: float, act_bytes: int) -> int:
     rows, h = es.rows.shape
     i = es.w2.shape[2]
@@ -289,6 +340,11 @@ def run_moe_bench(env: BenchEnv, shape: MoeShape | None, m_values: list[int], lo
                 best = fastest_form(g, lambda failed, g=g: _time_row(
                     env, flush, "moe.experts", "grouped_gemv", fmt, g.label, lambda: g(es.x), nb, _expert_flops(es),
                     base, failed, log), skipped)
+                if fmt.startswith("fp8"):
+                    best = _fastest_of(best, grouped_fp8_mma_row(env, es, fmt, lambda tc: _time_row(
+                        env, flush, "moe.experts", "grouped_gemv", fmt, tc.label, lambda: tc(es.x),
+                        tc.weight_bytes() + 2 * shape.hidden * 2 + tc.slots * shape.inter * 4, _expert_flops(es),
+                        base, skipped, log), skipped))
                 if best:
                     rows.append(best)
                 g = None

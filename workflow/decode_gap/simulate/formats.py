@@ -46,12 +46,14 @@ def probe_formats(weight_format: str, device: str, batch: int = 1) -> dict[str, 
                     "fp8-block linears run, shape by shape, the faster of our 128x128 block-scaled Triton GEMVs "
                     "(decode_gap.kernels.lowprec.DenseGemv, the scales applied to x, and the tensor-core "
                     "decode_gap.kernels.fp8mma, x in bf16; both timed once a shape at build) and routed experts the "
-                    "grouped GEMV with the same scales"
+                    "grouped GEMV with the same scales (on tensor cores, decode_gap.kernels.fp8mma.GroupedFp8Mma, "
+                    "where H and I are whole 128-value blocks)"
                     if block else
                     "fp8 linears run, shape by shape, the fastest of torch._scaled_mm and our per-tensor Triton GEMVs "
                     "(decode_gap.kernels.lowprec.DenseGemv on CUDA cores, decode_gap.kernels.fp8mma on tensor "
                     "cores; each timed once a shape at build, as engines pick tactics); routed experts the grouped "
-                    "fp8 GEMV over each token's selected experts"))
+                    "fp8 GEMV over each token's selected experts (on tensor cores, decode_gap.kernels.fp8mma."
+                    "GroupedFp8Mma, where H and I are whole 128-value blocks)"))
             elif batch != 1:
                 moe = _probe_fused_moe(device, block)
                 info["experts"] = ("fp8-block-moe" if block else "fp8-moe") if moe else "fp8"

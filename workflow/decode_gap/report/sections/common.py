@@ -107,3 +107,11 @@ class Builder:
         ref = ChartRef(id=f"chart-{len(self.charts) + 1}", title=title, caption=caption, spec=spec)
         self.charts.append(ref)
         return ref
+
+
+def shown(value: Any) -> bool:
+    """A cell worth printing: not empty, NaN, False or a dash (a column of none such is left out)."""
+    if value is None or (isinstance(value, float) and value != value):
+        return False
+    return str(value).strip() not in ("", "—", "-", "nan", "None", "False")
+

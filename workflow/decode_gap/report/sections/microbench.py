@@ -12,7 +12,7 @@ from ...metrics import floor_bound_fraction
 from ...provenance import MEASURED
 from .. import charts as ch
 from ..data import Bundle, Doc, Table, dig, fig_field, find_col, fmt_num, fmt_size, num
-from .common import Builder, _cols, _numeric, _skipped_rows, df_table
+from .common import Builder, _cols, _numeric, _skipped_rows, df_table, shown
 
 
 def _sub(title: str, doc: Doc | None, table: Table | None) -> dict[str, Any]:
@@ -454,9 +454,12 @@ def moe_sub(b: Builder, bundle: Bundle, copy_gbps: float | None = None) -> dict[
     labels = {"case": "case", "name": "name", "impl": "impl", "dtype": "dtype", "backend": "backend", "M": "M",
               "top_k": "top-k", "experts_active": "experts active", "experts_hit": "experts hit", "gpu_us": "GPU µs",
               "plain_read_us": "plain read µs", "over_read": "× plain read", "eager_us": "eager µs", "gbps": "GB/s",
-              "frac_of_copy_bw": "of copy BW", "reading": "reading", "note": "note"}
-    if "note" in df.columns and not df["note"].fillna("").astype(str).str.strip().any():
-        labels.pop("note")  # an empty column would push the reading past a PDF page's edge
+              "frac_of_copy_bw": "of copy BW", "reading": "reading"}
+    # notes (the forms a row was kept over, a timing fallback) go under the table: as a column they pushed the
+    # table past a PDF page's edge
+    s["table_notes"] = [(" ".join(str(r.get(c, "")) for c in ("name", "impl", "dtype") if c in df.columns)
+                         + (f" M={r[mcol]}" if mcol else ""), str(r["note"]))
+                        for _, r in df.iterrows() if shown(r["note"])] if "note" in df.columns else []
     top_k = pd.to_numeric(df["top_k"], errors="coerce").dropna().unique() if "top_k" in df.columns else []
     if len(top_k) == 1:  # one top-k a run: said once, above the table, its column left out for the page's width
         labels.pop("top_k")

@@ -9,7 +9,7 @@ import pandas as pd
 from ...provenance import MODELLED
 from .. import charts as ch
 from ..data import Bundle, fig_field, find_col, fmt_bytes, fmt_num, num
-from .common import Builder, _cols, _label, df_table
+from .common import Builder, _cols, _label, df_table, shown
 
 
 ROOFLINE_FIGS = [
@@ -73,16 +73,9 @@ def roofline_section(b: Builder, bundle: Bundle) -> dict[str, Any]:
     # the columns that fit an A4 page: bytes_total stands for bytes + scale_bytes (the CSV keeps all of them);
     # a column empty in every row is left out, and the long notes go under the table, not into a narrow column
     wanted = [c for c in ("component", "group", "dtype", "params", "bytes_total", "share", "flops", "t_memory_ms",
-                          "replicated") if c in df.columns and any(map(_shown, df[c]))]
+                          "replicated") if c in df.columns and any(map(shown, df[c]))]
     s["table"] = df_table(df, _cols(df, tuple(wanted)) or None, formats=fmts)
     s["table_notes"] = ([(str(r.get("component", "")), str(r["note"])) for _, r in df.iterrows()
-                         if _shown(r["note"])] if "note" in df.columns else [])
+                         if shown(r["note"])] if "note" in df.columns else [])
     s["table_rel"] = table.rel if table.usable else doc.rel
     return s
-
-
-def _shown(value: Any) -> bool:
-    """A cell worth printing: not empty, NaN, False or a dash (a column of none such is left out)."""
-    if value is None or (isinstance(value, float) and value != value):
-        return False
-    return str(value).strip() not in ("", "—", "-", "nan", "None", "False")
