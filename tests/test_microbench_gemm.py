@@ -245,3 +245,12 @@ def test_block_scaled_mm_is_a_candidate_only_above_batch_1_on_a_gpu_that_has_it(
     assert gemm.fp8_mma_variants(gpu, fp8, 17, 7168) == [] and gemm.fp8_mma_variants(gpu, fp8, 8, 576) == []
     assert gemm.fp8_mma_variants(gpu, gemm.Backend(gemm.BF16, "torch.mm"), 8, 7168) == []
     assert gemm.block_mm_variants(gpu, gemm.Backend(gemm.BF16, "torch.mm"), 8, 2048, 7168) == []
+
+
+def test_the_summary_backend_says_when_rows_kept_another_candidate_than_the_library_kernel():
+    import pandas as pd
+
+    df = pd.DataFrame({"dtype": ["bf16", "bf16", "fp8"], "backend": ["torch.mm", "triton gemv (BLOCK_N=8)", "x"]})
+    assert gemm._backend_said(gemm.Backend("bf16", "torch.mm"), df) == (
+        "bf16: the fastest per shape of torch.mm and the other candidates (each row's backend)")
+    assert gemm._backend_said(gemm.Backend("fp32", "torch.mm"), df) == "fp32: torch.mm"
