@@ -32,6 +32,10 @@ def test_repack_puts_a_lanes_pairs_of_rows_g_and_g8_together_and_unpacks_exactly
     assert b[0, s, 4 * g + q, 4 * j:4 * j + 4].tolist() == [raw[g, k], raw[g, k + 1], raw[g + 8, k],
                                                             raw[g + 8, k + 1]]
     assert fp8mma.unpack(words, 48)[40:].float().abs().sum() == 0  # rows past N are zeros
+    experts = torch.stack([data, data.flip(0)])
+    stacked = fp8mma.repack_experts(experts)
+    assert stacked.shape == (2, 3, 8, 32, 4) and torch.equal(stacked[0], words)
+    assert torch.equal(fp8mma.unpack(stacked[1], 40).view(torch.uint8), data.flip(0).view(torch.uint8))
 
 
 def test_bad_shapes_and_inputs_are_refused_in_one_line():

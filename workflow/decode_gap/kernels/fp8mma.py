@@ -128,6 +128,16 @@ def repack(data: torch.Tensor) -> torch.Tensor:
     return b.reshape(nt, k // STEP_K, 32, 16).contiguous().view(torch.int32)
 
 
+def repack_experts(data: torch.Tensor) -> torch.Tensor:
+    """e4m3 [E, N, K] -> int32 [E, ceil(N/16), K/32, 32, 4], repacked an expert at a time into one buffer (a whole
+    model's experts: no second full-size copy while it is made)."""
+    e, n, k = data.shape
+    out = torch.empty((e, math.ceil(n / 16), k // STEP_K, 32, 4), dtype=torch.int32, device=data.device)
+    for x in range(e):
+        out[x] = repack(data[x])
+    return out
+
+
 def unpack(words: torch.Tensor, n: int) -> torch.Tensor:
     """The inverse of repack (for tests): e4m3 [n, K]."""
     nt, ks = words.shape[:2]
@@ -420,8 +430,7 @@ class GroupedFp8Mma:
         if h % ITER_K or i % ITER_K:
             raise DecodeGapError(f"grouped fp8 gemv: H and I must be multiples of {ITER_K} (H={h}, I={i})")
         self.h, self.i, self.block = h, i, w13.block
-        self.words13 = torch.stack([repack(w13.data[x]) for x in range(e)])
-        self.words2 = torch.stack([repack(w2.data[x]) for x in range(e)])
+        self.words13, self.words2 = repack_experts(w13.data), repack_experts(w2.data)
         self.s13 = w13.scales.float().contiguous()
         self.s2 = w2.scales.float().contiguous()
         self.ids = ids.to(torch.int32).contiguous()
