@@ -261,11 +261,11 @@ def _fastest_of(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str,
     win, lose = (a, b) if a["gpu_us"] <= b["gpu_us"] else (b, a)
     lost = [f"{lose['backend']} {lose['gpu_us']:.2f} us"]
     notes = []
-    for note in (win.get("note"), lose.get("note")):  # the loser's own losers are listed beside it, once
+    for own, note in ((True, win.get("note")), (False, lose.get("note"))):  # the loser's losers listed once
         for part in str(note or "").split("; "):
             if part.startswith(FASTEST_OF):
                 lost.append(part[len(FASTEST_OF):])
-            elif part and note is win.get("note"):
+            elif part and own:  # the winner's own timing note; the loser's is dropped with it
                 notes.append(part)
     return {**win, "note": "; ".join(notes + [FASTEST_OF + ", ".join(lost)])}
 
