@@ -24,9 +24,11 @@ Weight formats: bf16 runs as bf16; fp8 runs `torch._scaled_mm` (per-tensor scale
 above batch 1 its routed experts a fused MoE over the token-expert pairs sorted by expert (`kernels.fusedmoe`, Triton
 fp8 dots, as engines' fused_moe_kernel; else `torch._scaled_grouped_mm`); at batch 1 each linear shape runs the
 fastest of `torch._scaled_mm`, our per-tensor Triton GEMV (`kernels.lowprec.DenseGemv`) and the tensor-core one, and
-the routed experts our grouped fp8 GEMV over each token's selected experts. fp8-block at batch 1 runs our 128x128
-block-scaled Triton GEMVs (`kernels.lowprec.DenseGemv` with the scales applied to x, and the grouped GEMV over each
-token's selected experts), which the H200 runs level with the per-tensor ones; above batch 1 its linears quantise the
+the routed experts our grouped fp8 GEMV over each token's selected experts (on tensor cores,
+`kernels.fp8mma.GroupedFp8Mma`, where H and I are multiples of 128; else `kernels.lowprec.GroupedExperts`). fp8-block
+at batch 1 runs our 128x128 block-scaled Triton GEMVs (`kernels.lowprec.DenseGemv` with the scales applied to x, and
+the grouped GEMV over each token's selected experts, chosen as for fp8), which the H200 runs level with the
+per-tensor ones; above batch 1 its linears quantise the
 activation per 1x128 group (Triton) and run `torch._scaled_mm` with the block scales (cuBLAS blockwise scaling, sm90
 with CUDA 12.9+; `kernels.fp8block`), and its routed experts the fused MoE with the block scales. At every batch up to
 16 rows each fp8 linear shape also times our tensor-core GEMV on x in bf16 (`kernels.fp8mma`, per-tensor or block
