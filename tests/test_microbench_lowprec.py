@@ -104,6 +104,20 @@ def test_tensor_core_split_aims_at_warps_per_sm():
     assert lp.mma_split(n_tiles=1, k_blocks=3, warps_per_sm=27, sms=132) == 3  # never more than the K blocks
 
 
+def test_grouped_gate_up_split_counts_every_slots_tiles_as_the_h200_plans_it():
+    """The grouped NVFP4 form's gate_up K split (FP4_GROUPED_MMA_13, about 27 warps an SM on 132 SMs, 8 experts):
+    2 at TP1 (I = 2048), as the fixed split it replaced, 12-14 at TP8 (I = 256, where 2 left 4 warps an SM); down keeps
+    its unsplit plan. The plan needs only the slot count and the SM count, so no weights are built."""
+    g = object.__new__(lp.GroupedExperts)
+    g.slots, g.sms = 8, 132
+    c13, c2 = lp.FP4_GROUPED_BX_13, lp.FP4_GROUPED_BX_2
+    assert g._mma_plan(c13, 7168, 2 * 2048)[2] == 2  # DeepSeek-V3 TP1
+    assert g._mma_plan(c13, 7168, 2 * 256)[2] == 14  # DeepSeek-V3 TP8
+    assert g._mma_plan(c13, 6144, 2 * 256)[2] == 12  # GLM-5 TP8: 14 asked, 12 whole-block splits of 48 blocks
+    assert g._mma_plan(c2, 256, 7168)[2] == 1 and g._mma_plan(c2, 2048, 6144)[2] == 1
+    assert g._mma_plan(replace(c13, split=3), 7168, 512)[2] == 3  # a config's own split still rules
+
+
 def test_split_plan_fills_the_gpu_only_when_n_is_narrow():
     assert lp.split_for(n_tiles=2000, slots=1, k_blocks=8, sms=132) == 1
     s = lp.split_for(n_tiles=36, slots=1, k_blocks=14, sms=132)

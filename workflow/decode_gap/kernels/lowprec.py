@@ -1742,7 +1742,7 @@ FP4_STAGE_CONFIGS_M = tuple(with_cast(c) for c in (
 # then the SiLU kernel: 40 / 35 us, where gate+up paired in one warp with the SiLU fused took 102 / 88 us, too few
 # warps in flight with 8 x 128 tiles), down unsplit (21 / 19 us); evict-first weights, each kernel a programmatic
 # dependent of the one before. The split is no longer fixed at 2 but planned as the dense form's (about 27 warps an
-# SM, every slot's tiles counted: GroupedExperts._mma_plan), which gives 2 there and 14 at TP8 (I = 256 a GPU: 8
+# SM, every slot's tiles counted: GroupedExperts._mma_plan), which gives 2 there and 12-14 at TP8 (I = 256 a GPU: 8
 # programs a slot for gate_up), where the fixed 2 left 4 warps an SM: H200 (2026-12-04), 8 experts, DeepSeek-V3
 # TP8 25.9 us against 7.7 for a plain read of their bytes, GLM-5 TP8 22.0 against 7.0
 FP4_GROUPED_MMA_13 = GemvConfig(64, 128, 4, mma=True, evict=True, warps_per_sm=27)
