@@ -452,7 +452,7 @@ def grouped_checks(env: BenchEnv) -> None:
         d13, d2 = lp.dequantized_experts(g)
         call = (lambda: (g(x), g(x))[1]) if g.bx else (lambda: g(x))  # bx: the second call sees the zeros left
         _check(f"grouped {fmt}", 1, e, h, call, lp.reference_experts(x, d13, d2, ids, rw), 1e-2)
-    if fp8mma.available(dev, h) and i % fp8mma.ITER_K == 0:  # the tensor-core form (GPU sizes: I = 256)
+    if fp8mma.grouped_available(dev, h, i):  # the tensor-core form (GPU sizes: I = 256)
         for block in (False, True):
             q13, q2 = lp.quantize_fp8(w13, block), lp.quantize_fp8(w2, block)
             tc = fp8mma.GroupedFp8Mma(q13, q2, ids, rw, dev)

@@ -111,6 +111,20 @@ def x_clamped(block: bool, m: int) -> bool:
     return not block or m == 1 or 9 <= m <= 11
 
 
+def k_split(warps: int, iters: int, sms: int, split: int | None = None) -> tuple[int, int]:
+    """(splits, iterations a split) of K's `iters` iterations: `split`, else enough for about WARPS_PER_SM warps an
+    SM when `warps` warps run each split; every split a whole number of iterations."""
+    want = split or max(1, min(iters, round(WARPS_PER_SM * sms / warps)))
+    per = math.ceil(iters / want)
+    return math.ceil(iters / per), per
+
+
+def grouped_available(device, h: int, i: int) -> bool:
+    """Whether GroupedFp8Mma runs experts of hidden size h and intermediate size i here: available() for both GEMVs'
+    K (H for gate_up, I for down)."""
+    return available(device, h) and available(device, i)
+
+
 def available(device, k: int) -> bool:
     """Whether this GEMV runs for a K on this device: Triton, K whole 128-value iterations, and on a GPU sm89+."""
     return lp.HAVE_TRITON and k % ITER_K == 0 and lp.mma_supported(device)
@@ -352,9 +366,8 @@ class Fp8MmaGemv:
                                  f"must be even (warps={self.warps})")
         groups = math.ceil(nt / (self.warps // 2 if self.xwarp else self.warps))
         sms = lp.sm_count(device)
-        want = split or max(1, min(iters, round(WARPS_PER_SM * sms / (groups * self.warps))))
-        per = math.ceil(iters / want)
-        self.split, self.iters_per_split, self.iters = math.ceil(iters / per), per, iters
+        self.split, self.iters_per_split = k_split(groups * self.warps, iters, sms, split)
+        self.iters = iters
         self.grid = (groups, self.split)
         self.out = torch.empty((m, n), dtype=out_dtype, device=device)
         self.acc = torch.zeros((m, n), dtype=torch.float32, device=device) if self.split > 1 else None
@@ -454,10 +467,8 @@ class GroupedFp8Mma:
         """(grid, iterations a split) for an [n, k] GEMV of every slot: K split until about WARPS_PER_SM warps an SM,
         counting every slot's programs (the dense GEMV's rule)."""
         groups = math.ceil(math.ceil(n / 16) / self.warps)
-        iters = k // ITER_K
-        want = max(1, min(iters, round(WARPS_PER_SM * sms / (groups * self.slots * self.warps))))
-        per = math.ceil(iters / want)
-        return (groups, math.ceil(iters / per), self.slots), per
+        splits, per = k_split(groups * self.slots * self.warps, k // ITER_K, sms)
+        return (groups, splits, self.slots), per
 
     @property
     def label(self) -> str:

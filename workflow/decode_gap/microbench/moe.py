@@ -233,7 +233,7 @@ def grouped_fp8_mma_row(env: BenchEnv, es: ExpertSet, fmt: str, time_it: Callabl
     """The tensor-core form's row (time_it(its call object)), or None where it does not run here (named in
     `skipped`): sm89+ and H, I whole 128-value blocks."""
     h, i = es.w13.shape[2], es.w2.shape[2]
-    if not fp8mma.available(env.device, h) or i % fp8mma.ITER_K:
+    if not fp8mma.grouped_available(env.device, h, i):
         skipped.append(skip(f"grouped_gemv {fmt} tensor-core M=1", f"needs Triton, sm89+ and H, I multiples of "
                                                                    f"{fp8mma.ITER_K} (H={h}, I={i}; {env.sm})"))
         return None
@@ -342,9 +342,8 @@ def run_moe_bench(env: BenchEnv, shape: MoeShape | None, m_values: list[int], lo
                     base, failed, log), skipped)
                 if fmt.startswith("fp8"):
                     best = _fastest_of(best, grouped_fp8_mma_row(env, es, fmt, lambda tc: _time_row(
-                        env, flush, "moe.experts", "grouped_gemv", fmt, tc.label, lambda: tc(es.x),
-                        tc.weight_bytes() + 2 * shape.hidden * 2 + tc.slots * shape.inter * 4, _expert_flops(es),
-                        base, skipped, log), skipped))
+                        env, flush, "moe.experts", "grouped_gemv", fmt, tc.label, lambda: tc(es.x), nb,
+                        _expert_flops(es), base, skipped, log), skipped))  # nb: the same experts' bytes
                 if best:
                     rows.append(best)
                 g = None

@@ -288,11 +288,10 @@ class Experts:
             w13, w2 = _fp8_weight((E, 2 * inter, hidden), device, block), _fp8_weight((E, hidden, inter), device, block)
             # on tensor cores where it runs (sm89+, H and I whole 128-value blocks): at M=1 on the H200 it read the
             # selected experts at 0.95-0.96 of a plain read, the CUDA-core form at 0.36-0.84 (fp8mma.grouped_warps)
-            if fp8mma.available(device, hidden) and inter % fp8mma.ITER_K == 0:
+            if fp8mma.grouped_available(device, hidden, inter):  # it keeps only its repacked copy of w13, w2
                 self.grouped = fp8mma.GroupedFp8Mma(w13, w2, ids, rw, device)
             else:
                 self.grouped = lp.GroupedExperts("fp8", w13, w2, ids, rw, device)
-            w13 = w2 = None  # the tensor-core form keeps only its repacked copy
             self.per_expert_bytes = lp.fp8_bytes(2 * inter, hidden, block) + lp.fp8_bytes(hidden, inter, block)
             self.nbytes = self.per_expert_bytes * E
             return
