@@ -12,7 +12,7 @@ triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from decode_gap.kernels import attention, fp4moe, fp8block, fp8mma, fusedmoe, norm, routing, topk  # noqa: E402
+from decode_gap.kernels import attention, fp4moe, fp4wide, fp8block, fp8mma, fusedmoe, norm, routing, topk  # noqa: E402
 
 FLOAT_ARGS = {"scale", "eps"}
 FP32_POINTERS = {"part", "lse", "wts", "logits", "bias", "out_w"}
@@ -94,6 +94,13 @@ CASES = [
                               "USE_ASM": True, "XAHEAD": True, "XCLAMP": True, "GROUPED": True, "ROW_WEIGHT": True},
      {"w_ptr": "*i32", "s_ptr": "*fp32", "x_ptr": "*bf16", "xw_ptr": "*i32", "out_ptr": "*fp32", "ids_ptr": "*i32",
       "rw_ptr": "*fp32"}),
+    # NVFP4 above 16 rows: 32 rows of x a program against each decoded tile, a K split's fp32 sums (4 steps an
+    # iteration) and the bf16 store (2)
+    (fp4wide._fp4_wide_kernel, {"WARPS": 4, "UNROLL": 4, "ATOMIC": True, "USE_ASM": True, "EV": "", "DEPS": True},
+     {"x_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*i16", "ts_ptr": "*fp32", "out_ptr": "*fp32"}),
+    (fp4wide._fp4_wide_kernel, {"WARPS": 4, "UNROLL": 2, "ATOMIC": False, "USE_ASM": True, "EV": "evict_first",
+                                "DEPS": False},
+     {"x_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*i16", "ts_ptr": "*fp32", "out_ptr": "*bf16"}),
 ]
 
 

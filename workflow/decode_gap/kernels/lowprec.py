@@ -1023,24 +1023,9 @@ if HAVE_TRITON:
                 t, tile, lane, g, qq = _lanes(grp * GT, TE, SLICES)
                 tile_c = tl.minimum(tile, NT - 1)
                 kof, i1 = _k_slice(t, i0, i1, SLICES)
-                sb = s_ptr + tile_c.to(tl.int64) * stride_st + lane + kof * 32
             m8 = tl.arange(0, XR)
-            xm = (m8 < M)[None, :]
-            part = tl.zeros((TE, 2, XR), dtype=tl.float32)
-            for i in range(i0, i1):
-                sv = tl.load(sb + i * 32).to(tl.int32)
-                for r in tl.static_range(2):
-                    sr = ((sv >> (8 * r)) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
-                    acc_r = tl.zeros((TE, XR), dtype=tl.float32)
-                    for wr in tl.static_range(2):
-                        word = tl.load(w_ptr + tile_c.to(tl.int64) * stride_wt + lane * 4 + (i + kof) * 128 + 2 * r
-                                       + wr)
-                        xw = xp_ptr + m8[None, :] * stride_xm + (((4 * (i + kof) + qq) * 2 + wr) * 4)[:, None]
-                        for j in tl.static_range(4):
-                            xv = tl.load(xw + j, mask=xm, other=0)
-                            lo, hi = _emul_plane(word, j, sr, BX)
-                            acc_r += lo[:, None] * _emul_x(xv, False, BX) + hi[:, None] * _emul_x(xv, True, BX)
-                    part += tl.where((tl.arange(0, 2) == r)[None, :, None], acc_r[:, None, :], 0.0)
+            part = _fp4_mma_emul_rows(xp_ptr, w_ptr, s_ptr, tile_c, lane, qq, i0, i1, stride_wt, stride_st,
+                                      stride_xm, 0, M, TE, XR, BX, kof)
             # [tile, g, half, x row]: the four lanes of a quad, then the slices, summed
             y = tl.sum(tl.sum(tl.reshape(part, (GT, SLICES, 8, 4, 2, XR)), axis=3), axis=1) * ts
             wv = tl.arange(0, GT)[:, None, None, None]
@@ -1061,6 +1046,30 @@ if HAVE_TRITON:
                               8 * stride_om, om2, PAIR and USE_ASM, 16 * TILES, omb, omb2)
         else:
             tl.store(op, y.to(out_ptr.dtype.element_ty), mask=om)
+
+    @triton.jit
+    def _fp4_mma_emul_rows(xp_ptr, w_ptr, s_ptr, tile_c, lane, qq, i0, i1, stride_wt, stride_st, stride_xm, m0, M,
+                           TE: tl.constexpr, XR: tl.constexpr, BX: tl.constexpr, kof=0):
+        """The CPU interpreter's stand-in for the mma loop (no asm) over x rows m0..m0+XR-1 (those < M): the same
+        repacked layout, decode and scaling as the asm, each lane's partial sums [TE, row half, x row] over steps
+        [i0, i1) (kof: the lane's K slice's first step)."""
+        mr = m0 + tl.arange(0, XR)
+        xm = (mr < M)[None, :]
+        part = tl.zeros((TE, 2, XR), dtype=tl.float32)
+        for i in range(i0, i1):
+            sv = tl.load(s_ptr + tile_c.to(tl.int64) * stride_st + lane + (i + kof) * 32).to(tl.int32)
+            for r in tl.static_range(2):
+                sr = ((sv >> (8 * r)) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+                acc_r = tl.zeros((TE, XR), dtype=tl.float32)
+                for wr in tl.static_range(2):
+                    word = tl.load(w_ptr + tile_c.to(tl.int64) * stride_wt + lane * 4 + (i + kof) * 128 + 2 * r + wr)
+                    xw = xp_ptr + mr[None, :] * stride_xm + (((4 * (i + kof) + qq) * 2 + wr) * 4)[:, None]
+                    for j in tl.static_range(4):
+                        xv = tl.load(xw + j, mask=xm, other=0)
+                        lo, hi = _emul_plane(word, j, sr, BX)
+                        acc_r += lo[:, None] * _emul_x(xv, False, BX) + hi[:, None] * _emul_x(xv, True, BX)
+                part += tl.where((tl.arange(0, 2) == r)[None, :, None], acc_r[:, None, :], 0.0)
+        return part
 
     @triton.jit
     def _fp4_mma_emul_m1(xb, w_base, s_base, tile_c, lane, qq, i0, i1, stride_wt, stride_st, T: tl.constexpr,

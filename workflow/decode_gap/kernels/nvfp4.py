@@ -14,7 +14,8 @@ even (the code whose mantissa bit is 0), saturating at +-6.
 Kernels:
 - `nvfp4-weight-only` (any CUDA GPU with Triton, the path for sm90 which has no FP4 tensor cores): a Triton
   GEMM that loads the packed weight and its scales, dequantises in registers to bf16 (exact: a product of
-  an E2M1 value and an E4M3 scale fits bf16's mantissa) and accumulates in fp32.
+  an E2M1 value and an E4M3 scale fits bf16's mantissa) and accumulates in fp32. `WeightOnlyGemm` runs it only
+  where the tensor-core forms cannot: lowprec's GEMV up to 16 rows, fp4wide's GEMM above (32 rows a pass).
 - `torch._scaled_mm` with `float4_e2m1fn_x2` and swizzled E4M3 block scales (W4A4), on sm100 / sm120.
 - the reference: dequantise to fp32, then matmul (the CPU path and the check for both kernels).
 """
@@ -325,9 +326,10 @@ class WeightOnlyGemm:
 
     label = "nvfp4-weight-only"
 
-    # "gemv" (lowprec.Nvfp4Gemv, M <= 16) first: 5-7x faster than v1 on the large M=1 shapes of an H200; then v1:
-    # measured on an H200, v1 ran 1.7-1.9x faster than v2 (18432x7168, M=1: 240 us vs 435 us)
-    VARIANTS = ("gemv", "v1", "v2")
+    # "gemv" (lowprec.Nvfp4Gemv, M <= 16) first: 5-7x faster than v1 on the large M=1 shapes of an H200; "wide"
+    # (fp4wide.Nvfp4WideGemm) above 16 rows, where K is whole 64-value steps on sm89+; then v1: measured on an
+    # H200, v1 ran 1.7-1.9x faster than v2 (18432x7168, M=1: 240 us vs 435 us)
+    VARIANTS = ("gemv", "wide", "v1", "v2")
     _broken: set[str] = set()  # variants that failed to compile on this host (the next one runs instead)
 
     def __init__(self, q: NVFP4Tensor, m: int, device, out_dtype=torch.bfloat16, plan: LaunchPlan | None = None,
@@ -356,6 +358,8 @@ class WeightOnlyGemm:
                 # the GEMVs (lowprec.py) for M <= 16: tensor cores when K % 64 == 0, the CUDA-core asm form at M=1
                 if v in self._broken or (v == "gemv" and (self.m > 16 or (self.m > 1 and self.k % 64))):
                     continue
+                if v == "wide" and (self.m <= 16 or self.k % 64 or not _wide_fits(self.m, self.k, self.device)):
+                    continue
                 try:
                     self._launch(v, x)
                 except Exception:
@@ -367,7 +371,7 @@ class WeightOnlyGemm:
                 break
         else:
             self._launch(self.variant, x)
-        if self.variant == "gemv":
+        if self.variant in ("gemv", "wide"):
             return self._gemv.out
         if self.partial is not None:
             self.out.copy_(self.partial.sum(dim=0))
@@ -379,6 +383,13 @@ class WeightOnlyGemm:
                 from .lowprec import Nvfp4Gemv  # the word-decode GEMV (lazy: it imports this module)
 
                 self._gemv = Nvfp4Gemv(self.q, self.m, self.device, out_dtype=self.out.dtype)
+            self._gemv(x)
+            return
+        if variant == "wide":
+            if self._gemv is None:
+                from .fp4wide import Nvfp4WideGemm  # lazy: it imports this module
+
+                self._gemv = Nvfp4WideGemm(self.q, self.m, self.device, out_dtype=self.out.dtype)
             self._gemv(x)
             return
         p = self.plan
@@ -393,6 +404,12 @@ class WeightOnlyGemm:
             BLOCK_M=p.block_m, BLOCK_N=p.block_n, BLOCK_K=p.block_k, USE_DOT=p.use_dot,
             DOT_BF16=not interpreted(), num_warps=p.num_warps,
         )
+
+
+def _wide_fits(m: int, k: int, device) -> bool:
+    from .fp4wide import fits  # lazy: it imports this module
+
+    return fits(m, k, device)
 
 
 # --------------------------------------------------------------------------- sm100 / sm120: FP4 tensor cores

@@ -17,7 +17,7 @@ import torch
 
 from ..errors import DecodeGapError
 from . import gemv as gemv_kernel
-from ..kernels import fp8block, fp8mma
+from ..kernels import fp4wide, fp8block, fp8mma
 from ..kernels import lowprec as lp
 from ..kernels import nvfp4 as nv
 from .common import BenchEnv, short_error, skip, summary
@@ -95,20 +95,27 @@ def _copies_of(t: torch.Tensor, copies: int) -> list[torch.Tensor]:
 
 
 GEMV_WX = "torch.mm(W, x^T)"  # M=1 only: y^T = W @ x^T is the same memory as y, and cuBLAS may pick another kernel
-# our Triton GEMVs (lowprec.py), offered beside the library kernel for M <= 16 and kept only when faster
+# our Triton GEMVs (lowprec.py), offered beside the library kernel for M <= 16 and kept only when faster (NVFP4
+# above 16 rows: kernels/fp4wide's GEMM beside the first weight-only kernel)
 FP8_GEMV = "triton fp8 gemv (per-tensor scale)"
 FP8_BLOCK_GEMV = "triton fp8 gemv (128x128 block scales)"
 FP8_MMA_PREFIX = "triton fp8 tensor-core gemv"  # kernels/fp8mma, M = 1-16
 FP8_MMA_GEMV = f"{FP8_MMA_PREFIX} (128x128 block scales)"
 FP8_MMA_GEMV_TENSOR = f"{FP8_MMA_PREFIX} (per-tensor scale)"
 FP4_GEMV = "triton nvfp4 gemv"  # + the config name: "m,..." is the tensor-core form, the rest M=1 CUDA-core forms
+FP4_WIDE = "triton nvfp4 wide gemm"  # + the config name: kernels/fp4wide, M > 16 (32 rows of x a pass)
 
 
 def lowprec_variants(env: BenchEnv, be: Backend, m: int, k: int) -> list[str]:
-    """Triton GEMV candidates for this backend, M and K (label + config), none where they do not apply: a
+    """Triton GEMV candidates for this backend, M and K (label + config), none where they do not apply (above 16
+    rows only NVFP4 weight-only has any: fp4wide's forms): a
     tensor-core NVFP4 form whose iteration does not divide K is no candidate (it was listed among the cases the
     host could not run, which it is not: another form runs the shape)."""
-    if not (env.is_gpu and lp.HAVE_TRITON) or m > 16:
+    if not (env.is_gpu and lp.HAVE_TRITON):
+        return []
+    if m > 16:
+        if be.dtype == NVFP4 and be.label == nv.WeightOnlyGemm.label and fp4wide.fits(m, k, env.device):
+            return [f"{FP4_WIDE} {c.name}" for c in fp4wide.WIDE_CONFIGS if c.fits(k)]
         return []
     if be.dtype == FP8 and m == 1:  # CUDA-core FMA: M FMAs per weight byte, so only the GEMV
         return ([f"{FP8_GEMV} {c.name}" for c in lp.DENSE_CONFIGS[:3]]
@@ -152,11 +159,18 @@ def fp8_gemv(variant: str, fw: lp.Fp8Weight, m: int, dev) -> Any:
     return lp.DenseGemv(fw, m, dev, variant_config(variant))
 
 
+def fp4_gemv(variant: str, q: nv.NVFP4Tensor, m: int, dev) -> Any:
+    """The NVFP4 kernel a candidate name of ours names: the GEMV (M <= 16) or the wide GEMM (M > 16)."""
+    cfg = variant_config(variant)
+    return fp4wide.Nvfp4WideGemm(q, m, dev, cfg) if variant.startswith(FP4_WIDE) else lp.Nvfp4Gemv(q, m, dev, cfg)
+
+
 def variant_config(variant: str) -> lp.GemvConfig:
     """The GEMV form a candidate name of lowprec_variants names (one lookup for building and checking it)."""
     block_configs = lp.DENSE_BLOCK_CONFIGS + lp.DENSE_BLOCK_XSCALE
     prefix, configs = ((FP8_BLOCK_GEMV, block_configs) if variant.startswith(FP8_BLOCK_GEMV)
                        else (FP8_GEMV, lp.DENSE_CONFIGS) if variant.startswith(FP8_GEMV)
+                       else (FP4_WIDE, fp4wide.WIDE_CONFIGS) if variant.startswith(FP4_WIDE)
                        else (FP4_GEMV, FP4_VARIANT_CONFIGS))
     cfg = next((c for c in configs if variant == f"{prefix} {c.name}"), None)
     if cfg is None:  # a candidate list and its lookup out of step: say which, not a bare StopIteration
@@ -212,11 +226,11 @@ def build_case(env: BenchEnv, be: Backend, m: int, n: int, k: int, seed: int = 0
             raise _Skip(f"NVFP4 needs K divisible by 16 (K={k})")
         q = nv.quantize_nvfp4(w)
         del w
-        if variant is not None and variant.startswith(FP4_GEMV):
+        if variant is not None and variant.startswith((FP4_GEMV, FP4_WIDE)):
             cfg = variant_config(variant)
             if not cfg.fits(k):
                 raise _Skip(f"the tensor-core NVFP4 GEMV needs K % {cfg.k_multiple} == 0 (K={k})")
-            gs = [lp.Nvfp4Gemv(q if i == 0 else _clone_q(q), m, dev, cfg) for i in range(copies)]
+            gs = [fp4_gemv(variant, q if i == 0 else _clone_q(q), m, dev) for i in range(copies)]
             return [(lambda g=g: g(x)) for g in gs], copies, gs[0].label
         if be.label == nv.WeightOnlyGemm.label:
             # the earlier kernel (v1) as the baseline the Triton GEMVs are held against
@@ -288,10 +302,9 @@ def check_variant(env: BenchEnv, be: Backend, variant: str, m: int, n: int, k: i
         gen = torch.Generator(device=dev).manual_seed(seed)
         w = torch.randn((n, k), generator=gen, device=dev)
         x = torch.randn((m, k), generator=gen, device=dev).to(torch.bfloat16)
-        if variant.startswith(FP4_GEMV):
-            cfg = variant_config(variant)
+        if variant.startswith((FP4_GEMV, FP4_WIDE)):
             q = nv.quantize_nvfp4(w)
-            out = lp.Nvfp4Gemv(q, m, dev, cfg)(x)
+            out = fp4_gemv(variant, q, m, dev)(x)
             ref = nv.reference_mm(x, q)
         elif variant == fp8block.LABEL:
             mm = fp8block.BlockScaledMm(lp.quantize_fp8(w, block=True), m, dev)
