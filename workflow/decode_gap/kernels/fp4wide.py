@@ -176,7 +176,12 @@ if lp.HAVE_TRITON:
 # passes; bf16 cuBLAS 0.9-1.2x faster there, which the gemm stage's table shows beside it). Tried and slower: x loaded
 # in the iteration that uses it (121 registers: 44.3 against 40.1 on 28672x4096 M=32), 4 steps an iteration (167
 # registers: 44.5), 8-warp programs sharing x (125 registers: 1-18% slower on the four shapes), weights not
-# evict-first (41.1 / 53.8 against 40.1 / 52.7 at 16 warps an SM). At 126 registers 4 programs fit an SM
+# evict-first (41.1 / 53.8 against 40.1 / 52.7 at 16 warps an SM), one step an iteration (104 registers: 44.9 / 48.5
+# against 41.0 / 44.1 on 28672x4096 / 7168x18432 at M=32). At 126 registers 4 programs fit an SM. Where the rest
+# goes (an ablation on the H200, wrong sums): with x's fragments made once before the loop, so no x load or layout
+# conversion in it (96 registers), M=32 took 33.3 / 34.3 us, so x's path costs about a fifth and the decode with 16
+# MMAs a step the rest (lowprec's 16-row form, 8 MMAs a step, 25.9 us on 28672x4096). Reaching the read would take
+# the weights decoded into shared memory for wgmma (as CUTLASS's mixed-input Hopper GEMMs do), not mma.sync
 WIDE_DEFAULT = lp.GemvConfig(64, 128, 4, mma=True, bx=True, evict=True, warps_per_sm=27)
 WIDE_CONFIGS = (WIDE_DEFAULT, replace(WIDE_DEFAULT, warps_per_sm=16))
 
