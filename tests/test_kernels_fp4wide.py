@@ -51,6 +51,7 @@ print("ok", worst)
 def test_where_the_wide_form_runs():
     assert not fp4wide.fits(16, 128, "cpu")  # lowprec's GEMV up to 16 rows
     assert not fp4wide.fits(32, 96, "cpu")  # K not whole 64-value steps
+    assert not fp4wide.fits(32, 576, "cpu")  # nor whole iterations of 2 steps (the weight-only GEMM's v1 runs it)
     assert fp4wide.fits(32, 128, "cpu") == (lp.HAVE_TRITON and lp.interpreted())
 
 
@@ -78,3 +79,14 @@ def test_the_gemm_stage_names_and_builds_the_wide_forms():
     # a GEMV name still builds the GEMV
     gemv = f"{gemm.FP4_GEMV} {lp.FP4_MMA_DEFAULT.name}"
     assert isinstance(gemm.fp4_gemv(gemv, nv.quantize_nvfp4(torch.randn(32, 256)), 8, "cpu"), lp.Nvfp4Gemv)
+
+
+@needs_triton
+def test_a_short_k_takes_no_split_and_so_no_cast_kernel():
+    """Where K is one or two iterations the K split's cast kernel costs more than the split gains (H200: 6144x256 at
+    M=32 3.1 us unsplit against 4.8): config_for takes no split up to SHORT_K, the default above."""
+    assert fp4wide.config_for(256) == fp4wide.config_for(fp4wide.SHORT_K) == fp4wide.WIDE_NO_SPLIT
+    assert fp4wide.config_for(fp4wide.SHORT_K + 64) == fp4wide.WIDE_DEFAULT
+    short = fp4wide.Nvfp4WideGemm(nv.quantize_nvfp4(torch.randn(64, 512)), 32, "cpu")
+    assert (short.split, short.acc, short.kernels) == (1, None, 1)
+    assert fp4wide.WIDE_NO_SPLIT in fp4wide.WIDE_CONFIGS  # the gemm stage times it beside the split forms

@@ -20,6 +20,7 @@ from decode_gap.microbench.common import BenchEnv  # noqa: E402
 from decode_gap.microbench.launch import PlainReads  # noqa: E402
 from decode_gap.microbench.timing import rotating_copies, time_graph  # noqa: E402
 
+FORMS = fp4wide.WIDE_CONFIGS  # the gemm stage's forms (add others here to try them beside these)
 SHAPES = "28672x4096,4096x14336,6144x4096,36864x7168,7168x18432,24576x6144,2112x7168"
 
 
@@ -45,7 +46,7 @@ def main() -> None:
             x = torch.randn((m, k), device=dev, dtype=torch.bfloat16)
             ref = nv.reference_mm(x, q)
             times = {}
-            for cfg in fp4wide.WIDE_CONFIGS:
+            for cfg in FORMS:
                 gs = [fp4wide.Nvfp4WideGemm(qq, m, dev, cfg) for qq in qs]
                 err = max(nv.relative_error(gs[0](x).float(), ref) for _ in range(3))
                 us = time_graph([lambda g=g: g(x) for g in gs], 3, 20, dev).median_us

@@ -154,7 +154,7 @@ if HAVE_TRITON:
             gate = tl.load(gp, mask=ok, other=0.0, cache_modifier=".cg")
             up = tl.load(gp + 8, mask=ok, other=0.0, cache_modifier=".cg")
             _act_store(gate, up, vi, cols, ok, b, pairs_ptr, act_ptr, P, stride_a, BM)
-            tl.store(gp, tl.zeros_like(gate), mask=ok)
+            lp._zero_loaded(gp, gate, ok)  # once every thread has loaded them
             tl.store(gp + 8, tl.zeros_like(up), mask=ok)
             tl.store(cnt, 0)
 

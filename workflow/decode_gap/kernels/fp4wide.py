@@ -11,7 +11,7 @@ The form (read from vLLM's Marlin, which decodes FP4 in registers straight into 
   lane's 16 bytes are its A fragments of a 16-row tile), decoded by the same asm (`_fp4_mma_asm`) into bf16 and fed to
   four x sets of m16n8k16 MMAs (x rows 0-7, 8-15, 16-23, 24-31 of the chunk): 16 MMAs a decoded 64-value step;
 - a program is WARPS 16-row tiles and one 32-row chunk of x; chunks that share a tile are neighbours in the grid, so
-  the second reads the weight from L2 (not evict-first there: `WIDE_CONFIGS`);
+  the second pass over a tile runs beside the first (the weights stay evict-first: faster at M=64 too);
 - x (bf16 as it is: its own pairs are the B operand) is loaded once a program and step as two [16, 32]-word chunks
   and handed to every warp through shared memory (lowprec's `_x_frags`); at 32 rows it is 4 KB a step against the
   program's 2 KB of weight, so loading it a warp would quadruple the L1 traffic;
@@ -172,10 +172,10 @@ if lp.HAVE_TRITON:
 #   7168x18432  M=17 43.1 / 208.6 / 74.6 / 21.5; M=32 45.0 / 208.2 / 71.9; M=64 82.5 / 213.5 / 75.4
 #   36864x7168  M=17 83.3 / 381.9 / 138.2 / 40.2; M=32 86.5 / 376.2 / 139.1; M=64 168.0 / 384.9 / 137.3
 #   4096x14336  M=17 22.9 / 98.0 / 33.3 / 10.7; M=32 24.0 / 97.4 / 34.3; M=64 40.9 / 101.8 / 36.1
-# so about half a plain read's speed up to 32 rows (1.5x faster than bf16, 4-4.5x than v1) and a quarter at 64 (two
-# passes; bf16 cuBLAS 0.9-1.2x faster there, which the gemm stage's table shows beside it). Tried and slower: x loaded
-# in the iteration that uses it (121 registers: 44.3 against 40.1 on 28672x4096 M=32), 4 steps an iteration (167
-# registers: 44.5), 8-warp programs sharing x (125 registers: 1-18% slower on the four shapes), weights not
+# so about half a plain read's speed up to 32 rows (1.4-1.7x faster than bf16, 4.1-4.8x than v1) and a quarter at 64
+# (two passes; bf16 cuBLAS 0.9-1.2x faster there, which the gemm stage's table shows beside it). Tried and slower: x
+# loaded in the iteration that uses it (121 registers: 44.3 against 40.1 on 28672x4096 M=32), 4 steps an iteration
+# (167 registers: 44.5), 8-warp programs sharing x (125 registers: 1-18% slower on the four shapes), weights not
 # evict-first (41.1 / 53.8 against 40.1 / 52.7 at 16 warps an SM), one step an iteration (104 registers: 44.9 / 48.5
 # against 41.0 / 44.1 on 28672x4096 / 7168x18432 at M=32). At 126 registers 4 programs fit an SM. Where the rest
 # goes (an ablation on the H200, wrong sums): with x's fragments made once before the loop, so no x load or layout
@@ -183,13 +183,27 @@ if lp.HAVE_TRITON:
 # MMAs a step the rest (lowprec's 16-row form, 8 MMAs a step, 25.9 us on 28672x4096). Reaching the read would take
 # the weights decoded into shared memory for wgmma (as CUTLASS's mixed-input Hopper GEMMs do), not mma.sync
 WIDE_DEFAULT = lp.GemvConfig(64, 128, 4, mma=True, bx=True, evict=True, warps_per_sm=27)
-WIDE_CONFIGS = (WIDE_DEFAULT, replace(WIDE_DEFAULT, warps_per_sm=16))
+# the seeds' TP8 shapes (H200, 2026-12-04, wide_probe.py; M = 17 / 32 / 64, us): about 16 warps an SM was fastest on
+# the mid-sized ones (2624x6144 8.6 / 9.2 against 10.2 / 10.7 for the default; 6144x2048 8.1 / 8.8 against 9.3 /
+# 10.1), about 8 on a narrow N with a long K (512x6144 4.7 / 4.9 / 5.8 against 5.0 / 5.7 / 8.0), and no K split, so
+# no cast kernel, where K is one or two iterations (6144x256 2.9 / 3.1 / 4.1 against 4.6 / 4.8 / 6.0; 3584x512 4.0 /
+# 4.2 / 4.6 against 3.7 / 4.7 / 5.9): the gemm stage times all four, and the kernel level takes no split at K <= 512
+WIDE_NO_SPLIT = replace(WIDE_DEFAULT, split=1)
+WIDE_CONFIGS = (WIDE_DEFAULT, replace(WIDE_DEFAULT, warps_per_sm=16), replace(WIDE_DEFAULT, warps_per_sm=8),
+                WIDE_NO_SPLIT)
+SHORT_K = 512  # at most this K, no K split (WIDE_NO_SPLIT)
+
+
+def config_for(k: int) -> lp.GemvConfig:
+    """The form Nvfp4WideGemm runs without one given: no K split where K is short (SHORT_K), else WIDE_DEFAULT."""
+    return WIDE_NO_SPLIT if k <= SHORT_K else WIDE_DEFAULT
 
 
 def fits(m: int, k: int, device) -> bool:
-    """Whether this form runs [M, K] x [K, N] here: M above lowprec's 16 rows, K whole 64-value steps, sm89+ (its
-    asm) or the CPU interpreter."""
-    return lp.HAVE_TRITON and m > 16 and k % 64 == 0 and lp.mma_supported(device) and lp.available(device)
+    """Whether this form runs [M, K] x [K, N] here: M above lowprec's 16 rows, K whole iterations of the form
+    config_for(k) picks, sm89+ (its asm) or the CPU interpreter."""
+    return (lp.HAVE_TRITON and m > 16 and k % config_for(k).block_k == 0 and lp.mma_supported(device)
+            and lp.available(device))
 
 
 class Nvfp4WideGemm:
@@ -201,7 +215,7 @@ class Nvfp4WideGemm:
         if not lp.HAVE_TRITON:
             raise DecodeGapError("nvfp4 wide gemm: needs Triton, which is not installed")
         n, k = q.shape
-        cfg = cfg or WIDE_DEFAULT
+        cfg = cfg or config_for(k)
         if k % cfg.block_k or m < 1 or cfg.block_k not in (128, 256):
             raise DecodeGapError(f"nvfp4 wide gemm: needs 2 or 4 steps an iteration, K a multiple of them and M >= 1 "
                                  f"({cfg.name}, M={m}, K={k})")

@@ -152,7 +152,8 @@ if HAVE_TRITON:
         offs = gs[:, None] * 128 + tl.arange(0, 128)[None, :]
         gate = tl.load(h + m * stride_hm + offs, mask=gmask[:, None], other=0.0).to(tl.float32)
         up = tl.load(h + m * stride_hm + I + offs, mask=gmask[:, None], other=0.0).to(tl.float32)
-        if ZERO:
+        if ZERO:  # zeros once every thread has loaded the sums (lowprec._zero_loaded says why)
+            tl.debug_barrier()
             tl.store(h + m * stride_hm + offs, tl.zeros_like(gate), mask=gmask[:, None])
             tl.store(h + m * stride_hm + I + offs, tl.zeros_like(up), mask=gmask[:, None])
         qv, scale = _group_quant(gate / (1.0 + tl.exp(-gate)) * up)

@@ -1205,12 +1205,22 @@ if HAVE_TRITON:
         y = gt / (1.0 + tl.exp(-gt)) * up
         if BX:
             tl.store(xp_ptr + slot * stride_ps + k, y.to(tl.bfloat16), mask=m)
-            tl.store(gu_ptr + slot * stride_gs + gk, tl.zeros_like(gt), mask=m)
+            _zero_loaded(gu_ptr + slot * stride_gs + gk, gt, m)
             tl.store(gu_ptr + slot * stride_gs + uk, tl.zeros_like(up), mask=m)
         else:
             kk = k % 8
             idx = (k // 8) * 8 + tl.where(kk < 4, 2 * (3 - kk), 2 * (7 - kk) + 1)
             tl.store(xp_ptr + slot * stride_ps + idx, y.to(tl.float16).to(tl.int16, bitcast=True), mask=m)
+
+    @triton.jit
+    def _zero_loaded(p, v, mask):
+        """Zeros stored at p, where v was just loaded from, once every thread of the program has loaded: without the
+        barrier some loads read the zeros (H200, 2026-12-04, benchmarks/device/cast_race_probe.py: the cast kernel
+        returned zeros in 2 of 200 calls alone and behind fp4wide's split GEMM in 19-55 of 100 on some shapes; a copy
+        of it read zeros in 999-1000 of 1000 calls without the barrier and in 0 of 2000 with it). Call it from code
+        every thread of the program runs (a branch on a program's scalar)."""
+        tl.debug_barrier()
+        tl.store(p, tl.zeros_like(v), mask=mask)
 
     @triton.jit
     def _cast_zero_kernel(acc_ptr, out_ptr, N, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
@@ -1222,7 +1232,7 @@ if HAVE_TRITON:
         m = k < N
         v = tl.load(acc_ptr + k, mask=m, other=0.0)
         tl.store(out_ptr + k, v.to(out_ptr.dtype.element_ty), mask=m)
-        tl.store(acc_ptr + k, tl.zeros_like(v), mask=m)
+        _zero_loaded(acc_ptr + k, v, m)
 
     @triton.jit
     def _block_tile(x_base, w_base, rows, nmask, k0, k_end, stride_wn, NB: tl.constexpr, EVEN_K: tl.constexpr,
@@ -1333,7 +1343,7 @@ if HAVE_TRITON:
         """The completed fp32 sums at op (read from L2) cast to fp; zeros left at op for the next call."""
         tot = tl.load(op, mask=om, other=0.0, cache_modifier=".cg")
         tl.store(fp, tot.to(fp.dtype.element_ty), mask=om)
-        tl.store(op, tl.zeros_like(tot), mask=om)
+        _zero_loaded(op, tot, om)
 
     @triton.jit
     def _split_finish(op, fp, om, cnt, units, total, TWO: tl.constexpr = False, off2=0, om2=None,
@@ -1354,11 +1364,11 @@ if HAVE_TRITON:
         if tl.atomic_add(cnt, units, sem="acq_rel") == total - units:
             tot = tl.load(op, mask=om, other=0.0, cache_modifier=".cg")
             tl.store(fp, tot.to(fp.dtype.element_ty), mask=om)
-            tl.store(op, tl.zeros_like(tot), mask=om)
+            _zero_loaded(op, tot, om)
             if TWO:
                 tot2 = tl.load(op + off2, mask=om2, other=0.0, cache_modifier=".cg")
                 tl.store(fp + off2, tot2.to(fp.dtype.element_ty), mask=om2)
-                tl.store(op + off2, tl.zeros_like(tot2), mask=om2)
+                _zero_loaded(op + off2, tot2, om2)
             if PAIR:  # (the two sets above written through _finish_sums compile to other SASS for two stream-K forms)
                 _finish_sums(op + offb, fp + offb, omb)
                 if TWO:

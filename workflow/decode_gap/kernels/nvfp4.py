@@ -327,7 +327,7 @@ class WeightOnlyGemm:
     label = "nvfp4-weight-only"
 
     # "gemv" (lowprec.Nvfp4Gemv, M <= 16) first: 5-7x faster than v1 on the large M=1 shapes of an H200; "wide"
-    # (fp4wide.Nvfp4WideGemm) above 16 rows, where K is whole 64-value steps on sm89+; then v1: measured on an
+    # (fp4wide.Nvfp4WideGemm) above 16 rows, where K is whole iterations of its form on sm89+; then v1: measured on an
     # H200, v1 ran 1.7-1.9x faster than v2 (18432x7168, M=1: 240 us vs 435 us)
     VARIANTS = ("gemv", "wide", "v1", "v2")
     _broken: set[str] = set()  # variants that failed to compile on this host (the next one runs instead)
@@ -358,7 +358,7 @@ class WeightOnlyGemm:
                 # the GEMVs (lowprec.py) for M <= 16: tensor cores when K % 64 == 0, the CUDA-core asm form at M=1
                 if v in self._broken or (v == "gemv" and (self.m > 16 or (self.m > 1 and self.k % 64))):
                     continue
-                if v == "wide" and (self.m <= 16 or self.k % 64 or not _wide_fits(self.m, self.k, self.device)):
+                if v == "wide" and not _wide_fits(self.m, self.k, self.device):
                     continue
                 try:
                     self._launch(v, x)

@@ -108,9 +108,9 @@ FP4_WIDE = "triton nvfp4 wide gemm"  # + the config name: kernels/fp4wide, M > 1
 
 def lowprec_variants(env: BenchEnv, be: Backend, m: int, k: int) -> list[str]:
     """Triton GEMV candidates for this backend, M and K (label + config), none where they do not apply (above 16
-    rows only NVFP4 weight-only has any: fp4wide's forms): a
-    tensor-core NVFP4 form whose iteration does not divide K is no candidate (it was listed among the cases the
-    host could not run, which it is not: another form runs the shape)."""
+    rows only NVFP4 weight-only has any: fp4wide's forms): a tensor-core NVFP4 form whose iteration does not divide
+    K is no candidate (it was listed among the cases the host could not run, which it is not: another form runs the
+    shape)."""
     if not (env.is_gpu and lp.HAVE_TRITON):
         return []
     if m > 16:
