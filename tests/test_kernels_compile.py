@@ -141,3 +141,16 @@ def test_fused_moe_gemm_pipelines_its_loads_on_hopper(block_m, dot):
     src = ASTSource(fn=fn, signature=_signature(fn, consts, pointers), constexprs=consts, attrs=aligned)
     ttgir = triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ttgir"]
     assert "async_copy_global_to_local" in ttgir and f"{dot} " in ttgir
+
+
+def test_the_split_sums_are_zeroed_after_every_thread_loaded_them():
+    """lowprec._zero_loaded: the cast of the split-K sums (lowprec, fp8mma, fp4moe, fp4wide) stores its zeros after a
+    barrier, past every thread's load of the sums (without it an H200 returned zeros: lowprec._zero_loaded's
+    docstring). The PTX, compiled for sm_90, has the barrier between the sums' loads and the zero stores."""
+    from decode_gap.kernels import lowprec
+
+    sig = {"acc_ptr": "*fp32", "out_ptr": "*bf16", "N": "i32", "BLOCK": "constexpr", "PDL": "constexpr"}
+    src = ASTSource(fn=lowprec._cast_zero_kernel, signature=sig, constexprs={"BLOCK": 1024, "PDL": True})
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+    body = ptx[ptx.index("ld.global"):]
+    assert "bar.sync" in body and body.index("bar.sync") < body.index("st.global.b32")
