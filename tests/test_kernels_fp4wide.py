@@ -44,6 +44,12 @@ for m, n, k, split in [(17, 40, 128, None), (40, 32, 256, None), (20, 16, 512, 2
 auto = nv.WeightOnlyGemm(nv.quantize_nvfp4(torch.randn(24, 128)), 20, "cpu", out_dtype=torch.float32)
 x = torch.randn(20, 128).to(torch.bfloat16)
 assert nv.relative_error(auto(x), nv.reference_mm(x, auto.q)) < 1e-5 and auto.variant == "wide", auto.variant
+# the gemm stage's check of a winning wide form (the worst of its calls)
+from decode_gap.microbench import gemm
+from decode_gap.microbench.common import BenchEnv
+row = gemm.check_variant(BenchEnv(device=torch.device("cpu")), gemm.Backend(gemm.NVFP4, nv.WeightOnlyGemm.label),
+                         f"{gemm.FP4_WIDE} {fp4wide.WIDE_DEFAULT.name}", 20, 32, 256)
+assert row["pass"] and row["rel_err"] < 1e-2, row  # bf16 output against fp32
 print("ok", worst)
 ''')
 

@@ -294,8 +294,12 @@ def check_case(env: BenchEnv, be: Backend, m: int, n: int, k: int, seed: int = 1
             "pass": bool(math.isfinite(err) and err <= tol)}
 
 
+CHECK_CALLS = 3  # calls a check makes on the same inputs, the worst kept: a split's sums left behind or a race shows
+
+
 def check_variant(env: BenchEnv, be: Backend, variant: str, m: int, n: int, k: int, seed: int = 1) -> dict[str, Any]:
-    """One of our Triton GEMVs against dequantise-then-matmul (fp32) on fresh random inputs."""
+    """One of our Triton GEMVs against dequantise-then-matmul (fp32) on fresh random inputs, the worst of
+    CHECK_CALLS calls (an intermittent race in a split's cast showed in some calls only: lowprec._zero_loaded)."""
     row: dict[str, Any] = {"dtype": be.dtype, "backend": variant, "M": m, "N": n, "K": k}
     try:
         dev = env.device
@@ -304,16 +308,15 @@ def check_variant(env: BenchEnv, be: Backend, variant: str, m: int, n: int, k: i
         x = torch.randn((m, k), generator=gen, device=dev).to(torch.bfloat16)
         if variant.startswith((FP4_GEMV, FP4_WIDE)):
             q = nv.quantize_nvfp4(w)
-            out = fp4_gemv(variant, q, m, dev)(x)
-            ref = nv.reference_mm(x, q)
+            fn, ref = fp4_gemv(variant, q, m, dev), nv.reference_mm(x, q)
         elif variant == fp8block.LABEL:
-            mm = fp8block.BlockScaledMm(lp.quantize_fp8(w, block=True), m, dev)
-            out, ref = mm(x), mm.reference(x)
+            fn = fp8block.BlockScaledMm(lp.quantize_fp8(w, block=True), m, dev)
+            ref = fn.reference(x)
         else:
             fw = lp.quantize_fp8(w, block=fp8_variant_block(variant))
-            out = fp8_gemv(variant, fw, m, dev)(x)
-            ref = x.float() @ lp.dequantize_fp8(fw).t()
-        err = nv.relative_error(out, ref)
+            fn, ref = fp8_gemv(variant, fw, m, dev), x.float() @ lp.dequantize_fp8(fw).t()
+        errs = [nv.relative_error(fn(x), ref) for _ in range(CHECK_CALLS)]
+        err = max(errs) if all(math.isfinite(e) for e in errs) else math.nan  # (max() would drop a later NaN)
         row.update(rel_err=err, tolerance=1e-2, **{"pass": bool(math.isfinite(err) and err <= 1e-2)})
     except Exception as exc:
         row.update(error=short_error(exc), **{"pass": False})
