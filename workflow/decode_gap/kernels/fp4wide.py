@@ -15,14 +15,16 @@ The form (read from vLLM's Marlin, which decodes FP4 in registers straight into 
 - x (bf16 as it is: its own pairs are the B operand) is loaded once a program and step as two [16, 32]-word chunks
   and handed to every warp through shared memory (lowprec's `_x_frags`); at 32 rows it is 4 KB a step against the
   program's 2 KB of weight, so loading it a warp would quadruple the L1 traffic;
-- the weights are double-buffered in registers (the next iteration's loads before this one's math), x loaded in the
-  iteration that uses it (registers: 32 accumulators and 32 x fragments a lane);
-- K is split until about `warps_per_sm` warps an SM (every chunk's tiles counted); the split sums go into fp32 with
-  atomics and a cast kernel, launched as a programmatic dependent, writes them out and leaves zeros.
+- the weights and x's chunks are double-buffered in registers (the next iteration's loads before this one's math;
+  126 registers on sm_90: 32 accumulators and 32 x fragments a lane among them);
+- K is split until about `warps_per_sm` warps an SM (every chunk's tiles counted; no split where K <= SHORT_K); the
+  split sums go into fp32 with atomics, and a cast kernel, launched as a programmatic dependent, writes them out and
+  leaves zeros (lowprec.cast_zero).
 
-The compute side: at 64 rows each weight byte takes 228 flops, above the H200's bf16 ridge (989 TFLOPS dense /
-4.8 TB/s: about 206), and mma.sync runs below the dense peak, so at M=64 the tensor cores, not the memory, bound any
-weight-only kernel; the gemm stage reports both floors (`compute_floor_us`).
+The compute side: at 64 rows each weight byte takes 228 flops, past the H200's bf16 ridge (989 TFLOPS dense / 4.8
+TB/s: about 206), so there even a kernel at the dense peak would be bound by the tensor cores, and mma.sync runs
+below that peak: at M=64 a plain read of the weight is no longer a reachable yardstick (the gemm stage's table has
+bf16 torch.mm on the same shapes beside it).
 Under the CPU interpreter the decode and MMAs run as plain Triton on the same layout (the asm needs a GPU).
 """
 
