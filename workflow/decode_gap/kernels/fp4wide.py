@@ -175,7 +175,7 @@ if lp.HAVE_TRITON:
 #   36864x7168  M=17 83.3 / 381.9 / 138.2 / 40.2; M=32 86.5 / 376.2 / 139.1; M=64 168.0 / 384.9 / 137.3
 #   4096x14336  M=17 22.9 / 98.0 / 33.3 / 10.7; M=32 24.0 / 97.4 / 34.3; M=64 40.9 / 101.8 / 36.1
 # so about half a plain read's speed up to 32 rows (1.4-1.7x faster than bf16, 4.1-4.8x than v1) and a quarter at 64
-# (two passes; bf16 cuBLAS 0.9-1.2x faster there, which the gemm stage's table shows beside it). Tried and slower: x
+# (two passes; bf16 cuBLAS 1.1-1.2x faster there, which the gemm stage's table shows beside it). Tried and slower: x
 # loaded in the iteration that uses it (121 registers: 44.3 against 40.1 on 28672x4096 M=32), 4 steps an iteration
 # (167 registers: 44.5), 8-warp programs sharing x (125 registers: 1-18% slower on the four shapes), weights not
 # evict-first (41.1 / 53.8 against 40.1 / 52.7 at 16 warps an SM), one step an iteration (104 registers: 44.9 / 48.5
