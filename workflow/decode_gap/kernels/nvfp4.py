@@ -378,18 +378,13 @@ class WeightOnlyGemm:
         return self.out
 
     def _launch(self, variant: str, x: torch.Tensor) -> None:
-        if variant == "gemv":
+        if variant in ("gemv", "wide"):  # the tensor-core forms (lazy imports: both modules import this one)
             if self._gemv is None:
-                from .lowprec import Nvfp4Gemv  # the word-decode GEMV (lazy: it imports this module)
-
-                self._gemv = Nvfp4Gemv(self.q, self.m, self.device, out_dtype=self.out.dtype)
-            self._gemv(x)
-            return
-        if variant == "wide":
-            if self._gemv is None:
-                from .fp4wide import Nvfp4WideGemm  # lazy: it imports this module
-
-                self._gemv = Nvfp4WideGemm(self.q, self.m, self.device, out_dtype=self.out.dtype)
+                if variant == "gemv":
+                    from .lowprec import Nvfp4Gemv as form  # the word-decode GEMV, M <= 16
+                else:
+                    from .fp4wide import Nvfp4WideGemm as form  # above 16 rows
+                self._gemv = form(self.q, self.m, self.device, out_dtype=self.out.dtype)
             self._gemv(x)
             return
         p = self.plan
