@@ -71,6 +71,34 @@ print("ok")
 ''')
 
 
+def test_align_is_a_stable_sort_at_256_pairs_of_256_experts_with_ids_off_the_table():
+    # the kernel level's batch 32 x top 8 over DeepSeek-V3's / GLM-5's 256 experts, blocks of 8 (the NVFP4 fused MoE),
+    # with ids another EP rank owns (off the table) dropped
+    _interpret(r'''
+g = torch.Generator().manual_seed(3)
+E, P, BM = 256, 256, 8
+for trial in range(3):
+    ids = torch.stack([torch.randperm(E + 20, generator=g)[:8] - 10 for _ in range(P // 8)]).to(torch.int32)
+    if trial == 2:
+        ids[:] = 7  # every pair on one expert
+    nb = bm.max_blocks(P, E, BM)
+    sp, be = torch.empty(nb * BM, dtype=torch.int32), torch.empty(nb, dtype=torch.int32)
+    bm.align_pairs(ids, sp, be, E, BM)
+    flat = ids.reshape(-1).tolist()
+    keep = sorted((p for p in range(P) if 0 <= flat[p] < E), key=lambda p: (flat[p], p))
+    want_rows, want_exp = [], []
+    for e in sorted({flat[p] for p in keep}):
+        run = [p for p in keep if flat[p] == e]
+        run += [P] * (-len(run) % BM)
+        want_rows += run
+        want_exp += [e] * (len(run) // BM)
+    got = sp.tolist()
+    assert got[:len(want_rows)] == want_rows and set(got[len(want_rows):]) <= {P}, trial
+    assert be.tolist() == want_exp + [-1] * (nb - len(want_exp)), trial
+print("ok")
+''')
+
+
 def test_fused_moe_matches_dequantise_then_matmul():
     _interpret(r'''
 torch.manual_seed(1)

@@ -106,7 +106,7 @@ def block_m_for(pairs: int, experts: int) -> int:
 
 
 if HAVE_TRITON:
-    from .fusedmoe import _align_kernel
+    from .fusedmoe import align_pairs
     from .lowprec import (_emul_plane, _emul_x, _finish_sums, _fp4_mma_emul_m1, _fp4_mma_loop,
                           _lanes, _silu_pack_kernel, _slice_sum)
 
@@ -440,14 +440,15 @@ class Nvfp4FusedMoe:
     (_fp4_moe_token_kernel: a tile's K range, and for down the experts too, over a program's warps, summed in the
     program; no fp32 sums, and gate_up's SiLU or down's cast in its epilogue): "both", "gate_up", "down" or "none";
     None: TOKEN_GEMMS where they apply (down: top_k a power of 2, top_k x slices2 at most TOKEN_WARPS warps).
-    `slices13` / `slices2`: their K slices a tile (None: token_slices). The forms are timed against each other by
-    benchmarks/lowprec_device.py."""
+    `slices13` / `slices2`: their K slices a tile (None: token_slices). `experts_hit`: the experts the K splits are
+    planned for (None: what uniform choices over the table hit; a table of only the experts hit, ids compacted, as
+    the MoE stage builds, says how many). The forms are timed against each other by benchmarks/lowprec_device.py."""
 
     def __init__(self, w13, w2, m: int, top_k: int, device, out_dtype=torch.bfloat16, block_m: int | None = None,
                  split13: int | None = None, split2: int | None = None, pdl: bool | None = None,
                  silu_epilogue: bool | None = None, cast_epilogue: bool = CAST_EPILOGUE,
                  align: bool | None = None, token: str | None = None, slices13: int | None = None,
-                 slices2: int | None = None) -> None:
+                 slices2: int | None = None, experts_hit: float | None = None) -> None:
         if not HAVE_TRITON:
             raise DecodeGapError("the NVFP4 fused MoE needs Triton, which is not installed")
         self.mma13 = lp._stack_mma(w13, bx=True) if isinstance(w13, list) else w13
@@ -482,7 +483,7 @@ class Nvfp4FusedMoe:
         # plan the splits for the blocks that will run (the experts uniform choices hit, about), never the grid's
         # upper bound (H200, DeepSeek-V3 / GLM-5 TP8 at 16 tokens: 2 gate_up splits for ~102 experts hit took 148.0 /
         # 126.5 us to 140.9 / 120.8, where min(pairs, experts) = 128 planned 1)
-        blocks, sms = max(1, round(expected_hit(pairs, e))), lp.sm_count(device)
+        blocks, sms = max(1, round(experts_hit or expected_hit(pairs, e))), lp.sm_count(device)
         self.plan13 = self._plan(h // 64, split13 or moe_split(blocks, 2 * i // 16, h // 64, self.unroll, sms))
         self.plan2 = self._plan(i // 64, split2 or moe_split(blocks, h // 16, i // 64, self.unroll, sms))
         self.silu_epilogue = self.plan13[1] == 1 if silu_epilogue is None else silu_epilogue
@@ -587,9 +588,7 @@ class Nvfp4FusedMoe:
                                  f"{tuple(weights.shape)}; expected {(self.m, self.h)} and {(self.m, self.top_k)}")
         flat_ids = ids.reshape(-1)
         if self.align:
-            _align_kernel[(1,)](flat_ids, self.sorted_pairs, self.block_expert, self.pairs, self.e, self.nb,
-                                P2=_pow2(self.pairs), E2=_pow2(self.e + 1), NB2=_pow2(self.nb), BM=self.block_m,
-                                num_warps=8)
+            align_pairs(flat_ids, self.sorted_pairs, self.block_expert, self.e, self.block_m)
         bexp = self.block_expert if self.align else flat_ids
         flat_w = weights.reshape(-1).float()
         if self.token13:

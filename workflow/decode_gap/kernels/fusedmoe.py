@@ -52,7 +52,7 @@ from .nvfp4 import HAVE_TRITON, tl, triton
 
 BLOCK_M = 16  # rows (pairs) a program: engines' tuned choice for decode batches
 BLOCK_N = 128  # H200: the fastest, or within 2%, of the forms tried on every case (the docstring)
-MAX_PAIRS = 1024  # the one-program sort holds [pairs, pairs] and [pairs, experts] tiles in registers
+MAX_PAIRS = 1024  # the one-program sort holds its pairs' keys in registers
 
 
 def max_blocks(pairs: int, experts: int, block_m: int = BLOCK_M) -> int:
@@ -67,31 +67,45 @@ if HAVE_TRITON:
     @triton.jit
     def _align_kernel(ids, sorted_pairs, block_expert, P, E, NB,
                       P2: tl.constexpr, E2: tl.constexpr, NB2: tl.constexpr, BM: tl.constexpr):
-        """ids [P] (any int) -> sorted_pairs [NB * BM] (pair index, or P where padding) and block_expert [NB]."""
+        """ids [P] (any int) -> sorted_pairs [NB * BM] (pair index, or P where padding) and block_expert [NB].
+
+        Vectors of P2, E2 and NB2 only: a histogram, a bitonic sort of (expert, pair) keys and gathers. The first
+        form compared [P2, E2], [P2, P2] and [NB2, E2] tiles, which spilled: 324 us at 256 pairs of 256 experts on the
+        H200, against 2 x 75 us for the GEMMs behind it (benchmarks/device/moe_e_probe.py)."""
         j = tl.arange(0, P2)
         e = tl.load(ids + j, mask=j < P, other=0).to(tl.int32)
         valid = (j < P) & (e >= 0) & (e < E)  # an id off the table is dropped, never written past the buffers
-        e = tl.where(valid, e, E2)  # padding lanes match no expert
+        e = tl.where(valid, e, E2 - 1)  # E2 > E: the last bin is no expert's
         bins = tl.arange(0, E2)
-        hit = e[:, None] == bins[None, :]  # [P2, E2]
-        counts = tl.sum(hit.to(tl.int32), axis=0)
+        counts = tl.where(bins < E, tl.histogram(e, E2), 0)
         padded = (counts + BM - 1) // BM * BM
-        ends = tl.cumsum(padded, axis=0)
-        starts = ends - padded
-        # a pair's rank among the earlier pairs of its expert: a stable sort
-        i = tl.arange(0, P2)
-        earlier = (e[None, :] == e[:, None]) & (i[None, :] < j[:, None])
-        rank = tl.sum(earlier.to(tl.int32), axis=1)
-        pos = tl.sum(tl.where(hit, starts[None, :], 0), axis=1) + rank
+        starts = tl.cumsum(padded, axis=0) - padded  # each expert's first row, its run padded to whole blocks
+        first = tl.cumsum(counts, axis=0) - counts  # its first pair in the sort
+        # a stable sort: the keys (expert, pair) are distinct, so a pair's place in the sorted keys minus its expert's
+        # first place is its rank among the earlier pairs of its expert
+        key = tl.sort(e * P2 + j)
+        se, sj = key // P2, key % P2
+        pos = tl.gather(starts, se, 0) + j - tl.gather(first, se, 0)
+        ok = se < E
         b = tl.arange(0, NB2)
         rows = b[:, None] * BM + tl.arange(0, BM)[None, :]
         tl.store(sorted_pairs + rows, tl.zeros((NB2, BM), dtype=tl.int32) + P, mask=b[:, None] < NB)
-        tl.debug_barrier()  # the padding written before the pairs land on it
-        tl.store(sorted_pairs + pos, j, mask=valid)
-        total = tl.sum(padded, axis=0)
-        owner = tl.sum((ends[None, :] <= b[:, None] * BM).to(tl.int32), axis=1)  # bins that end before the block
-        tl.store(block_expert + b, tl.where((b * BM < total) & (owner < E), owner, -1), mask=b < NB)
+        tl.store(block_expert + b, tl.zeros((NB2,), dtype=tl.int32) - 1, mask=b < NB)
+        tl.debug_barrier()  # the padding and the -1s written before the pairs and their experts land on them
+        tl.store(sorted_pairs + pos, sj, mask=ok)
+        tl.store(block_expert + pos // BM, se, mask=ok)  # every block of an expert's run holds one of its pairs at least
 
+
+def align_pairs(ids: torch.Tensor, sorted_pairs: torch.Tensor, block_expert: torch.Tensor, experts: int,
+                block_m: int) -> None:
+    """Sort the pairs of `ids` (any shape, flattened) by expert into `sorted_pairs` / `block_expert` (one program)."""
+    flat = ids.reshape(-1)
+    nb = block_expert.numel()
+    _align_kernel[(1,)](flat, sorted_pairs, block_expert, flat.numel(), experts, nb, P2=_pow2(flat.numel()),
+                        E2=_pow2(experts + 1), NB2=_pow2(nb), BM=block_m, num_warps=4)
+
+
+if HAVE_TRITON:
     @triton.jit
     def _moe_gemm_kernel(a, a_s, w, w_s, c, sorted_pairs, block_expert, route_w, P, N, K, groups_per_split,
                          stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn, stride_wsg, stride_cm,
@@ -244,10 +258,7 @@ class FusedMoe:
 
     def align(self, ids: torch.Tensor) -> None:
         """Sort the pairs by expert into sorted_pairs / block_expert (kernel 1)."""
-        flat = ids.reshape(-1)
-        _align_kernel[(1,)](flat, self.sorted_pairs, self.block_expert, self.pairs, self.e, self.nb,
-                            P2=_pow2(self.pairs), E2=_pow2(self.e + 1), NB2=_pow2(self.nb), BM=self.block_m,
-                            num_warps=8)
+        align_pairs(ids, self.sorted_pairs, self.block_expert, self.e, self.block_m)
 
     @property
     def kernels(self) -> int:

@@ -195,8 +195,9 @@ def fused_moe(es: ExpertSet, fmt: str) -> "fusedmoe.FusedMoe | fp4moe.Nvfp4Fused
     """The fused MoE over this routing's pairs (compact expert ids; another EP rank's pairs are dropped): fp8 (one
     scale an expert, or 128x128 blocks) or NVFP4 weight-only (quantised an expert at a time)."""
     if fmt == "nvfp4":
+        # planned for the experts hit: its table holds only those (uniform choices over it would plan for fewer)
         return fp4moe.Nvfp4FusedMoe([nv.quantize_nvfp4(w) for w in es.w13], [nv.quantize_nvfp4(w) for w in es.w2],
-                                    es.m, es.cids.shape[1], es.x.device)
+                                    es.m, es.cids.shape[1], es.x.device, experts_hit=es.experts_hit)
     block = fmt == "fp8-block"
     return fusedmoe.FusedMoe(fusedmoe.quantize_experts(es.w13, block), fusedmoe.quantize_experts(es.w2, block), es.m,
                              es.cids.shape[1], es.x.device)

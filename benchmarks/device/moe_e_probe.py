@@ -1,0 +1,84 @@
+"""Device probe (H200): the NVFP4 fused MoE at GLM-5 TP8 shapes (6144 x 256 an expert), 32 tokens x top-8, built
+over all 256 experts (as the kernel level builds it) and over only the experts hit, ids compacted (as the MoE stage
+builds it); the same pairs. Prints each build's plan and its CUDA-graph time after an L2 flush, and each kernel's
+time from the profiler. It found the align kernel's spill (H200, 2026-12-04, 32 tokens: 158 experts hit): the align
+324 us over the 256-expert table and 49 us over the 158 hit, the two GEMMs 74.5 us each; the call 491 / 219 us.
+With the histogram-and-sort align: 3.6 / 2.9 us, the call 168 / 174 us.
+
+    PYTHONPATH=workflow python3 benchmarks/device/moe_e_probe.py [--m 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "workflow"))
+
+import torch  # noqa: E402
+
+from decode_gap.kernels import fp4moe  # noqa: E402
+from decode_gap.kernels import lowprec as lp  # noqa: E402
+from decode_gap.kernels import nvfp4 as nv  # noqa: E402
+from decode_gap.simulate.timing import L2Flusher, spread, time_cuda  # noqa: E402
+from decode_gap.timing import capture_graph  # noqa: E402
+
+
+def kernel_times(fn) -> str:
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            fn()
+        torch.cuda.synchronize()
+    rows = []
+    for ev in prof.key_averages():
+        if ev.device_type.name == "CUDA" or getattr(ev, "self_device_time_total", 0):
+            us = getattr(ev, "device_time_total", 0) / max(1, ev.count)
+            rows.append(f"{ev.key[:50]} x{ev.count // 10} {us:.1f}us")
+    return "; ".join(rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--m", type=int, default=32)
+    ap.add_argument("--e", type=int, default=256)
+    ap.add_argument("--h", type=int, default=6144)
+    ap.add_argument("--i", type=int, default=256)
+    ap.add_argument("--k", type=int, default=8)
+    a = ap.parse_args()
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    w13 = [nv.quantize_nvfp4(torch.randn(2 * a.i, a.h, device=dev) * 0.02) for _ in range(a.e)]
+    w2 = [nv.quantize_nvfp4(torch.randn(a.h, a.i, device=dev) * 0.02) for _ in range(a.e)]
+    ids = torch.stack([torch.randperm(a.e, device=dev)[:a.k] for _ in range(a.m)])
+    rw = torch.rand(a.m, a.k, device=dev)
+    x = torch.randn(a.m, a.h, device=dev, dtype=torch.bfloat16)
+    hit = torch.unique(ids)
+    cids = torch.searchsorted(hit, ids)
+    print(f"M={a.m} top_k={a.k}: {hit.numel()} of {a.e} experts hit", flush=True)
+    flusher = L2Flusher("cuda")
+    builds = {
+        "all experts, int64 ids": (w13, w2, ids),
+        "all experts, int32 ids": (w13, w2, ids.int()),
+        "hit experts, compact ids": ([w13[j] for j in hit.tolist()], [w2[j] for j in hit.tolist()], cids),
+    }
+    for name, (a13, a2, use) in builds.items():
+        moe = fp4moe.Nvfp4FusedMoe(a13, a2, a.m, a.k, dev)
+        print(f"{name}: e {moe.e} nb {moe.nb} block_m {moe.block_m} plan13 {moe.plan13} plan2 {moe.plan2} "
+              f"silu_epi {moe.silu_epilogue} cast_epi {moe.cast_epilogue} kernels {moe.kernels}", flush=True)
+        run = (lambda moe=moe, use=use: moe(x, use, rw))
+        run()
+        g = capture_graph([run])
+        t = spread(time_cuda(g.replay, 3, 30, flusher))
+        print(f"  graph {t['median_ms'] * 1e3:.1f} us (min {t['min_ms'] * 1e3:.1f}); kernels: {kernel_times(run)}",
+              flush=True)
+        del moe, g
+
+
+if __name__ == "__main__":
+    main()
