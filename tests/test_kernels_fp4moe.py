@@ -54,6 +54,15 @@ def test_splits_aim_at_the_warps_an_sm_holds():
     assert fp4moe.moe_split(8, 448, 4, 2, 132) == 1  # down (K = 256): two iterations, nothing to split
 
 
+def test_past_one_wave_gate_up_is_split_for_three_waves():
+    # GLM-5 TP8 gate_up (32 tiles, 96 steps), 132 SMs holding 36 warps each (4752 in all)
+    assert fp4moe.moe_split(57, 32, 96, 2, 132) == 2  # 8 tokens: 0.77 waves at 2 splits, left to the warps rule
+    assert fp4moe.moe_split(101, 32, 96, 2, 132) == 5  # 16 tokens: 2 splits would be 1.4 waves
+    assert fp4moe.moe_split(162, 32, 96, 2, 132) == 3  # 32 tokens: 1.09 waves unsplit
+    assert fp4moe.moe_split(30, 256, 96, 2, 132) == 2  # TP1 (256 tiles) at 4 tokens: 1.6 waves unsplit
+    assert fp4moe.moe_split(162, 32, 4, 2, 132) == 2  # never more splits than iterations (2 here)
+
+
 def test_fused_moe_matches_dequantise_then_matmul():
     _interpret(r'''
 torch.manual_seed(1)

@@ -19,13 +19,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "workflow"))
 import torch  # noqa: E402
 
 from decode_gap.kernels import fp4moe  # noqa: E402
-from decode_gap.kernels import lowprec as lp  # noqa: E402
 from decode_gap.kernels import nvfp4 as nv  # noqa: E402
 from decode_gap.simulate.timing import L2Flusher, spread, time_cuda  # noqa: E402
 from decode_gap.timing import capture_graph  # noqa: E402
 
 
 def kernel_times(fn) -> str:
+    """Each kernel of a call in launch order, its mean over 10 eager calls (the profiler's CUDA times)."""
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(3):
@@ -35,11 +35,12 @@ def kernel_times(fn) -> str:
         for _ in range(10):
             fn()
         torch.cuda.synchronize()
+    kernels = [ev for ev in prof.events() if ev.device_type.name == "CUDA"]
+    per = len(kernels) // 10
     rows = []
-    for ev in prof.key_averages():
-        if ev.device_type.name == "CUDA" or getattr(ev, "self_device_time_total", 0):
-            us = getattr(ev, "device_time_total", 0) / max(1, ev.count)
-            rows.append(f"{ev.key[:50]} x{ev.count // 10} {us:.1f}us")
+    for i in range(per):
+        us = sum(ev.device_time for ev in kernels[i::per]) / 10
+        rows.append(f"{kernels[i].name[:24]} {us:.1f}us")
     return "; ".join(rows)
 
 
@@ -50,6 +51,9 @@ def main() -> None:
     ap.add_argument("--h", type=int, default=6144)
     ap.add_argument("--i", type=int, default=256)
     ap.add_argument("--k", type=int, default=8)
+    ap.add_argument("--only-table", action="store_true", help="only the build over the whole table")
+    ap.add_argument("--variants", action="store_true", help="with --only-table: no early launch, a tight grid")
+    ap.add_argument("--split13", type=int, nargs="*", default=[], help="with --only-table: these gate_up K splits")
     a = ap.parse_args()
     dev = torch.device("cuda")
     torch.manual_seed(0)
@@ -60,17 +64,33 @@ def main() -> None:
     x = torch.randn(a.m, a.h, device=dev, dtype=torch.bfloat16)
     hit = torch.unique(ids)
     cids = torch.searchsorted(hit, ids)
-    print(f"M={a.m} top_k={a.k}: {hit.numel()} of {a.e} experts hit", flush=True)
+    read_us = hit.numel() * (nv.nvfp4_bytes(2 * a.i, a.h) + nv.nvfp4_bytes(a.h, a.i)) / 4.38e3 / 1e3
+    print(f"M={a.m} top_k={a.k} {a.h}x{a.i}: {hit.numel()} of {a.e} experts hit, their bytes at 4.38 TB/s "
+          f"{read_us:.1f} us (gate_up 2/3 of it)", flush=True)
     flusher = L2Flusher("cuda")
-    builds = {
-        "all experts, int64 ids": (w13, w2, ids),
-        "all experts, int32 ids": (w13, w2, ids.int()),
-        "hit experts, compact ids": ([w13[j] for j in hit.tolist()], [w2[j] for j in hit.tolist()], cids),
-    }
-    for name, (a13, a2, use) in builds.items():
-        moe = fp4moe.Nvfp4FusedMoe(a13, a2, a.m, a.k, dev)
+    if a.only_table:
+        builds = {"all experts": (w13, w2, ids)}
+    else:
+        builds = {
+            "all experts, int64 ids": (w13, w2, ids),
+            "all experts, int32 ids": (w13, w2, ids.int()),
+            "hit experts, compact ids": ([w13[j] for j in hit.tolist()], [w2[j] for j in hit.tolist()], cids),
+        }
+    counts = torch.bincount(ids.flatten(), minlength=a.e)
+    used_blocks = int(((counts + 7) // 8).sum())
+    variants = [(name, build, {}) for name, build in builds.items()]
+    if a.variants:  # the launch-early trigger off, and the GEMMs' grid cut to the blocks this routing fills
+        variants += [("all experts, no early launch", builds["all experts"], {"deps": False}),
+                     (f"all experts, grid of the {used_blocks} blocks filled", builds["all experts"], {"nb": 1})]
+    for split in a.split13:
+        variants.append((f"all experts, gate_up split {split}", builds["all experts"], {"split13": split}))
+    for name, (a13, a2, use), opt in variants:
+        moe = fp4moe.Nvfp4FusedMoe(a13, a2, a.m, a.k, dev, deps=opt.get("deps"), split13=opt.get("split13"))
+        if opt.get("nb") and moe.block_m == 8:
+            moe.nb = used_blocks  # the GEMMs' grids only (the align still fills every block's slot)
         print(f"{name}: e {moe.e} nb {moe.nb} block_m {moe.block_m} plan13 {moe.plan13} plan2 {moe.plan2} "
-              f"silu_epi {moe.silu_epilogue} cast_epi {moe.cast_epilogue} kernels {moe.kernels}", flush=True)
+              f"silu_epi {moe.silu_epilogue} cast_epi {moe.cast_epilogue} kernels {moe.kernels} deps {moe.deps}",
+              flush=True)
         run = (lambda moe=moe, use=use: moe(x, use, rw))
         run()
         g = capture_graph([run])

@@ -62,6 +62,15 @@ block is 8 pairs unless experts average more than 8; PDL took DeepSeek-V3 TP8 at
 drew level elsewhere. The kernel level's GLM-5-NVFP4 TP8 step (benchmarks/simulate_gpu.py, 46 of 78 layers scaled,
 CUDA graph): routed experts 2.39 -> 1.52 ms at batch 1 (step 10.47 -> 9.76 ms) and 19.03 -> 4.93 ms at batch 8
 (step 28.35 -> 14.44 ms).
+
+Above 8 tokens (H200, 2026-12-04, benchmarks/device/moe_e_probe.py: GLM-5 TP8, the 256-expert table, CUDA-graph
+replay after an L2 flush). The align had spilled: 324 us of a 491 us call at 32 tokens, where the MoE stage, whose
+table holds only the experts hit, saw 49 us; its histogram-and-sort form takes 3.6 (fusedmoe._align_kernel). Then
+gate_up is split for three waves where unsplit it overflows one (RESIDENT_WARPS): 32 tokens 167.9 -> 155.6 us
+(gate_up 93.7 -> 78.9, down 55.8: 0.66 and 0.57 of a plain read of their bytes). Each GEMM and the align let the
+next kernel launch once past their loop (LAUNCH_EARLY): 155.6 / 155.5 us against 165.0 / 163.5 without, two runs.
+The kernel level's GLM-5-NVFP4 TP8 step at 32 rows (benchmarks/simulate_gpu.py, 512 tokens): routed experts 36.21
+-> 11.40 ms, the step 47.84 -> 23.04 ms, with the new align alone.
 """
 
 from __future__ import annotations
@@ -96,6 +105,16 @@ TOKEN_AUTO_SLICES = 2
 # lane its 16 values' gates and ups a step, in the iteration that uses them), the cast kernel zeroing the sums, so
 # no SiLU kernel: 1.9-3.1x slower at every case (batch 1: DeepSeek-V3 TP8 26.3 against 13.7 us, GLM-5 TP8 24.1 / 13.4,
 # DeepSeek-V3 TP1 169.7 / 60.5): every warp of down computes the same activation, an exp a value, in its hot loop
+# warps an SM holds at once: the block kernel takes 56 registers a thread on sm_90, so 9 programs of 4 warps; past one
+# wave of them, gate_up is split for WAVES waves at least. H200 (2026-12-04, benchmarks/device/moe_e_probe.py, GLM-5
+# TP8, us for gate_up / the call): 32 tokens (158 experts hit, 1.08 waves unsplit) 93.7 / 167.9 unsplit, 78.8 / 158.1
+# in 3 splits; DeepSeek-V3 TP8 at 32 tokens 112.7 / 196.2 unsplit, 97.1 / 190.9 in 3, 94.9 / 185.4 in 4; GLM-5 at 64
+# tokens 114.5 / 208.4 unsplit, 109.6 / 203.5 in 3; at 16 tokens 2 splits 52.5 / 106.2, 4 48.2 / 105.3, 6 48.8 /
+# 105.5. At 4 and 8 tokens (under one wave, left to WARPS_PER_SM) more splits lost: 8 tokens 31.1 / 63.4 in 2,
+# 29.0-30.2 / 66.7-67.9 in 4-12
+RESIDENT_WARPS = 36
+WAVES = 3
+LAUNCH_EARLY = True  # gdc_launch_dependents in the align and the GEMMs (the docstring's figures)
 CONFIG = lp.FP4_GROUPED_BX_2  # 4 warps (64 rows) a program, 2 steps (128 values) an iteration, evict-first weights
 
 
@@ -180,7 +199,7 @@ if HAVE_TRITON:
                         X_DIV: tl.constexpr, O_DIV: tl.constexpr, WARPS: tl.constexpr, UNROLL: tl.constexpr,
                         BM: tl.constexpr, ATOMIC: tl.constexpr, ROW_WEIGHT: tl.constexpr, USE_ASM: tl.constexpr,
                         EV: tl.constexpr = "", PDL: tl.constexpr = False, EPI: tl.constexpr = 0,
-                        MB: tl.constexpr = 16):
+                        MB: tl.constexpr = 16, DEPS: tl.constexpr = False):
         """out[pair // O_DIV, n] (+)= x[pair // X_DIV] . W_e[n] for the pairs of block pid 2 (expert e), rows n of
         WARPS 16-row tiles, K steps [pid 1 x steps_per_split, ...). x: int32 view of bf16 pairs; W: the bf16 form's
         repacked expert stack (lowprec._stack_mma(bx=True)); bexp: each block's expert (the align's, or for one
@@ -230,6 +249,8 @@ if HAVE_TRITON:
             acc1 = tl.zeros((T, 4), dtype=tl.float32)
             acc0, acc1, acc2, acc3 = _fp4_mma_loop(wb, sb, xb, xb2, i0, i1, T, UNROLL, EV, BM == 16, acc0, acc1,
                                                    acc0, acc1, False, True)
+            if DEPS:  # the next kernel's programs may take the SMs this grid frees (they wait for all of it)
+                tl.extra.cuda.gdc_launch_dependents()
             if DIRECT:
                 # accumulator elements 0, 1 of lane 4g + q: the gate of value 8 tile + g at columns 2q, 2q + 1; 2,
                 # 3: its up (rows g + 8)
@@ -384,8 +405,14 @@ def expected_hit(pairs: int, experts: int) -> float:
 
 def moe_split(blocks: int, tiles: int, steps: int, unroll: int, sms: int, warps_per_sm: int = WARPS_PER_SM) -> int:
     """K splits of a GEMM over `blocks` expert blocks of `tiles` 16-row tiles (a warp each) and `steps` 64-value
-    steps: about warps_per_sm warps an SM in all (lowprec.mma_split), every split whole iterations."""
-    return lp.mma_split(blocks * tiles, steps // unroll, warps_per_sm, sms)
+    steps: about warps_per_sm warps an SM in all (lowprec.mma_split), every split whole iterations; and where that
+    leaves more warps than the SMs hold at once (RESIDENT_WARPS), at least WAVES times what they hold, so the last
+    wave's few programs are short (a second wave of a few long programs ran at a fraction of the bandwidth)."""
+    warps = blocks * tiles
+    split = lp.mma_split(warps, steps // unroll, warps_per_sm, sms)
+    if split * warps > RESIDENT_WARPS * sms:
+        split = max(split, min(steps // unroll, math.ceil(WAVES * RESIDENT_WARPS * sms / warps)))
+    return split
 
 
 def token_slices(tiles: int, slots: int, steps: int, unroll: int, sms: int, most: int,
@@ -448,7 +475,7 @@ class Nvfp4FusedMoe:
                  split13: int | None = None, split2: int | None = None, pdl: bool | None = None,
                  silu_epilogue: bool | None = None, cast_epilogue: bool = CAST_EPILOGUE,
                  align: bool | None = None, token: str | None = None, slices13: int | None = None,
-                 slices2: int | None = None, experts_hit: float | None = None) -> None:
+                 slices2: int | None = None, experts_hit: float | None = None, deps: bool | None = None) -> None:
         if not HAVE_TRITON:
             raise DecodeGapError("the NVFP4 fused MoE needs Triton, which is not installed")
         self.mma13 = lp._stack_mma(w13, bx=True) if isinstance(w13, list) else w13
@@ -470,6 +497,8 @@ class Nvfp4FusedMoe:
         self.mma13 = gate_up_stack(self.mma13)
         # each kernel after the align a programmatic dependent of the one before (sm90+): its launch overlaps that one
         self.pdl = lp.pdl_supported(device) if pdl is None else pdl and lp.pdl_supported(device)
+        # each kernel lets the next one's programs launch once all of its own are past their loop (align: at once)
+        self.deps = self.pdl and (LAUNCH_EARLY if deps is None else deps)
         self.block_m = block_m or block_m_for(pairs, e)
         if self.block_m not in (8, 16):
             raise DecodeGapError(f"NVFP4 fused MoE: block_m must be 8 or 16, not {self.block_m}")
@@ -566,7 +595,7 @@ class Nvfp4FusedMoe:
             X_DIV=self.top_k if by_token else 1, O_DIV=1 if by_token else self.top_k, WARPS=self.warps,
             UNROLL=self.unroll, BM=self.block_m, ATOMIC=split > 1 or not by_token, ROW_WEIGHT=not by_token,
             USE_ASM=not lp.interpreted(), EV=self.ev, PDL=self.pdl, EPI=epi, MB=min(16, _pow2(self.m)),
-            num_warps=self.warps, **lp._pdl_launch(self.pdl))
+            DEPS=self.deps, num_warps=self.warps, **lp._pdl_launch(self.pdl))
 
     def _token_gemm(self, gate_up: bool, src, dst, flat_ids, flat_w) -> None:
         """One token's gate_up (the SiLU into the activation rows) or down (the experts summed into out)."""
@@ -588,7 +617,7 @@ class Nvfp4FusedMoe:
                                  f"{tuple(weights.shape)}; expected {(self.m, self.h)} and {(self.m, self.top_k)}")
         flat_ids = ids.reshape(-1)
         if self.align:
-            align_pairs(flat_ids, self.sorted_pairs, self.block_expert, self.e, self.block_m)
+            align_pairs(flat_ids, self.sorted_pairs, self.block_expert, self.e, self.block_m, deps=self.deps)
         bexp = self.block_expert if self.align else flat_ids
         flat_w = weights.reshape(-1).float()
         if self.token13:

@@ -66,12 +66,15 @@ if HAVE_TRITON:
 
     @triton.jit
     def _align_kernel(ids, sorted_pairs, block_expert, P, E, NB,
-                      P2: tl.constexpr, E2: tl.constexpr, NB2: tl.constexpr, BM: tl.constexpr):
+                      P2: tl.constexpr, E2: tl.constexpr, NB2: tl.constexpr, BM: tl.constexpr,
+                      DEPS: tl.constexpr = False):
         """ids [P] (any int) -> sorted_pairs [NB * BM] (pair index, or P where padding) and block_expert [NB].
 
         Vectors of P2, E2 and NB2 only: a histogram, a bitonic sort of (expert, pair) keys and gathers. The first
         form compared [P2, E2], [P2, P2] and [NB2, E2] tiles, which spilled: 324 us at 256 pairs of 256 experts on the
         H200, against 2 x 75 us for the GEMMs behind it (benchmarks/device/moe_e_probe.py)."""
+        if DEPS:  # the GEMM launched behind it as a programmatic dependent may take the idle SMs now
+            tl.extra.cuda.gdc_launch_dependents()
         j = tl.arange(0, P2)
         e = tl.load(ids + j, mask=j < P, other=0).to(tl.int32)
         valid = (j < P) & (e >= 0) & (e < E)  # an id off the table is dropped, never written past the buffers
@@ -97,12 +100,13 @@ if HAVE_TRITON:
 
 
 def align_pairs(ids: torch.Tensor, sorted_pairs: torch.Tensor, block_expert: torch.Tensor, experts: int,
-                block_m: int) -> None:
-    """Sort the pairs of `ids` (any shape, flattened) by expert into `sorted_pairs` / `block_expert` (one program)."""
+                block_m: int, deps: bool = False) -> None:
+    """Sort the pairs of `ids` (any shape, flattened) by expert into `sorted_pairs` / `block_expert` (one program).
+    deps: the kernel behind it is a programmatic dependent (sm90+) and may launch at once."""
     flat = ids.reshape(-1)
     nb = block_expert.numel()
     _align_kernel[(1,)](flat, sorted_pairs, block_expert, flat.numel(), experts, nb, P2=_pow2(flat.numel()),
-                        E2=_pow2(experts + 1), NB2=_pow2(nb), BM=block_m, num_warps=4)
+                        E2=_pow2(experts + 1), NB2=_pow2(nb), BM=block_m, DEPS=deps, num_warps=4)
 
 
 if HAVE_TRITON:
