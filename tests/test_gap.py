@@ -447,6 +447,27 @@ def test_kernel_lever_quotes_the_nvfp4_fused_moe_the_kernel_level_runs():
             "plain read") in lever["evidence"]
 
 
+def test_a_kernel_level_far_from_the_moe_stages_row_says_the_call_differs():
+    """The kernel level's routed experts (scaled to every layer) against the MoE stage's row times the MoE layers:
+    past 1.5x either way the lever's evidence and the gap's notes say the two call the same kernel differently (the
+    NVFP4 fused MoE's align over the model's whole table spilled: 2.45x the stage's row on the H200); within it,
+    nothing is added."""
+    moe = {"device": "cuda: NVIDIA H200", "shape": {"moe_layers": 75},
+           "by_m": {"32": {"experts_fused_moe_nvfp4_us": 196.85, "experts_fused_moe_nvfp4_plain_read_us": 115.33}}}
+    for level_ms, flagged in ((36.22, True), (8.0, True), (16.2, False), (10.71, False)):
+        inputs = gpu_inputs(moe=moe)
+        inputs["roofline"] = {**inputs["roofline"], "weight_format": "nvfp4", "batch_size": 32}
+        inputs["simulate"]["kernel"]["components"] = [{"name": "routed experts", "ms": level_ms,
+                                                       "graph_ms": level_ms, "status": "measured"}]
+        g = attribute(inputs)
+        lever = next(l for l in g["levers"] if l["name"].startswith("decode kernels at streaming"))
+        said = [n for n in g["notes"] if "the two call the same kernel differently" in n]
+        assert bool(said) == flagged and (("the two call" in lever["evidence"]) == flagged), level_ms
+        if level_ms == 36.22:
+            assert said[0].startswith("The kernel level's routed experts take 36.220 ms a step, 2.45x the 14.764 ms "
+                                      "that the MoE stage's fused MoE row predicts for its 75 MoE layers at M=32")
+
+
 def test_kernel_lever_adds_decode_attention_at_the_runs_context_on_its_fastest_kernels():
     """attention.json's fastest backend per case at the run's batch and context, times the layers of each kind
     (GQA: full and sliding layers; DSA: the indexer over the context and MLA over its top-k), against the KV bytes

@@ -54,8 +54,11 @@ def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None,
     basis = "engine" if (lv.eng is not None and cp.e_serv is not None) else "trace" if trace_used else (
         "kernel" if cp.kernel_ok and (cp.k_graph or cp.k_eager) else ("roofline" if have_chain else None))
     c = _close(lv, waterfall, notes, predicted, basis)
-    from .levers import comm_floor, rank_levers  # here, not at the top: levers.py imports _num from this module
+    from .levers import comm_floor, experts_level_mismatch, rank_levers  # levers.py imports _num from here
 
+    mismatch = experts_level_mismatch(lv.inputs.get("moe") or {}, lv.roof, lv.kern)
+    if mismatch:
+        notes.append(mismatch[0].upper() + mismatch[1:])
     levers = rank_levers(waterfall, lv.kern, lv.eng, lv.inputs, cp.server_graphs, lv.roof, ar_ms)
     communication = comm_floor(lv.ar, lv.roof) if lv.tp > 1 else None
     unexplained = _unexplained_component(waterfall, c, last_level)

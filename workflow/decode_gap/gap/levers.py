@@ -64,10 +64,16 @@ def gemm_step_split(gemm: dict, roof: dict) -> str:
     return text + " (microbench/gemm.json, measured)"
 
 
-def experts_step_split(moe: dict, roof: dict) -> str:
-    """The routed experts' kernel of one decode step in the run's weight format (moe.json at the run's batch, times
-    its MoE layers: the kernel the kernel level runs, the fused MoE for NVFP4 and for fp8 above batch 1, else the
-    grouped GEMV) against a plain read of the selected experts' bytes; "" where moe.json has no such pair."""
+# the kernel level's routed experts against the MoE stage's row times the MoE layers: past this ratio either way the
+# step calls the kernel differently from the micro-benchmark (the NVFP4 fused MoE's align over the model's 256-expert
+# table spilled, 2.45x the stage's row, which held only the experts hit)
+LEVEL_MISMATCH = 1.5
+
+
+def _experts_step(moe: dict, roof: dict) -> tuple[str, float, float, int, int] | None:
+    """(kernel name, its ms and a plain read's ms a step, M, MoE layers) of the routed experts' kernel in the run's
+    weight format (moe.json at the run's batch, times its MoE layers: the kernel the kernel level runs, the fused MoE
+    for NVFP4 and for fp8 above batch 1, else the grouped GEMV); None where moe.json has no such pair."""
     fmt, batch = str(roof.get("weight_format") or ""), _num(roof.get("batch_size"))
     entry = (moe.get("by_m") or {}).get(str(int(batch))) if batch is not None else None
     layers = _num((moe.get("shape") or {}).get("moe_layers"))
@@ -76,11 +82,42 @@ def experts_step_split(moe: dict, roof: dict) -> str:
         key = f"experts_{impl}_{fmt.replace('-', '_')}"
         kernel_us, read_us = (_num(entry.get(f"{key}{part}")) if entry else None for part in ("_us", "_plain_read_us"))
         if layers and kernel_us is not None and read_us is not None:
-            kernel_ms, read_ms = kernel_us * layers / 1e3, read_us * layers / 1e3
-            return (f"the routed experts' {what} ({fmt}, M={int(batch)}, x {int(layers)} MoE layers) takes "
-                    f"{kernel_ms:.3f} ms against {read_ms:.3f} ms for a plain read of the selected experts' bytes "
-                    f"(microbench/moe.json, measured)")
-    return ""
+            return what, kernel_us * layers / 1e3, read_us * layers / 1e3, int(batch), int(layers)
+    return None
+
+
+def experts_level_mismatch(moe: dict, roof: dict, kern: dict | None) -> str:
+    """A sentence where the kernel level's routed experts (CUDA graph, scaled to every layer) and the MoE stage's row
+    times the MoE layers differ by more than LEVEL_MISMATCH either way: the same kernel, called differently, so the
+    difference is in the call (expert table, routing, buffers), not in the kernel; "" where they agree or either is
+    missing."""
+    step = _experts_step(moe, roof)
+    comp = next((c for c in (kern or {}).get("components") or [] if c.get("name") == "routed experts"), None)
+    level_ms = _num((comp or {}).get("graph_ms"))
+    if step is None or level_ms is None or step[1] <= 0 or level_ms <= 0:
+        return ""
+    ratio = level_ms / step[1]
+    if 1 / LEVEL_MISMATCH <= ratio <= LEVEL_MISMATCH:
+        return ""
+    return (f"the kernel level's routed experts take {level_ms:.3f} ms a step, {ratio:.2f}x the {step[1]:.3f} ms "
+            f"that the MoE stage's {step[0]} row predicts for its {step[4]} MoE layers at M={step[3]}: the two call "
+            f"the same kernel differently (the model's whole expert table and its router's choices against the "
+            f"experts hit alone), so look at the call before the kernel")
+
+
+def experts_step_split(moe: dict, roof: dict, kern: dict | None = None) -> str:
+    """The routed experts' kernel of one decode step (_experts_step) against a plain read of the selected experts'
+    bytes, and where the kernel level disagrees with it, that (experts_level_mismatch); "" where moe.json has no such
+    pair."""
+    step = _experts_step(moe, roof)
+    if step is None:
+        return ""
+    what, kernel_ms, read_ms, batch, layers = step
+    text = (f"the routed experts' {what} ({roof.get('weight_format')}, M={batch}, x {layers} MoE layers) takes "
+            f"{kernel_ms:.3f} ms against {read_ms:.3f} ms for a plain read of the selected experts' bytes "
+            f"(microbench/moe.json, measured)")
+    mismatch = experts_level_mismatch(moe, roof, kern)
+    return text + (f"; but {mismatch}" if mismatch else "")
 
 
 def attention_step_split(att: dict, memory: dict, roof: dict) -> str:
@@ -144,7 +181,7 @@ def rank_levers(waterfall, kern, eng, inputs, server_graphs: bool, roof: dict, a
         ev = (f"kernel level in CUDA graphs takes {kshape['ms']:.3f} ms more than streaming its bytes at the "
               f"measured bandwidth (decode GEMVs, attention, norms and routing below streaming speed)")
         for split in (gemm_step_split(inputs.get("gemm") or {}, roof),
-                      experts_step_split(inputs.get("moe") or {}, roof),
+                      experts_step_split(inputs.get("moe") or {}, roof, kern),
                       attention_step_split(inputs.get("attention") or {}, inputs.get("memory") or {}, roof)):
             ev += f"; {split}" if split else ""
         add("decode kernels at streaming bandwidth (fused / better-tuned GEMV, attention, MoE kernels)",
