@@ -216,6 +216,7 @@ def test_moe_stage_keeps_the_fastest_grouped_form_and_names_one_that_failed():
     skipped: list = []
     best = fastest_form(g, timer({128: 53.2, 256: 51.6}), skipped)
     assert best["gpu_us"] == 51.6 and "down m,BN=64,BK=256" in best["backend"] and best["kernels"] == g.kernels
+    assert best["note"].startswith("fastest of: ") and best["note"].endswith("BK=128,w=4,ef,bx) 53.20 us")
     assert not skipped
     best = fastest_form(g, timer({128: 59.7, 256: 62.9}), skipped)
     assert best["gpu_us"] == 59.7 and "BK=128,w=4,ef,bx)" in best["backend"]

@@ -206,17 +206,20 @@ def fused_moe(es: ExpertSet, fmt: str) -> "fusedmoe.FusedMoe | fp4moe.Nvfp4Fused
 def fastest_form(g: "lp.GroupedExperts", time_form: Callable[[list], dict[str, Any] | None],
                  skipped: list[dict[str, str]]) -> dict[str, Any] | None:
     """g timed in each of its forms (lp.grouped_alternatives, the default first) by time_form(failures), which
-    returns a row or None and appends why to failures; the fastest row with its kernel count, or None if no form
-    ran; g is left in that form. A form that fails is named as itself in `skipped`, beside the row another form
-    still gives."""
+    returns a row or None and appends why to failures; the fastest row with its kernel count and the others' times
+    in its note (_fastest_of, a tie kept by the earlier form), or None if no form ran; g is left in that form. A
+    form that fails is named as itself in `skipped`, beside the row another form still gives."""
     best, best_forms = None, (g.cfg13, g.cfg2)
     for forms in lp.grouped_alternatives(g):
         g.cfg13, g.cfg2 = forms
         failed: list[dict[str, str]] = []
         row = time_form(failed)
         skipped.extend({**f, "case": f"{f['case']} ({g.label})"} for f in failed)
-        if row and (best is None or row["gpu_us"] < best["gpu_us"]):
-            best, best_forms = {**row, "kernels": g.kernels}, forms
+        if row:
+            row = {**row, "kernels": g.kernels}
+            if best is None or row["gpu_us"] < best["gpu_us"]:
+                best_forms = forms
+            best = _fastest_of(best, row)
     g.cfg13, g.cfg2 = best_forms
     return best
 
