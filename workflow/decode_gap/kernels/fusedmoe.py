@@ -96,7 +96,7 @@ if HAVE_TRITON:
         tl.store(block_expert + b, tl.zeros((NB2,), dtype=tl.int32) - 1, mask=b < NB)
         tl.debug_barrier()  # the padding and the -1s written before the pairs and their experts land on them
         tl.store(sorted_pairs + pos, sj, mask=ok)
-        tl.store(block_expert + pos // BM, se, mask=ok)  # every block of an expert's run holds one of its pairs at least
+        tl.store(block_expert + pos // BM, se, mask=ok)  # each block of an expert's run holds one of its pairs
 
 
 def align_pairs(ids: torch.Tensor, sorted_pairs: torch.Tensor, block_expert: torch.Tensor, experts: int,
