@@ -154,3 +154,27 @@ def test_the_split_sums_are_zeroed_after_every_thread_loaded_them():
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
     body = ptx[ptx.index("ld.global"):]
     assert "bar.sync" in body and body.index("bar.sync") < body.index("st.global.b32")
+
+
+def test_the_align_sorts_its_largest_batch_in_registers_without_spilling():
+    """fusedmoe's align holds every pair's key in one program's registers: at MAX_PAIRS (8192: 1024 tokens at top-8)
+    over 256 experts, in align_warps' 16 warps, sm_90's compiled kernel uses no stack (a spill would be local memory
+    traffic in a kernel on every MoE call's critical path; the first align's [pairs, experts] tiles spilled)."""
+    import re
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    p2 = fusedmoe.MAX_PAIRS
+    consts = {"P2": p2, "E2": 512, "NB2": fusedmoe._pow2(fusedmoe.max_blocks(p2, 256, 8)), "BM": 8, "DEPS": True}
+    pointers = {"ids": "*i32", "sorted_pairs": "*i32", "block_expert": "*i32"}
+    src = ASTSource(fn=fusedmoe._align_kernel, signature=_signature(fusedmoe._align_kernel, consts, pointers),
+                    constexprs=consts)
+    cubin = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                           options={"num_warps": fusedmoe.align_warps(p2)}).asm["cubin"]
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        usage = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    assert re.search(r"STACK:(\d+)", usage).group(1) == "0", usage

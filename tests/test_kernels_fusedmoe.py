@@ -73,11 +73,11 @@ print("ok")
 
 def test_align_is_a_stable_sort_at_256_pairs_of_256_experts_with_ids_off_the_table():
     # the kernel level's batch 32 x top 8 over DeepSeek-V3's / GLM-5's 256 experts, blocks of 8 (the NVFP4 fused MoE),
-    # with ids another EP rank owns (off the table) dropped
+    # with ids another EP rank owns (off the table) dropped; then 2048 pairs (batch 256) in blocks of 16, 8 warps
     _interpret(r'''
 g = torch.Generator().manual_seed(3)
-E, P, BM = 256, 256, 8
-for trial in range(3):
+E = 256
+for trial, (P, BM) in enumerate([(256, 8)] * 3 + [(2048, 16)]):
     ids = torch.stack([torch.randperm(E + 20, generator=g)[:8] - 10 for _ in range(P // 8)]).to(torch.int32)
     if trial == 2:
         ids[:] = 7  # every pair on one expert
@@ -131,8 +131,8 @@ def test_shapes_off_the_block_grid_are_one_clear_error():
     with pytest.raises(DecodeGapError, match=r"one an expert, \[E\]"):
         bm.FusedMoe(lp.quantize_fp8(torch.randn(6, 256, 256)), lp.Fp8Weight(w2.data, torch.ones(()), False), 2, 2,
                     "cpu")
-    with pytest.raises(DecodeGapError, match="at most 1024"):
-        bm.FusedMoe(w13, w2, 600, 2, "cpu")
+    with pytest.raises(DecodeGapError, match="at most 8192"):
+        bm.FusedMoe(w13, w2, 4097, 2, "cpu")
     if not lp.interpreted():
         with pytest.raises(DecodeGapError, match="Triton and a CUDA GPU"):
             bm.FusedMoe(w13, w2, 2, 2, "cpu")
