@@ -249,7 +249,7 @@ class Nvfp4WideGemm:
             raise DecodeGapError(f"nvfp4 wide gemm: x has shape {tuple(x.shape)}, expected {(self.m, self.k)}")
         xp = lp.bf16_pairs(x)
         target = self.acc if self.acc is not None else self.out
-        self.compiled = _fp4_wide_kernel[self.grid](
+        _fp4_wide_kernel[self.grid](
             xp, self.words, self.scales, self.q.tensor_scale, target, self.m, self.n, self.words.shape[0],
             self.chunks, self.per, self.words.shape[1], xp.stride(0), self.words.stride(0), self.scales.stride(0),
             target.stride(0), WARPS=self.cfg.warps, UNROLL=self.cfg.block_k // 64, ATOMIC=self.acc is not None,
