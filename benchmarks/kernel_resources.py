@@ -1,6 +1,6 @@
-"""Registers, spills, shared memory and SASS length of the NVFP4 tensor-core GEMV forms (and with --dense the
-bf16 / FP8 CUDA-core GEMV forms), compiled for a GPU architecture without a GPU (Triton's own ptxas and
-cuobjdump, from its wheel).
+"""Registers, spills, shared memory, SASS length and programs an SM of the NVFP4 tensor-core GEMV forms (with
+--dense the bf16 / FP8 CUDA-core GEMV forms, with --moe the NVFP4 fused MoE's block kernel), compiled for a GPU
+architecture without a GPU (Triton's own ptxas and cuobjdump, from its wheel: decode_gap.kernels.compiled).
 
 What a kernel change does to the compiled code, checked on a CPU host before spending device time: a form that
 spills or grows its SASS is unlikely to be faster; a change meant to leave a form alone must leave these figures
@@ -8,27 +8,22 @@ alone, and with --sass-dir its SASS too (one file a form, addresses stripped: di
 FP8 block-scales-on-x refactor left all seven dense forms' SASS identical). This is not a timing: the device
 benchmark (lowprec_device.py) measures.
 
-    python benchmarks/kernel_resources.py [--arch 90] [--dense] [--sass-dir DIR]
+    python benchmarks/kernel_resources.py [--arch 90|100|120] [--dense | --moe] [--sass-dir DIR]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow"))
-os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton's default; set so that it does not warn
-
 import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
 
+from decode_gap.kernels import fp4moe  # noqa: E402
 from decode_gap.kernels import lowprec as lp  # noqa: E402
+from decode_gap.kernels.compiled import compile_for  # noqa: E402
 
 POINTERS = {"xp_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*i16", "ts_ptr": "*fp32", "out_ptr": "*fp32",
             "x_ptr": "*bf16", "fin_ptr": "*bf16", "cnt_ptr": "*i32"}
@@ -80,51 +75,61 @@ def dense_forms() -> dict[str, dict]:
     }
 
 
+MOE_POINTERS = {"x_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*i16", "ts_ptr": "*fp32", "pairs_ptr": "*i32",
+                "bexp_ptr": "*i32", "rw_ptr": "*fp32", "out_ptr": "*fp32", "fin_ptr": "*bf16", "cnt_ptr": "*i32"}
+
+
+def moe_forms() -> dict[str, dict]:
+    """The NVFP4 fused MoE's block kernel (fp4moe._fp4_moe_kernel) as Nvfp4FusedMoe launches it on an sm90+ GPU
+    above one token (fp4moe.block_constexprs): gate_up unsplit (the activation from its registers) or split over K
+    (fp32 sums), and down, at blocks of 8 and 16 pairs. fp4moe.RESIDENT_WARPS is these programs an SM times 4."""
+    out = {}
+    for bm in (8, 16):
+        for name, gate_up, split, epi in (("gate_up unsplit", True, 1, True), ("gate_up split", True, 3, False),
+                                          ("down", False, 1, fp4moe.CAST_EPILOGUE)):
+            out[f"fp4moe {name} BM={bm}"] = fp4moe.block_constexprs(gate_up, split, top_k=8, m=32, block_m=bm,
+                                                                    epilogue=epi)
+    return out
+
+
 def compile_form(const: dict, arch: int, sass_to: Path | None = None) -> dict:
     const = dict(const)
+    moe = "X_DIV" in const
     dense = "SCALE" in const
-    fn = lp._dense_gemv_kernel if dense else lp._fp4_mma_kernel
+    fn = fp4moe._fp4_moe_kernel if moe else lp._dense_gemv_kernel if dense else lp._fp4_mma_kernel
     warps = const.pop("WARPS") if dense else const["WARPS"]
-    pointers = ({**DENSE_POINTERS, "w_ptr": "*bf16"} if const["SCALE"] == 0 else DENSE_POINTERS) if dense else POINTERS
-    sig = {n: pointers.get(n, "i32") for n in fn.arg_names}
-    sig.update({k: "constexpr" for k in const})
-    # as the runtime specialises it: 16-byte-aligned pointers and every integer but M a multiple of 16 (true of
-    # the model shapes); without it the weight loads are 32-bit and the register count is not the GPU's (80 for 56)
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
-             if n not in const and n != "M"}
-    src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
-                    attrs=attrs)
-    kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(kernel.asm["cubin"])
-        f.flush()
-        usage = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
-        sass = subprocess.run([str(tool), "-sass", f.name], capture_output=True, text=True, check=True).stdout
-    field = lambda key: int(re.search(rf"{key}:(\d+)", usage).group(1))  # noqa: E731
-    code = [re.sub(r"/\*[0-9a-f]{4}\*/", "", line).split(";")[0].strip() for line in sass.splitlines()
-            if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
+    if moe:
+        pointers = MOE_POINTERS
+    elif dense:
+        pointers = {**DENSE_POINTERS, "w_ptr": "*bf16"} if const["SCALE"] == 0 else DENSE_POINTERS
+    else:
+        pointers = POINTERS
+    kernel = compile_for(fn, const, pointers, arch, warps)
     if sass_to is not None:
-        sass_to.write_text("\n".join(code) + "\n")
-    return {"registers": field("REG"), "stack": field("STACK"), "shared": field("SHARED"),
-            "sass_instructions": len(code)}
+        sass_to.write_text("\n".join(kernel.sass) + "\n")
+    return {"registers": kernel.registers, "stack": kernel.stack, "shared": kernel.shared,
+            "sass_instructions": len(kernel.sass), "programs_per_sm": kernel.programs_per_sm}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: Hopper)")
-    ap.add_argument("--dense", action="store_true", help="the bf16 / FP8 CUDA-core GEMVs instead of the NVFP4 ones")
+    ap.add_argument("--arch", type=int, default=90,
+                    help="compute capability x 10 (90: Hopper, 100: B200, 120: RTX PRO 6000 Blackwell)")
+    group = ap.add_mutually_exclusive_group()
+    group.add_argument("--dense", action="store_true", help="the bf16 / FP8 CUDA-core GEMVs instead of the NVFP4 ones")
+    group.add_argument("--moe", action="store_true", help="the NVFP4 fused MoE's block kernel instead")
     ap.add_argument("--sass-dir", type=Path, help="write each form's SASS here (addresses stripped), to diff")
     args = ap.parse_args()
     if args.sass_dir:
         args.sass_dir.mkdir(parents=True, exist_ok=True)
     print(f"triton {triton.__version__}, sm_{args.arch}")
-    print(f"{'form':44s} {'regs':>5s} {'stack':>6s} {'shared':>7s} {'SASS':>6s}")
-    for name, const in (dense_forms() if args.dense else forms()).items():
+    print(f"{'form':44s} {'regs':>5s} {'stack':>6s} {'shared':>7s} {'SASS':>6s} {'programs/SM':>12s}")
+    for name, const in (dense_forms() if args.dense else moe_forms() if args.moe else forms()).items():
         try:
             to = args.sass_dir / (re.sub(r"[^A-Za-z0-9=.-]+", "_", name) + ".sass") if args.sass_dir else None
             r = compile_form(const, args.arch, to)
-            print(f"{name:44s} {r['registers']:5d} {r['stack']:6d} {r['shared']:7d} {r['sass_instructions']:6d}")
+            print(f"{name:44s} {r['registers']:5d} {r['stack']:6d} {r['shared']:7d} {r['sass_instructions']:6d} "
+                  f"{r['programs_per_sm']:12d}")
         except Exception as exc:  # one form failing to compile is a finding, not the end of the listing
             print(f"{name:44s} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
     return 0

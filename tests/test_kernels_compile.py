@@ -13,6 +13,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from decode_gap.kernels import attention, fp4moe, fp4wide, fp8block, fp8mma, fusedmoe, norm, routing, topk  # noqa: E402
+from decode_gap.kernels.compiled import ARCH_LIMITS, compile_for, programs_per_sm  # noqa: E402
 
 FLOAT_ARGS = {"scale", "eps"}
 FP32_POINTERS = {"part", "lse", "wts", "logits", "bias", "out_w"}
@@ -160,21 +161,38 @@ def test_the_align_sorts_its_largest_batch_in_registers_without_spilling():
     """fusedmoe's align holds every pair's key in one program's registers: at MAX_PAIRS (8192: 1024 tokens at top-8)
     over 256 experts, in align_warps' 16 warps, sm_90's compiled kernel uses no stack (a spill would be local memory
     traffic in a kernel on every MoE call's critical path; the first align's [pairs, experts] tiles spilled)."""
-    import re
-    import subprocess
-    import tempfile
-    from pathlib import Path
-
     p2 = fusedmoe.MAX_PAIRS
     consts = {"P2": p2, "E2": 512, "NB2": fusedmoe._pow2(fusedmoe.max_blocks(p2, 256, 8)), "BM": 8, "DEPS": True}
     pointers = {"ids": "*i32", "sorted_pairs": "*i32", "block_expert": "*i32"}
-    src = ASTSource(fn=fusedmoe._align_kernel, signature=_signature(fusedmoe._align_kernel, consts, pointers),
-                    constexprs=consts)
-    cubin = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                           options={"num_warps": fusedmoe.align_warps(p2)}).asm["cubin"]
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        usage = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
-    assert re.search(r"STACK:(\d+)", usage).group(1) == "0", usage
+    kernel = compile_for(fusedmoe._align_kernel, consts, pointers, 90, fusedmoe.align_warps(p2), unaligned=("P",))
+    assert kernel.stack == 0, kernel.registers
+
+
+@pytest.mark.parametrize("arch,gemms", [(90, "all"), (100, "gate_up split"), (120, "gate_up split")])
+@pytest.mark.parametrize("block_m", [8, 16])
+def test_the_fused_moe_block_kernel_holds_the_warps_its_split_plan_counts(arch, gemms, block_m):
+    """fp4moe splits gate_up for whole waves where its warps overflow what the SMs hold at once, counted by
+    RESIDENT_WARPS at 8 and 16 pairs a block. The block kernel, compiled as a call launches it above one token
+    (fp4moe.block_constexprs) for Hopper, B200 and RTX PRO 6000 Blackwell, holds exactly that many warps an SM, with
+    no stack: more registers would make the plan's waves too long, fewer would leave SMs idle."""
+    forms = {"gate_up unsplit": (True, 1, True), "gate_up split": (True, 3, False),
+             "down": (False, 1, fp4moe.CAST_EPILOGUE)}
+    for name, (gate_up, split, epilogue) in forms.items():
+        if gemms not in ("all", name):
+            continue
+        consts = fp4moe.block_constexprs(gate_up, split, top_k=8, m=32, block_m=block_m, epilogue=epilogue)
+        kernel = compile_for(fp4moe._fp4_moe_kernel, consts, FP4MOE_POINTERS, arch, consts["WARPS"],
+                             unaligned=("P", "M_TOK", "steps_per_split"))
+        assert kernel.stack == 0, (name, kernel.registers)
+        assert kernel.programs_per_sm * consts["WARPS"] == fp4moe.RESIDENT_WARPS[block_m], (name, kernel.registers)
+
+
+def test_programs_an_sm_holds_follow_the_occupancy_rules():
+    # registers allocated 256 a warp: 56 a thread -> 1792 a warp, 7168 a program of 4 warps, 9 of 65536
+    assert programs_per_sm(56, 4) == 9
+    assert programs_per_sm(57, 4) == 8  # 64 a thread after rounding
+    assert programs_per_sm(32, 4, limits=ARCH_LIMITS[120]) == 12  # sm_120: 48 warps an SM, not the registers' 16
+    assert programs_per_sm(32, 4) == 16
+    assert programs_per_sm(32, 1) == 32  # the program limit
+    assert programs_per_sm(32, 4, shared=64 * 1024) == 3  # 228 KiB of shared memory
+    assert programs_per_sm(255, 32) == 1  # never fewer than one

@@ -61,6 +61,10 @@ def test_past_one_wave_gate_up_is_split_for_three_waves():
     assert fp4moe.moe_split(162, 32, 96, 2, 132) == 3  # 32 tokens: 1.09 waves unsplit
     assert fp4moe.moe_split(30, 256, 96, 2, 132) == 2  # TP1 (256 tiles) at 4 tokens: 1.6 waves unsplit
     assert fp4moe.moe_split(162, 32, 4, 2, 132) == 2  # never more splits than iterations (2 here)
+    # at 16 pairs a block the kernel's 80 registers leave 24 warps an SM: 120 blocks unsplit are 0.81 waves at 8
+    # pairs a block, 1.21 at 16
+    assert fp4moe.moe_split(120, 32, 96, 2, 132) == 1
+    assert fp4moe.moe_split(120, 32, 96, 2, 132, block_m=16) == 3
 
 
 def test_fused_moe_matches_dequantise_then_matmul():

@@ -105,14 +105,16 @@ TOKEN_AUTO_SLICES = 2
 # lane its 16 values' gates and ups a step, in the iteration that uses them), the cast kernel zeroing the sums, so
 # no SiLU kernel: 1.9-3.1x slower at every case (batch 1: DeepSeek-V3 TP8 26.3 against 13.7 us, GLM-5 TP8 24.1 / 13.4,
 # DeepSeek-V3 TP1 169.7 / 60.5): every warp of down computes the same activation, an exp a value, in its hot loop
-# warps an SM holds at once: the block kernel takes 56 registers a thread on sm_90, so 9 programs of 4 warps; past one
-# wave of them, gate_up is split for WAVES waves at least. H200 (2026-12-04, benchmarks/device/moe_e_probe.py, GLM-5
+# warps an SM holds at once, by pairs a block: the block kernel takes 56 registers a thread at 8 pairs (9 programs of
+# 4 warps) and 80 at 16 (its second MMA's sums: 6 programs), the same on sm_90, sm_100 and sm_120
+# (benchmarks/kernel_resources.py --moe; tests/test_kernels_compile.py holds the compiler to it); past one wave of
+# them, gate_up is split for WAVES waves at least (timed at 8 pairs a block only). H200 (2026-12-04, benchmarks/device/moe_e_probe.py, GLM-5
 # TP8, us for gate_up / the call): 32 tokens (158 experts hit, 1.08 waves unsplit) 93.7 / 167.9 unsplit, 78.8 / 158.1
 # in 3 splits; DeepSeek-V3 TP8 at 32 tokens 112.7 / 196.2 unsplit, 97.1 / 190.9 in 3, 94.9 / 185.4 in 4; GLM-5 at 64
 # tokens 114.5 / 208.4 unsplit, 109.6 / 203.5 in 3; at 16 tokens 2 splits 52.5 / 106.2, 4 48.2 / 105.3, 6 48.8 /
 # 105.5. At 4 and 8 tokens (under one wave, left to WARPS_PER_SM) more splits lost: 8 tokens 31.1 / 63.4 in 2,
 # 29.0-30.2 / 66.7-67.9 in 4-12
-RESIDENT_WARPS = 36
+RESIDENT_WARPS = {8: 36, 16: 24}
 WAVES = 3
 LAUNCH_EARLY = True  # gdc_launch_dependents in the align and the GEMMs (the docstring's figures)
 CONFIG = lp.FP4_GROUPED_BX_2  # 4 warps (64 rows) a program, 2 steps (128 values) an iteration, evict-first weights
@@ -398,20 +400,36 @@ if HAVE_TRITON:
                 tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=(rows < N) & (tv < NT)[:, :, None])
 
 
+def block_constexprs(gate_up: bool, split: int, *, top_k: int, m: int, block_m: int = 8, unroll: int = 2,
+                     epilogue: bool = True, pdl: bool = True, deps: bool = LAUNCH_EARLY, asm: bool = True,
+                     ev: str | None = None) -> dict:
+    """The block kernel's constexprs as a call launches it (its warps: CONFIG's): gate_up (x a token's row; with
+    `epilogue` the activation from its registers or by the completing split, else fp32 sums) or down (x a pair's
+    activation, added times its routing weight into the token's sums, always with atomics; with `epilogue` the cast
+    by the program completing a tile group). `benchmarks/kernel_resources.py --moe` compiles the same."""
+    return dict(X_DIV=top_k if gate_up else 1, O_DIV=1 if gate_up else top_k, WARPS=CONFIG.warps, UNROLL=unroll,
+                BM=block_m, ATOMIC=split > 1 or not gate_up, ROW_WEIGHT=not gate_up, USE_ASM=asm,
+                EV=lp._evict(CONFIG) if ev is None else ev, PDL=pdl,
+                EPI=(1 if gate_up else 2) if epilogue else 0, MB=min(16, _pow2(m)), DEPS=deps)
+
+
 def expected_hit(pairs: int, experts: int) -> float:
     """Experts that `pairs` uniform choices hit, in expectation: E (1 - (1 - 1/E)^pairs)."""
     return experts * (1 - (1 - 1 / experts) ** pairs)
 
 
-def moe_split(blocks: int, tiles: int, steps: int, unroll: int, sms: int, warps_per_sm: int = WARPS_PER_SM) -> int:
+def moe_split(blocks: int, tiles: int, steps: int, unroll: int, sms: int, warps_per_sm: int = WARPS_PER_SM,
+              block_m: int = 8) -> int:
     """K splits of a GEMM over `blocks` expert blocks of `tiles` 16-row tiles (a warp each) and `steps` 64-value
     steps: about warps_per_sm warps an SM in all (lowprec.mma_split), every split whole iterations; and where that
-    leaves more warps than the SMs hold at once (RESIDENT_WARPS), at least WAVES times what they hold, so the last
-    wave's few programs are short (a second wave of a few long programs ran at a fraction of the bandwidth)."""
+    leaves more warps than the SMs hold at once (RESIDENT_WARPS at `block_m` pairs a block), at least WAVES times what
+    they hold, so the last wave's few programs are short (a second wave of a few long programs ran at a fraction of
+    the bandwidth)."""
     warps = blocks * tiles
     split = lp.mma_split(warps, steps // unroll, warps_per_sm, sms)
-    if split * warps > RESIDENT_WARPS * sms:
-        split = max(split, min(steps // unroll, math.ceil(WAVES * RESIDENT_WARPS * sms / warps)))
+    resident = RESIDENT_WARPS[block_m] * sms
+    if split * warps > resident:
+        split = max(split, min(steps // unroll, math.ceil(WAVES * resident / warps)))
     return split
 
 
@@ -513,8 +531,10 @@ class Nvfp4FusedMoe:
         # upper bound (H200, DeepSeek-V3 / GLM-5 TP8 at 16 tokens: 2 gate_up splits for ~102 experts hit took 148.0 /
         # 126.5 us to 140.9 / 120.8, where min(pairs, experts) = 128 planned 1)
         blocks, sms = max(1, round(experts_hit or expected_hit(pairs, e))), lp.sm_count(device)
-        self.plan13 = self._plan(h // 64, split13 or moe_split(blocks, 2 * i // 16, h // 64, self.unroll, sms))
-        self.plan2 = self._plan(i // 64, split2 or moe_split(blocks, h // 16, i // 64, self.unroll, sms))
+        self.plan13 = self._plan(h // 64, split13 or moe_split(blocks, 2 * i // 16, h // 64, self.unroll, sms,
+                                                                block_m=self.block_m))
+        self.plan2 = self._plan(i // 64, split2 or moe_split(blocks, h // 16, i // 64, self.unroll, sms,
+                                                             block_m=self.block_m))
         self.silu_epilogue = self.plan13[1] == 1 if silu_epilogue is None else silu_epilogue
         self.cast_epilogue = cast_epilogue
         # one token: K slices a tile, summed in the program (gate_up over H, down over the top_k experts and I)
@@ -587,15 +607,13 @@ class Nvfp4FusedMoe:
         per, split = plan
         steps = words.shape[2]
         grid = (triton.cdiv(nt, self.warps), split, self.nb)
-        epi = (1 if self.silu_epilogue else 0) if by_token else (2 if self.cast_epilogue else 0)
+        consts = block_constexprs(by_token, split, top_k=self.top_k, m=self.m, block_m=self.block_m,
+                                  unroll=self.unroll, epilogue=self.silu_epilogue if by_token else self.cast_epilogue,
+                                  pdl=self.pdl, deps=self.deps, asm=not lp.interpreted(), ev=self.ev)
         _fp4_moe_kernel[grid](
             x, words, scales, ts, self.sorted_pairs, block_expert, route_w, out, self.pairs, self.e, n, nt, per, steps,
             x.stride(0), words.stride(0), words.stride(1), scales.stride(0), scales.stride(1), out.stride(0),
-            fin, cnt, self.m, fin.stride(0),
-            X_DIV=self.top_k if by_token else 1, O_DIV=1 if by_token else self.top_k, WARPS=self.warps,
-            UNROLL=self.unroll, BM=self.block_m, ATOMIC=split > 1 or not by_token, ROW_WEIGHT=not by_token,
-            USE_ASM=not lp.interpreted(), EV=self.ev, PDL=self.pdl, EPI=epi, MB=min(16, _pow2(self.m)),
-            DEPS=self.deps, num_warps=self.warps, **lp._pdl_launch(self.pdl))
+            fin, cnt, self.m, fin.stride(0), **consts, num_warps=self.warps, **lp._pdl_launch(self.pdl))
 
     def _token_gemm(self, gate_up: bool, src, dst, flat_ids, flat_w) -> None:
         """One token's gate_up (the SiLU into the activation rows) or down (the experts summed into out)."""

@@ -111,6 +111,7 @@ import torch
 
 from ..errors import DecodeGapError
 from . import nvfp4 as nv
+from .compiled import SmLimits, programs_per_sm
 
 try:
     import triton
@@ -1947,13 +1948,10 @@ def resident_programs(compiled: Any, warps: int, device) -> int | None:
     if not regs or dev.type != "cuda":
         return None
     props = torch.cuda.get_device_properties(dev)
-    per_warp = math.ceil(regs * 32 / 256) * 256
-    fits = [32, props.max_threads_per_multi_processor // (32 * warps),
-            getattr(props, "regs_per_multiprocessor", 65536) // (per_warp * warps)]
+    limits = SmLimits(registers=getattr(props, "regs_per_multiprocessor", 65536),
+                      threads=props.max_threads_per_multi_processor, shared=props.shared_memory_per_multiprocessor)
     shared = getattr(getattr(compiled, "metadata", None), "shared", 0) or 0
-    if shared:
-        fits.append(props.shared_memory_per_multiprocessor // shared)
-    return max(1, min(fits))
+    return programs_per_sm(regs, warps, shared, limits)
 
 
 def _k_plan(k_units: int, block: int, split: int) -> tuple[int, int, bool]:
