@@ -105,15 +105,15 @@ TOKEN_AUTO_SLICES = 2
 # lane its 16 values' gates and ups a step, in the iteration that uses them), the cast kernel zeroing the sums, so
 # no SiLU kernel: 1.9-3.1x slower at every case (batch 1: DeepSeek-V3 TP8 26.3 against 13.7 us, GLM-5 TP8 24.1 / 13.4,
 # DeepSeek-V3 TP1 169.7 / 60.5): every warp of down computes the same activation, an exp a value, in its hot loop
-# warps an SM holds at once, by pairs a block: the block kernel takes 56 registers a thread at 8 pairs (9 programs of
-# 4 warps) and 80 at 16 (its second MMA's sums: 6 programs), the same on sm_90, sm_100 and sm_120
-# (benchmarks/kernel_resources.py --moe; tests/test_kernels_compile.py holds the compiler to it); past one wave of
-# them, gate_up is split for WAVES waves at least (timed at 8 pairs a block only). H200 (2026-12-04, benchmarks/device/moe_e_probe.py, GLM-5
-# TP8, us for gate_up / the call): 32 tokens (158 experts hit, 1.08 waves unsplit) 93.7 / 167.9 unsplit, 78.8 / 158.1
-# in 3 splits; DeepSeek-V3 TP8 at 32 tokens 112.7 / 196.2 unsplit, 97.1 / 190.9 in 3, 94.9 / 185.4 in 4; GLM-5 at 64
-# tokens 114.5 / 208.4 unsplit, 109.6 / 203.5 in 3; at 16 tokens 2 splits 52.5 / 106.2, 4 48.2 / 105.3, 6 48.8 /
-# 105.5. At 4 and 8 tokens (under one wave, left to WARPS_PER_SM) more splits lost: 8 tokens 31.1 / 63.4 in 2,
-# 29.0-30.2 / 66.7-67.9 in 4-12
+# warps an SM holds at once, by pairs a block: the block kernel takes 56 registers a thread at 8 pairs (9 programs of 4
+# warps) and 80 at 16 (its second MMA's sums: 6 programs), the same on sm_90, sm_100 and sm_120
+# (benchmarks/kernel_resources.py --moe; tests/test_kernels_compile.py holds the compiler to it); past one wave of them,
+# gate_up is split for WAVES waves at least (timed at 8 pairs a block only). H200 (2026-12-04,
+# benchmarks/device/moe_e_probe.py, GLM-5 TP8, us for gate_up / the call): 32 tokens (158 experts hit, 1.08 waves
+# unsplit) 93.7 / 167.9 unsplit, 78.8 / 158.1 in 3 splits; DeepSeek-V3 TP8 at 32 tokens 112.7 / 196.2 unsplit, 97.1 /
+# 190.9 in 3, 94.9 / 185.4 in 4; GLM-5 at 64 tokens 114.5 / 208.4 unsplit, 109.6 / 203.5 in 3; at 16 tokens 2 splits
+# 52.5 / 106.2, 4 48.2 / 105.3, 6 48.8 / 105.5. At 4 and 8 tokens (under one wave, left to WARPS_PER_SM) more splits
+# lost: 8 tokens 31.1 / 63.4 in 2, 29.0-30.2 / 66.7-67.9 in 4-12
 RESIDENT_WARPS = {8: 36, 16: 24}
 WAVES = 3
 LAUNCH_EARLY = True  # gdc_launch_dependents in the align and the GEMMs (the docstring's figures)
