@@ -30,7 +30,9 @@ def test_shipped_config_is_valid():
         ({"tp": "two"}, "field 'tp': 'two' is not of type 'integer'"),
         ({"weight_format": "int3"}, "field 'weight_format': 'int3' is not one of"),
         ({"live": {"api": "grpc"}}, "field 'live.api': 'grpc' is not one of"),
-        ({"bogus": 1}, "Additional properties are not allowed ('bogus' was unexpected)"),
+        ({"bogus": 1}, "--config: field 'bogus': unknown field (not in workflow/schemas/config.schema.json)"),
+        ({"live": {"endpoint": "http://x:1/v1"}}, "--config: field 'live.endpoint': unknown field"),
+        ({"endpoint": "not-a-url"}, "field 'endpoint': 'not-a-url': expected OpenAI-compatible base URL"),
     ],
 )
 def test_schema_errors_are_one_line(override, expected, tmp_path):
@@ -53,6 +55,24 @@ def test_error_names_the_config_file(tmp_path):
         validate(cfg, SCHEMA)
     line = one_line_validation_error(info.value, ["config/config.yaml", str(bad)], {})
     assert line == f"decode-gap: error: {bad}: field 'tp': 0 is less than the minimum of 1"
+
+
+def test_an_unknown_key_in_a_file_is_named_with_that_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("live:\n  concurrency_levels: [1]\n")
+    cfg = shipped()
+    cfg["live"] = {**cfg["live"], "concurrency_levels": [1]}
+    with pytest.raises(Exception) as info:
+        validate(cfg, SCHEMA)
+    line = one_line_validation_error(info.value, ["config/config.yaml", str(bad)], {})
+    assert line == (f"decode-gap: error: {bad}: field 'live.concurrency_levels': unknown field (not in "
+                    "workflow/schemas/config.schema.json)")
+
+
+@pytest.mark.parametrize("endpoint", ["", "http://127.0.0.1:8000/v1", "https://gpu-a01.example:443/v1",
+                                      "http://[::1]:30000"])
+def test_an_endpoint_is_a_base_url_or_empty(endpoint):
+    validate({**shipped(), "endpoint": endpoint}, SCHEMA)
 
 
 def test_unknown_hardware_and_model(tmp_path):

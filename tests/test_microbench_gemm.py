@@ -164,7 +164,7 @@ def test_a_plain_read_that_cannot_be_timed_says_why_and_leaves_the_row(monkeypat
     names the size and the reason (never a made-up figure)."""
     from decode_gap.microbench import launch
 
-    def refuse(env, nbytes):
+    def refuse(env, nbytes, flush=None):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     monkeypatch.setattr(launch, "plain_read", refuse)

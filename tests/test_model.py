@@ -274,9 +274,15 @@ def test_architecture_newer_than_transformers(tmp_path):
     p = tmp_path / "config.json"
     p.write_text(json.dumps({"architectures": ["Llama9ForCausalLM"], "model_type": "llama9",
                              "transformers_version": "9.1.0", "hidden_size": 64}))
-    with pytest.raises(ConfigError, match=r"model_type 'llama9'.*unknown to transformers.*needs transformers>=9\.1\.0") as exc:
+    with pytest.raises(ConfigError, match=r"model_type 'llama9'.*unknown to transformers.*check its spelling; the "
+                                          r"file was written by transformers 9\.1\.0: pip install 'transformers>=9\.1\.0'"
+                       ) as exc:
         load_model_card(p)
     _one_line(exc)
+    p.write_text(json.dumps({"architectures": ["Llama9ForCausalLM"], "model_type": "llama9", "hidden_size": 64}))
+    with pytest.raises(ConfigError, match=r"check its spelling; a model newer than this transformers needs pip install "
+                                          r"-U transformers"):
+        load_model_card(p)
 
 
 def test_unknown_architecture_without_model_type(tmp_path):

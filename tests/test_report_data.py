@@ -268,3 +268,48 @@ def test_measured_elsewhere_only_for_a_device_this_host_lacks(tmp_path):
     assert measured_elsewhere(d, ["NVIDIA H200", "cpu: Intel Xeon"]) == ""
     why = measured_elsewhere(d, ["cpu: AMD EPYC"])
     assert "was measured on NVIDIA H200" in why and "hardware_revision=h200-rev" in why
+
+
+def test_a_cpu_run_labels_its_floor_and_its_stand_in_kernel_level():
+    """A CPU run (the captured cpu-real stage files): no datasheet bandwidth, so the floor is the gap's, at the
+    measured bandwidth, and the headline says so; the kernel level ran fp32 stand-ins for a GGUF file, so its step is
+    marked as such and no framework overhead (engine minus kernel) is computed from it."""
+    from decode_gap.report.sections import Builder, headline_section, simulation_section
+
+    bundle = load_bundle(files_in_dir(FIX / "cpu-real"))
+    figs = headline(bundle)
+    h = headline_section(Builder(), bundle, figs)
+    assert h["floor_label"] == "Floor at measured bandwidth" and "measured bandwidth" in h["summary"]
+    assert "stand-in" in h["kernel_stand_in"]
+    s = simulation_section(Builder(), bundle, figs)
+    assert figs["engine_eager_ms"].ok and figs["kernel_eager_ms"].ok
+    assert s["framework_overhead"] is None and "stand-in weights" in s["framework_overhead_why"]
+    assert "stand-in" in s["kernel_stand_in"] and s["components_clock"] == "eager"
+
+
+def test_a_run_with_a_datasheet_floor_and_the_run_s_weights_computes_the_framework_overhead():
+    from decode_gap.report.sections import Builder, headline_section, simulation_section
+
+    bundle = load_bundle(files_in_dir(FIX / "h200x2"))
+    figs = headline(bundle)
+    h = headline_section(Builder(), bundle, figs)
+    assert h["floor_label"] == "Theoretical floor" and not h["kernel_stand_in"]
+    s = simulation_section(Builder(), bundle, figs)
+    assert s["framework_overhead"] == pytest.approx(figs["engine_eager_ms"].value - figs["kernel_eager_ms"].value)
+    assert not s["framework_overhead_why"] and not s["kernel_stand_in"]
+
+
+def test_a_single_rank_all_reduce_says_it_measures_the_call_alone(tmp_path):
+    import shutil
+
+    from decode_gap.report.sections import Builder, allreduce_sub
+
+    d = tmp_path / "run"
+    shutil.copytree(FIX / "cpu-real", d)
+    doc = json.loads((d / "microbench" / "allreduce.json").read_text())
+    doc["world_size"] = 1
+    (d / "microbench" / "allreduce.json").write_text(json.dumps(doc))
+    assert "no byte crosses a link" in allreduce_sub(Builder(), load_bundle(files_in_dir(d)))["single_rank_note"]
+    doc["world_size"] = 2
+    (d / "microbench" / "allreduce.json").write_text(json.dumps(doc))
+    assert "single_rank_note" not in allreduce_sub(Builder(), load_bundle(files_in_dir(d)))

@@ -312,3 +312,15 @@ def test_moe_expert_rows_are_held_to_the_floor_of_their_kernels(tmp_path):
         by_impl["loop"]
     assert "An expert row's floor is its kernel launches times the one-row GEMV floor (2.46 µs a kernel)" in \
         sub["reading_legend"]
+
+
+def test_a_read_faster_than_memory_says_its_bytes_came_from_cache():
+    # a CPU run that left small weights in the cache: the plain read of them reached 333% of the bandwidth
+    assert kernel_reading(1.96, 78.6, None, None, 30.0, 46.2, "torch.mm") == (
+        "torch's kernel is slow here (196% of bandwidth; a plain read of its bytes: 333%, faster than memory: "
+        "from cache)")
+
+
+def test_the_cpu_nvfp4_reference_is_not_read_as_a_slow_kernel():
+    assert kernel_reading(0.01, 4177.0, None, None, 30.0, 9.11, "nvfp4-reference (dequantise + torch.mm fp32)") == (
+        "reference path, not a decode kernel (1% of bandwidth): no NVFP4 kernel runs on this host")

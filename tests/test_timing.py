@@ -34,6 +34,34 @@ def test_flusher_is_a_no_op_on_a_cpu_device():
     assert timing.l2_bytes("cpu") == 0
 
 
+def test_a_cpu_s_caches_are_flushed_with_a_write_over_4x_its_last_level(monkeypatch, tmp_path):
+    cache = tmp_path / "cache"
+    for index, (level, size) in enumerate([(1, "48K"), (2, "1024K"), (3, "32768K"), (1, "32K")]):
+        (cache / f"index{index}").mkdir(parents=True)
+        (cache / f"index{index}" / "level").write_text(f"{level}\n")
+        (cache / f"index{index}" / "size").write_text(f"{size}\n")
+    real_path = timing.Path
+    monkeypatch.setattr(timing, "Path", lambda p: cache if str(p).endswith("cpu0/cache") else real_path(p))
+    assert timing.llc_bytes() == 32 * 2**20
+    f = timing.CpuCacheFlusher()
+    assert f.nbytes == 128 * 2**20 and f.buf.numel() == f.nbytes
+    f()
+    assert int(f.buf[::4096].min()) == 1  # written, not just allocated
+    (cache / "index2" / "size").write_text("512K\n")  # a small cache: 64 MiB at least
+    assert timing.CpuCacheFlusher().nbytes == 64 * 2**20
+    monkeypatch.setattr(timing, "Path", lambda p: tmp_path / "none" if str(p).endswith("cpu0/cache") else real_path(p))
+    assert timing.llc_bytes() is None and timing.CpuCacheFlusher().nbytes == timing.FLUSH_MIN_BYTES
+
+
+def test_the_micro_benchmarks_cpu_clock_flushes_before_each_timed_call():
+    from decode_gap.microbench import timing as mb_timing
+
+    calls = []
+    t = mb_timing.measure([lambda: calls.append("call")], "cpu", warmup=1, iters=3, flush=lambda: calls.append("flush"))
+    assert calls == ["call", "flush", "call", "flush", "call", "flush", "call"]
+    assert t.method == mb_timing.CPU_WALL == "cpu-perf_counter-llcflush" and t.eager.n == 3
+
+
 class _FakeCudaDouble:
     """Test double for torch.cuda's events (no GPU here): an event records the step at which it was recorded,
     and elapsed_time is the step difference in ms, so the order of calls is what gets measured."""

@@ -147,9 +147,17 @@ def one_line_validation_error(
         cause = cause.__cause__ or cause.__context__
     if cause is not None:
         path = list(cause.absolute_path)
+        msg = cause.message if hasattr(cause, "message") else str(cause)
+        # an unknown key: name it (not its parent) and find it where it was given, --config or a file
+        if getattr(cause, "validator", None) == "additionalProperties" and isinstance(cause.instance, dict):
+            known = set((cause.schema or {}).get("properties", {}))
+            extra = [k for k in cause.instance if k not in known]
+            if extra:
+                path, msg = path + [extra[0]], "unknown field (not in workflow/schemas/config.schema.json)"
+        if getattr(cause, "validator", None) == "pattern" and (cause.schema or {}).get("description"):
+            msg = f"{cause.instance!r}: expected {cause.schema['description']}"  # the regex says less than the words
         field = ".".join(str(p) for p in path) or "(top level)"
         where = field_source(path, configfiles, overrides) if path else (", ".join(configfiles) or "config")
-        msg = cause.message if hasattr(cause, "message") else str(cause)
         return f"decode-gap: error: {where}: field '{field}': {msg}"
     where = ", ".join(configfiles) or "config"
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -82,7 +82,8 @@ def l2_bytes(device: Any) -> int:
 
 class L2Flusher:
     """Writes a buffer larger than the L2 cache, so that weights do not stay cached between timed calls.
-    On a CPU device it does nothing."""
+    On a CPU device it does nothing (the simulation's levels time whole layers; the micro-benchmarks flush a CPU's
+    caches with CpuCacheFlusher)."""
 
     def __init__(self, device: Any) -> None:
         self.device = device
@@ -94,6 +95,38 @@ class L2Flusher:
     def __call__(self) -> None:
         if self.buf is not None:
             self.buf.zero_()
+
+
+def llc_bytes() -> int | None:
+    """The CPU's last-level cache, from sysfs (the highest cache level cpu0 lists); None where it does not say.
+    Read by hand: psutil and the standard library do not report cache sizes (os.sysconf's SC_LEVEL3_CACHE_SIZE is
+    missing from many builds)."""
+    best: tuple[int, int] | None = None
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            level = int((index / "level").read_text())
+            size = (index / "size").read_text().strip().upper()
+        except (OSError, ValueError):
+            continue
+        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(size[-1:], 1)
+        digits = size.rstrip("KMG")
+        if digits.isdigit() and (best is None or level > best[0]):
+            best = (level, int(digits) * scale)
+    return best[1] if best else None
+
+
+class CpuCacheFlusher:
+    """The CPU's L2Flusher: writes a buffer 4x the last-level cache (64 MiB at least; FLUSH_MIN_BYTES where the
+    cache size is unknown) between timed calls, so a CPU host's small weights are read from memory, as a decode
+    step's are (its layers together outgrow the cache), not from the cache a repeated call leaves them in."""
+
+    def __init__(self) -> None:
+        llc = llc_bytes()
+        self.nbytes = max(64 * 2**20, FLUSH_L2_FACTOR * llc) if llc else FLUSH_MIN_BYTES
+        self.buf = _torch().empty(self.nbytes, dtype=_torch().uint8)
+
+    def __call__(self) -> None:
+        self.buf.fill_(1)
 
 
 # --------------------------------------------------------------------------- CUDA graphs

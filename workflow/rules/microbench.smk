@@ -8,6 +8,8 @@ rule measure_memory:
         res("logs/measure_memory.log"),
     conda:
         "../../envs/decode-gap.yaml"
+    # All cores: a timing; no other benchmark may run beside it (on a CPU host, the threads a server has too).
+    threads: workflow.resource_settings.cores or 1
     resources:
         gpu=gpu_count_wanted(1),
     params:
@@ -25,6 +27,8 @@ rule bench_allreduce:
         res("logs/bench_allreduce.log"),
     conda:
         "../../envs/decode-gap.yaml"
+    # All cores: a timing; no other benchmark may run beside it (on a CPU host, the threads a server has too).
+    threads: workflow.resource_settings.cores or 1
     resources:
         **allreduce_resources(),
     params:
@@ -44,6 +48,8 @@ rule bench_gemm:
         res("logs/bench_gemm.log"),
     conda:
         "../../envs/decode-gap.yaml"
+    # All cores: a timing; no other benchmark may run beside it (on a CPU host, the threads a server has too).
+    threads: workflow.resource_settings.cores or 1
     resources:
         gpu=gpu_count_wanted(1),
     params:
@@ -63,6 +69,8 @@ rule bench_moe:
         res("logs/bench_moe.log"),
     conda:
         "../../envs/decode-gap.yaml"
+    # All cores: a timing; no other benchmark may run beside it (on a CPU host, the threads a server has too).
+    threads: workflow.resource_settings.cores or 1
     resources:
         gpu=gpu_count_wanted(1),
     params:
@@ -82,6 +90,8 @@ rule bench_attention:
         res("logs/bench_attention.log"),
     conda:
         "../../envs/decode-gap.yaml"
+    # All cores: a timing; no other benchmark may run beside it (on a CPU host, the threads a server has too).
+    threads: workflow.resource_settings.cores or 1
     resources:
         gpu=gpu_count_wanted(1),
     params:
@@ -99,6 +109,8 @@ rule bench_launch:
         res("logs/bench_launch.log"),
     conda:
         "../../envs/decode-gap.yaml"
+    # All cores: a timing; no other benchmark may run beside it (on a CPU host, the threads a server has too).
+    threads: workflow.resource_settings.cores or 1
     resources:
         gpu=gpu_count_wanted(1),
     params:

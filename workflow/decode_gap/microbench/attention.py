@@ -33,7 +33,7 @@ from ..kernels import topk as topk_kernels
 from ..kernels.lowprec import available
 from .common import BenchEnv, short_error, skip, summary
 from .shapes import AttentionShape
-from .timing import L2Flusher, fraction, gbps, measure
+from .timing import CpuCacheFlusher, L2Flusher, fraction, gbps, measure
 
 COLUMNS = [
     "name", "backend", "batch", "context_len", "heads", "kv_heads", "head_dim", "gpu_us", "eager_us", "gbps",
@@ -167,7 +167,7 @@ def run_attention_bench(env: BenchEnv, shape: AttentionShape, context_lens: list
                         log=print) -> tuple[pd.DataFrame, dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     skipped: list[dict[str, str]] = []
-    flush = L2Flusher(env.device) if env.is_gpu else None
+    flush = L2Flusher(env.device) if env.is_gpu else CpuCacheFlusher()
 
     def add(name, backend, b, length, fn_bytes_maker, heads, kv_heads, head_dim, layers, note=""):
         case = f"{name} {backend} B={b} L={length}"

@@ -22,7 +22,7 @@ from ..kernels import lowprec as lp
 from ..kernels import nvfp4 as nv
 from .common import BenchEnv, short_error, skip, summary
 from .shapes import GemmShape, unique_shapes
-from .timing import ClockWatch, L2Flusher, fraction, gbps, measure, rotating_copies, tflops
+from .timing import ClockWatch, CpuCacheFlusher, L2Flusher, fraction, gbps, measure, rotating_copies, tflops
 
 COLUMNS = [
     "name", "dtype", "backend", "M", "N", "K", "gpu_us", "eager_us", "gbps", "tflops", "frac_of_copy_bw",
@@ -331,7 +331,7 @@ def run_gemm_bench(env: BenchEnv, shapes: list[GemmShape], m_values: list[int], 
     chosen, skipped = choose_backends(env)
     if backends is not None:
         chosen = backends
-    flush = L2Flusher(env.device) if env.is_gpu else None
+    flush = L2Flusher(env.device) if env.is_gpu else CpuCacheFlusher()
     rows: list[dict[str, Any]] = []
     check_rows: list[dict[str, Any]] = []
     not_quantised: set[str] = set()

@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 
 from ..provenance import measured, unavailable
-from ..timing import back_to_back_us
+from ..timing import CpuCacheFlusher, back_to_back_us
 from .common import BenchEnv, short_error, skip, summary
 from .timing import Stats, capture_graph, rotating_copies, stats_us, time_cpu, time_eager_loop, time_graph
 
@@ -155,20 +155,22 @@ def latency_floor(env: BenchEnv, k: int = 4096, n_kernels: int = 100) -> dict[st
 # 4.0 us), so it would understate what a read of a mid-sized call's bytes can reach
 PLAIN_READ_GRIDS = ((8, 2048), (16, 1024))
 PLAIN_READ_METHOD = "a streaming Triton read of the row's bytes (rotating copies past the L2, CUDA-graph replay)"
-PLAIN_READ_METHOD_CPU = "torch.sum over the same bytes (wall time)"
+PLAIN_READ_METHOD_CPU = "torch.sum over the same bytes (wall time, the CPU's caches flushed before each call)"
 
 
-def plain_read(env: BenchEnv, nbytes: int) -> Stats:
+def plain_read(env: BenchEnv, nbytes: int, flush: Callable[[], Any] | None = None) -> Stats:
     """GPU time (graph replay) of a plain read of `nbytes`, on copies that rotate past the L2 as a kernel's weights
     do: what moving a call's bytes costs at its size, ramp-up and tail included, measured (the issue-14 yardstick
     beside the latency floor: a 30-75 MB call does not reach the 2 GiB read bandwidth even as a plain read). On a
-    CPU host the wall time of torch.sum over the bytes. Raises where it cannot be timed (no Triton on a GPU, too
+    CPU host the wall time of torch.sum over the bytes, after `flush` (a CpuCacheFlusher, as the rows it is held
+    against are timed). Raises where it cannot be timed (no Triton on a GPU, too
     little memory, a failed capture): PlainReads says why in the stage's skipped list."""
     words = max(nbytes // 4, 1)
     dev = env.device
     if not env.is_gpu:
         buf = torch.ones(words, dtype=torch.float32)
-        return time_cpu(lambda: buf.sum(), max(1, min(env.warmup, 2)), env.iters, budget_s=env.cpu_budget_s)
+        return time_cpu(lambda: buf.sum(), max(1, min(env.warmup, 2)), env.iters, budget_s=env.cpu_budget_s,
+                        before=flush)
     if not HAVE_TRITON:
         raise RuntimeError("Triton is not installed")
     bufs = [torch.empty(words, dtype=torch.int32, device=dev) for _ in range(rotating_copies(4 * words, dev))]
@@ -198,12 +200,13 @@ class PlainReads:
     def __init__(self, env: BenchEnv):
         self.env = env
         self._us: dict[int, float | None] = {}
+        self.flush = None if env.is_gpu else CpuCacheFlusher()
         self.skipped: list[dict[str, str]] = []  # sizes that could not be timed, and why (the stage's skipped list)
 
     def us(self, nbytes: int) -> float | None:
         if nbytes not in self._us:
             try:
-                self._us[nbytes] = plain_read(self.env, nbytes).median_us
+                self._us[nbytes] = plain_read(self.env, nbytes, self.flush).median_us
             except Exception as exc:  # out of memory, a failed capture: the row keeps its other figures
                 if self.env.is_gpu:
                     torch.cuda.synchronize(self.env.device)

@@ -40,7 +40,7 @@ from ..kernels import nvfp4 as nv
 from ..kernels import routing as rt
 from .common import BenchEnv, short_error, skip, summary
 from .shapes import MoeShape
-from .timing import ClockWatch, L2Flusher, fraction, gbps, measure, tflops
+from .timing import ClockWatch, CpuCacheFlusher, L2Flusher, fraction, gbps, measure, tflops
 
 COLUMNS = [
     "name", "impl", "dtype", "backend", "M", "top_k", "experts_hit", "rows", "H", "I", "gpu_us", "eager_us",
@@ -294,7 +294,7 @@ def run_moe_bench(env: BenchEnv, shape: MoeShape | None, m_values: list[int], lo
         out = summary("microbench.moe", env, env.backend, [skip("moe", "the model has no MoE layers")], 0)
         return df, out
     rows: list[dict[str, Any]] = []
-    flush = L2Flusher(env.device) if env.is_gpu else None
+    flush = L2Flusher(env.device) if env.is_gpu else CpuCacheFlusher()
     impls = ["loop", "grouped_mm"]
     if env.is_gpu and (env.capability or (0, 0)) >= (9, 0) and hasattr(torch, "_scaled_grouped_mm"):
         impls.append("scaled_grouped_mm")

@@ -10,7 +10,8 @@ Three clocks, each named in the results so a figure says what it is:
   the start event does not time the CPU launch.
 - ``eager`` (``perf_counter``): what a server without graphs pays. ``eager_us`` is one isolated call,
   launch to completion (``fn(); synchronize()``); ``eager_loop_us`` is the wall time per call of a
-  back-to-back loop of calls (CPU launch-bound when kernels are short). On a CPU host ``eager`` is the only clock.
+  back-to-back loop of calls (CPU launch-bound when kernels are short). On a CPU host ``eager`` is the only clock
+  (``cpu-perf_counter-llcflush``: a write over 4x the last-level cache before each call, as the GPU's L2 flush).
 
 Every clock warms up first and returns min / median / p99 (numpy percentiles) over its samples.
 """
@@ -29,12 +30,13 @@ except ImportError:  # pragma: no cover
     torch = None  # type: ignore[assignment]
 
 from .. import timing as _core
-from ..timing import ClockWatch, L2Flusher, is_cuda, l2_bytes, percentiles  # noqa: F401 - shared with the core
+from ..timing import (ClockWatch, CpuCacheFlusher, L2Flusher, is_cuda, l2_bytes,  # noqa: F401 - shared with the core
+                      percentiles)
 
 GRAPH = "graph-replay"
 MIN_GRAPH_CALLS = 16
 EVENTS = "events-l2flush"
-CPU_WALL = "cpu-perf_counter"
+CPU_WALL = "cpu-perf_counter-llcflush"  # wall time, the CPU's caches flushed before each call
 
 
 @dataclass(frozen=True)
@@ -102,9 +104,11 @@ def rotating_copies(working_set_bytes: int, device: Any, max_copies: int = 64, m
 # --------------------------------------------------------------------------- clocks
 
 
-def time_cpu(fn: Callable[[], Any], warmup: int, iters: int, budget_s: float | None = None, device: Any = "cpu") -> Stats:
-    """Wall time of one isolated call (perf_counter; synchronised on a GPU). With `budget_s`, fewer
-    iterations are run when one call is slow (at least 3), so a CPU host finishes in reasonable time."""
+def time_cpu(fn: Callable[[], Any], warmup: int, iters: int, budget_s: float | None = None, device: Any = "cpu",
+             before: Callable[[], Any] | None = None) -> Stats:
+    """Wall time of one isolated call (perf_counter; synchronised on a GPU), `before` (a cache flush) run ahead of
+    each timed call, outside its time. With `budget_s`, fewer iterations are run when one call is slow (at least 3),
+    so a CPU host finishes in reasonable time."""
     t_warm = time.perf_counter()
     slow = False
     for i in range(max(warmup, 0)):
@@ -118,6 +122,8 @@ def time_cpu(fn: Callable[[], Any], warmup: int, iters: int, budget_s: float | N
     samples: list[float] = []
     start_all = time.perf_counter()
     for i in range(n):
+        if before is not None:
+            before()
         t0 = time.perf_counter()
         fn()
         synchronize(device)
@@ -207,7 +213,7 @@ def measure(
     device: Any,
     warmup: int,
     iters: int,
-    flush: L2Flusher | None = None,
+    flush: Callable[[], Any] | None = None,
     cpu_budget_s: float | None = None,
     graphs: bool = True,
     loop_inner: int | None = None,
@@ -216,12 +222,14 @@ def measure(
     """Time one case. `fns` are equivalent calls on rotating buffers (one is enough on a CPU host).
 
     GPU: graph replay over all of `fns` (events with an L2 flush if capture fails), the isolated eager call
-    and a back-to-back eager loop over `fns`. CPU: the isolated call's wall time only.
+    and a back-to-back eager loop over `fns`. CPU: the isolated call's wall time only, after `flush` (a
+    CpuCacheFlusher) each time.
     """
     if not fns:
         raise ValueError("measure() needs at least one callable")
     if not is_cuda(device):
-        return Timing(gpu=None, gpu_method=None, eager=time_cpu(fns[0], warmup, iters, cpu_budget_s), eager_loop=None)
+        return Timing(gpu=None, gpu_method=None, eager=time_cpu(fns[0], warmup, iters, cpu_budget_s, before=flush),
+                      eager_loop=None)
 
     note = ""
     gpu = None

@@ -131,9 +131,10 @@ def auto_config(cfg: dict, path: str):
                           f"transformers {tf.__version__} knows")
     if mt not in CONFIG_MAPPING_NAMES:
         wrote = cfg.get("transformers_version")
-        need = f"transformers>={wrote}" if wrote else f"a transformers newer than {tf.__version__}"
-        raise ConfigError(f"{path}: model_type '{mt}' ({arch}) is unknown to transformers {tf.__version__}; "
-                          f"it needs {need} (pip install -U transformers)")
+        newer = (f"the file was written by transformers {wrote}: pip install 'transformers>={wrote}'" if wrote
+                 else "a model newer than this transformers needs pip install -U transformers")
+        raise ConfigError(f"{path}: model_type '{mt}' ({arch}) is unknown to transformers {tf.__version__}: check "
+                          f"its spelling; {newer}")
     kwargs = {k: v for k, v in cfg.items() if k != "model_type"}
     verbosity = tf.logging.get_verbosity()
     tf.logging.set_verbosity_error()  # config validation warnings are not the user's problem here

@@ -15,8 +15,11 @@ def headline_section(b: Builder, bundle: Bundle, figs: dict[str, Fig]) -> dict[s
     gap = bundle.doc("gap")
     levers = levers_list(gap)
     roof, itl, eff = figs["roofline_ms"], figs["live_itl_ms"], figs["efficiency"]
+    # the floor of a hardware with no datasheet bandwidth (a CPU) is the gap's: the bytes at the measured read
+    measured_floor = roof.ok and roof.source.startswith(bundle.doc("gap").rel)
+    basis = " (the step's bytes at the measured bandwidth)" if measured_floor else ""
     if roof.ok and itl.ok:
-        summary = (f"Decode runs at {itl.text()}/token against a roofline floor of {roof.text()}: "
+        summary = (f"Decode runs at {itl.text()}/token against a roofline floor of {roof.text()}{basis}: "
                    f"{eff.text()} efficiency, a {figs['gap_factor'].text()} gap.")
         if figs["explained_fraction"].ok:
             summary += f" {figs['explained_fraction'].text()} of the live ITL is attributed to named components."
@@ -38,7 +41,17 @@ def headline_section(b: Builder, bundle: Bundle, figs: dict[str, Fig]) -> dict[s
     measured_on = str(hl.get("measured_on") or "") if isinstance(hl, dict) else ""
     return {"id": "headline", "title": "Headline", "ok": True, "figs": figs, "summary": summary,
             "measured_on": measured_on,
+            "floor_label": "Floor at measured bandwidth" if measured_floor else "Theoretical floor",
+            "kernel_stand_in": kernel_stand_in(bundle),
             "levers": levers[:3], "levers_why": "" if levers else (gap.why or "gap.json lists no levers")}
+
+
+def kernel_stand_in(bundle: Bundle) -> str:
+    """Why the kernel level's step is not the run's (simulate.json: stand-in weights of another format), or ""."""
+    sim = bundle.doc("simulate")
+    if not sim.usable or sim.get("kernel", "format_match", default=True) is not False:
+        return ""
+    return str(sim.get("kernel", "stand_in", default="") or "stand-in weights, not the run's format")
 
 
 def closure_verdict(gap: Doc, hl: dict[str, Any]) -> str:

@@ -213,8 +213,17 @@ def simulation_section(b: Builder, bundle: Bundle, figs: dict[str, Fig]) -> dict
         s["levels_why"] = "fewer than two levels measured"
     s["launch_overhead"] = (figs["kernel_eager_ms"].value - figs["kernel_graph_ms"].value
                             if figs["kernel_eager_ms"].ok and figs["kernel_graph_ms"].ok else None)
+    # engine minus kernel is the framework's only where both ran the run's weights: a stand-in kernel level (fp32 for
+    # a GGUF file, say) moves other bytes through other kernels
+    stand_in = sim.get("kernel", "stand_in", default="") if sim.usable else ""
+    same_format = sim.get("kernel", "format_match", default=True) if sim.usable else True
+    s["kernel_stand_in"] = str(stand_in or "") if same_format is False else ""
     s["framework_overhead"] = (figs["engine_eager_ms"].value - figs["kernel_eager_ms"].value
-                               if figs["engine_eager_ms"].ok and figs["kernel_eager_ms"].ok else None)
+                               if figs["engine_eager_ms"].ok and figs["kernel_eager_ms"].ok and same_format is not False
+                               else None)
+    s["framework_overhead_why"] = (f"not computed: the kernel level ran stand-in weights ({stand_in})"
+                                   if same_format is False and figs["engine_eager_ms"].ok
+                                   and figs["kernel_eager_ms"].ok else "")
     # kernel components
     comps = sim.get("kernel", "components", default=[]) if sim.usable else []
     crow = []
@@ -228,6 +237,7 @@ def simulation_section(b: Builder, bundle: Bundle, figs: dict[str, Fig]) -> dict
     s["components"] = [{**c, "ms_t": fmt_num(c["ms"]), "share": f"{c['ms'] / total * 100:.1f}%" if total and c["ms"] is not None else "—"}
                        for c in sorted(crow, key=lambda c: -(c["ms"] or 0))]
     s["components_total"] = fmt_num(total) if crow else None
+    s["components_clock"] = "CUDA graph" if figs["kernel_graph_ms"].ok else "eager"
     if crow:
         s["components_chart"] = b.chart("", ch.components,
                                         pd.DataFrame([c for c in crow if c["ms"] is not None]),
