@@ -313,3 +313,38 @@ def test_a_single_rank_all_reduce_says_it_measures_the_call_alone(tmp_path):
     doc["world_size"] = 2
     (d / "microbench" / "allreduce.json").write_text(json.dumps(doc))
     assert "single_rank_note" not in allreduce_sub(Builder(), load_bundle(files_in_dir(d)))
+
+
+def test_the_sweep_tells_a_queueing_server_from_a_batching_one():
+    from decode_gap.report.sections.live import concurrency_reading
+
+    def level(c, tput, ttft, itl):
+        return {"concurrency": c, "output_throughput": tput, "median_ttft_ms": ttft, "median_itl_per_token_ms": itl}
+
+    # the CPU run's embedded llama.cpp server: throughput flat, TTFT x26, ITL flat -> one request at a time
+    queued = concurrency_reading([level(1, 35.5, 171, 17.3), level(2, 44.8, 1578, 18.3), level(4, 40.9, 4393, 19.0)])
+    assert "×1.15 (×4 if" in queued and "one after another" in queued and "171 → 4,393 ms" in queued
+    # a batching server: 3.3x the throughput at 4 streams, the ITL paying 20%
+    batched = concurrency_reading([level(1, 25.0, 40, 39.3), level(4, 83.5, 45, 47.2)])
+    assert "78% of linear scaling" in batched and "one after another" not in batched
+    assert concurrency_reading([level(1, 25.0, 40, 39.3)]) == ""  # one level: nothing to compare
+
+
+def test_a_cpu_run_s_roofline_counts_bytes_per_cpu_not_per_gpu():
+    from decode_gap.report.sections import Builder, roofline_section
+
+    cpu = roofline_section(Builder(), load_bundle(files_in_dir(FIX / "cpu-real")))
+    assert [label for label, _ in cpu["figs"][:3]] == ["Weight bytes / token / CPU", "KV-cache bytes / token / CPU",
+                                                      "Total bytes / token / CPU"]
+    gpu = roofline_section(Builder(), load_bundle(files_in_dir(FIX / "h200x2")))
+    assert gpu["figs"][0][0] == "Weight bytes / token / GPU"
+
+
+def test_the_server_s_identity_reads_as_sizes_seconds_and_text_not_json():
+    from decode_gap.report.sections.live import _server_value
+
+    assert _server_value("gguf_bytes", 253113024) == "253 MB"
+    assert _server_value("startup_s", 1.1591135570015467) == "1.16 s"
+    assert _server_value("models", ["resources/models/gemma.gguf"]) == "resources/models/gemma.gguf"
+    assert _server_value("headers", {"server": "uvicorn", "vary": "Origin"}) == "server: uvicorn; vary: Origin"
+    assert _server_value("threads", 2) == "2" and _server_value("interrupt", False) == "false"

@@ -111,10 +111,11 @@ def roofline_components(df: pd.DataFrame, value: str, label: str, unit_title: st
 def gemm_m1_bandwidth(df: pd.DataFrame, copy_gbps: float | None) -> alt.Chart:
     """Achieved GB/s per shape at the smallest M, one bar per dtype; dashed rule at the measured copy bandwidth."""
     df = _need(df, "shape", "dtype", "gbps", what="GEMM bandwidth chart")
+    gpu = "gpu_us" in df.columns and pd.to_numeric(df["gpu_us"], errors="coerce").notna().any()
     bars = alt.Chart(df).mark_bar().encode(
         y=alt.Y("shape:N", title=None, sort=None),
         yOffset=alt.YOffset("dtype:N"),
-        x=alt.X("gbps:Q", title="achieved GB/s (GPU time)", axis=alt.Axis(tickCount=5)),
+        x=alt.X("gbps:Q", title=f"achieved GB/s ({'GPU time' if gpu else 'wall time'})", axis=alt.Axis(tickCount=5)),
         color=alt.Color("dtype:N", title="dtype", legend=wrapped_legend(df["dtype"].unique())),
         tooltip=["shape:N", "dtype:N", "backend:N", alt.Tooltip("gbps:Q", format=",.0f"),
                  alt.Tooltip("gpu_us:Q", format=",.2f", title="GPU µs"),

@@ -9,7 +9,7 @@ import pandas as pd
 
 from ...provenance import MEASURED
 from .. import charts as ch
-from ..data import Bundle, Fig, fig_field, find_col, first_key, fmt_num, live_levels, num
+from ..data import Bundle, Fig, fig_field, find_col, first_key, fmt_bytes, fmt_num, live_levels, num
 from ...secrets import redact_url
 from .common import Builder, _short
 
@@ -128,6 +128,23 @@ def timeline_frame(chunks: pd.DataFrame, requests: pd.DataFrame | None, concurre
     return pd.DataFrame(rows), "", str(chosen)
 
 
+def _server_value(key: str, v: Any) -> str:
+    """A server identity field as a reader wants it: sizes in bytes, seconds rounded, lists and headers as text."""
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, (int, float)) and key.endswith("_bytes"):
+        return fmt_bytes(v)
+    if isinstance(v, (int, float)) and key.endswith("_s"):
+        return f"{fmt_num(v)} s"
+    if isinstance(v, float):
+        return fmt_num(v)
+    if isinstance(v, list) and all(isinstance(x, (str, int, float)) for x in v):
+        return _short(", ".join(str(x) for x in v), 200)
+    if isinstance(v, dict) and all(isinstance(x, (str, int, float)) for x in v.values()):
+        return _short("; ".join(f"{k}: {x}" for k, x in v.items()), 200)
+    return _short(v, 200)
+
+
 def live_section(b: Builder, bundle: Bundle) -> dict[str, Any]:
     doc = bundle.doc("live")
     s: dict[str, Any] = {"id": "live", "title": "Live streaming measurement", "ok": doc.usable, "why": doc.why,
@@ -139,7 +156,8 @@ def live_section(b: Builder, bundle: Bundle) -> dict[str, Any]:
     d = doc.data or {}
     server = d.get("server")
     if isinstance(server, dict):
-        s["server"] = [(str(k), _short(v, 200)) for k, v in server.items()]
+        s["server"] = [(str(k).replace("_", " "), _server_value(str(k), v)) for k, v in server.items()
+                       if v not in (None, "", {}, [])]
     elif server:
         s["server"] = [("identity", _short(server, 200))]
     else:
@@ -209,6 +227,7 @@ def live_section(b: Builder, bundle: Bundle) -> dict[str, Any]:
                                                 "median_itl_per_token_ms")
     else:
         s["throughput_why"] = "no level reports output_throughput"
+    s["concurrency_reading"] = concurrency_reading(levels)
     lowest = num(levels[0].get("concurrency"))
     s["lowest"] = fmt_num(lowest)
     chunks = bundle.table("live_chunks")
@@ -232,6 +251,41 @@ def live_section(b: Builder, bundle: Bundle) -> dict[str, Any]:
         s["hist_why"] = s["timeline_why"] = chunks.why
     s["errors"] = _errors(d)
     return s
+
+
+# below this share of linear scaling, with the TTFT grown QUEUED_TTFT-fold and the ITL flat, the server is read as
+# decoding concurrent requests one after another (a queue), not together (a batch)
+BATCHED_SHARE = 0.35
+QUEUED_TTFT = 2.0
+FLAT_ITL = 1.5
+
+
+def concurrency_reading(levels: list[dict[str, Any]]) -> str:
+    """What the sweep says about the server's batching, from the lowest and the highest concurrency's measured
+    output throughput, median TTFT and median ITL per token: requests queued and decoded one at a time (throughput
+    flat, TTFT grown, ITL flat), or batched (the throughput's share of linear scaling and what the ITL paid)."""
+    rows = [lv for lv in levels if num(lv.get("concurrency")) and num(lv.get("output_throughput"))]
+    if len(rows) < 2:
+        return ""
+    lo, hi = rows[0], rows[-1]
+    c0, c1 = num(lo["concurrency"]), num(hi["concurrency"])
+    if c1 <= c0:
+        return ""
+    scale, ideal = num(hi["output_throughput"]) / num(lo["output_throughput"]), c1 / c0
+    share = (scale - 1) / (ideal - 1)
+    itl0, itl1 = (num(first_key(lv, "median_itl_per_token_ms", "median_tpot_ms")) for lv in (lo, hi))
+    ttft0, ttft1 = num(lo.get("median_ttft_ms")), num(hi.get("median_ttft_ms"))
+    head = (f"Concurrency {fmt_num(c0)} \u2192 {fmt_num(c1)} (derived from the measured levels): output throughput "
+            f"\u00d7{scale:.2f} (\u00d7{ideal:g} if every request decoded at the single-stream pace)")
+    itl = f"median ITL per token {fmt_num(itl0)} \u2192 {fmt_num(itl1)} ms" if itl0 and itl1 else ""
+    if share < BATCHED_SHARE and ttft0 and ttft1 and ttft1 >= QUEUED_TTFT * ttft0 and itl0 and itl1 \
+            and itl1 <= FLAT_ITL * itl0:
+        return (f"{head}, median TTFT {fmt_num(ttft0)} \u2192 {fmt_num(ttft1)} ms, {itl}. The server decodes "
+                "concurrent requests one after another, not together: they wait in its queue (the TTFT grows) and "
+                "then decode at the single-stream pace (the ITL stays). A server that batches them (continuous "
+                "batching: vLLM, SGLang, TGI; llama.cpp's llama-server with --parallel) turns concurrency into "
+                "throughput instead.")
+    return f"{head}: {share:.0%} of linear scaling" + (f"; {itl}, the price of the batch." if itl else ".")
 
 
 def _errors(d: dict[str, Any]) -> list[dict[str, str]]:

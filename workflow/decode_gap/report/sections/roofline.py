@@ -29,7 +29,11 @@ def roofline_section(b: Builder, bundle: Bundle) -> dict[str, Any]:
     s: dict[str, Any] = {"id": "roofline", "title": "Roofline", "ok": doc.usable, "why": doc.why, "rel": doc.rel}
     if not doc.usable:
         return s
-    s["figs"] = [(label, b.fig(label, fig_field(doc, key, unit, MODELLED))) for key, label, unit in ROOFLINE_FIGS]
+    # the per-device figures of a CPU run are its host's, not a GPU's (the fields keep their names)
+    hw = doc.get("hardware")
+    device = "CPU" if isinstance(hw, dict) and hw.get("kind") == "cpu" else "GPU"
+    s["figs"] = [(label.replace("/ GPU", f"/ {device}"), b.fig(label, fig_field(doc, key, unit, MODELLED)))
+                 for key, label, unit in ROOFLINE_FIGS]
     params = []
     for key, label in (("params_total", "Parameters, total"), ("params_active", "Parameters, active per token")):
         f = fig_field(doc, key, "", MODELLED)
@@ -63,9 +67,9 @@ def roofline_section(b: Builder, bundle: Bundle) -> dict[str, Any]:
         cdf = df[[c for c in (label, value, "group") if c in df.columns]].copy()
         if is_bytes:
             cdf[value] = pd.to_numeric(cdf[value], errors="coerce") / 1e6
-        s["chart"] = b.chart("Where the bytes of one decode step go (per GPU)" if is_bytes else "Roofline components",
-                             ch.roofline_components, cdf, value, label,
-                             "MB per token per GPU" if is_bytes else value,
+        s["chart"] = b.chart(f"Where the bytes of one decode step go (per {device})" if is_bytes
+                             else "Roofline components", ch.roofline_components, cdf, value, label,
+                             f"MB per token per {device}" if is_bytes else value,
                              caption=f"modelled · {table.rel if table.usable else doc.rel}")
     fmts = {c: (lambda v: fmt_bytes(num(v))) for c in df.columns if "bytes" in c.lower()}
     fmts.update({c: (lambda v: fmt_num(num(v) / 1e9) + " G" if num(v) is not None else "—")
