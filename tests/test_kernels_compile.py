@@ -119,7 +119,7 @@ def _signature(fn, consts: dict, pointers: set | dict) -> dict:
     return sig
 
 
-@pytest.mark.parametrize("arch", [90, 100])
+@pytest.mark.parametrize("arch", [90, 100, 120])
 @pytest.mark.parametrize("fn,consts,pointers", CASES, ids=[c[0].fn.__name__ + ("-rows" if c[1].get("HAS_ROWS") else "")
                                                              + ("-split" if c[1].get("ATOMIC") or c[1].get("ZERO")
                                                                 else "") for c in CASES])

@@ -202,6 +202,14 @@ def allreduce(df: pd.DataFrame, model_bytes: float | None) -> alt.HConcatChart:
     return alt.hconcat(left, bw, spacing=36)
 
 
+def _shown(domain: list[str], rng: list[str], values) -> alt.Scale:
+    """A colour scale over the categories the data holds, each keeping its colour: a legend lists no series that
+    drew nothing (a CPU run has no graph bars, a stream no multi-token chunk)."""
+    present = {str(v) for v in values}
+    kept = [(d, r) for d, r in zip(domain, rng) if d in present] or list(zip(domain, rng))
+    return alt.Scale(domain=[d for d, _ in kept], range=[r for _, r in kept])
+
+
 def eager_vs_graph(df: pd.DataFrame, unit: str = "µs") -> alt.LayerChart:
     """Dumbbell per case: graph (GPU) time to eager time; the bar between them is the launch overhead."""
     df = _need(df, "case", "mode", "value", what="eager vs graph chart")
@@ -220,7 +228,7 @@ def eager_vs_graph(df: pd.DataFrame, unit: str = "µs") -> alt.LayerChart:
     pts = alt.Chart(df).mark_point(filled=True, size=90, opacity=1).encode(
         y=y, x=alt.X("value:Q", scale=xs),
         color=alt.Color("mode:N", title=None, sort=["graph", "eager"],
-                        scale=alt.Scale(domain=["graph", "eager"], range=[MEASURED, "#f59e0b"]),
+                        scale=_shown(["graph", "eager"], [MEASURED, "#f59e0b"], df["mode"]),
                         legend=alt.Legend(orient="top")),
         tooltip=["case:N", "mode:N", alt.Tooltip("value:Q", format=",.2f", title=unit)])
     return alt.layer(rule, pts).properties(width=WIDTH - 300, height=max(60, 24 * len(order)))
@@ -247,7 +255,7 @@ def waterfall(df: pd.DataFrame) -> alt.Chart:
     base = alt.Chart(df).encode(y=alt.Y("step:N", sort=order, title=None, axis=alt.Axis(labelLimit=230)))
     bars = base.mark_bar(height={"band": 0.68}).encode(
         x=alt.X("start:Q", title="ms per token"), x2="end:Q",
-        color=alt.Color("kind:N", title=None, scale=alt.Scale(domain=domain, range=rng),
+        color=alt.Color("kind:N", title=None, scale=_shown(domain, rng, df["kind"]),
                         legend=alt.Legend(orient="top")),
         tooltip=["step:N", alt.Tooltip("ms:Q", format=",.3f"), "source:N", "kind:N"]
         + (["measured_on:N"] if "measured_on" in df.columns else []),
@@ -268,8 +276,8 @@ def levels(df: pd.DataFrame) -> alt.LayerChart:
     bars = base.mark_bar(height={"band": 0.7}).encode(
         x=alt.X("ms:Q", title="ms per token"),
         color=alt.Color("variant:N", title=None, legend=alt.Legend(orient="top"),
-                        scale=alt.Scale(domain=["modelled", "eager", "graph", "live"],
-                                        range=[MODELLED, "#f59e0b", MEASURED, TOTAL])),
+                        scale=_shown(["modelled", "eager", "graph", "live"], [MODELLED, "#f59e0b", MEASURED, TOTAL],
+                                     df["variant"])),
         tooltip=["level:N", "variant:N", alt.Tooltip("ms:Q", format=",.3f"), "source:N"])
     text = base.mark_text(align="left", dx=4).encode(x="ms:Q", text="label:N")
     return (bars + text).properties(width=WIDTH - 300, height=max(60, 26 * len(df)))
@@ -281,7 +289,7 @@ def components(df: pd.DataFrame) -> alt.Chart:
         y=alt.Y("name:N", sort="-x", title=None),
         x=alt.X("ms:Q", title="ms per step"),
         color=alt.Color("status:N", title=None, legend=alt.Legend(orient="top"),
-                        scale=alt.Scale(domain=["measured", "modelled"], range=[MEASURED, MODELLED])),
+                        scale=_shown(["measured", "modelled"], [MEASURED, MODELLED], df["status"])),
         tooltip=["name:N", alt.Tooltip("ms:Q", format=",.3f"), "status:N"],
     ).properties(width=WIDTH - 240, height=max(60, 24 * len(df)))
 
@@ -308,8 +316,8 @@ def request_timeline(df: pd.DataFrame) -> alt.Chart:
             int(t) for t in df["token"] if int(t) == 1 or int(t) % 8 == 0])),
         y=alt.Y("ms:Q", title="ms (TTFT, then per-token ITL)"),
         color=alt.Color("kind:N", title=None, legend=alt.Legend(orient="top"),
-                        scale=alt.Scale(domain=["first token (TTFT)", "1-token chunk", "multi-token chunk"],
-                                        range=[TOTAL, PALETTE[0], "#f59e0b"])),
+                        scale=_shown(["first token (TTFT)", "1-token chunk", "multi-token chunk"],
+                                     [TOTAL, PALETTE[0], "#f59e0b"], df["kind"])),
         tooltip=["token:O", alt.Tooltip("ms:Q", format=",.2f"), "chunk:Q", "chunk_tokens:Q",
                  alt.Tooltip("t_ms:Q", format=",.1f", title="since request start (ms)")],
     ).properties(width=WIDTH - 80, height=190)

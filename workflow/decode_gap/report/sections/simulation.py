@@ -221,7 +221,7 @@ def simulation_section(b: Builder, bundle: Bundle, figs: dict[str, Fig]) -> dict
     s["framework_overhead"] = (figs["engine_eager_ms"].value - figs["kernel_eager_ms"].value
                                if figs["engine_eager_ms"].ok and figs["kernel_eager_ms"].ok and same_format is not False
                                else None)
-    s["framework_overhead_why"] = (f"not computed: the kernel level ran stand-in weights ({stand_in})"
+    s["framework_overhead_why"] = ("not computed: the kernel level ran stand-in weights, not the run's format"
                                    if same_format is False and figs["engine_eager_ms"].ok
                                    and figs["kernel_eager_ms"].ok else "")
     # kernel components
