@@ -111,6 +111,10 @@ def test_cpu_stand_in_kernel_level_is_kept_off_the_chain():
     assert math.isclose(g["predicted_ms"], 23.3)
     assert g["sum_check"]["exact"] is True
     assert g["kernel_ms"] == 90.0 and g["levels"]["kernel_comparable"] is False
+    # the engine's whole step beyond its bytes is a lever of its own, saying why it is not split
+    lever = next(lv for lv in g["levers"] if lv["name"].startswith("the engine's decode step"))
+    assert math.isclose(lever["saves_ms"], 20.0 - roof) and "fp32 stand-in" in lever["evidence"]
+    assert "llama.cpp" in lever["evidence"] and lever["rank"] == 1
 
 
 def test_graph_server_without_engine_level_names_the_unexplained_part():

@@ -192,6 +192,17 @@ def rank_levers(waterfall, kern, eng, inputs, server_graphs: bool, roof: dict, a
         add("leaner framework step (fewer host-side ops per layer, fused kernels)", fw["ms"],
             f"engine level {eng.get('serving_ms') or eng.get('eager_ms'):.3f} ms vs the same kernels "
             f"{'in graphs' if server_graphs else 'eagerly'} at the kernel level", source="simulate.json")
+    # no kernel level to split the engine's step by (stand-in weights, or none ran): one lever for the whole of it
+    whole = next((r for r in waterfall if "lost bandwidth: kernels at decode shapes" in (r.get("absorbs") or [])
+                  and r["name"].endswith("framework overhead") and (r.get("ms") or 0) > 0), None)
+    if whole and eng:
+        k = kern or {}
+        why = ((k.get("stand_in") if k.get("format_match") is False else k.get("reason"))
+               or "the kernel level did not run")
+        add("the engine's decode step at streaming bandwidth (its kernels, launches and host work)", whole["ms"],
+            f"engine level ({eng.get('engine')}) takes {whole['ms']:.3f} ms a token beyond its bytes at the measured "
+            f"bandwidth; which share is kernels, launches or host work is not split here: {why}",
+            source="simulate.json (engine level), roofline.json, microbench/memory.json")
     loop = _step(waterfall, "server overhead: completion loop")
     if loop and loop["ms"] > 0:
         add("lighter completion loop (sampling on the device / fewer Python steps per token)", loop["ms"],
