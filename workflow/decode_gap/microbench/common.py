@@ -65,7 +65,8 @@ class BenchEnv:
     def backend(self) -> str:
         if self.is_gpu:
             return f"cuda {torch.version.cuda} / torch {torch.__version__} ({self.sm})"
-        return f"cpu / torch {torch.__version__} ({torch.get_num_threads()} threads)"
+        n = torch.get_num_threads()
+        return f"cpu / torch {torch.__version__} ({n} thread{'s' if n != 1 else ''})"
 
 
 def device_name(device: torch.device) -> str:

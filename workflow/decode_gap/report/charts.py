@@ -148,8 +148,10 @@ def gemm_m_sweep(df: pd.DataFrame, copy_gbps: float | None) -> alt.Chart:
         chart = chart + alt.Chart(df).mark_rule(strokeDash=[5, 4], color=RESIDUAL, opacity=0.6).encode(
             y=alt.datum(copy_gbps))
     cols = 3
+    # each panel its own x axis: a wrapped facet draws the last row's axis under an empty cell too
     return chart.properties(width=(WIDTH - 60) // cols - 20, height=120).facet(
-        facet=alt.Facet("shape:N", title=None, header=alt.Header(labelLimit=200)), columns=cols)
+        facet=alt.Facet("shape:N", title=None, header=alt.Header(labelLimit=200)), columns=cols
+    ).resolve_axis(x="independent")
 
 
 def _log_ticks(lo: float, hi: float) -> list[float]:
