@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The NVFP4 fused MoE's split plans that no GPU has timed yet (issue 14; the 2026-12-04 stops): one device call.
+# Each line times the default plan (`all experts`) beside the splits named, GLM-5 shapes over the 256-expert table,
+# CUDA graph after an L2 flush (benchmarks/device/moe_e_probe.py). Run from the repository root on the device:
+#
+#     bash benchmarks/device/issue14_pending.sh 2>&1 | tee $OUT/issue14_pending.txt
+#
+# What to read off: the default plan should be the fastest or within the run-to-run swing (about 2%) of it.
+set -u
+export PYTHONPATH=workflow
+probe() { echo "== moe_e_probe $*"; timeout 120 python3 benchmarks/device/moe_e_probe.py --only-table "$@"; }
+
+# TP8 (I = 256): 7 tokens just past one wave (the waves rule plans 9 splits where 8 tokens, under a wave, took 2)
+probe --m 7 --split13 2 3 9
+# TP8: 12 tokens (the rule's 5-6 splits against the warps rule's 2)
+probe --m 12 --split13 2 5
+# TP8: 48 tokens (3 splits against none)
+probe --m 48 --split13 1 3
+# TP1 (I = 2048): 3 and 6 tokens (3 and 2 splits against none)
+probe --m 3 --i 2048 --split13 1 3
+probe --m 6 --i 2048 --split13 1 2
+# blocks of 16 pairs (past 8 pairs an expert: 2048 pairs over 256 experts), whose kernel holds 24 warps an SM, not
+# 36 (fp4moe.RESIDENT_WARPS): 320 tokens, 2 splits planned, against none and 3
+probe --m 320 --split13 1 2 3
+# the early launch at batch 1 and 8 tokens (LAUNCH_EARLY; timed at 32 tokens only)
+probe --m 1 --variants
+probe --m 8 --variants
