@@ -348,3 +348,11 @@ def test_the_server_s_identity_reads_as_sizes_seconds_and_text_not_json():
     assert _server_value("models", ["resources/models/gemma.gguf"]) == "resources/models/gemma.gguf"
     assert _server_value("headers", {"server": "uvicorn", "vary": "Origin"}) == "server: uvicorn; vary: Origin"
     assert _server_value("threads", 2) == "2" and _server_value("interrupt", False) == "false"
+
+
+def test_a_few_requests_a_level_say_their_p99_is_about_their_max():
+    from decode_gap.report.sections import Builder, live_section
+
+    s = live_section(Builder(), load_bundle(files_in_dir(FIX / "cpu-real")))
+    assert s["thin_tail"].startswith("TTFT and E2E latency have one sample a request: at ")
+    assert "live.num_requests" in s["thin_tail"]

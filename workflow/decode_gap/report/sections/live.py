@@ -192,6 +192,11 @@ def live_section(b: Builder, bundle: Bundle) -> dict[str, Any]:
                      "e2el_med": g("median_e2el_ms"), "otput": g("output_throughput"), "rtput": g("request_throughput"),
                      "failed_n": num(lv.get("failed")) or 0})
     s["rows"] = rows
+    # TTFT and E2E latency have one sample a request: with few requests their p99 is their max, not a tail
+    fewest = min((int(num(lv.get("completed")) or 0) for lv in levels), default=0)
+    s["thin_tail"] = (f"TTFT and E2E latency have one sample a request: at {fewest} requests a level their p99 is "
+                      "about their max, not a tail (raise live.num_requests for one; ITL and TPOT have a sample a "
+                      "token)" if 0 < fewest < THIN_TAIL else "")
     # per-token figures not counted per chunk (issue 17): the basis beside every per-token figure
     basis = d.get("itl_per_token_basis")
     s["itl_note"] = (f"{basis}: {d.get('itl_per_token_note')}" if basis and basis != "exact" and
@@ -252,6 +257,8 @@ def live_section(b: Builder, bundle: Bundle) -> dict[str, Any]:
     s["errors"] = _errors(d)
     return s
 
+
+THIN_TAIL = 100  # requests a level below which a per-request p99 is read as the max
 
 # below this share of linear scaling, with the TTFT grown QUEUED_TTFT-fold and the ITL flat, the server is read as
 # decoding concurrent requests one after another (a queue), not together (a batch)
