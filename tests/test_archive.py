@@ -203,3 +203,24 @@ def test_compare_renders_side_by_side_across_revisions(tmp_path):
     assert "Run comparison" in text and "Headline metrics" in text and "ms per token" in text
     with pytest.raises(DecodeGapError, match="'run_a' and 'run_b' are required"):
         build.render_compare("", "x", out / "d.html", out / "d.pdf", archive_dir=root)
+
+
+def test_a_render_again_of_the_same_stage_files_is_not_an_earlier_run(tmp_path, monkeypatch):
+    """Render mode and a template change re-archive the same measurements: an entry holding the very stage files
+    being rendered is left out of the "since last run" comparison and the trend, with a note; an entry of other
+    measurements stays."""
+    stage = {rel: str(FIX / "h200x2" / rel) for rel in STAGE_FILES.values() if (FIX / "h200x2" / rel).is_file()}
+    before = {rel: str(FIX / "h200x2-before" / rel) for rel in STAGE_FILES.values()
+              if (FIX / "h200x2-before" / rel).is_file()}
+    again = arc.archive_run(tmp_path, "rev", stage, FP)
+    older = arc.archive_run(tmp_path, "rev", before, FP)
+    assert arc.holds_files(again, stage) and not arc.holds_files(older, stage) and not arc.holds_files(again, {})
+
+    seen = {}
+    monkeypatch.setattr(build, "write_pdf", lambda *a, **k: None)  # the PDF is not what this checks
+    monkeypatch.setattr(build, "build_context", lambda bundle, **kw: seen.update(kw) or {})
+    monkeypatch.setattr(build, "render", lambda *a, **k: "<html></html>")
+    build.render_run(files_in_dir(FIX / "h200x2"), tmp_path / "out" / "report.html", tmp_path / "out" / "report.pdf",
+                     hw_rev="rev", fingerprint=FP, config={}, archive_dir=tmp_path)
+    assert [r.run_id for r in seen["history"]] == [older.run_id]
+    assert seen["history_warnings"][-1].startswith("1 earlier entry holds these same stage files")

@@ -156,6 +156,19 @@ def hardware_revisions(archive_dir: str | os.PathLike) -> list[str]:
     return sorted(p.name for p in d.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
+def file_sha256(path: str | os.PathLike) -> str:
+    """A file's sha256, as an entry's `files` list records it."""
+    return _sha256(Path(path))
+
+
+def holds_files(run: "ArchivedRun", files: dict[str, str | os.PathLike]) -> bool:
+    """True where the entry holds every one of `files` (archive-relative name -> path here) byte for byte: a report
+    rendered again from the same stage files, not a new measurement. An empty `files` holds nothing."""
+    recorded = {f.get("path"): f.get("sha256") for f in run.meta.get("files", []) if isinstance(f, dict)}
+    present = {rel: Path(src) for rel, src in files.items() if Path(src).is_file()}
+    return bool(present) and all(recorded.get(rel) == _sha256(src) for rel, src in present.items())
+
+
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:

@@ -53,9 +53,19 @@ def render_run(files: dict[str, str], html_path: str | os.PathLike, pdf_path: st
     tdir = template_dir(templates)
     bundle = load_bundle(files)
     listing = arc.list_runs(archive_dir, hw_rev)
+    # an entry holding these very stage files is this run rendered before (render mode, a template change): it is
+    # not an earlier measurement, so neither the comparison nor the trend counts it
+    stage = {rel: files[name] for name, rel in STAGE_FILES.items() if files.get(name)}
+    history = [r for r in listing.runs if not arc.holds_files(r, stage)]
+    notes, again = list(listing.warnings), len(listing.runs) - len(history)
+    if again:
+        notes.append(f"{again} earlier {'entries hold' if again > 1 else 'entry holds'} these same stage files (this "
+                     "run rendered before): left out of the comparison and the trend")
+    empty = (f"archive {archive_dir}/{hw_rev} holds no earlier run" if not listing.runs
+             else f"archive {archive_dir}/{hw_rev} holds only this run's renders")
     ctx = build_context(bundle, hw_rev=hw_rev, fingerprint=fingerprint, run_config=run_config(config, bundle),
-                        datasheet=datasheet(bundle), history=listing.runs, history_warnings=listing.warnings,
-                        archive_note="" if listing.runs else f"archive {archive_dir}/{hw_rev} holds no earlier run")
+                        datasheet=datasheet(bundle), history=history, history_warnings=notes,
+                        archive_note="" if history else empty)
     secrets = secret_values(names=[config.get("api_key_env", "")])
     html = render("report.html.j2", ctx, "html", tdir, secrets)
     pdf_html = render("report.html.j2", ctx, "pdf", tdir, secrets)

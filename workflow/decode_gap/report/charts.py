@@ -355,9 +355,10 @@ def trend(df: pd.DataFrame) -> alt.Chart:
     pts = base.mark_point(filled=True, size=55).encode(
         color=alt.Color("current:N", title=None, legend=alt.Legend(orient="top"),
                         scale=alt.Scale(domain=["earlier run", "this run"], range=[PALETTE[0], RESIDUAL])))
+    # x axes per panel: a wrapped facet otherwise draws the last row's axis under an empty cell
     return (line + pts).properties(width=(WIDTH - 60) // 3 - 24, height=110).facet(
         facet=alt.Facet("metric:N", title=None, sort=df["metric"].drop_duplicates().tolist()),
-        columns=3).resolve_scale(y="independent")
+        columns=3).resolve_scale(y="independent").resolve_axis(x="independent")
 
 
 def compare_bars(df: pd.DataFrame, unit: str) -> alt.Chart:
