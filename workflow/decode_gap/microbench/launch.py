@@ -163,8 +163,8 @@ def plain_read(env: BenchEnv, nbytes: int, flush: Callable[[], Any] | None = Non
     do: what moving a call's bytes costs at its size, ramp-up and tail included, measured (the issue-14 yardstick
     beside the latency floor: a 30-75 MB call does not reach the 2 GiB read bandwidth even as a plain read). On a
     CPU host the wall time of torch.sum over the bytes, after `flush` (a CpuCacheFlusher, as the rows it is held
-    against are timed). Raises where it cannot be timed (no Triton on a GPU, too
-    little memory, a failed capture): PlainReads says why in the stage's skipped list."""
+    against are timed). Raises where it cannot be timed (no Triton on a GPU, too little memory, a failed capture):
+    PlainReads says why in the stage's skipped list."""
     words = max(nbytes // 4, 1)
     dev = env.device
     if not env.is_gpu:
