@@ -517,3 +517,31 @@ def test_kernel_lever_reads_the_fused_moe_above_batch_1():
     inputs["roofline"] = {**inputs["roofline"], "weight_format": "fp8-block", "batch_size": 8}
     lever = next(l for l in attribute(inputs)["levers"] if l["name"].startswith("decode kernels at streaming"))
     assert "fused MoE (fp8-block, M=8, x 58 MoE layers) takes 6.380 ms against 4.350 ms" in lever["evidence"]
+
+
+def test_one_gpu_standing_for_tp8_models_its_all_reduces_from_the_datasheet_not_a_one_rank_call():
+    """The seeds' deployment on one H200 (tp=8, all-reduce measured at 1 rank): the kernel level added 158 calls of a
+    0.87 us 1-rank all-reduce (0.14 ms), which moves no byte between GPUs. The roofline's datasheet model (1.06 ms)
+    stands instead; the kernel level's step moves by the difference, so the kernels' own loss is unchanged."""
+    inputs = gpu_inputs()
+    inputs["roofline"].update(tp=8, allreduces_per_token=156, t_comm_floor_ms=1.055,
+                              provenance={"t_comm_floor_ms": "modelled: 156 all-reduces x (6 us latency + ring)"})
+    inputs["allreduce"] = {"world_size": 1, "measured_world_size": 1,
+                           "allreduce_us_at_model_size": {"value": 0.87, "unit": "us", "status": "measured"}}
+    one_rank = 158 * 0.87 / 1000
+    inputs["simulate"]["kernel"].update(tp=8, eager_ms=6.0 + one_rank, graph_ms=0.9 + one_rank, components=[
+        {"name": "all-reduce", "ms": one_rank, "eager_ms": one_rank, "graph_ms": one_rank, "status": "modelled"}])
+    g = attribute(inputs)
+    w = steps(g)
+    assert math.isclose(w["all-reduce"]["ms"], 1.055) and w["all-reduce"]["status"] == "modelled"
+    assert "measured at 1 rank, not tp=8" in w["all-reduce"]["note"] and "6 us latency" in w["all-reduce"]["note"]
+    t_meas = 2.16e9 / 4000e9 * 1e3
+    assert math.isclose(w["lost bandwidth: kernels at decode shapes"]["ms"], 0.9 - t_meas)  # the kernels' own
+    assert math.isclose(w["launch overhead"]["ms"], 6.0 - 0.9)
+    assert g["sum_check"]["exact"] is True
+    # without the kernel level, the micro-benchmark's 1-rank call gives way to the datasheet model too
+    inputs["simulate"]["kernel"] = {"status": "skipped", "reason": "not run"}
+    assert math.isclose(steps(attribute(inputs))["all-reduce"]["ms"], 1.055)
+    # measured at tp ranks: the measurement stands
+    inputs["allreduce"]["measured_world_size"] = 8
+    assert math.isclose(steps(attribute(inputs))["all-reduce"]["ms"], 156 * 0.87 / 1000)

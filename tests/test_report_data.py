@@ -356,3 +356,19 @@ def test_a_few_requests_a_level_say_their_p99_is_about_their_max():
     s = live_section(Builder(), load_bundle(files_in_dir(FIX / "cpu-real")))
     assert s["thin_tail"].startswith("TTFT and E2E latency have one sample a request: at ")
     assert "live.num_requests" in s["thin_tail"]
+
+
+def test_the_kernel_table_says_when_the_gap_counts_the_datasheet_s_all_reduces(tmp_path):
+    import shutil
+
+    from decode_gap.report.sections import Builder, simulation_section
+
+    d = tmp_path / "run"
+    shutil.copytree(FIX / "h200x2", d)
+    gap = json.loads((d / "gap.json").read_text())
+    step = next(w for w in gap["waterfall"] if w["name"] == "all-reduce")
+    step.update(ms=1.055, note="the all-reduce was measured at 1 rank, not tp=8: a call that moves no byte")
+    (d / "gap.json").write_text(json.dumps(gap))
+    bundle = load_bundle(files_in_dir(d))
+    notes = simulation_section(Builder(), bundle, headline(bundle))["kernel_notes"]
+    assert notes[-1].startswith("The gap counts the all-reduces at 1.05 ms, not this table's: the all-reduce was")

@@ -86,6 +86,43 @@ def _identities(inputs: dict[str, dict | None], kern: dict | None, eng: dict | N
     }
 
 
+def one_rank_allreduce(ar: dict, roof: dict, tp: int) -> str:
+    """Why the measured all-reduce cannot stand for tp ranks, or "": it ran at fewer ranks than tp (one GPU standing
+    for TP: a 1-rank all-reduce moves no byte between GPUs, its time is the call's alone) and the roofline models the
+    tp-rank all-reduces from the datasheet (t_comm_floor_ms)."""
+    ran = _num(ar.get("measured_world_size"))
+    model = _num(roof.get("t_comm_floor_ms"))
+    if tp <= 1 or ran is None or ran >= tp or not model:
+        return ""
+    # the model's arithmetic, not its citation (roofline.json keeps that)
+    basis = str((roof.get("provenance") or {}).get("t_comm_floor_ms") or "roofline.json t_comm_floor_ms")
+    basis = basis.split("; latency from")[0]
+    return (f"the all-reduce was measured at {ran:.0f} rank{'s' if ran != 1 else ''}, not tp={tp}: a call that moves "
+            f"no byte between GPUs; the roofline's {model:.3f} ms stands instead ({basis})")
+
+
+def _kernel_with_modelled_allreduce(kern: dict | None, ar: dict, roof: dict, tp: int) -> dict | None:
+    """The kernel level with its collectives modelled from the datasheet where one GPU stood for tp and its
+    all-reduce came from a measurement at fewer ranks (one_rank_allreduce): the component becomes the roofline's
+    t_comm_floor_ms, and the step times move by the difference (the kernels' own time unchanged). Only ever longer:
+    a measurement above the datasheet's floor stays."""
+    why = one_rank_allreduce(ar, roof, tp)
+    comps = (kern or {}).get("components") or []
+    kc = next((c for c in comps if c.get("name") == "all-reduce" and c.get("status") == "modelled"), None)
+    model = _num(roof.get("t_comm_floor_ms"))
+    if not why or kc is None or _num(kc.get("ms")) is None or model <= kc["ms"]:
+        return kern
+    delta = model - kc["ms"]
+    note = f"{why}; the kernel level had added {kc['ms']:.3f} ms of 1-rank calls"
+    new_kc = {**kc, "ms": model, "eager_ms": model, "graph_ms": model if kc.get("graph_ms") is not None else None,
+              "source": note}
+    out = {**kern, "components": [new_kc if c is kc else c for c in comps], "allreduce_note": note}
+    for key in ("eager_ms", "graph_ms"):
+        if _num(kern.get(key)) is not None:
+            out[key] = kern[key] + delta
+    return out
+
+
 def gather_levels(inputs: dict[str, dict | None], why: dict[str, str], hardware_revision: str | None) -> Levels:
     """Split simulate.json into its levels and refuse every level measured on another device or hardware
     revision than the run's. `inputs` and `why` are the caller's copies: refused inputs become None here."""
@@ -113,6 +150,7 @@ def gather_levels(inputs: dict[str, dict | None], why: dict[str, str], hardware_
         trace_wf, trace_why = None, why["trace"]
     engine_name = (eng or {}).get("engine") or ((sim.get("engine") or {}).get("engine")) or (live or {}).get("engine") or "unknown"
     tp = int(roof.get("tp") or (kern or {}).get("tp") or 1)
+    kern = _kernel_with_modelled_allreduce(kern, inputs.get("allreduce") or {}, roof, tp)
     return Levels(inputs=inputs, why=why, roof=roof, sim=sim, kern=kern, eng=eng, srv=srv,
                   mem=inputs.get("memory") or {}, ar=inputs.get("allreduce") or {}, live=live,
                   trace_wf=trace_wf, trace_why=trace_why, ids=ids, ref=ref, refused=refused,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .hosts import _flag_negative
-from .levels import Levels, live_level
+from .levels import Levels, live_level, one_rank_allreduce
 from .rows import START, _num, _row, _unavail
 
 GRAPH_ENGINES = {"vllm", "sglang", "tgi"}  # serve with captured CUDA graphs by default
@@ -76,7 +76,12 @@ def allreduce_step(lv: Levels, waterfall: list[dict[str, Any]]) -> float | None:
         else:
             us = _num(lv.ar.get("allreduce_us_at_model_size"))
             n = _num(lv.roof.get("allreduces_per_token"))
-            if us is not None and n is not None:
+            one_rank = one_rank_allreduce(lv.ar, lv.roof, lv.tp)
+            if one_rank and us is not None and n is not None and lv.roof["t_comm_floor_ms"] > us * n / 1000.0:
+                ar_ms = float(lv.roof["t_comm_floor_ms"])
+                ar_row = _row("all-reduce", ar_ms, "roofline.json, microbench/allreduce.json", "modelled",
+                              note=f"{one_rank}; the measured call: {n:.0f} x {us:.2f} us")
+            elif us is not None and n is not None:
                 ar_ms = us * n / 1000.0
                 ar_row = _row("all-reduce", ar_ms, "microbench/allreduce.json, roofline.json", "modelled",
                               note=f"{n:.0f} all-reduces x {us:.2f} us measured at the model's message size")

@@ -135,7 +135,8 @@ def run_allreduce_bench(
     run_world = world_size
     multi_why = None
     if world_size == 1:
-        multi_why = "one GPU/process only (world size 1: tp=1 and microbench.allreduce.world_size unset)"
+        multi_why = ("one GPU/process only (world size 1, from microbench.allreduce.world_size or tp): a one-rank "
+                     "all-reduce moves no byte between devices")
     elif gpu and world_size > gpu_count:
         multi_why = f"needs {world_size} GPUs, this host has {gpu_count}"
         run_world = 1

@@ -257,5 +257,11 @@ def simulation_section(b: Builder, bundle: Bundle, figs: dict[str, Fig]) -> dict
     s["kernel_clock_note"] = step_clock_note(sim.get("kernel", "clock", default=None) if sim.usable else None)
     notes = kern.get("notes") if isinstance(kern, dict) else None  # which kernels ran (e.g. fp8 GEMV choices)
     s["kernel_notes"] = [str(n) for n in notes] if isinstance(notes, list) else []
+    # one GPU standing for tp: the gap counts the datasheet's all-reduces, not the kernel level's 1-rank calls
+    ar_step = next((st for st in (steps if isinstance(steps, list) else []) if isinstance(st, dict)
+                    and st.get("name") == "all-reduce" and "not tp=" in str(st.get("note") or "")), None)
+    if ar_step and num(ar_step.get("ms")) is not None:
+        s["kernel_notes"].append(f"The gap counts the all-reduces at {fmt_num(num(ar_step['ms']))} ms, not this "
+                                 f"table's: {ar_step['note']}.")
     s["engine_backend"] = str(sim.get("engine", "backend", default="") or "") if sim.usable else ""
     return s
