@@ -539,6 +539,8 @@ def test_one_gpu_standing_for_tp8_models_its_all_reduces_from_the_datasheet_not_
     assert math.isclose(w["lost bandwidth: kernels at decode shapes"]["ms"], 0.9 - t_meas)  # the kernels' own
     assert math.isclose(w["launch overhead"]["ms"], 6.0 - 0.9)
     assert g["sum_check"]["exact"] is True
+    lever = next(lv for lv in g["levers"] if lv["name"].startswith("faster all-reduce"))
+    assert lever["saves_ms"] is None and "not measured at tp ranks" in lever["saves_status"]
     # without the kernel level, the micro-benchmark's 1-rank call gives way to the datasheet model too
     inputs["simulate"]["kernel"] = {"status": "skipped", "reason": "not run"}
     assert math.isclose(steps(attribute(inputs))["all-reduce"]["ms"], 1.055)

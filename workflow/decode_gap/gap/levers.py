@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .attribute import _num
+from .levels import one_rank_allreduce
 
 
 def _step(waterfall: list[dict], name: str) -> dict | None:
@@ -212,14 +213,23 @@ def rank_levers(waterfall, kern, eng, inputs, server_graphs: bool, roof: dict, a
     if http and http["ms"] > 0:
         add("cheaper streaming path (batch chunks, faster JSON/SSE)", http["ms"], http.get("note", ""),
             source="simulate.json (server calibration)")
-    if ar_ms and ar_ms > 0:
+    one_rank = one_rank_allreduce(inputs.get("allreduce") or {}, roof, int(roof.get("tp") or 1))
+    if ar_ms and ar_ms > 0 and one_rank:
+        add("faster all-reduce (one-shot / custom all-reduce, NVLS, or fewer TP ranks)", None,
+            f"all-reduce modelled at {ar_ms:.3f} ms per token: {one_rank}",
+            status="unavailable: the all-reduce was not measured at tp ranks, so its step is the datasheet's floor "
+                   "and nothing is left to save against it; measure it on tp GPUs (microbench.allreduce.world_size)",
+            source="microbench/allreduce.json, roofline.json")
+    elif ar_ms and ar_ms > 0:
         comm = comm_floor(inputs.get("allreduce") or {}, roof)
         floor = comm["floor_ms"]
         saves = ar_ms - floor if floor is not None and ar_ms > floor else None
         add("faster all-reduce (one-shot / custom all-reduce, NVLS, or fewer TP ranks)", saves,
             f"all-reduce costs {ar_ms:.3f} ms per token" +
             (f" against a {floor:.3f} ms floor ({comm['floor_basis']})" if floor is not None else ""),
-            status=comm["floor_status"] if saves is not None else "unavailable: no all-reduce floor to compare with",
+            status=comm["floor_status"] if saves is not None else (
+                "unavailable: no all-reduce floor to compare with" if floor is None
+                else "unavailable: the all-reduce already runs at its floor"),
             source="microbench/allreduce.json, roofline.json")
     idle = _step(waterfall, "GPU idle between kernels (CPU, launch or framework)")
     if idle and idle["ms"] > 0:
