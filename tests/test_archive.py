@@ -207,8 +207,8 @@ def test_compare_renders_side_by_side_across_revisions(tmp_path):
 
 def test_a_render_again_of_the_same_stage_files_is_not_an_earlier_run(tmp_path, monkeypatch):
     """Render mode and a template change re-archive the same measurements: an entry holding the very stage files
-    being rendered is left out of the "since last run" comparison and the trend, with a note; an entry of other
-    measurements stays."""
+    being rendered, under the same fingerprint, is left out of the "since last run" comparison and the trend, with a
+    note; an entry of other measurements, or of another fingerprint, stays."""
     stage = {rel: str(FIX / "h200x2" / rel) for rel in STAGE_FILES.values() if (FIX / "h200x2" / rel).is_file()}
     before = {rel: str(FIX / "h200x2-before" / rel) for rel in STAGE_FILES.values()
               if (FIX / "h200x2-before" / rel).is_file()}
@@ -224,3 +224,7 @@ def test_a_render_again_of_the_same_stage_files_is_not_an_earlier_run(tmp_path, 
                      hw_rev="rev", fingerprint=FP, config={}, archive_dir=tmp_path)
     assert [r.run_id for r in seen["history"]] == [older.run_id]
     assert seen["history_warnings"][-1].startswith("1 earlier entry holds these same stage files")
+    # the same stage files under another fingerprint (a kernel upgrade that reran no stage) are an earlier run
+    build.render_run(files_in_dir(FIX / "h200x2"), tmp_path / "out" / "report.html", tmp_path / "out" / "report.pdf",
+                     hw_rev="rev", fingerprint={**FP, "kernel": "6.14.11"}, config={}, archive_dir=tmp_path)
+    assert [r.run_id for r in seen["history"]] == [again.run_id, older.run_id]

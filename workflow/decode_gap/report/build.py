@@ -53,10 +53,12 @@ def render_run(files: dict[str, str], html_path: str | os.PathLike, pdf_path: st
     tdir = template_dir(templates)
     bundle = load_bundle(files)
     listing = arc.list_runs(archive_dir, hw_rev)
-    # an entry holding these very stage files is this run rendered before (render mode, a template change): it is
-    # not an earlier measurement, so neither the comparison nor the trend counts it
+    # an entry holding these very stage files under the same fingerprint is this run rendered before (render mode, a
+    # template change): not an earlier run, so neither the comparison nor the trend counts it. A changed fingerprint
+    # is a new run even where no stage reran (what changed in the environment is the comparison's point)
     stage = {rel: files[name] for name, rel in STAGE_FILES.items() if files.get(name)}
-    history = [r for r in listing.runs if not arc.holds_files(r, stage)]
+    fp = {str(k): str(v) for k, v in (fingerprint or {}).items()}  # as an entry's run.json reads back
+    history = [r for r in listing.runs if not (r.fingerprint == fp and arc.holds_files(r, stage))]
     notes, again = list(listing.warnings), len(listing.runs) - len(history)
     if again:
         notes.append(f"{again} earlier {'entries hold' if again > 1 else 'entry holds'} these same stage files (this "
