@@ -156,17 +156,16 @@ def hardware_revisions(archive_dir: str | os.PathLike) -> list[str]:
     return sorted(p.name for p in d.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
-def file_sha256(path: str | os.PathLike) -> str:
-    """A file's sha256, as an entry's `files` list records it."""
-    return _sha256(Path(path))
+def file_hashes(files: dict[str, str | os.PathLike]) -> dict[str, str]:
+    """Archive-relative name -> sha256 of those of `files` (name -> path here) that exist, as entries record them."""
+    return {rel: _sha256(Path(src)) for rel, src in files.items() if Path(src).is_file()}
 
 
-def holds_files(run: "ArchivedRun", files: dict[str, str | os.PathLike]) -> bool:
-    """True where the entry holds every one of `files` (archive-relative name -> path here) byte for byte: a report
-    rendered again from the same stage files, not a new measurement. An empty `files` holds nothing."""
+def holds_files(run: "ArchivedRun", hashes: dict[str, str]) -> bool:
+    """True where the entry holds every file of `hashes` (file_hashes) byte for byte: a report rendered again from the
+    same stage files, not a new measurement. No hashes hold nothing."""
     recorded = {f.get("path"): f.get("sha256") for f in run.meta.get("files", []) if isinstance(f, dict)}
-    present = {rel: Path(src) for rel, src in files.items() if Path(src).is_file()}
-    return bool(present) and all(recorded.get(rel) == _sha256(src) for rel, src in present.items())
+    return bool(hashes) and all(recorded.get(rel) == sha for rel, sha in hashes.items())
 
 
 def _sha256(path: Path) -> str:

@@ -56,7 +56,7 @@ def render_run(files: dict[str, str], html_path: str | os.PathLike, pdf_path: st
     # an entry holding these very stage files under the same fingerprint is this run rendered before (render mode, a
     # template change): not an earlier run, so neither the comparison nor the trend counts it. A changed fingerprint
     # is a new run even where no stage reran (what changed in the environment is the comparison's point)
-    stage = {rel: files[name] for name, rel in STAGE_FILES.items() if files.get(name)}
+    stage = arc.file_hashes({rel: files[name] for name, rel in STAGE_FILES.items() if files.get(name)})
     fp = {str(k): str(v) for k, v in (fingerprint or {}).items()}  # as an entry's run.json reads back
     history = [r for r in listing.runs if not (r.fingerprint == fp and arc.holds_files(r, stage))]
     notes, again = list(listing.warnings), len(listing.runs) - len(history)
