@@ -11,7 +11,7 @@ from ...provenance import MEASURED, MODELLED
 from .. import charts as ch
 from ..data import HEADLINE_LABELS, Bundle, Doc, Fig, first_key, fmt_num, num
 from .common import Builder
-from .headline import levers_list
+from .headline import kernel_stand_in, levers_list
 from .microbench import CAPPED_FROM
 
 
@@ -218,15 +218,12 @@ def simulation_section(b: Builder, bundle: Bundle, figs: dict[str, Fig]) -> dict
                             if figs["kernel_eager_ms"].ok and figs["kernel_graph_ms"].ok else None)
     # engine minus kernel is the framework's only where both ran the run's weights: a stand-in kernel level (fp32 for
     # a GGUF file, say) moves other bytes through other kernels
-    stand_in = sim.get("kernel", "stand_in", default="") if sim.usable else ""
-    same_format = sim.get("kernel", "format_match", default=True) if sim.usable else True
-    s["kernel_stand_in"] = str(stand_in or "") if same_format is False else ""
+    s["kernel_stand_in"] = kernel_stand_in(bundle)
+    both = figs["engine_eager_ms"].ok and figs["kernel_eager_ms"].ok
     s["framework_overhead"] = (figs["engine_eager_ms"].value - figs["kernel_eager_ms"].value
-                               if figs["engine_eager_ms"].ok and figs["kernel_eager_ms"].ok and same_format is not False
-                               else None)
+                               if both and not s["kernel_stand_in"] else None)
     s["framework_overhead_why"] = ("not computed: the kernel level ran stand-in weights, not the run's format"
-                                   if same_format is False and figs["engine_eager_ms"].ok
-                                   and figs["kernel_eager_ms"].ok else "")
+                                   if both and s["kernel_stand_in"] else "")
     # kernel components
     comps = sim.get("kernel", "components", default=[]) if sim.usable else []
     crow = []
