@@ -535,6 +535,7 @@ def test_one_gpu_standing_for_tp8_models_its_all_reduces_from_the_datasheet_not_
     w = steps(g)
     assert math.isclose(w["all-reduce"]["ms"], 1.055) and w["all-reduce"]["status"] == "modelled"
     assert "measured at 1 rank, not tp=8" in w["all-reduce"]["note"] and "6 us latency" in w["all-reduce"]["note"]
+    assert w["all-reduce"]["one_rank"] is True
     t_meas = 2.16e9 / 4000e9 * 1e3
     assert math.isclose(w["lost bandwidth: kernels at decode shapes"]["ms"], 0.9 - t_meas)  # the kernels' own
     assert math.isclose(w["launch overhead"]["ms"], 6.0 - 0.9)
@@ -543,7 +544,9 @@ def test_one_gpu_standing_for_tp8_models_its_all_reduces_from_the_datasheet_not_
     assert lever["saves_ms"] is None and "not measured at tp ranks" in lever["saves_status"]
     # without the kernel level, the micro-benchmark's 1-rank call gives way to the datasheet model too
     inputs["simulate"]["kernel"] = {"status": "skipped", "reason": "not run"}
-    assert math.isclose(steps(attribute(inputs))["all-reduce"]["ms"], 1.055)
+    ar = steps(attribute(inputs))["all-reduce"]
+    assert math.isclose(ar["ms"], 1.055) and ar["one_rank"] is True
     # measured at tp ranks: the measurement stands
     inputs["allreduce"]["measured_world_size"] = 8
-    assert math.isclose(steps(attribute(inputs))["all-reduce"]["ms"], 156 * 0.87 / 1000)
+    ar = steps(attribute(inputs))["all-reduce"]
+    assert math.isclose(ar["ms"], 156 * 0.87 / 1000) and "one_rank" not in ar

@@ -72,15 +72,16 @@ def allreduce_step(lv: Levels, waterfall: list[dict[str, Any]]) -> float | None:
         kc = next((c for c in (lv.kern or {}).get("components", []) if c.get("name") == "all-reduce"), None)
         if kc and kc.get("ms") is not None:
             ar_ms = float(kc["ms"])
-            ar_row = _row("all-reduce", ar_ms, SRC_KERNEL, kc.get("status", "measured"), note=kc.get("source"))
+            ar_row = _row("all-reduce", ar_ms, SRC_KERNEL, kc.get("status", "measured"), note=kc.get("source"),
+                          one_rank=True if lv.kern.get("allreduce_note") else None)
         else:
             us = _num(lv.ar.get("allreduce_us_at_model_size"))
             n = _num(lv.roof.get("allreduces_per_token"))
             one_rank = one_rank_allreduce(lv.ar, lv.roof, lv.tp)
-            if one_rank and us is not None and n is not None and lv.roof["t_comm_floor_ms"] > us * n / 1000.0:
-                ar_ms = float(lv.roof["t_comm_floor_ms"])
+            if one_rank and us is not None and n is not None and _num(lv.roof["t_comm_floor_ms"]) > us * n / 1000.0:
+                ar_ms = _num(lv.roof["t_comm_floor_ms"])
                 ar_row = _row("all-reduce", ar_ms, "roofline.json, microbench/allreduce.json", "modelled",
-                              note=f"{one_rank}; the measured call: {n:.0f} x {us:.2f} us")
+                              note=f"{one_rank}; the measured call: {n:.0f} x {us:.2f} us", one_rank=True)
             elif us is not None and n is not None:
                 ar_ms = us * n / 1000.0
                 ar_row = _row("all-reduce", ar_ms, "microbench/allreduce.json, roofline.json", "modelled",

@@ -58,7 +58,8 @@ def waterfall_frame(steps: list[dict[str, Any]]) -> tuple[pd.DataFrame, list[dic
         kind = str(st.get("kind", "")).lower()
         note = " ".join(str(x) for x in (st.get("why"), st.get("note")) if x)
         inc = st.get("inconsistency") if st.get("inconsistent") and isinstance(st.get("inconsistency"), dict) else None
-        parsed.append({"name": name, "ms": ms, "source": str(st.get("source", "") or ""), "status": status,
+        parsed.append({"name": name, "ms": ms, "absorbs": st.get("absorbs") or [],
+                       "source": str(st.get("source", "") or ""), "status": status,
                        "kind": kind, "note": note, "measured_on": str(st.get("measured_on") or ""),
                        "inconsistency": (f"inconsistent: {inc.get('what', '')}; likely cause: "
                                          f"{inc.get('likely_cause', '')}; not counted as explained") if inc else ""})
@@ -111,7 +112,7 @@ def waterfall_frame(steps: list[dict[str, Any]]) -> tuple[pd.DataFrame, list[dic
             label += f" {marks[p['device']]}"
         # a step that absorbed unavailable ones names them all: the chart's axis gets its gist, the table the name
         step = ("engine step beyond its bytes"
-                if " + " in p["name"] and p["name"].endswith("framework overhead") else p["name"])
+                if p["absorbs"] and p["name"].endswith("framework overhead") else p["name"])
         rows.append({"step": step, "start": min(start, end), "end": max(start, end), "ms": ms,
                      "right": max(start, end), "label": label,
                      "kind": kind, "source": p["source"], "measured_on": p["measured_on"]})
@@ -256,7 +257,7 @@ def simulation_section(b: Builder, bundle: Bundle, figs: dict[str, Fig]) -> dict
     s["kernel_notes"] = [str(n) for n in notes] if isinstance(notes, list) else []
     # one GPU standing for tp: the gap counts the datasheet's all-reduces, not the kernel level's 1-rank calls
     ar_step = next((st for st in (steps if isinstance(steps, list) else []) if isinstance(st, dict)
-                    and st.get("name") == "all-reduce" and "not tp=" in str(st.get("note") or "")), None)
+                    and st.get("name") == "all-reduce" and st.get("one_rank")), None)
     if ar_step and num(ar_step.get("ms")) is not None:
         s["kernel_notes"].append(f"The gap counts the all-reduces at {fmt_num(num(ar_step['ms']))} ms, not this "
                                  f"table's: {ar_step['note']}.")
