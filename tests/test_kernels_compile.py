@@ -136,11 +136,9 @@ def test_fused_moe_gemm_pipelines_its_loads_on_hopper(block_m, dot):
     instead of each load waiting on the one before (which a plain `range` compiled to here). BLOCK_M 64 lowers to
     wgmma."""
     fn, consts, pointers = next(c for c in CASES if c[0] is fusedmoe._moe_gemm_kernel)
-    names = list(inspect.signature(fn.fn).parameters)
-    aligned = {(names.index(n),): [["tt.divisibility", 16]] for n in names if n in pointers or n.startswith("stride")}
     consts = {**consts, "BM": block_m, "STAGES": 3}
-    src = ASTSource(fn=fn, signature=_signature(fn, consts, pointers), constexprs=consts, attrs=aligned)
-    ttgir = triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ttgir"]
+    # aligned: the pointers and the strides; the sizes as they come
+    ttgir = compile_for(fn, consts, pointers, 90, 4, unaligned=("P", "N", "K", "groups_per_split")).ttgir
     assert "async_copy_global_to_local" in ttgir and f"{dot} " in ttgir
 
 
@@ -150,9 +148,8 @@ def test_the_split_sums_are_zeroed_after_every_thread_loaded_them():
     docstring). The PTX, compiled for sm_90, has the barrier between the sums' loads and the zero stores."""
     from decode_gap.kernels import lowprec
 
-    sig = {"acc_ptr": "*fp32", "out_ptr": "*bf16", "N": "i32", "BLOCK": "constexpr", "PDL": "constexpr"}
-    src = ASTSource(fn=lowprec._cast_zero_kernel, signature=sig, constexprs={"BLOCK": 1024, "PDL": True})
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+    ptx = compile_for(lowprec._cast_zero_kernel, {"BLOCK": 1024, "PDL": True}, {"acc_ptr": "*fp32", "out_ptr": "*bf16"},
+                      90, 4, unaligned=("N",)).ptx
     body = ptx[ptx.index("ld.global"):]
     assert "bar.sync" in body and body.index("bar.sync") < body.index("st.global.b32")
 
