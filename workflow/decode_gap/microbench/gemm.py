@@ -340,7 +340,7 @@ def run_gemm_bench(env: BenchEnv, shapes: list[GemmShape], m_values: list[int], 
 
     floor = latency_floor(env)
     floor_us = (floor.get("one_row_gemv_us") or {}).get("value")
-    reads = PlainReads(env)
+    reads = PlainReads(env, flush)
     for be in chosen:
         failed_check = False
         for (n, k), names in groups.items():

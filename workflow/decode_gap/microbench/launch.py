@@ -197,10 +197,11 @@ class PlainReads:
     """Plain reads (`plain_read`) by byte count, each size measured once a stage: the gemm and MoE stages' rows get
     `plain_read_us` and `frac_of_plain_read` (the read's time over the row's, 1.0 = as fast as reading the bytes)."""
 
-    def __init__(self, env: BenchEnv):
+    def __init__(self, env: BenchEnv, flush: Callable[[], Any] | None = None):
         self.env = env
         self._us: dict[int, float | None] = {}
-        self.flush = None if env.is_gpu else CpuCacheFlusher()
+        # a CPU host's reads follow the stage's own cache flush (one buffer a stage), or one of their own
+        self.flush = None if env.is_gpu else flush or CpuCacheFlusher()
         self.skipped: list[dict[str, str]] = []  # sizes that could not be timed, and why (the stage's skipped list)
 
     def us(self, nbytes: int) -> float | None:

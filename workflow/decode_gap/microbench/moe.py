@@ -393,7 +393,7 @@ def run_moe_bench(env: BenchEnv, shape: MoeShape | None, m_values: list[int], lo
     rows = [r for r in rows if r]
     from .launch import PlainReads, latency_floor  # same stage
 
-    reads = PlainReads(env)  # the expert rows beside a plain read of their bytes, as the gemm stage's rows
+    reads = PlainReads(env, flush)  # the expert rows beside a plain read of their bytes, as the gemm stage's rows
     floor = latency_floor(env)
     one_kernel_us = (floor.get("one_row_gemv_us") or {}).get("value")
     for r in rows:
