@@ -309,7 +309,12 @@ def test_a_single_rank_all_reduce_says_it_measures_the_call_alone(tmp_path):
     doc = json.loads((d / "microbench" / "allreduce.json").read_text())
     doc["world_size"] = 1
     (d / "microbench" / "allreduce.json").write_text(json.dumps(doc))
-    assert "no byte crosses a link" in allreduce_sub(Builder(), load_bundle(files_in_dir(d)))["single_rank_note"]
+    note = allreduce_sub(Builder(), load_bundle(files_in_dir(d)))["single_rank_note"]
+    assert "no byte crosses a link" in note and "The model at tp=1 runs no all-reduce" in note
+    roof = json.loads((d / "roofline.json").read_text())
+    (d / "roofline.json").write_text(json.dumps({**roof, "tp": 8}))  # one GPU standing for TP8
+    note = allreduce_sub(Builder(), load_bundle(files_in_dir(d)))["single_rank_note"]
+    assert "tp=1" not in note and "The model runs at tp=8: the gap counts the roofline's datasheet" in note
     doc["world_size"] = 2
     (d / "microbench" / "allreduce.json").write_text(json.dumps(doc))
     assert "single_rank_note" not in allreduce_sub(Builder(), load_bundle(files_in_dir(d)))

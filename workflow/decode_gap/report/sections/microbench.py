@@ -356,9 +356,12 @@ def allreduce_sub(b: Builder, bundle: Bundle) -> dict[str, Any]:
     s["model_message"] = ({"bytes": fmt_size(model_bytes), "time": fmt_num(model_time)} if model_bytes else None)
     s["comm_floor"] = comm_floor_text(bundle.doc("gap"))
     if num(s.get("world_size")) == 1:
-        s["single_rank_note"] = ("World size 1: each op is one rank's collective call, so the table measures the "
-                                 "call's own cost; no byte crosses a link (busbw 0). The model at tp=1 runs no "
-                                 "all-reduce, so none enters the gap.")
+        tp = int(num(bundle.doc("roofline").get("tp")) or 1)
+        s["single_rank_note"] = (
+            "World size 1: each op is one rank's collective call, so the table measures the call's own cost; no byte "
+            "crosses a link (busbw 0). " + ("The model at tp=1 runs no all-reduce, so none enters the gap." if tp == 1
+                                           else f"The model runs at tp={tp}: the gap counts the roofline's datasheet "
+                                                "all-reduces instead (gap.json, the all-reduce step)."))
     s["chart"] = b.chart("All-reduce latency and bus bandwidth", ch.allreduce, plot.dropna(subset=["time_us"]),
                          model_bytes, caption=f"measured · {t.rel}" + (" · dotted: the model's message size" if model_bytes else ""))
     cols = [(c, c) for c in ("size", "count", "type", "redop", "mode", "placement", "source", "time_us",
