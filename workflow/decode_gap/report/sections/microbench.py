@@ -93,6 +93,12 @@ def reading_legend(rows: pd.DataFrame) -> str:
     return READING_LEGEND if read is not None and read.notna().any() else READING_LEGEND_NO_READ
 
 
+def is_reference(backend: Any) -> bool:
+    """A CPU host's NVFP4 row (gemm.choose_backends): the dequantise-then-matmul correctness reference, not a decode
+    kernel."""
+    return "reference" in str(backend or "")
+
+
 def kernel_reading(frac: Any, gpu_us: Any = None, floor_us: Any = None, nbytes: Any = None,
                    copy_gbps: float | None = None, plain_read_us: Any = None, backend: Any = None,
                    floor_what: str = "one-row GEMV floor") -> str:
@@ -108,7 +114,7 @@ def kernel_reading(frac: Any, gpu_us: Any = None, floor_us: Any = None, nbytes: 
     if f is None:
         return "—"
     pct = f"{f * 100:.0f}% of bandwidth"
-    if "reference" in str(backend or ""):  # a CPU host's NVFP4 row: the correctness reference, not a decode kernel
+    if is_reference(backend):
         return f"reference path, not a decode kernel ({pct}): no NVFP4 kernel runs on this host"
     who = "torch's kernel" if str(backend or "").startswith("torch") else "our kernel"
     us, read_us, floor = num(gpu_us), num(plain_read_us), num(floor_us)
@@ -266,8 +272,7 @@ def gemm_sub(b: Builder, bundle: Bundle, copy_gbps: float | None) -> dict[str, A
         m1 = df[df["M"] == m_min].dropna(subset=["gbps"])
         # a CPU host's NVFP4 reference (dequantise, then matmul) is no decode kernel: the table keeps it, a chart
         # of kernels' bandwidth does not
-        ref = (df["backend"].astype(str).str.contains("reference") if "backend" in df.columns
-               else pd.Series(False, index=df.index))
+        ref = df["backend"].map(is_reference) if "backend" in df.columns else pd.Series(False, index=df.index)
         kept = df[~ref] if (~ref).any() else df
         left_out = " · the NVFP4 reference path is in the table, not the chart" if len(kept) < len(df) else ""
         s["chart_m1"] = b.chart(f"Achieved bandwidth per shape at M={fmt_num(m_min)}", ch.gemm_m1_bandwidth,
