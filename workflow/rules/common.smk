@@ -19,6 +19,9 @@ except ConfigError as exc:
     sys.exit(f"decode-gap: error: {exc}")
 HWREV = RUN.hardware_revision
 RES = f"results/{HWREV}"
+# A timing rule's threads: all cores, so no other benchmark runs beside it (and a CPU host's micro-benchmarks get
+# the threads the server they are held against has).
+ALL_CORES = workflow.resource_settings.cores or 1
 # On a cluster the submit host is not the node measured: the node's record from `fleet detect` is used.
 FINGERPRINT, FINGERPRINT_BASIS = fp.for_dag(
     RES, RUN.server_identity, cluster=bool(workflow.non_local_exec)

@@ -16,7 +16,7 @@ rule measure_live:
     conda:
         "../../envs/decode-gap.yaml"
     # All cores: the embedded server uses them, and no other benchmark may run beside a latency measurement.
-    threads: workflow.resource_settings.cores or 1
+    threads: ALL_CORES
     resources:
         gpu=gpu_count_wanted(0),
     params:

@@ -8,8 +8,7 @@ rule measure_memory:
         res("logs/measure_memory.log"),
     conda:
         "../../envs/decode-gap.yaml"
-    # All cores: a timing; no other benchmark may run beside it (on a CPU host, the threads a server has too).
-    threads: workflow.resource_settings.cores or 1
+    threads: ALL_CORES
     resources:
         gpu=gpu_count_wanted(1),
     params:
@@ -27,8 +26,7 @@ rule bench_allreduce:
         res("logs/bench_allreduce.log"),
     conda:
         "../../envs/decode-gap.yaml"
-    # All cores: a timing; no other benchmark may run beside it (on a CPU host, the threads a server has too).
-    threads: workflow.resource_settings.cores or 1
+    threads: ALL_CORES
     resources:
         **allreduce_resources(),
     params:
@@ -48,8 +46,7 @@ rule bench_gemm:
         res("logs/bench_gemm.log"),
     conda:
         "../../envs/decode-gap.yaml"
-    # All cores: a timing; no other benchmark may run beside it (on a CPU host, the threads a server has too).
-    threads: workflow.resource_settings.cores or 1
+    threads: ALL_CORES
     resources:
         gpu=gpu_count_wanted(1),
     params:
@@ -69,8 +66,7 @@ rule bench_moe:
         res("logs/bench_moe.log"),
     conda:
         "../../envs/decode-gap.yaml"
-    # All cores: a timing; no other benchmark may run beside it (on a CPU host, the threads a server has too).
-    threads: workflow.resource_settings.cores or 1
+    threads: ALL_CORES
     resources:
         gpu=gpu_count_wanted(1),
     params:
@@ -90,8 +86,7 @@ rule bench_attention:
         res("logs/bench_attention.log"),
     conda:
         "../../envs/decode-gap.yaml"
-    # All cores: a timing; no other benchmark may run beside it (on a CPU host, the threads a server has too).
-    threads: workflow.resource_settings.cores or 1
+    threads: ALL_CORES
     resources:
         gpu=gpu_count_wanted(1),
     params:
@@ -109,8 +104,7 @@ rule bench_launch:
         res("logs/bench_launch.log"),
     conda:
         "../../envs/decode-gap.yaml"
-    # All cores: a timing; no other benchmark may run beside it (on a CPU host, the threads a server has too).
-    threads: workflow.resource_settings.cores or 1
+    threads: ALL_CORES
     resources:
         gpu=gpu_count_wanted(1),
     params:

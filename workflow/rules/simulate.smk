@@ -11,8 +11,7 @@ rule simulate_kernel:
         res("logs/simulate_kernel.log"),
     conda:
         "../../envs/decode-gap.yaml"
-    # All cores: a latency measurement; no other benchmark may run beside it.
-    threads: workflow.resource_settings.cores or 1
+    threads: ALL_CORES
     resources:
         gpu=gpu_count_wanted(config["tp"]),
     params:
@@ -31,8 +30,7 @@ rule simulate_engine:
         res("logs/simulate_engine.log"),
     conda:
         "../../envs/decode-gap.yaml"
-    # All cores: a latency measurement; no other benchmark may run beside it.
-    threads: workflow.resource_settings.cores or 1
+    threads: ALL_CORES
     resources:
         gpu=gpu_count_wanted(1),
     params:
@@ -51,8 +49,7 @@ rule calibrate_server:
         res("logs/calibrate_server.log"),
     conda:
         "../../envs/decode-gap.yaml"
-    # All cores: a latency measurement; no other benchmark may run beside it.
-    threads: workflow.resource_settings.cores or 1
+    threads: ALL_CORES
     params:
         run=run_params("simulate"),
         fingerprint=stage_fingerprint("simulate"),
@@ -92,7 +89,7 @@ rule record_engine_trace:
     conda:
         "../../envs/decode-gap.yaml"
     # All cores: the unprofiled step time beside the trace is a latency measurement.
-    threads: workflow.resource_settings.cores or 1
+    threads: ALL_CORES
     resources:
         gpu=gpu_count_wanted(1),
     params:
