@@ -314,7 +314,12 @@ def test_a_single_rank_all_reduce_says_it_measures_the_call_alone(tmp_path):
     roof = json.loads((d / "roofline.json").read_text())
     (d / "roofline.json").write_text(json.dumps({**roof, "tp": 8}))  # one GPU standing for TP8
     note = allreduce_sub(Builder(), load_bundle(files_in_dir(d)))["single_rank_note"]
-    assert "tp=1" not in note and "The model runs at tp=8: the gap counts the roofline's datasheet" in note
+    assert "tp=1" not in note and "the gap's all-reduce step counts these calls: a floor" in note  # an older gap.json
+    gap = json.loads((d / "gap.json").read_text())
+    next(w for w in gap["waterfall"] if w["name"] == "all-reduce")["one_rank"] = True
+    (d / "gap.json").write_text(json.dumps(gap))
+    note = allreduce_sub(Builder(), load_bundle(files_in_dir(d)))["single_rank_note"]
+    assert "The model runs at tp=8: the gap counts the roofline's datasheet all-reduces instead." in note
     doc["world_size"] = 2
     (d / "microbench" / "allreduce.json").write_text(json.dumps(doc))
     assert "single_rank_note" not in allreduce_sub(Builder(), load_bundle(files_in_dir(d)))

@@ -378,6 +378,14 @@ def find_col(df: pd.DataFrame | None, *candidates: str) -> str | None:
     return None
 
 
+def one_rank_allreduce_step(gap: Doc) -> dict[str, Any] | None:
+    """gap.json's all-reduce step where it stands in for an all-reduce measured at fewer ranks than tp (its
+    `one_rank` mark: the roofline's datasheet model), else None."""
+    steps = gap.get("waterfall", default=[]) if gap.usable else []
+    return next((st for st in (steps if isinstance(steps, list) else []) if isinstance(st, dict)
+                 and st.get("name") == "all-reduce" and st.get("one_rank")), None)
+
+
 # --------------------------------------------------------------------------------------------- live levels
 def live_levels(doc: Doc) -> list[dict[str, Any]]:
     levels = doc.get("levels", default=[]) if doc.usable else []

@@ -11,7 +11,7 @@ import pandas as pd
 from ...metrics import floor_bound_fraction
 from ...provenance import MEASURED
 from .. import charts as ch
-from ..data import Bundle, Doc, Table, dig, fig_field, find_col, fmt_num, fmt_size, num
+from ..data import Bundle, Doc, Table, dig, fig_field, find_col, fmt_num, fmt_size, num, one_rank_allreduce_step
 from .common import Builder, _cols, _numeric, _skipped_rows, df_table, shown
 
 
@@ -362,11 +362,15 @@ def allreduce_sub(b: Builder, bundle: Bundle) -> dict[str, Any]:
     s["comm_floor"] = comm_floor_text(bundle.doc("gap"))
     if num(s.get("world_size")) == 1:
         tp = int(num(bundle.doc("roofline").get("tp")) or 1)
-        s["single_rank_note"] = (
-            "World size 1: each op is one rank's collective call, so the table measures the call's own cost; no byte "
-            "crosses a link (busbw 0). " + ("The model at tp=1 runs no all-reduce, so none enters the gap." if tp == 1
-                                           else f"The model runs at tp={tp}: the gap counts the roofline's datasheet "
-                                                "all-reduces instead (gap.json, the all-reduce step)."))
+        if tp == 1:
+            whose = "The model at tp=1 runs no all-reduce, so none enters the gap."
+        elif one_rank_allreduce_step(bundle.doc("gap")):
+            whose = f"The model runs at tp={tp}: the gap counts the roofline's datasheet all-reduces instead."
+        else:  # a gap.json attributed before one_rank existed counted these calls
+            whose = (f"The model runs at tp={tp}, and the gap's all-reduce step counts these calls: a floor, not "
+                     f"the cost of tp={tp} all-reduces.")
+        s["single_rank_note"] = ("World size 1: each op is one rank's collective call, so the table measures the "
+                                 "call's own cost; no byte crosses a link (busbw 0). " + whose)
     s["chart"] = b.chart("All-reduce latency and bus bandwidth", ch.allreduce, plot.dropna(subset=["time_us"]),
                          model_bytes, caption=f"measured · {t.rel}" + (" · dotted: the model's message size" if model_bytes else ""))
     cols = [(c, c) for c in ("size", "count", "type", "redop", "mode", "placement", "source", "time_us",

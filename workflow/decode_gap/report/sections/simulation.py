@@ -9,7 +9,7 @@ import pandas as pd
 
 from ...provenance import MEASURED, MODELLED
 from .. import charts as ch
-from ..data import HEADLINE_LABELS, Bundle, Doc, Fig, first_key, fmt_num, num
+from ..data import HEADLINE_LABELS, Bundle, Doc, Fig, first_key, fmt_num, num, one_rank_allreduce_step
 from .common import Builder
 from .headline import kernel_stand_in, levers_list
 from .microbench import CAPPED_FROM
@@ -256,8 +256,7 @@ def simulation_section(b: Builder, bundle: Bundle, figs: dict[str, Fig]) -> dict
     notes = kern.get("notes") if isinstance(kern, dict) else None  # which kernels ran (e.g. fp8 GEMV choices)
     s["kernel_notes"] = [str(n) for n in notes] if isinstance(notes, list) else []
     # one GPU standing for tp: the gap counts the datasheet's all-reduces, not the kernel level's 1-rank calls
-    ar_step = next((st for st in (steps if isinstance(steps, list) else []) if isinstance(st, dict)
-                    and st.get("name") == "all-reduce" and st.get("one_rank")), None)
+    ar_step = one_rank_allreduce_step(gap)
     if ar_step and num(ar_step.get("ms")) is not None:
         s["kernel_notes"].append(f"The gap counts the all-reduces at {fmt_num(num(ar_step['ms']))} ms, not this "
                                  f"table's: {ar_step['note']}.")
