@@ -233,3 +233,23 @@ def test_a_legend_of_many_entries_wraps_instead_of_widening_the_chart():
     assert legend.columns == 2 and legend.orient == "top"
     long = ["x" * 200] * 3  # labels past the limit, which cuts them at 260 px
     assert ch.wrapped_legend(long).columns == 2 and ch.wrapped_legend(long, 400).columns == 1
+
+
+def test_a_chart_taller_than_a_page_keeps_its_title_on_its_page(tmp_path):
+    """A facet grid of 17 shapes was taller than an A4 page: its title stood alone on one page, the chart on the
+    next. The PDF caps a chart's height so that it fits beside its title."""
+    pypdf = pytest.importorskip("pypdf")
+    from decode_gap.report.pdf import write_pdf
+
+    ctx = build_context(load_bundle(files_in_dir(FIX / "h200x2")), hw_rev="test-rev", fingerprint=FP)
+    chart = next(c for c in ctx["charts"] if c.get("spec") and c.get("title"))
+    chart["spec"] = {**chart["spec"], "height": 1600}  # about 420 mm at 96 dpi
+    pdf = tmp_path / "tall.pdf"
+    write_pdf(render("report.html.j2", ctx, "pdf"), pdf)
+    pages = [re.sub(r"\s+", " ", p.extract_text() or "") for p in pypdf.PdfReader(str(pdf)).pages]
+    title = re.sub(r"\s+", " ", chart["title"])
+    holding = [i for i, text in enumerate(pages) if title in text]
+    assert holding, title
+    # the title's page holds more than the title and the running footer: the chart's own axis labels
+    alone = re.sub(r"decode-gap · test-rev|page \d+ of \d+", "", pages[holding[0]]).replace(title, "").strip()
+    assert len(alone) > 40, pages[holding[0]]
