@@ -75,20 +75,18 @@ def dense_forms() -> dict[str, dict]:
     }
 
 
-MOE_POINTERS = {"x_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*i16", "ts_ptr": "*fp32", "pairs_ptr": "*i32",
-                "bexp_ptr": "*i32", "rw_ptr": "*fp32", "out_ptr": "*fp32", "fin_ptr": "*bf16", "cnt_ptr": "*i32"}
-
-
 def moe_forms() -> dict[str, dict]:
     """The NVFP4 fused MoE's block kernel (fp4moe._fp4_moe_kernel) as Nvfp4FusedMoe launches it on an sm90+ GPU
     above one token (fp4moe.block_constexprs): gate_up unsplit (the activation from its registers) or split over K
-    (fp32 sums), and down, at blocks of 8 and 16 pairs. fp4moe.RESIDENT_WARPS is these programs an SM times 4."""
+    (fp32 sums), and down, at blocks of 8 and 16 pairs, one tile a warp and two (pair). fp4moe.RESIDENT_WARPS (and
+    RESIDENT_WARPS_PAIR) is these programs an SM times 4."""
     out = {}
-    for bm in (8, 16):
-        for name, gate_up, split, epi in (("gate_up unsplit", True, 1, True), ("gate_up split", True, 3, False),
-                                          ("down", False, 1, fp4moe.CAST_EPILOGUE)):
-            out[f"fp4moe {name} BM={bm}"] = fp4moe.block_constexprs(gate_up, split, top_k=8, m=32, block_m=bm,
-                                                                    epilogue=epi)
+    for pair in (False, True):
+        for bm in (8, 16):
+            for name, gate_up, split, epi in (("gate_up unsplit", True, 1, True), ("gate_up split", True, 3, False),
+                                              ("down", False, 1, fp4moe.CAST_EPILOGUE)):
+                out[f"fp4moe {name} BM={bm}{' pair' if pair else ''}"] = fp4moe.block_constexprs(
+                    gate_up, split, top_k=8, m=32, block_m=bm, epilogue=epi, pair=pair)
     return out
 
 
@@ -99,7 +97,7 @@ def compile_form(const: dict, arch: int, sass_to: Path | None = None) -> dict:
     fn = fp4moe._fp4_moe_kernel if moe else lp._dense_gemv_kernel if dense else lp._fp4_mma_kernel
     warps = const.pop("WARPS") if dense else const["WARPS"]
     if moe:
-        pointers = MOE_POINTERS
+        pointers = fp4moe.POINTER_TYPES
     elif dense:
         pointers = {**DENSE_POINTERS, "w_ptr": "*bf16"} if const["SCALE"] == 0 else DENSE_POINTERS
     else:

@@ -347,12 +347,15 @@ def fusedmoe_case(env: BenchEnv, timed: bool) -> None:
 # 57.9), so a discarded round comes first. align True: the align kernel at batch 1 too, where the default reads the
 # token's ids as the blocks' experts (at M > 1 the default aligns: the same form again)
 # token "none": one token in the block kernels (4 kernels); "gate_up" / "down" / "both": those GEMMs as the one-token
-# kernel (kernels/fp4moe.py), with gate_up's K slices swept
+# kernel (kernels/fp4moe.py), with gate_up's K slices swept. pair: those block GEMMs two tiles a warp (untimed so far).
+# The first CHECKED forms are checked where nothing is timed (the CPU interpreter, kernelchecks)
 FP4MOE_FORMS = ({}, {"silu_epilogue": False, "cast_epilogue": False}, {"align": True}, {"cast_epilogue": True},
-                {"silu_epilogue": True, "cast_epilogue": True}, {"token": "none"}, {"pdl": False},
+                {"silu_epilogue": True, "cast_epilogue": True}, {"token": "none"}, {"pair": "both"}, {"pdl": False},
                 {"split13": "double"}, {"token": "gate_up"}, {"token": "down"}, {"token": "both"},
                 {"token": "gate_up", "slices13": 4}, {"token": "gate_up", "slices13": 8},
-                {"token": "gate_up", "slices13": 16}, {"token": "gate_up", "slices13": 2})
+                {"token": "gate_up", "slices13": 16}, {"token": "gate_up", "slices13": 2}, {"pair": "down"},
+                {"pair": "gate_up"})
+CHECKED = 7
 ONE_TOKEN_ONLY = ("token", "slices13", "slices2")
 
 
@@ -391,7 +394,7 @@ def fp4moe_case(env: BenchEnv, timed: bool) -> None:
             base = fp4moe.Nvfp4FusedMoe(gate_up, g.mma2, m, choices[0].shape[1], dev)
             if timed:  # a discarded round first: the form timed first in a case read up to 8% high
                 time_graph([lambda c=c: base(x, c, wts) for c in choices], 3, 20, dev)
-            for kw in FP4MOE_FORMS if timed else FP4MOE_FORMS[:6]:
+            for kw in FP4MOE_FORMS if timed else FP4MOE_FORMS[:CHECKED]:
                 if m > 1 and any(k in kw for k in ONE_TOKEN_ONLY):
                     continue
                 kw = {k: 2 * base.plan13[1] if v == "double" else v for k, v in kw.items()}

@@ -13,14 +13,11 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from decode_gap.kernels import attention, fp4moe, fp4wide, fp8block, fp8mma, fusedmoe, norm, routing, topk  # noqa: E402
-from decode_gap.kernels.compiled import ARCH_LIMITS, compile_for, programs_per_sm  # noqa: E402
+from decode_gap.kernels.compiled import ARCH_LIMITS, compile_for, programs_per_sm, with_defaults  # noqa: E402
 
 FLOAT_ARGS = {"scale", "eps"}
 FP32_POINTERS = {"part", "lse", "wts", "logits", "bias", "out_w"}
 INT_POINTERS = {"pos": "*i64", "out_ids": "*i32", "rows": "*i32"}
-FP4MOE_POINTERS = {"x_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*i16", "ts_ptr": "*fp32", "pairs_ptr": "*i32",
-                   "bexp_ptr": "*i32", "rw_ptr": "*fp32", "out_ptr": "*fp32", "fin_ptr": "*bf16", "cnt_ptr": "*i32",
-                   "ids_ptr": "*i32"}
 
 CASES = [
     (attention._rope_kernel, {"HALF": 32, "BLOCK": 32}, {"x", "cos", "sin", "out"}),
@@ -62,26 +59,26 @@ CASES = [
     # the NVFP4 fused MoE: gate_up stored at blocks of 8 pairs, down added with routing weights at blocks of 16
     (fp4moe._fp4_moe_kernel, {"X_DIV": 8, "O_DIV": 1, "WARPS": 4, "UNROLL": 2, "BM": 8, "ATOMIC": False,
                               "ROW_WEIGHT": False, "USE_ASM": True, "EV": "evict_first", "PDL": True, "EPI": 0,
-                              "MB": 16}, FP4MOE_POINTERS),
+                              "MB": 16}, fp4moe.POINTER_TYPES),
     (fp4moe._fp4_moe_kernel, {"X_DIV": 1, "O_DIV": 8, "WARPS": 4, "UNROLL": 2, "BM": 16, "ATOMIC": True,
                               "ROW_WEIGHT": True, "USE_ASM": True, "EV": "evict_first", "EPI": 0, "MB": 16},
-     FP4MOE_POINTERS),
+     fp4moe.POINTER_TYPES),
     # the epilogues: gate_up's SiLU-and-mul from the registers (no split) and by the completing split (at 16 pairs a
     # block: two MMAs' columns), down's cast by the program completing a tile group
     (fp4moe._fp4_moe_kernel, {"X_DIV": 8, "O_DIV": 1, "WARPS": 4, "UNROLL": 2, "BM": 16, "ATOMIC": False,
                               "ROW_WEIGHT": False, "USE_ASM": True, "EV": "evict_first", "PDL": True, "EPI": 1,
-                              "MB": 8}, FP4MOE_POINTERS),
+                              "MB": 8}, fp4moe.POINTER_TYPES),
     (fp4moe._fp4_moe_kernel, {"X_DIV": 8, "O_DIV": 1, "WARPS": 4, "UNROLL": 2, "BM": 16, "ATOMIC": True,
                               "ROW_WEIGHT": False, "USE_ASM": True, "EV": "evict_first", "PDL": True, "EPI": 1,
-                              "MB": 8}, FP4MOE_POINTERS),
+                              "MB": 8}, fp4moe.POINTER_TYPES),
     (fp4moe._fp4_moe_kernel, {"X_DIV": 1, "O_DIV": 8, "WARPS": 4, "UNROLL": 2, "BM": 8, "ATOMIC": True,
                               "ROW_WEIGHT": True, "USE_ASM": True, "EV": "evict_first", "PDL": True, "EPI": 2,
-                              "MB": 16}, FP4MOE_POINTERS),
+                              "MB": 16}, fp4moe.POINTER_TYPES),
     # one token's gate_up (a tile's K range over 4 warps) and down (4 experts a warp each), summed in the program
     (fp4moe._fp4_moe_token_kernel, {"TILES": 1, "SLICES": 4, "KS": 4, "GATE_UP": True, "UNROLL": 2, "USE_ASM": True,
-                                    "EV": "evict_first", "PDL": True}, FP4MOE_POINTERS),
+                                    "EV": "evict_first", "PDL": True}, fp4moe.POINTER_TYPES),
     (fp4moe._fp4_moe_token_kernel, {"TILES": 1, "SLICES": 4, "KS": 1, "GATE_UP": False, "UNROLL": 2,
-                                    "USE_ASM": True, "EV": "evict_first", "PDL": True}, FP4MOE_POINTERS),
+                                    "USE_ASM": True, "EV": "evict_first", "PDL": True}, fp4moe.POINTER_TYPES),
     # the fp8 tensor-core GEMV (its inline asm: cvt.rn.f16x2.e4m3x2 and mma.sync): a K split's fp32 sums with block
     # scales, one warp a tile (M <= 8), and the bf16 store with the per-tensor scale, two warps a tile (M = 9-16)
     (fp8mma._fp8_mma_kernel, {"WARPS": 4, "XWARP": False, "BLOCK_SCALES": True, "ATOMIC": True, "DEPS": True,
@@ -124,6 +121,7 @@ def _signature(fn, consts: dict, pointers: set | dict) -> dict:
                                                              + ("-split" if c[1].get("ATOMIC") or c[1].get("ZERO")
                                                                 else "") for c in CASES])
 def test_kernel_compiles_for_the_gpu(fn, consts, pointers, arch):
+    consts = with_defaults(fn, consts)  # as a launch passes them
     src = ASTSource(fn=fn, signature=_signature(fn, consts, pointers), constexprs=consts)
     compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32))
     assert compiled.asm.get("cubin"), f"{fn.fn.__name__}: no cubin for sm_{arch}"
@@ -167,21 +165,25 @@ def test_the_align_sorts_its_largest_batch_in_registers_without_spilling():
 
 @pytest.mark.parametrize("arch,gemms", [(90, "all"), (100, "gate_up split"), (120, "gate_up split")])
 @pytest.mark.parametrize("block_m", [8, 16])
-def test_the_fused_moe_block_kernel_holds_the_warps_its_split_plan_counts(arch, gemms, block_m):
+@pytest.mark.parametrize("pair", [False, True])
+def test_the_fused_moe_block_kernel_holds_the_warps_its_split_plan_counts(arch, gemms, block_m, pair):
     """fp4moe splits gate_up for whole waves where its warps overflow what the SMs hold at once, counted by
-    RESIDENT_WARPS at 8 and 16 pairs a block. The block kernel, compiled as a call launches it above one token
-    (fp4moe.block_constexprs) for Hopper, B200 and RTX PRO 6000 Blackwell, holds exactly that many warps an SM, with
-    no stack: more registers would make the plan's waves too long, fewer would leave SMs idle."""
+    RESIDENT_WARPS (RESIDENT_WARPS_PAIR for two tiles a warp) at 8 and 16 pairs a block. The block kernel, compiled as
+    a call launches it above one token (fp4moe.block_constexprs) for Hopper, B200 and RTX PRO 6000 Blackwell, holds
+    exactly that many warps an SM, with no stack: more registers would make the plan's waves too long, fewer would
+    leave SMs idle."""
     forms = {"gate_up unsplit": (True, 1, True), "gate_up split": (True, 3, False),
              "down": (False, 1, fp4moe.CAST_EPILOGUE)}
+    resident = (fp4moe.RESIDENT_WARPS_PAIR if pair else fp4moe.RESIDENT_WARPS)[block_m]
     for name, (gate_up, split, epilogue) in forms.items():
         if gemms not in ("all", name):
             continue
-        consts = fp4moe.block_constexprs(gate_up, split, top_k=8, m=32, block_m=block_m, epilogue=epilogue)
-        kernel = compile_for(fp4moe._fp4_moe_kernel, consts, FP4MOE_POINTERS, arch, consts["WARPS"],
+        consts = fp4moe.block_constexprs(gate_up, split, top_k=8, m=32, block_m=block_m, epilogue=epilogue,
+                                         pair=pair)
+        kernel = compile_for(fp4moe._fp4_moe_kernel, consts, fp4moe.POINTER_TYPES, arch, consts["WARPS"],
                              unaligned=("P", "M_TOK", "steps_per_split"))
         assert kernel.stack == 0, (name, kernel.registers)
-        assert kernel.programs_per_sm * consts["WARPS"] == fp4moe.RESIDENT_WARPS[block_m], (name, kernel.registers)
+        assert kernel.programs_per_sm * consts["WARPS"] == resident, (name, kernel.registers)
 
 
 def test_programs_an_sm_holds_follow_the_occupancy_rules():

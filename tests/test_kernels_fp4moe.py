@@ -1,8 +1,8 @@
 """The NVFP4 fused MoE (kernels/fp4moe.py) in Triton's CPU interpreter (a subprocess: the interpreter is chosen when
 Triton is imported): the whole call against dequantise-then-matmul at blocks of 8 and 16 pairs, with and without K
 splits, padding columns, an expert chosen twice by a token's neighbours, an id off the table, the sums left at zero
-for the next call, and one token's GEMMs as the one-token kernel (K slices summed in the program). The H200 runs the same checks compiled (benchmarks/lowprec_device.py --sections fp4moe, or
-kernelchecks).
+for the next call, two tiles a warp, and one token's GEMMs as the one-token kernel (K slices summed in the program).
+The H200 runs the same checks compiled (benchmarks/lowprec_device.py --sections fp4moe, or kernelchecks).
 """
 
 import sys
@@ -92,6 +92,54 @@ for m, ids, bm, s13, s2, silu, cast in ((3, [[0, 5], [5, 2], [0, 5]], 8, None, N
         assert e < 1e-2, (ids, bm, s13, s2, silu, cast, call, e)
 print("ok")
 ''')
+
+
+def test_two_tiles_a_warp_match_dequantise_then_matmul():
+    """The pair form (two 16-row tiles a warp against the same x loads) of gate_up and down, at blocks of 8 and 16
+    pairs, split and unsplit, through every epilogue; H = 192 leaves down's second tile group half past the rows."""
+    _interpret(r'''
+H2 = 192
+w13 = [nv.quantize_nvfp4(torch.randn(2 * I, H2, generator=g) * 0.05) for _ in range(E)]
+w2 = [nv.quantize_nvfp4(torch.randn(H2, I, generator=g) * 0.05) for _ in range(E)]
+d13, d2 = fp4moe.dequantized(w13), fp4moe.dequantized(w2)
+torch.manual_seed(2)
+for pair, m, ids, bm, s13, silu, cast in (("both", 3, [[0, 5], [5, 2], [0, 5]], 8, None, None, True),
+                                          ("down", 3, [[1, 5], [5, 2], [0, 1]], 16, 3, True, False),
+                                          ("gate_up", 2, [[4, 0], [1, 3]], 16, 1, None, True),
+                                          ("both", 2, [[4, 4], [1, 3]], 8, 3, False, False),
+                                          ("both", 1, [[3, 0]], 8, None, None, True)):
+    moe = fp4moe.Nvfp4FusedMoe(w13, w2, m, 2, "cpu", block_m=bm, split13=s13, silu_epilogue=silu,
+                               cast_epilogue=cast, pair=pair, token="none" if m == 1 else None)
+    assert (moe.pair13, moe.pair2) == (pair != "down", pair != "gate_up")
+    assert "two tiles a warp" in moe.label
+    x = torch.randn(m, H2).to(torch.bfloat16)
+    t = torch.tensor(ids, dtype=torch.int32)
+    w = torch.rand(m, 2)
+    ref = fp4moe.reference(x, t, w, lambda e: (d13[e], d2[e]))
+    for call in range(2):  # the second call sees the zeros the first left in the sums and counters
+        e = err(moe(x, t, w), ref)
+        assert e < 1e-2, (pair, ids, bm, s13, silu, cast, call, e)
+try:
+    fp4moe.Nvfp4FusedMoe(w13, w2, 1, 2, "cpu", pair="all")
+    raise SystemExit("pair='all' was taken")
+except fp4moe.DecodeGapError as exc:
+    assert "pair is" in str(exc)
+print("ok")
+''')
+
+
+def test_two_tiles_a_warp_plan_their_splits_for_the_warps_that_run():
+    # GLM-5 TP8 gate_up at 32 tokens (162 blocks of 32 tiles): one tile a warp is 1.09 waves of 36 warps an SM, so 3
+    # splits; two tiles a warp are 16 warps a block, 0.70 waves of 28, and 2592 warps already past the pair form's
+    # 14 an SM: unsplit
+    assert fp4moe.moe_split(162, 32, 96, 2, 132) == 3
+    assert fp4moe.moe_split(162, 32, 96, 2, 132, pair=True) == 1
+    # at 8 tokens (57 blocks) the pair form is split for its own 14 warps an SM, one tile a warp for 27
+    assert fp4moe.moe_split(57, 32, 96, 2, 132) == 2
+    assert fp4moe.moe_split(57, 32, 96, 2, 132, pair=True) == 3
+    # 16 pairs a block, two tiles a warp: 16 warps an SM, so 162 blocks unsplit are 1.23 waves
+    assert fp4moe.moe_split(120, 32, 96, 2, 132, block_m=16, pair=True) == 1
+    assert fp4moe.moe_split(162, 32, 96, 2, 132, block_m=16, pair=True) == 3
 
 
 def test_one_token_kernels_match_dequantise_then_matmul():

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# The NVFP4 fused MoE's split plans that no GPU has timed yet (issue 14; the 2026-12-04 stops): one device call.
-# Each line times the default plan (`all experts`) beside the splits named, GLM-5 shapes over the 256-expert table,
-# CUDA graph after an L2 flush (benchmarks/device/moe_e_probe.py). Run from the repository root on the device:
+# The NVFP4 fused MoE's forms that no GPU has timed yet (issue 14; the 2026-12-04 and 12-05 stops): one device call.
+# Each line checks, then times, the default plan (`all experts`) beside the splits or forms named, GLM-5 shapes over
+# the 256-expert table, CUDA graph after an L2 flush (benchmarks/device/moe_e_probe.py). Run from the repository root
+# on the device:
 #
 #     bash benchmarks/device/issue14_pending.sh 2>&1 | tee $OUT/issue14_pending.txt
 #
-# What to read off: the default plan should be the fastest or within the run-to-run swing (about 2%) of it.
+# What to read off: every check `ok`; the default plan should be the fastest or within the run-to-run swing (about
+# 2%) of it. Two tiles a warp (fp4moe.PAIR_GEMMS, off until these lines) becomes the default for a GEMM where it wins
+# past that swing at every batch timed, with the kernel level's step (benchmarks/simulate_gpu.py) to confirm.
 set -u
 export PYTHONPATH=workflow
 probe() { echo "== moe_e_probe $*"; timeout 120 python3 benchmarks/device/moe_e_probe.py --only-table "$@"; }
@@ -25,3 +28,11 @@ probe --m 320 --split13 1 2 3
 # the early launch at batch 1 and 8 tokens (LAUNCH_EARLY; timed at 32 tokens only)
 probe --m 1 --variants
 probe --m 8 --variants
+# two tiles a warp (fp4moe PAIR: 72 registers, 7 programs an SM, 56 tiles in flight against 36), first where down
+# read 0.57 of a plain read (TP8, 32 tokens), then the batches around it, TP1, and DeepSeek-V3's 7168 rows
+probe --m 32 --pair down gate_up both
+probe --m 8 --pair down gate_up both
+probe --m 16 --pair down both
+probe --m 64 --pair down both
+probe --m 8 --i 2048 --pair down gate_up both
+probe --m 32 --h 7168 --pair down both

@@ -1,11 +1,12 @@
 """Device probe (H200): the NVFP4 fused MoE at GLM-5 TP8 shapes (6144 x 256 an expert), 32 tokens x top-8, built
 over all 256 experts (as the kernel level builds it) and over only the experts hit, ids compacted (as the MoE stage
-builds it); the same pairs. Prints each build's plan and its CUDA-graph time after an L2 flush, and each kernel's
-time from the profiler. It found the align kernel's spill (H200, 2026-12-04, 32 tokens: 158 experts hit): the align
-324 us over the 256-expert table and 49 us over the 158 hit, the two GEMMs 74.5 us each; the call 491 / 219 us.
-With the histogram-and-sort align: 3.6 / 2.9 us, the call 168 / 174 us.
+builds it); the same pairs. Checks each build against dequantise-then-matmul, then prints its plan, its CUDA-graph
+time after an L2 flush, and each kernel's time from the profiler. It found the align kernel's spill (H200,
+2026-12-04, 32 tokens: 158 experts hit): the align 324 us over the 256-expert table and 49 us over the 158 hit, the
+two GEMMs 74.5 us each; the call 491 / 219 us. With the histogram-and-sort align: 3.6 / 2.9 us, the call 168 / 174 us.
 
-    PYTHONPATH=workflow python3 benchmarks/device/moe_e_probe.py [--m 32]
+    PYTHONPATH=workflow python3 benchmarks/device/moe_e_probe.py [--m 32] [--only-table [--variants]
+        [--split13 N ...] [--pair gate_up|down|both ...]]
 """
 
 from __future__ import annotations
@@ -44,6 +45,16 @@ def kernel_times(fn) -> str:
     return "; ".join(rows)
 
 
+def checked(run, w13, w2, x, ids, rw) -> str:
+    """A call (twice: the second sees what the first left in the sums and counters) against dequantise-then-matmul
+    on the experts chosen: its relative error, and whether it is within the tests' 1e-2."""
+    ref = fp4moe.reference(x, ids, rw, lambda j: (nv.dequantize_nvfp4(w13[j]).float(),
+                                                  nv.dequantize_nvfp4(w2[j]).float()))
+    run()
+    err = float((run().float() - ref).norm() / ref.norm())
+    return f"rel err {err:.1e} {'ok' if err < 1e-2 else 'FAILED'}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--m", type=int, default=32)
@@ -54,6 +65,8 @@ def main() -> None:
     ap.add_argument("--only-table", action="store_true", help="only the build over the whole table")
     ap.add_argument("--variants", action="store_true", help="with --only-table: no early launch, a tight grid")
     ap.add_argument("--split13", type=int, nargs="*", default=[], help="with --only-table: these gate_up K splits")
+    ap.add_argument("--pair", nargs="*", default=[], choices=("gate_up", "down", "both"),
+                    help="these GEMMs two tiles a warp too (fp4moe PAIR), each beside the default")
     a = ap.parse_args()
     dev = torch.device("cuda")
     torch.manual_seed(0)
@@ -84,14 +97,19 @@ def main() -> None:
                      (f"all experts, grid of the {used_blocks} blocks filled", builds["all experts"], {"nb": 1})]
     for split in a.split13:
         variants.append((f"all experts, gate_up split {split}", builds["all experts"], {"split13": split}))
+    for gemms in a.pair:
+        variants.append((f"all experts, {gemms} two tiles a warp", builds["all experts"], {"pair": gemms}))
     for name, (a13, a2, use), opt in variants:
-        moe = fp4moe.Nvfp4FusedMoe(a13, a2, a.m, a.k, dev, deps=opt.get("deps"), split13=opt.get("split13"))
+        moe = fp4moe.Nvfp4FusedMoe(a13, a2, a.m, a.k, dev, deps=opt.get("deps"), split13=opt.get("split13"),
+                                   pair=opt.get("pair"))
         if opt.get("nb") and moe.block_m == 8:
             moe.nb = used_blocks  # the GEMMs' grids only (the align still fills every block's slot)
         print(f"{name}: e {moe.e} nb {moe.nb} block_m {moe.block_m} plan13 {moe.plan13} plan2 {moe.plan2} "
               f"silu_epi {moe.silu_epilogue} cast_epi {moe.cast_epilogue} kernels {moe.kernels} deps {moe.deps}",
               flush=True)
         run = (lambda moe=moe, use=use: moe(x, use, rw))
+        if not opt.get("nb"):  # (a cut grid skips blocks the align filled: no whole result to check)
+            print(f"  check: {checked(run, a13, a2, x, use, rw)}", flush=True)
         run()
         g = capture_graph([run])
         t = spread(time_cuda(g.replay, 3, 30, flusher))

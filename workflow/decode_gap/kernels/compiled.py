@@ -72,12 +72,20 @@ def _tool(name: str) -> Path:
     return tool
 
 
+def with_defaults(fn, constexprs: dict[str, Any]) -> dict[str, Any]:
+    """`constexprs` and, for each constexpr argument of the @triton.jit `fn` not among them, its default, as a launch
+    passes it (an argument left out would otherwise be compiled as a runtime integer: other code than the GPU runs,
+    or none where a branch on it defines a value another branch reads)."""
+    defaults = {p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}
+    return {**defaults, **constexprs}
+
+
 def compile_for(fn, constexprs: dict[str, Any], pointers: dict[str, str], arch: int = 90, warps: int = 4,
                 unaligned: tuple[str, ...] = ("M",), floats: tuple[str, ...] = ()) -> Compiled:
-    """Compile the @triton.jit `fn` for sm_`arch` with `constexprs` by name. Every other argument is a pointer of the
-    type `pointers` names, an fp32 if in `floats`, else an i32; as the runtime specialises the model's shapes, every
-    pointer and integer is 16-byte aligned (a multiple of 16) but those in `unaligned` (without it the weight loads
-    are 32-bit and the registers are not the GPU's)."""
+    """Compile the @triton.jit `fn` for sm_`arch` with `constexprs` by name (the others at their defaults). Every
+    other argument is a pointer of the type `pointers` names, an fp32 if in `floats`, else an i32; as the runtime
+    specialises the model's shapes, every pointer and integer is 16-byte aligned (a multiple of 16) but those in
+    `unaligned` (without it the weight loads are 32-bit and the registers are not the GPU's)."""
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton's default; set so that it does not warn
     import triton
     from triton.backends.compiler import GPUTarget
@@ -87,6 +95,7 @@ def compile_for(fn, constexprs: dict[str, Any], pointers: dict[str, str], arch: 
     unknown = set(constexprs) - set(names)
     if unknown:
         raise ValueError(f"{fn.fn.__name__} has no argument {sorted(unknown)}")
+    constexprs = with_defaults(fn, constexprs)
     sig = {n: "constexpr" if n in constexprs else pointers.get(n) or ("fp32" if n in floats else "i32")
            for n in names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)

@@ -44,6 +44,10 @@ both 2 kernels. By default gate_up runs so where 2 K slices a tile give the SMs 
 52.7 against 54.7 us); at TP8 it needs 8-16 slices, and the sum over that many warps cost more than the atomics and
 the two small kernels behind programmatic launches (TOKEN_GEMMS has the H200's figures).
 
+Either block GEMM can also run two 16-row tiles a warp against the same x loads (`pair`, lowprec's tile pairs: the
+lm_heads' form at M = 9-16), for the GEMMs whose programs are short: at TP8 down's K is 256 values, two iterations a
+program. Checked in the interpreter, compiled without a stack; off (PAIR_GEMMS) until a GPU has timed it.
+
 Under the CPU interpreter the MMA loop runs as lowprec's plain-Triton emulation of the same layout and decode.
 
 The five-kernel form, H200 (2026-12-03, read 4379 GB/s; benchmarks/lowprec_device.py --sections fp4moe: CUDA-graph
@@ -115,9 +119,18 @@ TOKEN_AUTO_SLICES = 2
 # 52.5 / 106.2, 4 48.2 / 105.3, 6 48.8 / 105.5. At 4 and 8 tokens (under one wave, left to WARPS_PER_SM) more splits
 # lost: 8 tokens 31.1 / 63.4 in 2, 29.0-30.2 / 66.7-67.9 in 4-12
 RESIDENT_WARPS = {8: 36, 16: 24}
+RESIDENT_WARPS_PAIR = {8: 28, 16: 16}  # two tiles a warp (PAIR): 72 and 128 registers, the same three architectures
 WAVES = 3
 LAUNCH_EARLY = True  # gdc_launch_dependents in the align and the GEMMs (the docstring's figures)
 CONFIG = lp.FP4_GROUPED_BX_2  # 4 warps (64 rows) a program, 2 steps (128 values) an iteration, evict-first weights
+# which block GEMMs run two tiles a warp (PAIR, "gate_up", "down", "both" or "none"): none until a GPU has timed the
+# pair (benchmarks/device/issue14_pending.sh). Compiled, it holds 28 warps an SM at 8 pairs a block
+# (RESIDENT_WARPS_PAIR: 56 tiles in flight against 36) and 16 at 16 pairs (32 tiles against 24)
+PAIR_GEMMS = "none"
+# the element types of both kernels' pointers, to compile them without a GPU (decode_gap.kernels.compiled)
+POINTER_TYPES = {"x_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*i16", "ts_ptr": "*fp32", "pairs_ptr": "*i32",
+                 "bexp_ptr": "*i32", "rw_ptr": "*fp32", "out_ptr": "*fp32", "fin_ptr": "*bf16", "cnt_ptr": "*i32",
+                 "ids_ptr": "*i32"}
 
 
 def block_m_for(pairs: int, experts: int) -> int:
@@ -129,7 +142,7 @@ def block_m_for(pairs: int, experts: int) -> int:
 if HAVE_TRITON:
     from .fusedmoe import align_pairs
     from .lowprec import (_emul_plane, _emul_x, _finish_sums, _fp4_mma_emul_m1, _fp4_mma_loop,
-                          _lanes, _silu_pack_kernel, _slice_sum)
+                          _fp4_mma_loop_pair, _lanes, _silu_pack_kernel, _slice_sum)
 
     @triton.jit
     def _moe_store(out_ptr, y, rows, cols, row_ok, b, pairs_ptr, rw_ptr, P, stride_o, O_DIV: tl.constexpr,
@@ -159,15 +172,15 @@ if HAVE_TRITON:
 
     @triton.jit
     def _gate_up_finish(gu_ptr, act_ptr, cnt_ptr, b, pid_n, splits, pairs_ptr, P, I, stride_g, stride_a,
-                        WARPS: tl.constexpr, BM: tl.constexpr):
-        """After a K split's sums went into gu (atomics): the split that completes (block b, tile group pid_n) writes
-        the activation of its 8 WARPS values for the block's pairs and leaves zeros (and the counter) for the next
-        call; the counter's acq_rel after a barrier is lowprec._split_finish's pattern. gu's rows are interleaved
-        (gate_up_stack): value v's gate at row 16 (v // 8) + v % 8, its up 8 rows on."""
+                        TILES: tl.constexpr, BM: tl.constexpr):
+        """After a K split's sums went into gu (atomics): the split that completes (block b, tile group pid_n of TILES
+        tiles) writes the activation of its 8 TILES values for the block's pairs and leaves zeros (and the counter)
+        for the next call; the counter's acq_rel after a barrier is lowprec._split_finish's pattern. gu's rows are
+        interleaved (gate_up_stack): value v's gate at row 16 (v // 8) + v % 8, its up 8 rows on."""
         tl.debug_barrier()
         cnt = cnt_ptr + b * tl.num_programs(0) + pid_n
         if tl.atomic_add(cnt, 1, sem="acq_rel") == splits - 1:
-            vi = pid_n * WARPS * 8 + tl.arange(0, WARPS * 8)[:, None]
+            vi = pid_n * TILES * 8 + tl.arange(0, TILES * 8)[:, None]
             cols = tl.arange(0, BM)[None, :]
             pn = tl.load(pairs_ptr + b * BM + cols)
             ok = (vi < I) & (pn < P)
@@ -201,7 +214,7 @@ if HAVE_TRITON:
                         X_DIV: tl.constexpr, O_DIV: tl.constexpr, WARPS: tl.constexpr, UNROLL: tl.constexpr,
                         BM: tl.constexpr, ATOMIC: tl.constexpr, ROW_WEIGHT: tl.constexpr, USE_ASM: tl.constexpr,
                         EV: tl.constexpr = "", PDL: tl.constexpr = False, EPI: tl.constexpr = 0,
-                        MB: tl.constexpr = 16, DEPS: tl.constexpr = False):
+                        MB: tl.constexpr = 16, DEPS: tl.constexpr = False, PAIR: tl.constexpr = False):
         """out[pair // O_DIV, n] (+)= x[pair // X_DIV] . W_e[n] for the pairs of block pid 2 (expert e), rows n of
         WARPS 16-row tiles, K steps [pid 1 x steps_per_split, ...). x: int32 view of bf16 pairs; W: the bf16 form's
         repacked expert stack (lowprec._stack_mma(bx=True)); bexp: each block's expert (the align's, or for one
@@ -211,8 +224,12 @@ if HAVE_TRITON:
         EPI, the epilogue in the kernel: 0 none (the sums at out); 1 gate_up (rows interleaved, gate_up_stack): the
         bf16 activation silu(gate) * up at fin[pair, v], from the registers without a K split, else by the split
         that completes the sums at out (_gate_up_finish); 2 down: the program that completes a tile group's sums
-        casts them into fin[token] (_down_finish)."""
+        casts them into fin[token] (_down_finish).
+        PAIR: a tile group is 2 WARPS tiles, warp w taking tiles w and w + WARPS against the same x loads
+        (lowprec._fp4_mma_loop_pair): twice the weight bytes in flight a warp, and half the programs, each with its
+        set-up (the block's pairs, expert and x rows) and its stores."""
         T: tl.constexpr = 32 * WARPS
+        GT: tl.constexpr = WARPS * (2 if PAIR else 1)  # a tile group's tiles
         if PDL:
             tl.extra.cuda.gdc_wait()
         pid_n = tl.program_id(0)
@@ -224,10 +241,10 @@ if HAVE_TRITON:
         if (e < 0) | (e >= E):
             if EPI == 2:
                 _down_finish(out_ptr, fin_ptr, cnt_ptr, pid_n, tl.num_programs(1) * tl.num_programs(2), M_TOK, N,
-                             stride_o, stride_f, 16 * WARPS, MB)
+                             stride_o, stride_f, 16 * GT, MB)
             return
         e = e.to(tl.int64)
-        t, tile, lane, g, qq = _lanes(pid_n * WARPS, T, 1)
+        t, tile, lane, g, qq = _lanes(pid_n * GT, T, 1)
         tile_c = tl.minimum(tile, NT - 1).to(tl.int64)
         i0 = pid_k * steps_per_split
         i1 = tl.minimum(i0 + steps_per_split, NSTEPS)
@@ -247,10 +264,17 @@ if HAVE_TRITON:
                 xb2 = x_ptr + xr2[:, None] * stride_x + (qq * 8)[:, None] + c4[None, :]
             wb = w_base + tile_c[:, None] * stride_wt + (lane * 4)[:, None] + c4[None, :]
             sb = s_base + tile_c * stride_st + lane
-            acc0 = tl.zeros((T, 4), dtype=tl.float32)
-            acc1 = tl.zeros((T, 4), dtype=tl.float32)
-            acc0, acc1, acc2, acc3 = _fp4_mma_loop(wb, sb, xb, xb2, i0, i1, T, UNROLL, EV, BM == 16, acc0, acc1,
-                                                   acc0, acc1, False, True)
+            tile_b = tile + WARPS  # PAIR: the warp's second tile
+            if PAIR:
+                hop = tl.minimum(tile_b, NT - 1).to(tl.int64) - tile_c
+                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _fp4_mma_loop_pair(
+                    wb, sb, wb + hop[:, None] * stride_wt, sb + hop * stride_st, xb, xb2, i0, i1, T, UNROLL, EV,
+                    BM == 16, False, True)
+            else:
+                acc0 = tl.zeros((T, 4), dtype=tl.float32)
+                acc1 = tl.zeros((T, 4), dtype=tl.float32)
+                acc0, acc1, acc2, acc3 = _fp4_mma_loop(wb, sb, xb, xb2, i0, i1, T, UNROLL, EV, BM == 16, acc0, acc1,
+                                                       acc0, acc1, False, True)
             if DEPS:  # the next kernel's programs may take the SMs this grid frees (they wait for all of it)
                 tl.extra.cuda.gdc_launch_dependents()
             if DIRECT:
@@ -264,6 +288,13 @@ if HAVE_TRITON:
                 if BM == 16:
                     gate, up = tl.split(tl.permute(tl.reshape((acc2 + acc3) * ts, (T, 2, 2)), (0, 2, 1)))
                     _act_store(gate, up, vi, cols + 8, ok, b, pairs_ptr, fin_ptr, P, stride_f, BM)
+                if PAIR:  # the second tile's values, 8 WARPS on
+                    ok = (tile_b < NT)[:, None]
+                    gate, up = tl.split(tl.permute(tl.reshape((acc4 + acc5) * ts, (T, 2, 2)), (0, 2, 1)))
+                    _act_store(gate, up, vi + 8 * WARPS, cols, ok, b, pairs_ptr, fin_ptr, P, stride_f, BM)
+                    if BM == 16:
+                        gate, up = tl.split(tl.permute(tl.reshape((acc6 + acc7) * ts, (T, 2, 2)), (0, 2, 1)))
+                        _act_store(gate, up, vi + 8 * WARPS, cols + 8, ok, b, pairs_ptr, fin_ptr, P, stride_f, BM)
             else:
                 # accumulator element c of lane 4g + q: row g + 8 (c // 2), column 2q + c % 2
                 rows = (tile * 16 + g)[:, None] + 8 * (c4[None, :] // 2)
@@ -274,16 +305,28 @@ if HAVE_TRITON:
                 if BM == 16:
                     _moe_store(out_ptr, (acc2 + acc3) * ts, rows, cols + 8, row_ok, b, pairs_ptr, rw_ptr, P,
                                stride_o, O_DIV, BM, ATOMIC, ROW_WEIGHT)
+                if PAIR:  # the second tile's rows, 16 WARPS on
+                    rows = rows + 16 * WARPS
+                    row_ok = (rows < N) & (tile_b < NT)[:, None]
+                    _moe_store(out_ptr, (acc4 + acc5) * ts, rows, cols, row_ok, b, pairs_ptr, rw_ptr, P, stride_o,
+                               O_DIV, BM, ATOMIC, ROW_WEIGHT)
+                    if BM == 16:
+                        _moe_store(out_ptr, (acc6 + acc7) * ts, rows, cols + 8, row_ok, b, pairs_ptr, rw_ptr, P,
+                                   stride_o, O_DIV, BM, ATOMIC, ROW_WEIGHT)
         else:
-            # the interpreter: each lane's partial per (row half, column), then a quad's four lanes summed
+            # the interpreter: each lane's partial per (row half, column), then a quad's four lanes summed; a lane
+            # a tile's lane (PAIR: both tiles of a warp as lanes)
+            TE: tl.constexpr = 32 * GT
+            t, tile, lane, g, qq = _lanes(pid_n * GT, TE, 1)
+            tile_c = tl.minimum(tile, NT - 1).to(tl.int64)
             cm = tl.arange(0, BM)
             xr = (tl.minimum(tl.load(pairs_ptr + b * BM + cm), P - 1) // X_DIV).to(tl.int64)
-            part = tl.zeros((T, 2, BM), dtype=tl.float32)
+            part = tl.zeros((TE, 2, BM), dtype=tl.float32)
             for i in range(i0, i1):
                 sv = tl.load(s_base + tile_c * stride_st + lane + i * 32).to(tl.int32)
                 for r in tl.static_range(2):
                     sr = ((sv >> (8 * r)) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
-                    acc_r = tl.zeros((T, BM), dtype=tl.float32)
+                    acc_r = tl.zeros((TE, BM), dtype=tl.float32)
                     for wr in tl.static_range(2):
                         word = tl.load(w_base + tile_c * stride_wt + lane * 4 + i * 128 + 2 * r + wr)
                         xw = x_ptr + xr[None, :] * stride_x + (((4 * i + qq) * 2 + wr) * 4)[:, None]
@@ -292,28 +335,28 @@ if HAVE_TRITON:
                             lo, hi = _emul_plane(word, j, sr, True)
                             acc_r += lo[:, None] * _emul_x(xv, False, True) + hi[:, None] * _emul_x(xv, True, True)
                     part += tl.where((tl.arange(0, 2) == r)[None, :, None], acc_r[:, None, :], 0.0)
-            y = tl.sum(tl.reshape(part, (WARPS, 8, 4, 2, BM)), axis=2) * ts  # [tile, g, half, column]
-            wv = tl.arange(0, WARPS)[:, None, None, None]
+            y = tl.sum(tl.reshape(part, (GT, 8, 4, 2, BM)), axis=2) * ts  # [tile, g, half, column]
+            wv = tl.arange(0, GT)[:, None, None, None]
             if DIRECT:  # half 0 the gate of value 8 tile + g, half 1 its up
                 half = tl.arange(0, 2)[None, None, :, None]
-                vi = (pid_n * WARPS + wv) * 8 + tl.arange(0, 8)[None, :, None, None]
-                ok = pid_n * WARPS + wv < NT
+                vi = (pid_n * GT + wv) * 8 + tl.arange(0, 8)[None, :, None, None]
+                ok = pid_n * GT + wv < NT
                 _act_store(tl.sum(tl.where(half == 0, y, 0.0), axis=2, keep_dims=True),
                            tl.sum(tl.where(half == 1, y, 0.0), axis=2, keep_dims=True), vi, cm[None, None, None, :],
                            ok, b, pairs_ptr, fin_ptr, P, stride_f, BM)
             else:
-                rows = (pid_n * WARPS + wv) * 16 + tl.arange(0, 8)[None, :, None, None] + \
+                rows = (pid_n * GT + wv) * 16 + tl.arange(0, 8)[None, :, None, None] + \
                     8 * tl.arange(0, 2)[None, None, :, None]
                 cols = cm[None, None, None, :] + rows * 0
-                row_ok = (rows < N) & (pid_n * WARPS + wv < NT)
+                row_ok = (rows < N) & (pid_n * GT + wv < NT)
                 _moe_store(out_ptr, y, rows, cols, row_ok, b, pairs_ptr, rw_ptr, P, stride_o, O_DIV, BM, ATOMIC,
                            ROW_WEIGHT)
         if EPI == 1 and ATOMIC:
             _gate_up_finish(out_ptr, fin_ptr, cnt_ptr, b, pid_n, tl.num_programs(1), pairs_ptr, P, N // 2, stride_o,
-                            stride_f, WARPS, BM)
+                            stride_f, GT, BM)
         if EPI == 2:
             _down_finish(out_ptr, fin_ptr, cnt_ptr, pid_n, tl.num_programs(1) * tl.num_programs(2), M_TOK, N,
-                         stride_o, stride_f, 16 * WARPS, MB)
+                         stride_o, stride_f, 16 * GT, MB)
 
     @triton.jit
     def _fp4_moe_token_kernel(x_ptr, w_ptr, s_ptr, ts_ptr, ids_ptr, rw_ptr, out_ptr, E, N, NT, NSTEPS, stride_x,
@@ -402,15 +445,16 @@ if HAVE_TRITON:
 
 def block_constexprs(gate_up: bool, split: int, *, top_k: int, m: int, block_m: int = 8, unroll: int = 2,
                      epilogue: bool = True, pdl: bool = True, deps: bool = LAUNCH_EARLY, asm: bool = True,
-                     ev: str | None = None) -> dict:
+                     ev: str | None = None, pair: bool = False) -> dict:
     """The block kernel's constexprs as a call launches it (its warps: CONFIG's): gate_up (x a token's row; with
     `epilogue` the activation from its registers or by the completing split, else fp32 sums) or down (x a pair's
     activation, added times its routing weight into the token's sums, always with atomics; with `epilogue` the cast
-    by the program completing a tile group). `benchmarks/kernel_resources.py --moe` compiles the same."""
+    by the program completing a tile group); `pair`: two tiles a warp. `benchmarks/kernel_resources.py --moe` compiles
+    the same."""
     return dict(X_DIV=top_k if gate_up else 1, O_DIV=1 if gate_up else top_k, WARPS=CONFIG.warps, UNROLL=unroll,
                 BM=block_m, ATOMIC=split > 1 or not gate_up, ROW_WEIGHT=not gate_up, USE_ASM=asm,
                 EV=lp._evict(CONFIG) if ev is None else ev, PDL=pdl,
-                EPI=(1 if gate_up else 2) if epilogue else 0, MB=min(16, _pow2(m)), DEPS=deps)
+                EPI=(1 if gate_up else 2) if epilogue else 0, MB=min(16, _pow2(m)), DEPS=deps, PAIR=pair)
 
 
 def expected_hit(pairs: int, experts: int) -> float:
@@ -419,15 +463,18 @@ def expected_hit(pairs: int, experts: int) -> float:
 
 
 def moe_split(blocks: int, tiles: int, steps: int, unroll: int, sms: int, warps_per_sm: int = WARPS_PER_SM,
-              block_m: int = 8) -> int:
-    """K splits of a GEMM over `blocks` expert blocks of `tiles` 16-row tiles (a warp each) and `steps` 64-value
-    steps: about warps_per_sm warps an SM in all (lowprec.mma_split), every split whole iterations; and where that
-    leaves more warps than the SMs hold at once (RESIDENT_WARPS at `block_m` pairs a block), at least WAVES times what
-    they hold, so the last wave's few programs are short (a second wave of a few long programs ran at a fraction of
-    the bandwidth)."""
-    warps = blocks * tiles
+              block_m: int = 8, pair: bool = False) -> int:
+    """K splits of a GEMM over `blocks` expert blocks of `tiles` 16-row tiles (a warp each, or with `pair` two) and
+    `steps` 64-value steps: about warps_per_sm warps an SM in all (lowprec.mma_split; with `pair` the dense pair
+    form's), every split whole iterations;
+    and where that leaves more warps than the SMs hold at once (RESIDENT_WARPS, or RESIDENT_WARPS_PAIR, at `block_m`
+    pairs a block), at least WAVES times what they hold, so the last wave's few programs are short (a second wave of a
+    few long programs ran at a fraction of the bandwidth)."""
+    warps = blocks * math.ceil(tiles / (2 if pair else 1))
+    if pair:  # twice a warp's bytes in flight: half the warps (the dense pair form's target, swept on the H200)
+        warps_per_sm = lp.FP4_MMA_TP.warps_per_sm
     split = lp.mma_split(warps, steps // unroll, warps_per_sm, sms)
-    resident = RESIDENT_WARPS[block_m] * sms
+    resident = (RESIDENT_WARPS_PAIR if pair else RESIDENT_WARPS)[block_m] * sms
     if split * warps > resident:
         split = max(split, min(steps // unroll, math.ceil(WAVES * resident / warps)))
     return split
@@ -487,13 +534,16 @@ class Nvfp4FusedMoe:
     None: TOKEN_GEMMS where they apply (down: top_k a power of 2, top_k x slices2 at most TOKEN_WARPS warps).
     `slices13` / `slices2`: their K slices a tile (None: token_slices). `experts_hit`: the experts the K splits are
     planned for (None: what uniform choices over the table hit; a table of only the experts hit, ids compacted, as
-    the MoE stage builds, says how many). The forms are timed against each other by benchmarks/lowprec_device.py."""
+    the MoE stage builds, says how many). `pair`: which block GEMMs run two 16-row tiles a warp against the same x
+    loads ("both", "gate_up", "down" or "none"; None: PAIR_GEMMS); their splits are planned for the warps that run.
+    The forms are timed against each other by benchmarks/lowprec_device.py."""
 
     def __init__(self, w13, w2, m: int, top_k: int, device, out_dtype=torch.bfloat16, block_m: int | None = None,
                  split13: int | None = None, split2: int | None = None, pdl: bool | None = None,
                  silu_epilogue: bool | None = None, cast_epilogue: bool = CAST_EPILOGUE,
                  align: bool | None = None, token: str | None = None, slices13: int | None = None,
-                 slices2: int | None = None, experts_hit: float | None = None, deps: bool | None = None) -> None:
+                 slices2: int | None = None, experts_hit: float | None = None, deps: bool | None = None,
+                 pair: str | None = None) -> None:
         if not HAVE_TRITON:
             raise DecodeGapError("the NVFP4 fused MoE needs Triton, which is not installed")
         self.mma13 = lp._stack_mma(w13, bx=True) if isinstance(w13, list) else w13
@@ -530,11 +580,15 @@ class Nvfp4FusedMoe:
         # plan the splits for the blocks that will run (the experts uniform choices hit, about), never the grid's
         # upper bound (H200, DeepSeek-V3 / GLM-5 TP8 at 16 tokens: 2 gate_up splits for ~102 experts hit took 148.0 /
         # 126.5 us to 140.9 / 120.8, where min(pairs, experts) = 128 planned 1)
+        pairs_of = PAIR_GEMMS if pair is None else pair
+        if pairs_of not in ("both", "gate_up", "down", "none"):
+            raise DecodeGapError(f"NVFP4 fused MoE: pair is 'both', 'gate_up', 'down' or 'none', not {pairs_of!r}")
+        self.pair13, self.pair2 = pairs_of in ("both", "gate_up"), pairs_of in ("both", "down")
         blocks, sms = max(1, round(experts_hit or expected_hit(pairs, e))), lp.sm_count(device)
-        self.plan13 = self._plan(h // 64, split13 or moe_split(blocks, 2 * i // 16, h // 64, self.unroll, sms,
-                                                                block_m=self.block_m))
-        self.plan2 = self._plan(i // 64, split2 or moe_split(blocks, h // 16, i // 64, self.unroll, sms,
-                                                             block_m=self.block_m))
+        self.plan13 = self._plan(h // 64, split13 or moe_split(blocks, nt13, h // 64, self.unroll, sms,
+                                                                block_m=self.block_m, pair=self.pair13))
+        self.plan2 = self._plan(i // 64, split2 or moe_split(blocks, nt2, i // 64, self.unroll, sms,
+                                                             block_m=self.block_m, pair=self.pair2))
         self.silu_epilogue = self.plan13[1] == 1 if silu_epilogue is None else silu_epilogue
         self.cast_epilogue = cast_epilogue
         # one token: K slices a tile, summed in the program (gate_up over H, down over the top_k experts and I)
@@ -572,9 +626,13 @@ class Nvfp4FusedMoe:
         self.act = torch.zeros((pairs, i), dtype=torch.bfloat16, device=dev)  # rows of off-table ids stay zero
         self.acc = torch.zeros((m, h), dtype=torch.float32, device=dev) if block2 else None
         self.out = torch.empty((m, h), dtype=out_dtype, device=dev)
-        self.cnt13 = (torch.zeros(self.nb * triton.cdiv(nt13, self.warps), dtype=torch.int32, device=dev)
+        self.cnt13 = (torch.zeros(self.nb * self._groups(nt13, self.pair13), dtype=torch.int32, device=dev)
                       if block13 else None)
-        self.cnt2 = torch.zeros(triton.cdiv(nt2, self.warps), dtype=torch.int32, device=dev) if block2 else None
+        self.cnt2 = torch.zeros(self._groups(nt2, self.pair2), dtype=torch.int32, device=dev) if block2 else None
+
+    def _groups(self, tiles: int, pair: bool) -> int:
+        """A block kernel's tile groups (its grid's first dimension): a warp's tile or two, CONFIG's warps."""
+        return triton.cdiv(tiles, self.warps * (2 if pair else 1))
 
     def _plan(self, steps: int, split: int) -> tuple[int, int]:
         """(steps a split, splits): whole iterations of `unroll` steps."""
@@ -586,6 +644,9 @@ class Nvfp4FusedMoe:
         gemms = " and ".join(n for n, on in (("gate_up", self.token13), ("down", self.token2)) if on)
         form = (f"one token: {gemms} as K slices summed in the program" if gemms
                 else f"pairs sorted by expert in blocks of {self.block_m}")
+        paired = " and ".join(n for n, on in (("gate_up", self.pair13 and not self.token13),
+                                                ("down", self.pair2 and not self.token2)) if on)
+        form += f", {paired} two tiles a warp" if paired else ""
         return (f"triton fused MoE (nvfp4 weight-only, bf16 tensor-core MMA, {form}"
                 + (", SiLU-and-mul in gate_up's epilogue" if self.silu_epilogue else "") + ")")
 
@@ -599,17 +660,17 @@ class Nvfp4FusedMoe:
         return experts_hit * (nv.nvfp4_bytes(2 * self.i, self.h) + nv.nvfp4_bytes(self.h, self.i))
 
     def _gemm(self, x, stack, out, n: int, plan: tuple[int, int], by_token: bool, route_w, fin, cnt,
-              block_expert) -> None:
+              block_expert, pair: bool) -> None:
         """gate_up (by_token: x a token's row, fp32 sums, or with its epilogue the activation at fin) or down (x a
         pair's activation row, weighted sums into the token's row, with its epilogue cast into fin)."""
         words, scales, ts = stack
         nt = words.shape[1]
         per, split = plan
         steps = words.shape[2]
-        grid = (triton.cdiv(nt, self.warps), split, self.nb)
+        grid = (self._groups(nt, pair), split, self.nb)
         consts = block_constexprs(by_token, split, top_k=self.top_k, m=self.m, block_m=self.block_m,
                                   unroll=self.unroll, epilogue=self.silu_epilogue if by_token else self.cast_epilogue,
-                                  pdl=self.pdl, deps=self.deps, asm=not lp.interpreted(), ev=self.ev)
+                                  pdl=self.pdl, deps=self.deps, asm=not lp.interpreted(), ev=self.ev, pair=pair)
         _fp4_moe_kernel[grid](
             x, words, scales, ts, self.sorted_pairs, block_expert, route_w, out, self.pairs, self.e, n, nt, per, steps,
             x.stride(0), words.stride(0), words.stride(1), scales.stride(0), scales.stride(1), out.stride(0),
@@ -642,7 +703,7 @@ class Nvfp4FusedMoe:
             self._token_gemm(True, lp.bf16_pairs(x), self.act, flat_ids, flat_w)
         else:
             self._gemm(lp.bf16_pairs(x), self.mma13, self.gu, 2 * self.i, self.plan13, True, flat_w, self.act,
-                       self.cnt13, bexp)
+                       self.cnt13, bexp, self.pair13)
         if not self.silu_epilogue:
             _silu_pack_kernel[(triton.cdiv(self.i, 1024), self.pairs)](self.gu, self.act, self.i, self.gu.stride(0),
                                                                       self.act.stride(0), BLOCK=1024, BX=True,
@@ -652,7 +713,7 @@ class Nvfp4FusedMoe:
             self._token_gemm(False, self.act.view(torch.int32), self.out, flat_ids, flat_w)
         else:
             self._gemm(self.act.view(torch.int32), self.mma2, self.acc, self.h, self.plan2, False, flat_w, self.out,
-                       self.cnt2, bexp)
+                       self.cnt2, bexp, self.pair2)
         if not self.cast_epilogue:
             lp.cast_zero(self.acc, self.out, self.pdl)
         return self.out
