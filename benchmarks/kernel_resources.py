@@ -1,6 +1,6 @@
-"""Registers, spills, shared memory, SASS length and programs an SM of the NVFP4 tensor-core GEMV forms (with
---dense the bf16 / FP8 CUDA-core GEMV forms, with --moe the NVFP4 fused MoE's block kernel), compiled for a GPU
-architecture without a GPU (Triton's own ptxas and cuobjdump, from its wheel: decode_gap.kernels.compiled).
+"""Registers, spills, shared memory, SASS length, main-loop length and programs an SM of the NVFP4 tensor-core GEMV
+forms (with --dense the bf16 / FP8 CUDA-core GEMV forms, with --moe the NVFP4 fused MoE's block kernel), compiled for a
+GPU architecture without a GPU (Triton's own ptxas and cuobjdump, from its wheel: decode_gap.kernels.compiled).
 
 What a kernel change does to the compiled code, checked on a CPU host before spending device time: a form that
 spills or grows its SASS is unlikely to be faster; a change meant to leave a form alone must leave these figures
@@ -106,7 +106,7 @@ def compile_form(const: dict, arch: int, sass_to: Path | None = None) -> dict:
     if sass_to is not None:
         sass_to.write_text("\n".join(kernel.sass) + "\n")
     return {"registers": kernel.registers, "stack": kernel.stack, "shared": kernel.shared,
-            "sass_instructions": len(kernel.sass), "programs_per_sm": kernel.programs_per_sm}
+            "sass_instructions": len(kernel.sass), "loop": kernel.loop, "programs_per_sm": kernel.programs_per_sm}
 
 
 def main() -> int:
@@ -121,13 +121,13 @@ def main() -> int:
     if args.sass_dir:
         args.sass_dir.mkdir(parents=True, exist_ok=True)
     print(f"triton {triton.__version__}, sm_{args.arch}")
-    print(f"{'form':44s} {'regs':>5s} {'stack':>6s} {'shared':>7s} {'SASS':>6s} {'programs/SM':>12s}")
+    print(f"{'form':44s} {'regs':>5s} {'stack':>6s} {'shared':>7s} {'SASS':>6s} {'loop':>5s} {'programs/SM':>12s}")
     for name, const in (dense_forms() if args.dense else moe_forms() if args.moe else forms()).items():
         try:
             to = args.sass_dir / (re.sub(r"[^A-Za-z0-9=.-]+", "_", name) + ".sass") if args.sass_dir else None
             r = compile_form(const, args.arch, to)
             print(f"{name:44s} {r['registers']:5d} {r['stack']:6d} {r['shared']:7d} {r['sass_instructions']:6d} "
-                  f"{r['programs_per_sm']:12d}")
+                  f"{r['loop']:5d} {r['programs_per_sm']:12d}")
         except Exception as exc:  # one form failing to compile is a finding, not the end of the listing
             print(f"{name:44s} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
     return 0

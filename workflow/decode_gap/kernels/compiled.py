@@ -47,7 +47,8 @@ def programs_per_sm(registers: int, warps: int, shared: int = 0, limits: SmLimit
 @dataclass(frozen=True)
 class Compiled:
     """A kernel compiled for sm_`arch`: registers a thread, stack (spills) and shared memory bytes, its SASS one
-    instruction a line (addresses stripped, so two builds diff line by line) and its TTGIR."""
+    instruction a line (addresses stripped, so two builds diff line by line), its TTGIR and PTX, and `loop`: the
+    instructions of its longest loop (loop_instructions), what a thread issues an iteration of the main loop."""
 
     arch: int
     warps: int
@@ -57,10 +58,26 @@ class Compiled:
     sass: tuple[str, ...]
     ttgir: str
     ptx: str
+    loop: int = 0
 
     @property
     def programs_per_sm(self) -> int:
         return programs_per_sm(self.registers, self.warps, self.shared, ARCH_LIMITS.get(self.arch, SmLimits()))
+
+
+def loop_instructions(sass: str) -> int:
+    """The instructions from a backward branch's target to the branch, the longest such span in cuobjdump's SASS
+    (0 without a loop). For a kernel whose work is one loop, its instructions an iteration: divided by the bytes a
+    thread loads an iteration, the issue cost of a byte, which a decode-bound kernel is bound by."""
+    lines = [(int(m.group(1), 16), m.group(2)) for m in
+             (re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*)", line) for line in sass.splitlines()) if m]
+    longest = 0
+    for addr, ins in lines:
+        branch = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", ins)
+        if branch and int(branch.group(1), 16) <= addr:
+            start = int(branch.group(1), 16)
+            longest = max(longest, sum(1 for a, _ in lines if start <= a <= addr))
+    return longest
 
 
 def _tool(name: str) -> Path:
@@ -113,4 +130,5 @@ def compile_for(fn, constexprs: dict[str, Any], pointers: dict[str, str], arch: 
     code = tuple(re.sub(r"/\*[0-9a-f]{4}\*/", "", line).split(";")[0].strip() for line in sass.splitlines()
                  if re.match(r"\s+/\*[0-9a-f]{4}\*/", line))
     return Compiled(arch=arch, warps=warps, registers=field("REG"), stack=field("STACK"), shared=field("SHARED"),
-                    sass=code, ttgir=kernel.asm.get("ttgir", ""), ptx=kernel.asm.get("ptx", ""))
+                    sass=code, ttgir=kernel.asm.get("ttgir", ""), ptx=kernel.asm.get("ptx", ""),
+                    loop=loop_instructions(sass))

@@ -183,7 +183,9 @@ if lp.HAVE_TRITON:
 # goes (an ablation on the H200, wrong sums): with x's fragments made once before the loop, so no x load or layout
 # conversion in it (96 registers), M=32 took 33.3 / 34.3 us, so x's path costs about a fifth and the decode with 16
 # MMAs a step the rest (lowprec's 16-row form, 8 MMAs a step, 25.9 us on 28672x4096). Reaching the read would take
-# the weights decoded into shared memory for wgmma (as CUTLASS's mixed-input Hopper GEMMs do), not mma.sync
+# the weights decoded into shared memory for wgmma (as CUTLASS's mixed-input Hopper GEMMs do), not mma.sync; Triton's
+# tl.dot does lower such a form to wgmma, but with the decode in plain Triton its loop issues 18.6 instructions a
+# weight byte a thread against this form's 7.5 (benchmarks/wgmma_decode_cost.py, compiled for sm_90, not timed)
 WIDE_DEFAULT = lp.GemvConfig(64, 128, 4, mma=True, bx=True, evict=True, warps_per_sm=27)
 # the seeds' TP8 shapes (H200, 2026-12-04, wide_probe.py; M = 17 / 32 / 64, us): about 16 warps an SM was fastest on
 # the mid-sized ones (2624x6144 8.6 / 9.2 against 10.2 / 10.7 for the default; 6144x2048 8.1 / 8.8 against 9.3 /
