@@ -123,3 +123,32 @@ def test_snakemake_fills_the_same_defaults(tmp_path):
     for section in ("live", "simulate", "microbench"):
         ours = with_defaults(section, {})
         assert {k: v for k, v in cfg[section].items() if k in ours} == ours, section
+
+
+def test_nested_command_line_values_are_typed_as_the_schema_says():
+    """`--config stages={live: false}` reaches the Snakefile as {'live': 'false'} (Snakemake parses a nested value
+    with YAML's base loader): it is typed before validation, as the same value in config.yaml would be."""
+    from snakemake.cli import parse_config
+
+    from decode_gap.config import typed_cli_values
+
+    given = parse_config(["stages={live: false, audit: True}", "microbench={warmup: 2, m_values: [1, 4]}",
+                          "endpoint=http://a:1/v1", "tp=2", "live={concurrency: [1, 2], api: chat}"])
+    assert given["stages"] == {"live": "false", "audit": "True"}  # what Snakemake hands over
+    typed = typed_cli_values(given)
+    assert typed["stages"] == {"live": False, "audit": True}
+    assert typed["microbench"] == {"warmup": 2, "m_values": [1, 4]}
+    assert typed["endpoint"] == "http://a:1/v1" and typed["tp"] == 2 and typed["live"]["api"] == "chat"
+    # a value that does not parse is left for the schema to name
+    assert typed_cli_values({"stages": {"live": "nope"}}) == {"stages": {"live": "nope"}}
+
+
+def test_a_nested_boolean_on_the_command_line_passes_validation():
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--cores", "1", "roofline", "--config",
+                           "stages={live: false}", "microbench={warmup: 2}", "hardware_revision=typed-cli-check"],
+                          cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-600:]
+    assert "is not of type" not in proc.stderr

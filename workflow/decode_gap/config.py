@@ -47,16 +47,41 @@ def schema_defaults(section: str) -> dict[str, Any]:
     return _defaults_of(node)
 
 
-def _merge(base: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+def deep_merge(base: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """`given` over `base`, nested sections merged key by key (as Snakemake merges --config into the config file)."""
     out = dict(base)
     for key, value in given.items():
-        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        out[key] = deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
     return out
+
+
+_SCALARS = {"boolean": lambda v: {"true": True, "false": False}[v.lower()], "integer": int, "number": float}
+
+
+def typed_cli_values(given: Any, node: dict[str, Any] | None = None) -> Any:
+    """`given` with each string leaf that the schema types boolean, integer or number parsed as one.
+    Snakemake parses a nested --config value (`stages={live: false}`) with YAML's base loader, which leaves every
+    leaf a string, so a boolean written `false` failed validation as "'false' is not of type 'boolean'"; a top-level
+    value is parsed already. A string that does not parse stays as it is, for the schema to name."""
+    node = schema() if node is None else node
+    if isinstance(given, dict):
+        props = node.get("properties", {})
+        return {k: typed_cli_values(v, props[k]) if k in props else v for k, v in given.items()}
+    if isinstance(given, list) and isinstance(node.get("items"), dict):
+        return [typed_cli_values(v, node["items"]) for v in given]
+    types = node.get("type")
+    for kind in types if isinstance(types, list) else [types]:
+        if isinstance(given, str) and kind in _SCALARS:
+            try:
+                return _SCALARS[kind](given.strip())
+            except (KeyError, ValueError):
+                continue
+    return given
 
 
 def with_defaults(section: str, given: dict[str, Any] | None) -> dict[str, Any]:
     """A config section as given (already validated), its missing keys filled from the schema's defaults."""
-    return _merge(schema_defaults(section), dict(given or {}))
+    return deep_merge(schema_defaults(section), dict(given or {}))
 
 
 @dataclass(frozen=True)

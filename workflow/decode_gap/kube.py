@@ -91,25 +91,19 @@ def _parse_value(raw: str) -> Any:
     return raw if value is None else value
 
 
-def _merged(base: dict[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in given.items():
-        out[key] = _merged(out[key], value) if isinstance(value, Mapping) and isinstance(out.get(key), dict) else value
-    return out
-
-
 def check_config(overrides: Mapping[str, Any], repo: Path = REPO) -> dict[str, Any]:
     """The run's config (config/config.yaml with the overrides) checked as the pod's Snakefile will check it: the
     schema, the model card, a named hardware spec. Returns it; a problem raises ConfigError in one line."""
     import jsonschema
 
-    from .config import one_line_validation_error, repo_path
+    from .config import deep_merge, one_line_validation_error, repo_path, typed_cli_values
     from .hardware import resolve_hardware
     from .model import load_model_card
 
     configfile = repo / "config" / "config.yaml"
-    config = _merged(yaml.safe_load(configfile.read_text(encoding="utf-8")) or {}, overrides)
     schema = json.loads((repo / "workflow" / "schemas" / "config.schema.json").read_text(encoding="utf-8"))
+    given = typed_cli_values(dict(overrides), schema)
+    config = deep_merge(yaml.safe_load(configfile.read_text(encoding="utf-8")) or {}, given)
     try:
         jsonschema.validators.validator_for(schema)(schema).validate(config)
     except jsonschema.ValidationError as exc:

@@ -19,8 +19,10 @@ if PACKAGE_CHECKOUT != (REPO / "workflow").resolve():
     )
 
 
-from decode_gap.config import one_line_validation_error
+from decode_gap.config import one_line_validation_error, typed_cli_values
 
+# A nested --config value's leaves come as strings (`stages={live: false}`): typed as the schema says first.
+config.update(typed_cli_values(config))
 # Relative to this file, as the Snakemake workflow template does; defaults in the schema fill `config`.
 try:
     validate(config, "../schemas/config.schema.json")
