@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The NVFP4 fused MoE's forms that no GPU has timed yet (issue 14; the 2026-12-04 and 12-05 stops): one device call.
-# Each line checks, then times, the default plan (`all experts`) beside the splits or forms named, GLM-5 shapes over
-# the 256-expert table, CUDA graph after an L2 flush (benchmarks/device/moe_e_probe.py). Run from the repository root
-# on the device:
+# The NVFP4 fused MoE's forms that no GPU has timed yet (issue 14; the 2026-12-04 and 12-05 stops): two device calls,
+# each under the 600 s a call may take (a probe takes about 20-40 s: the experts built and quantised on the GPU, the
+# kernels compiled, each form checked and timed; 120 s at most). Each line checks, then times, the default plan (`all
+# experts`) beside the splits or forms named, GLM-5 shapes over the 256-expert table, CUDA graph after an L2 flush
+# (benchmarks/device/moe_e_probe.py). Run from the repository root on the device:
 #
-#     bash benchmarks/device/issue14_pending.sh 2>&1 | tee $OUT/issue14_pending.txt
+#     bash benchmarks/device/issue14_pending.sh plans 2>&1 | tee $OUT/issue14_plans.txt
+#     bash benchmarks/device/issue14_pending.sh pair 2>&1 | tee $OUT/issue14_pair.txt
 #
 # What to read off: every check `ok`; the default plan should be the fastest or within the run-to-run swing (about
 # 2%) of it. Two tiles a warp (fp4moe.PAIR_GEMMS, off until these lines) becomes the default for a GEMM where it wins
@@ -12,6 +14,9 @@
 set -u
 export PYTHONPATH=workflow
 probe() { echo "== moe_e_probe $*"; timeout 120 python3 benchmarks/device/moe_e_probe.py --only-table "$@"; }
+group=${1:-}
+case "$group" in
+plans)
 
 # TP8 (I = 256): 7 tokens just past one wave (the waves rule plans 9 splits where 8 tokens, under a wave, took 2)
 probe --m 7 --split13 2 3 9
@@ -28,6 +33,8 @@ probe --m 320 --split13 1 2 3
 # the early launch at batch 1 and 8 tokens (LAUNCH_EARLY; timed at 32 tokens only)
 probe --m 1 --variants
 probe --m 8 --variants
+;;
+pair)
 # two tiles a warp (fp4moe PAIR: 72 registers, 7 programs an SM, 56 tiles in flight against 36), first where down
 # read 0.57 of a plain read (TP8, 32 tokens), then the batches around it, TP1, and DeepSeek-V3's 7168 rows
 probe --m 32 --pair down gate_up both
@@ -36,3 +43,9 @@ probe --m 16 --pair down both
 probe --m 64 --pair down both
 probe --m 8 --i 2048 --pair down gate_up both
 probe --m 32 --h 7168 --pair down both
+;;
+*)
+echo "usage: bash $0 plans|pair (each under one device call's 600 s)" >&2
+exit 2
+;;
+esac
