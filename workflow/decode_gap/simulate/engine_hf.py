@@ -50,7 +50,6 @@ def _hf_config(card: str, layers: int | None):
             cfg.quantization_config = None
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     if layers is not None and layers < text.num_hidden_layers:
-        full = text.num_hidden_layers
         text.num_hidden_layers = layers
         lt = getattr(text, "layer_types", None)
         if lt:

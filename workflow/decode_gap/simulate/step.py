@@ -301,7 +301,7 @@ class DecodeStep:
 
     def _mla(self, seg: str, T_att: int) -> None:
         torch, F, spec, sh = self.torch, self.torch.nn.functional, self.spec, self.shapes
-        M, H, h, eps = sh.batch, sh.heads, spec.hidden, self.eps
+        M, H, eps = sh.batch, sh.heads, self.eps
         nope, rope, lora, vd = spec.qk_nope_head_dim, spec.qk_rope_head_dim, spec.kv_lora_rank, spec.v_head_dim
         ql = spec.q_lora_rank
         L = self.shapes.linears
@@ -415,7 +415,7 @@ class DecodeStep:
                      Op("attention projections", seg, out)]
 
     def _moe(self, seg: str) -> None:
-        torch, F, spec, sh = self.torch, self.torch.nn.functional, self.spec, self.shapes
+        torch, spec, sh = self.torch, self.spec, self.shapes
         raw = spec.raw or {}
         router = self._lin("moe.router")
         E, k = sh.experts, sh.top_k
