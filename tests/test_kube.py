@@ -77,6 +77,11 @@ def test_the_api_key_comes_from_a_secret_and_never_lands_in_the_manifest(monkeyp
         _job(api_key_secret="no-key-given")
 
 
+def test_a_gpu_node_type_without_gpus_is_refused():
+    with pytest.raises(ConfigError, match="without --gpus"):
+        _job(gpus=0)  # on an H200 node, but the pod would see no GPU and time the CPU
+
+
 @pytest.mark.parametrize("entry,field", [("tp=abc", "'tp'"), ("tpp=3", "'tpp'"), ("hardware=h900", "'hardware'"),
                                          ("model=config/models/nope.json", "nope.json")])
 def test_a_bad_config_fails_before_any_pod_in_one_line(entry, field):

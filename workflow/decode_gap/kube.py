@@ -129,6 +129,9 @@ def job_manifest(spec: JobSpec, repo: Path = REPO) -> dict[str, Any]:
         raise ConfigError(f"--target: {spec.target!r} is not one of {', '.join(TARGETS)}")
     if spec.gpus < 0:
         raise ConfigError(f"--gpus: {spec.gpus} is negative")
+    if spec.gpu_product and not spec.gpus:
+        raise ConfigError(f"--gpu-product {spec.gpu_product} without --gpus: the pod would see no GPU of that node and "
+                          f"measure its CPU; ask for the GPUs (tp at least)")
     if not spec.image or not spec.pvc:
         raise ConfigError("--image and --pvc are required: the image holds decode-gap, the claim keeps the results")
     overrides = parse_overrides(spec.overrides)
