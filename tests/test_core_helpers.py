@@ -29,3 +29,21 @@ def test_figure_value_reads_numbers_and_labelled_figures():
 def test_random_words_is_seeded():
     assert random_words(5, 1) == random_words(5, 1) != random_words(5, 2)
     assert len(random_words(0, 3).split()) == 1 and set(random_words(50, 4).split()) <= set(WORDS)
+
+
+def test_the_failed_jobs_of_this_run_are_read_from_their_logs(tmp_path):
+    import os
+    import time
+
+    from decode_gap.smk import ERROR_PREFIX, failed_job_lines
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "measure_live.log").write_text(f"requests...\n{ERROR_PREFIX}measure_live: cannot connect to http://h:1/v1\n")
+    (logs / "bench_gemm.log").write_text("all fine\n")
+    old = logs / "bench_moe.log"
+    old.write_text(f"{ERROR_PREFIX}bench_moe: an earlier run's failure\n")
+    start = time.time() - 1
+    os.utime(old, (start - 60, start - 60))
+    assert failed_job_lines([logs, tmp_path / "missing"], start) == [
+        f"{ERROR_PREFIX}measure_live: cannot connect to http://h:1/v1"]

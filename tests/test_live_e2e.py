@@ -143,6 +143,25 @@ def test_snakemake_live_target(tmp_path, gguf):
     assert not _servers()
 
 
+@pytest.mark.e2e
+def test_an_unreachable_endpoint_is_the_last_word(tmp_path, gguf):
+    """`snakemake live` against a port nothing listens on fails, and after Snakemake's own traceback the last lines
+    still say what failed, in one line naming the endpoint (the Snakefile's onerror, from the rule's log)."""
+    work = tmp_path / "repo"
+    shutil.copytree(REPO, work, ignore=shutil.ignore_patterns(".venv", "results", ".snakemake", "resources",
+                                                              "archive", ".git", "__pycache__"))
+    (work / "resources" / "models").mkdir(parents=True)
+    os.symlink(gguf, work / "resources" / "models" / "gemma-3-270m-q4_k_m.gguf")
+    snakemake = Path(sys.executable).parent / "snakemake"
+    proc = subprocess.run([str(snakemake), "--cores", "1", "live", "--config", "endpoint=http://127.0.0.1:9/v1",
+                           "hardware_revision=unreachable-test"], cwd=work, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode != 0
+    tail = proc.stderr.strip().splitlines()[-6:]
+    ours = [line for line in tail if line.startswith("decode-gap: error in rule measure_live: ")]
+    assert len(ours) == 1 and "http://127.0.0.1:9/v1" in ours[0], "\n".join(tail)
+
+
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
 def test_server_dies_with_a_killed_parent(gguf, tmp_path, sig):
     """SIGTERM runs the clean stop; SIGKILL leaves it to the child's parent-death signal."""

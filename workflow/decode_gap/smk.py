@@ -11,6 +11,8 @@ from typing import Any, Callable
 from .errors import DecodeGapError
 from .timing import exclusive_measurement
 
+ERROR_PREFIX = "decode-gap: error in rule "  # a failed script's last line, on the console and in its log
+
 
 def run_script(snakemake: Any, body: Callable[[], Any], measures: bool = False) -> None:
     """Run `body` with stdout/stderr sent to the rule's log; on error the log (and the console) end with one line.
@@ -33,12 +35,32 @@ def run_script(snakemake: Any, body: Callable[[], Any], measures: bool = False) 
         with exclusive_measurement(f"rule {snakemake.rule}") if measures else contextlib.nullcontext():
             body()
     except DecodeGapError as exc:
-        line = f"decode-gap: error in rule {snakemake.rule}: {exc}"
+        line = f"{ERROR_PREFIX}{snakemake.rule}: {exc}"
     except Exception as exc:  # a bug: keep the traceback in the log
         traceback.print_exc()
-        line = f"decode-gap: error in rule {snakemake.rule}: {type(exc).__name__}: {exc}".splitlines()[0]
+        line = f"{ERROR_PREFIX}{snakemake.rule}: {type(exc).__name__}: {exc}".splitlines()[0]
     else:
         return
     print(line, file=sys.stderr, flush=True)
     print(line, file=console, flush=True)
     raise SystemExit(1)
+
+
+def failed_job_lines(log_dirs: list[str | os.PathLike], since: float) -> list[str]:
+    """The one-line errors that scripts of this run ended their logs with (run_script), one a failed job: for the
+    Snakefile's `onerror`, so that the last lines a user reads name what failed after Snakemake's own traceback. Logs
+    older than `since` (an earlier run's) are left out."""
+    from pathlib import Path
+
+    lines = []
+    for folder in log_dirs:
+        for log in sorted(Path(folder).glob("*.log")) if Path(folder).is_dir() else []:
+            try:
+                if log.stat().st_mtime < since:
+                    continue
+                text = log.read_text(encoding="utf-8", errors="replace").rstrip().splitlines()
+            except OSError:
+                continue
+            if text and text[-1].startswith(ERROR_PREFIX):
+                lines.append(text[-1])
+    return lines

@@ -1,5 +1,6 @@
 # Shared helpers for all stages (config validation, hardware revision, fingerprint).
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(workflow.basedir)
@@ -12,6 +13,7 @@ from decode_gap.config import resolve_run
 from decode_gap.errors import ConfigError
 from decode_gap import fingerprint as fp
 from decode_gap import fleet
+from decode_gap import smk
 
 try:
     RUN = resolve_run(config, REPO)
@@ -103,6 +105,18 @@ def gpu_count_wanted(n):
 def allreduce_resources():
     """GPUs (and nodes, for a multi-node all-reduce) the all-reduce benchmark asks a cluster for."""
     return fleet.allreduce_resources(config, RUN.hardware.kind == "gpu")
+
+
+# Snakemake reports a failed job with its own traceback; the last lines then say what failed, one line a job, as
+# each script ended its log (decode_gap.smk.run_script). Logs older than this run (less 2 s of clock skew) are not it.
+RUN_STARTED = time.time() - 2
+
+
+onerror:
+    for line in smk.failed_job_lines(
+        [f"{RES}/logs", "resources/logs"], RUN_STARTED
+    ):
+        print(line, file=sys.stderr)
 
 
 onstart:
