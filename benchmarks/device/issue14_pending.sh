@@ -12,7 +12,7 @@
 # 2%) of it. Two tiles a warp (fp4moe.PAIR_GEMMS, off until these lines) becomes the default for a GEMM where it wins
 # past that swing at every batch timed, with the kernel level's step (benchmarks/simulate_gpu.py) to confirm.
 set -u
-export PYTHONPATH=workflow
+export PYTHONPATH=workflow${PYTHONPATH:+:$PYTHONPATH}  # env.sh puts the carried wheels on it
 probe() { echo "== moe_e_probe $*"; timeout 120 python3 benchmarks/device/moe_e_probe.py --only-table "$@"; }
 group=${1:-}
 case "$group" in
