@@ -6,7 +6,7 @@ time after an L2 flush, and each kernel's time from the profiler. It found the a
 two GEMMs 74.5 us each; the call 491 / 219 us. With the histogram-and-sort align: 3.6 / 2.9 us, the call 168 / 174 us.
 
     PYTHONPATH=workflow python3 benchmarks/device/moe_e_probe.py [--m 32] [--only-table [--variants]
-        [--split13 N ...] [--pair gate_up|down|both ...]]
+        [--split13 N ...] [--pair gate_up|down|both ... [--split2 N]]]
 """
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ def main() -> None:
     ap.add_argument("--split13", type=int, nargs="*", default=[], help="with --only-table: these gate_up K splits")
     ap.add_argument("--pair", nargs="*", default=[], choices=("gate_up", "down", "both"),
                     help="these GEMMs two tiles a warp too (fp4moe PAIR), each beside the default")
+    ap.add_argument("--split2", type=int, default=0, help="with --pair: down's K splits in the pair forms")
     a = ap.parse_args()
     dev = torch.device("cuda")
     torch.manual_seed(0)
@@ -98,10 +99,15 @@ def main() -> None:
     for split in a.split13:
         variants.append((f"all experts, gate_up split {split}", builds["all experts"], {"split13": split}))
     for gemms in a.pair:
-        variants.append((f"all experts, {gemms} two tiles a warp", builds["all experts"], {"pair": gemms}))
+        opt = {"pair": gemms, "split2": a.split2 or None}
+        variants.append((f"all experts, {gemms} two tiles a warp" + (f", down split {a.split2}" if a.split2 else ""),
+                         builds["all experts"], opt))
+    if len(variants) > 1:  # the first form again, last: what the order alone moves (H200, 2026-12-05: the same plan
+        # read 3.6-8.4% slower timed after three others than timed first)
+        variants.append((f"{variants[0][0]} (again, last)", *variants[0][1:]))
     for name, (a13, a2, use), opt in variants:
         moe = fp4moe.Nvfp4FusedMoe(a13, a2, a.m, a.k, dev, deps=opt.get("deps"), split13=opt.get("split13"),
-                                   pair=opt.get("pair"))
+                                   split2=opt.get("split2"), pair=opt.get("pair"))
         if opt.get("nb") and moe.block_m == 8:
             moe.nb = used_blocks  # the GEMMs' grids only (the align still fills every block's slot)
         print(f"{name}: e {moe.e} nb {moe.nb} block_m {moe.block_m} plan13 {moe.plan13} plan2 {moe.plan2} "

@@ -123,9 +123,15 @@ RESIDENT_WARPS_PAIR = {8: 28, 16: 16}  # two tiles a warp (PAIR): 72 and 128 reg
 WAVES = 3
 LAUNCH_EARLY = True  # gdc_launch_dependents in the align and the GEMMs (the docstring's figures)
 CONFIG = lp.FP4_GROUPED_BX_2  # 4 warps (64 rows) a program, 2 steps (128 values) an iteration, evict-first weights
-# which block GEMMs run two tiles a warp (PAIR, "gate_up", "down", "both" or "none"): none until a GPU has timed the
-# pair (benchmarks/device/issue14_pending.sh). Compiled, it holds 28 warps an SM at 8 pairs a block
-# (RESIDENT_WARPS_PAIR: 56 tiles in flight against 36) and 16 at 16 pairs (32 tiles against 24)
+# which block GEMMs run two tiles a warp (PAIR, "gate_up", "down", "both" or "none"). Compiled, it holds 28 warps an
+# SM at 8 pairs a block (RESIDENT_WARPS_PAIR: 56 tiles in flight against 36) and 16 at 16 pairs (32 against 24).
+# H200 (2026-12-05, benchmarks/device/moe_e_probe.py, the 256-expert table, every form checked: 1.6-1.7e-3), the
+# profiler's us for down, one tile a warp / two: GLM-5 TP8 (I = 256) at 8 tokens 18.9 / 17.6 unsplit (21.3 where the
+# waves rule gave the pair 2 K splits), 12: 26.1 / 23.9, 16: 33.3 / 29.7, 32: 55.6 / 48.7, 64: 73.4 / 65.7;
+# DeepSeek-V3 TP8 at 32: 67.8 / 58.9 (7-14% faster). gate_up as the pair lost (32 tokens: 97 against 79 + 3 for the
+# SiLU kernel), and at TP1 (I = 2048, 8 tokens) neither won. A call's CUDA-graph time moved less than the order of
+# timing alone moves it (the first form timed read 2-9% faster than the same form timed again last), so the pair
+# stays off until a timing that rotates the forms confirms down's gain, and down's pair is to take no K split
 PAIR_GEMMS = "none"
 # the element types of both kernels' pointers, to compile them without a GPU (decode_gap.kernels.compiled)
 POINTER_TYPES = {"x_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*i16", "ts_ptr": "*fp32", "pairs_ptr": "*i32",
