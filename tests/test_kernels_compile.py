@@ -47,6 +47,8 @@ CASES = [
     (fp8block._act_quant_kernel, {"GROUPS": 4}, {"x": "*bf16", "q": "*fp8e4nv", "s": "*fp32"}),
     (fusedmoe._align_kernel, {"P2": 64, "E2": 512, "NB2": 128, "BM": 16},
      {"ids": "*i32", "sorted_pairs": "*i32", "block_expert": "*i32"}),
+    (fusedmoe._align_atomic_kernel, {"CH": 1024, "E2": 512, "NB2": 1024, "BM": 8, "DEPS": True},
+     {"ids": "*i32", "sorted_pairs": "*i32", "block_expert": "*i32", "cursor": "*i32"}),
     (fusedmoe._moe_gemm_kernel, {"TOP_K": 8, "A_BY_TOKEN": True, "MUL_W": False, "BM": 16, "BN": 64,
                                  "DOT_F32": False, "STAGES": 3, "ATOMIC": False},
      {"a": "*fp8e4nv", "a_s": "*fp32", "w": "*fp8e4nv", "w_s": "*fp32", "c": "*bf16", "sorted_pairs": "*i32",
@@ -162,6 +164,10 @@ def test_the_align_sorts_its_largest_batch_in_registers_without_spilling():
     pointers = {"ids": "*i32", "sorted_pairs": "*i32", "block_expert": "*i32"}
     kernel = compile_for(fusedmoe._align_kernel, consts, pointers, 90, fusedmoe.align_warps(p2), unaligned=("P",))
     assert kernel.stack == 0, kernel.registers
+    consts = {"CH": fusedmoe.ALIGN_CHUNK, "E2": 512, "NB2": consts["NB2"], "BM": 8, "DEPS": True}
+    atomic = compile_for(fusedmoe._align_atomic_kernel, consts, {**pointers, "cursor": "*i32"}, 90,
+                         fusedmoe.ALIGN_ATOMIC_WARPS, unaligned=("P",))
+    assert atomic.stack == 0 and "atom.global" in atomic.ptx, atomic.registers
 
 
 @pytest.mark.parametrize("arch,gemms", [(90, "all"), (100, "gate_up split"), (120, "gate_up split")])

@@ -111,6 +111,7 @@ for pair, m, ids, bm, s13, silu, cast in (("both", 3, [[0, 5], [5, 2], [0, 5]], 
     moe = fp4moe.Nvfp4FusedMoe(w13, w2, m, 2, "cpu", block_m=bm, split13=s13, silu_epilogue=silu,
                                cast_epilogue=cast, pair=pair, token="none" if m == 1 else None)
     assert (moe.pair13, moe.pair2) == (pair != "down", pair != "gate_up")
+    assert moe.plan2[1] == 1 or not moe.pair2  # down's pair is never split over K
     assert "two tiles a warp" in moe.label
     x = torch.randn(m, H2).to(torch.bfloat16)
     t = torch.tensor(ids, dtype=torch.int32)

@@ -71,32 +71,37 @@ print("ok")
 ''')
 
 
-def test_align_is_a_stable_sort_at_256_pairs_of_256_experts_with_ids_off_the_table():
+@pytest.mark.parametrize("rank", ["sort", "atomic"])
+def test_align_blocks_every_pair_by_expert_at_256_pairs_of_256_experts_with_ids_off_the_table(rank):
     # the kernel level's batch 32 x top 8 over DeepSeek-V3's / GLM-5's 256 experts, blocks of 8 (the NVFP4 fused MoE),
-    # with ids another EP rank owns (off the table) dropped; then 2048 pairs (batch 256) in blocks of 16, 8 warps
+    # with ids another EP rank owns (off the table) dropped; then 2048 pairs (batch 256) in blocks of 16, 8 warps.
+    # The sort is stable; the atomic form places an expert's pairs in the order its atomics land (here, the
+    # interpreter's: in order), so each expert's run is compared as a set, its padding after its pairs
     _interpret(r'''
 g = torch.Generator().manual_seed(3)
 E = 256
-for trial, (P, BM) in enumerate([(256, 8)] * 3 + [(2048, 16)]):
+for trial, (P, BM) in enumerate([(256, 8)] * 3 + [(2048, 16), (2504, 8)]):
     ids = torch.stack([torch.randperm(E + 20, generator=g)[:8] - 10 for _ in range(P // 8)]).to(torch.int32)
     if trial == 2:
         ids[:] = 7  # every pair on one expert
     nb = bm.max_blocks(P, E, BM)
     sp, be = torch.empty(nb * BM, dtype=torch.int32), torch.empty(nb, dtype=torch.int32)
-    bm.align_pairs(ids, sp, be, E, BM)
+    bm.align_pairs(ids, sp, be, E, BM, rank=RANK, cursor=torch.empty(3, dtype=torch.int32))  # too small: a new one
     flat = ids.reshape(-1).tolist()
     keep = sorted((p for p in range(P) if 0 <= flat[p] < E), key=lambda p: (flat[p], p))
-    want_rows, want_exp = [], []
+    got = sp.tolist()
+    want_rows, want_exp, runs = [], [], []
     for e in sorted({flat[p] for p in keep}):
         run = [p for p in keep if flat[p] == e]
         run += [P] * (-len(run) % BM)
+        have = got[len(want_rows):len(want_rows) + len(run)]
+        runs += have if RANK == "sort" else sorted(have)
         want_rows += run
         want_exp += [e] * (len(run) // BM)
-    got = sp.tolist()
-    assert got[:len(want_rows)] == want_rows and set(got[len(want_rows):]) <= {P}, trial
+    assert runs == want_rows and set(got[len(want_rows):]) <= {P}, trial
     assert be.tolist() == want_exp + [-1] * (nb - len(want_exp)), trial
 print("ok")
-''')
+'''.replace("RANK", repr(rank)))
 
 
 def test_fused_moe_matches_dequantise_then_matmul():

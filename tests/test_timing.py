@@ -194,3 +194,11 @@ def test_a_lock_file_of_another_user_falls_back_to_a_per_user_lock(tmp_path, mon
         pass
     assert taken and taken[0].endswith(f"measure-{os.getuid()}.lock")
     assert "another user's" in lines[0]
+
+
+def test_rotated_times_each_form_first_once_a_round_in_turn():
+    calls = []
+    fns = {name: (lambda name=name: calls.append(name)) for name in "abc"}
+    samples = timing.rotated(lambda fn: [float(len(calls)), float(fn() or len(calls))], fns, rounds=3)
+    assert calls == list("abcbcacab")  # every form once first, and once after each other form
+    assert {name: len(s) for name, s in samples.items()} == {"a": 6, "b": 6, "c": 6}

@@ -1,21 +1,57 @@
 #!/usr/bin/env bash
-# The NVFP4 fused MoE's forms that no GPU has timed yet (issue 14; the 2026-12-04 and 12-05 stops): two device calls,
-# each under the 600 s a call may take (a probe takes about 20-40 s: the experts built and quantised on the GPU, the
-# kernels compiled, each form checked and timed; 120 s at most). Each line checks, then times, the default plan (`all
-# experts`) beside the splits or forms named, GLM-5 shapes over the 256-expert table, CUDA graph after an L2 flush
-# (benchmarks/device/moe_e_probe.py). Run from the repository root on the device:
+# The NVFP4 fused MoE's forms that no GPU has confirmed yet (issue 14; the 2026-12-04 and 12-05 stops): device calls
+# of one group each, each under the 600 s a call may take (a probe takes about 20-40 s: the experts built and
+# quantised on the GPU, the kernels compiled, each form checked, then every form timed in rotated rounds; 120 s at
+# most). Each moe_e_probe line checks, then times, the default plan (`all experts`) beside the forms named, GLM-5
+# shapes over the 256-expert table, CUDA graph after an L2 flush (benchmarks/device/moe_e_probe.py). Run from the
+# repository root on the device:
 #
-#     bash benchmarks/device/issue14_pending.sh plans 2>&1 | tee $OUT/issue14_plans.txt
+#     bash benchmarks/device/issue14_pending.sh align 2>&1 | tee $OUT/issue14_align.txt
 #     bash benchmarks/device/issue14_pending.sh pair 2>&1 | tee $OUT/issue14_pair.txt
+#     bash benchmarks/device/issue14_pending.sh step $OUT/step 2>&1 | tee $OUT/issue14_step.txt
 #
-# What to read off: every check `ok`; the default plan should be the fastest or within the run-to-run swing (about
-# 2%) of it. Two tiles a warp (fp4moe.PAIR_GEMMS, off until these lines) becomes the default for a GEMM where it wins
-# past that swing at every batch timed, with the kernel level's step (benchmarks/simulate_gpu.py) to confirm.
+# What to read off: every check `ok`. The forms are timed in rounds that rotate their order (the first form timed read
+# 2-9% fast in a fixed order), so a form wins where its median is below the default's past the spread of the rounds.
+# `plans` is the 2026-12-05 run of the split plans (kept to run again).
 set -u
 export PYTHONPATH=workflow${PYTHONPATH:+:$PYTHONPATH}  # env.sh puts the carried wheels on it
 probe() { echo "== moe_e_probe $*"; timeout 120 python3 benchmarks/device/moe_e_probe.py --only-table "$@"; }
 group=${1:-}
 case "$group" in
+align)
+# the align alone, sort against the atomic form, 1 to 1024 tokens (the sort: 58 us of a 375 us call at 320 tokens)
+timeout 240 python3 benchmarks/device/align_probe.py
+# the whole call with each form at 320 tokens (2560 pairs, blocks of 16) and 64 (512 pairs, blocks of 8)
+probe --m 320 --align sort atomic
+probe --m 64 --align sort atomic
+;;
+pair)
+# down two tiles a warp, never split over K (fp4moe: 7-14% faster in kernel time at TP8, 2026-12-05), rotated
+# against the default at GLM-5 TP8 from 1 to 64 tokens, then TP4 (I = 512), TP1 (I = 2048) and DeepSeek-V3's rows
+probe --m 1 --pair down
+probe --m 8 --pair down
+probe --m 16 --pair down
+probe --m 32 --pair down both
+probe --m 64 --pair down
+probe --m 32 --i 512 --pair down
+probe --m 8 --i 2048 --pair down
+probe --m 32 --h 7168 --pair down
+;;
+step)
+# the kernel level's GLM-5-NVFP4 TP8 step at 8 and 32 rows (benchmarks/simulate_gpu.py), down's pair off (this tree)
+# and on (a copy of workflow/ with PAIR_GEMMS = "down"), b32 first
+out=${2:?usage: $0 step OUT_DIR}
+rm -rf /tmp/wf_pair && cp -r workflow /tmp/wf_pair
+sed -i 's/^PAIR_GEMMS = "none"/PAIR_GEMMS = "down"/' /tmp/wf_pair/decode_gap/kernels/fp4moe.py
+grep -q '^PAIR_GEMMS = "down"' /tmp/wf_pair/decode_gap/kernels/fp4moe.py || { echo "PAIR_GEMMS not found" >&2; exit 2; }
+for rows in b32 b8; do
+  for form in none pair; do
+    wf=workflow; [ $form = pair ] && wf=/tmp/wf_pair
+    echo "== step $rows, down pair $form"
+    python3 benchmarks/simulate_gpu.py "$out/$form" --cases kernel_glm5_tp8_nvfp4_$rows --budget-s 145 --workflow $wf
+  done
+done
+;;
 plans)
 
 # TP8 (I = 256): 7 tokens just past one wave (the waves rule plans 9 splits where 8 tokens, under a wave, took 2)
@@ -34,18 +70,8 @@ probe --m 320 --split13 1 2 3
 probe --m 1 --variants
 probe --m 8 --variants
 ;;
-pair)
-# two tiles a warp (fp4moe PAIR: 72 registers, 7 programs an SM, 56 tiles in flight against 36), first where down
-# read 0.57 of a plain read (TP8, 32 tokens), then the batches around it, TP1, and DeepSeek-V3's 7168 rows
-probe --m 32 --pair down gate_up both
-probe --m 8 --pair down gate_up both
-probe --m 16 --pair down both
-probe --m 64 --pair down both
-probe --m 8 --i 2048 --pair down gate_up both
-probe --m 32 --h 7168 --pair down both
-;;
 *)
-echo "usage: bash $0 plans|pair (each under one device call's 600 s)" >&2
+echo "usage: bash $0 align|pair|step OUT_DIR|plans (each under one device call's 600 s)" >&2
 exit 2
 ;;
 esac

@@ -4,9 +4,11 @@ builds it); the same pairs. Checks each build against dequantise-then-matmul, th
 time after an L2 flush, and each kernel's time from the profiler. It found the align kernel's spill (H200,
 2026-12-04, 32 tokens: 158 experts hit): the align 324 us over the 256-expert table and 49 us over the 158 hit, the
 two GEMMs 74.5 us each; the call 491 / 219 us. With the histogram-and-sort align: 3.6 / 2.9 us, the call 168 / 174 us.
+The forms are built, checked and captured first, then timed in rounds that rotate their order (decode_gap.timing.
+rotated): timed in a fixed order, the first form read 2-9% faster than the same form timed again last (2026-12-05).
 
-    PYTHONPATH=workflow python3 benchmarks/device/moe_e_probe.py [--m 32] [--only-table [--variants]
-        [--split13 N ...] [--pair gate_up|down|both ... [--split2 N]]]
+    PYTHONPATH=workflow python3 benchmarks/device/moe_e_probe.py [--m 32] [--rounds 6] [--only-table [--variants]
+        [--split13 N ...] [--pair gate_up|down|both ... [--split2 N]] [--align sort|atomic ...]]
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "workflow"))
 import torch  # noqa: E402
 
 from decode_gap.kernels import fp4moe  # noqa: E402
+from decode_gap.kernels import lowprec as lp  # noqa: E402
 from decode_gap.kernels import nvfp4 as nv  # noqa: E402
 from decode_gap.simulate.timing import L2Flusher, spread, time_cuda  # noqa: E402
-from decode_gap.timing import capture_graph  # noqa: E402
+from decode_gap.timing import capture_graph, rotated  # noqa: E402
 
 
 def kernel_times(fn) -> str:
@@ -68,6 +71,9 @@ def main() -> None:
     ap.add_argument("--pair", nargs="*", default=[], choices=("gate_up", "down", "both"),
                     help="these GEMMs two tiles a warp too (fp4moe PAIR), each beside the default")
     ap.add_argument("--split2", type=int, default=0, help="with --pair: down's K splits in the pair forms")
+    ap.add_argument("--align", nargs="*", default=[], choices=("sort", "atomic"),
+                    help="the align's form (fusedmoe.align_pairs), each beside the default")
+    ap.add_argument("--rounds", type=int, default=6, help="rounds of timing, each form once a round, order rotated")
     a = ap.parse_args()
     dev = torch.device("cuda")
     torch.manual_seed(0)
@@ -102,12 +108,16 @@ def main() -> None:
         opt = {"pair": gemms, "split2": a.split2 or None}
         variants.append((f"all experts, {gemms} two tiles a warp" + (f", down split {a.split2}" if a.split2 else ""),
                          builds["all experts"], opt))
-    if len(variants) > 1:  # the first form again, last: what the order alone moves (H200, 2026-12-05: the same plan
-        # read 3.6-8.4% slower timed after three others than timed first)
-        variants.append((f"{variants[0][0]} (again, last)", *variants[0][1:]))
+    for rank in a.align:
+        variants.append((f"all experts, align by {rank}", builds["all experts"], {"align_rank": rank}))
+    stacks: dict[int, tuple] = {}  # each build's stacks, shared by its forms (the bf16 form's layout, gate_up's copy)
+    forms, runs = {}, {}
     for name, (a13, a2, use), opt in variants:
-        moe = fp4moe.Nvfp4FusedMoe(a13, a2, a.m, a.k, dev, deps=opt.get("deps"), split13=opt.get("split13"),
-                                   split2=opt.get("split2"), pair=opt.get("pair"))
+        if id(a13) not in stacks:
+            stacks[id(a13)] = (fp4moe.gate_up_stack(lp._stack_mma(a13, bx=True)), lp._stack_mma(a2, bx=True))
+        s13, s2 = stacks[id(a13)]
+        moe = fp4moe.Nvfp4FusedMoe(s13, s2, a.m, a.k, dev, deps=opt.get("deps"), split13=opt.get("split13"),
+                                   split2=opt.get("split2"), pair=opt.get("pair"), align_rank=opt.get("align_rank"))
         if opt.get("nb") and moe.block_m == 8:
             moe.nb = used_blocks  # the GEMMs' grids only (the align still fills every block's slot)
         print(f"{name}: e {moe.e} nb {moe.nb} block_m {moe.block_m} plan13 {moe.plan13} plan2 {moe.plan2} "
@@ -117,11 +127,14 @@ def main() -> None:
         if not opt.get("nb"):  # (a cut grid skips blocks the align filled: no whole result to check)
             print(f"  check: {checked(run, a13, a2, x, use, rw)}", flush=True)
         run()
-        g = capture_graph([run])
-        t = spread(time_cuda(g.replay, 3, 30, flusher))
-        print(f"  graph {t['median_ms'] * 1e3:.1f} us (min {t['min_ms'] * 1e3:.1f}); kernels: {kernel_times(run)}",
-              flush=True)
-        del moe, g
+        forms[name], runs[name] = capture_graph([run]), run
+    samples = rotated(lambda replay: time_cuda(replay, 3, 10, flusher), {n: g.replay for n, g in forms.items()},
+                      a.rounds)
+    for name, run in runs.items():
+        t = spread(samples[name])
+        print(f"{name}: graph {t['median_ms'] * 1e3:.1f} us (min {t['min_ms'] * 1e3:.1f}, p99 "
+              f"{t['p99_ms'] * 1e3:.1f}, {len(samples[name])} replays in {a.rounds} rotated rounds); kernels: "
+              f"{kernel_times(run)}", flush=True)
 
 
 if __name__ == "__main__":

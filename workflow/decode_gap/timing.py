@@ -22,7 +22,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 from filelock import FileLock, Timeout
@@ -238,6 +238,20 @@ def time_from_idle_us(fn: Callable[[], object], warmup: int, iters: int, flush: 
         end.synchronize()
         out.append(float(start.elapsed_time(end)) * 1e3)
     return out
+
+
+def rotated(timer: Callable[[Callable[[], object]], list[float]], fns: Mapping[str, Callable[[], object]],
+            rounds: int) -> dict[str, list[float]]:
+    """Forms timed against each other: `rounds` rounds, each timing every form once with `timer` (e.g. a partial of
+    time_from_idle_us), round r starting at form r, so each form is timed first, and after each other form, as often.
+    Their samples, by name. Timed in a fixed order the same NVFP4 MoE call read 2-9% faster first than timed again
+    after three others (H200, 2026-12-05), more than some forms differ by."""
+    names = list(fns)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            samples[name] += timer(fns[name])
+    return samples
 
 
 MEASURE_LOCK_ENV = "DECODE_GAP_MEASURE_LOCK"

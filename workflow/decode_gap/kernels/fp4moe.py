@@ -146,7 +146,7 @@ def block_m_for(pairs: int, experts: int) -> int:
 
 
 if HAVE_TRITON:
-    from .fusedmoe import align_pairs
+    from .fusedmoe import align_cursor, align_pairs
     from .lowprec import (_emul_plane, _emul_x, _finish_sums, _fp4_mma_emul_m1, _fp4_mma_loop,
                           _fp4_mma_loop_pair, _lanes, _silu_pack_kernel, _slice_sum)
 
@@ -542,6 +542,7 @@ class Nvfp4FusedMoe:
     planned for (None: what uniform choices over the table hit; a table of only the experts hit, ids compacted, as
     the MoE stage builds, says how many). `pair`: which block GEMMs run two 16-row tiles a warp against the same x
     loads ("both", "gate_up", "down" or "none"; None: PAIR_GEMMS); their splits are planned for the warps that run.
+    `align_rank`: the align's form, "sort" or "atomic" (None: by the pairs, fusedmoe.align_pairs).
     The forms are timed against each other by benchmarks/lowprec_device.py."""
 
     def __init__(self, w13, w2, m: int, top_k: int, device, out_dtype=torch.bfloat16, block_m: int | None = None,
@@ -549,7 +550,7 @@ class Nvfp4FusedMoe:
                  silu_epilogue: bool | None = None, cast_epilogue: bool = CAST_EPILOGUE,
                  align: bool | None = None, token: str | None = None, slices13: int | None = None,
                  slices2: int | None = None, experts_hit: float | None = None, deps: bool | None = None,
-                 pair: str | None = None) -> None:
+                 pair: str | None = None, align_rank: str | None = None) -> None:
         if not HAVE_TRITON:
             raise DecodeGapError("the NVFP4 fused MoE needs Triton, which is not installed")
         self.mma13 = lp._stack_mma(w13, bx=True) if isinstance(w13, list) else w13
@@ -593,8 +594,10 @@ class Nvfp4FusedMoe:
         blocks, sms = max(1, round(experts_hit or expected_hit(pairs, e))), lp.sm_count(device)
         self.plan13 = self._plan(h // 64, split13 or moe_split(blocks, nt13, h // 64, self.unroll, sms,
                                                                 block_m=self.block_m, pair=self.pair13))
-        self.plan2 = self._plan(i // 64, split2 or moe_split(blocks, nt2, i // 64, self.unroll, sms,
-                                                             block_m=self.block_m, pair=self.pair2))
+        # down's pair takes no K split (H200, GLM-5 TP8 at 8 tokens: its kernel 17.6 us unsplit, 21.3 in the 2 splits
+        # moe_split gave it, 18.9 one tile a warp)
+        self.plan2 = self._plan(i // 64, split2 or (1 if self.pair2 else moe_split(
+            blocks, nt2, i // 64, self.unroll, sms, block_m=self.block_m)))
         self.silu_epilogue = self.plan13[1] == 1 if silu_epilogue is None else silu_epilogue
         self.cast_epilogue = cast_epilogue
         # one token: K slices a tile, summed in the program (gate_up over H, down over the top_k experts and I)
@@ -624,6 +627,7 @@ class Nvfp4FusedMoe:
             self.sorted_pairs[:, 0] = torch.arange(pairs, dtype=torch.int32, device=dev)
         self.sorted_pairs = self.sorted_pairs.reshape(-1)
         self.block_expert = torch.empty(self.nb, dtype=torch.int32, device=dev)
+        self.align_rank, self.cursor = align_rank, align_cursor(e, dev) if self.align else None
         # the block kernels' fp32 sums, at zero between calls (the epilogues, or the SiLU kernel and the cast, leave
         # them so), and their epilogues' counters, at zero between calls too: gate_up's a (block, tile group), down's
         # a tile group. A GEMM run as the one-token kernel has neither (it sums in the program)
@@ -702,7 +706,8 @@ class Nvfp4FusedMoe:
                                  f"{tuple(weights.shape)}; expected {(self.m, self.h)} and {(self.m, self.top_k)}")
         flat_ids = ids.reshape(-1)
         if self.align:
-            align_pairs(flat_ids, self.sorted_pairs, self.block_expert, self.e, self.block_m, deps=self.deps)
+            align_pairs(flat_ids, self.sorted_pairs, self.block_expert, self.e, self.block_m, deps=self.deps,
+                        rank=self.align_rank, cursor=self.cursor)
         bexp = self.block_expert if self.align else flat_ids
         flat_w = weights.reshape(-1).float()
         if self.token13:
