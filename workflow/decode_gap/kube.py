@@ -21,7 +21,6 @@ card first, so a typo fails here in one line and not in a pod an hour later. The
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from dataclasses import dataclass, field
@@ -96,16 +95,16 @@ def check_config(overrides: Mapping[str, Any], repo: Path = REPO) -> dict[str, A
     schema, the model card, a named hardware spec. Returns it; a problem raises ConfigError in one line."""
     import jsonschema
 
-    from .config import deep_merge, one_line_validation_error, repo_path, typed_cli_values
+    from .config import deep_merge, one_line_validation_error, repo_path, schema, typed_cli_values
     from .hardware import resolve_hardware
     from .model import load_model_card
 
     configfile = repo / "config" / "config.yaml"
-    schema = json.loads((repo / "workflow" / "schemas" / "config.schema.json").read_text(encoding="utf-8"))
-    given = typed_cli_values(dict(overrides), schema)
+    rules = schema()  # the package's own (the Snakefile validates against the same file)
+    given = typed_cli_values(dict(overrides), rules)
     config = deep_merge(yaml.safe_load(configfile.read_text(encoding="utf-8")) or {}, given)
     try:
-        jsonschema.validators.validator_for(schema)(schema).validate(config)
+        jsonschema.validators.validator_for(rules)(rules).validate(config)
     except jsonschema.ValidationError as exc:
         line = one_line_validation_error(exc, [str(configfile)], dict(overrides))
         raise ConfigError(line.removeprefix("decode-gap: error: ")) from None
