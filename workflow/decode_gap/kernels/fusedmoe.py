@@ -5,9 +5,11 @@ expert (per-tensor); the activations are quantised per token in 1x128 groups eit
 a per-token scale, a finer grid).
 
 A call, six kernels (graph-capturable: every buffer is allocated once):
-1. `_align_kernel`, one program: the M x top_k pairs sorted by expert, each expert's run padded to BLOCK_M rows, and
+1. the align, one program: the M x top_k pairs sorted by expert, each expert's run padded to BLOCK_M rows, and
    the expert of every BLOCK_M-row block (-1 past the last: those programs return at once). The grid holds
-   ceil(P / BLOCK_M) + min(P, E) blocks, the most P pairs can fill, so no host sync sizes it.
+   ceil(P / BLOCK_M) + min(P, E) blocks, the most P pairs can fill, so no host sync sizes it. A stable sort
+   (`_align_kernel`), or from ALIGN_ATOMIC_FROM pairs a histogram and an atomic add a pair on its expert's cursor
+   (`_align_atomic_kernel`, the pairs of an expert in the order their atomics land).
 2. the activation's 1x128 quantisation (`fp8block.quantize_act`);
 3. `_moe_gemm_kernel` gate_up: each program one block of pairs (one expert) by BLOCK_N columns, fp8 tensor-core dots
    over 128-value K groups, each group's partial product scaled by the token's 1x128 scale and the expert's weight
