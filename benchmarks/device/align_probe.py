@@ -71,7 +71,7 @@ def main() -> None:
                         ids, sp, be, cursor, p, a.experts, nb, CH=ch, E2=e2, NB2=fm._pow2(nb), BM=bm,
                         num_warps=warps))
         print(f"== {m} tokens x top-{a.top_k} = {p} pairs over {a.experts} experts, blocks of {bm}, {nb} blocks "
-              f"(default form: {'atomic' if p >= fm.ALIGN_ATOMIC_FROM else 'sort'}, chunk {fm.ALIGN_CHUNK}, "
+              f"(default form: {fm.ALIGN_RANK}, chunk {fm.ALIGN_CHUNK}, "
               f"{fm.ALIGN_ATOMIC_WARPS} warps)", flush=True)
         graphs = {}
         for name, fn in forms.items():

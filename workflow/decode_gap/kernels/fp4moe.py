@@ -132,7 +132,7 @@ CONFIG = lp.FP4_GROUPED_BX_2  # 4 warps (64 rows) a program, 2 steps (128 values
 # SiLU kernel), and at TP1 (I = 2048, 8 tokens) neither won. A call's CUDA-graph time moved less than the order of
 # timing alone moves it (the first form timed read 2-9% faster than the same form timed again last), so the pair
 # stays off until a timing that rotates the forms confirms down's gain, and down's pair is to take no K split
-PAIR_GEMMS = "none"
+PAIR_GEMMS = "down"
 # the element types of both kernels' pointers, to compile them without a GPU (decode_gap.kernels.compiled)
 POINTER_TYPES = {"x_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*i16", "ts_ptr": "*fp32", "pairs_ptr": "*i32",
                  "bexp_ptr": "*i32", "rw_ptr": "*fp32", "out_ptr": "*fp32", "fin_ptr": "*bf16", "cnt_ptr": "*i32",

@@ -7,9 +7,9 @@ a per-token scale, a finer grid).
 A call, six kernels (graph-capturable: every buffer is allocated once):
 1. the align, one program: the M x top_k pairs sorted by expert, each expert's run padded to BLOCK_M rows, and
    the expert of every BLOCK_M-row block (-1 past the last: those programs return at once). The grid holds
-   ceil(P / BLOCK_M) + min(P, E) blocks, the most P pairs can fill, so no host sync sizes it. A stable sort
-   (`_align_kernel`), or from ALIGN_ATOMIC_FROM pairs a histogram and an atomic add a pair on its expert's cursor
-   (`_align_atomic_kernel`, the pairs of an expert in the order their atomics land).
+   ceil(P / BLOCK_M) + min(P, E) blocks, the most P pairs can fill, so no host sync sizes it. By default a histogram
+   and an atomic add a pair on its expert's cursor (`_align_atomic_kernel`, an expert's pairs in the order their
+   atomics land), else a stable sort (`_align_kernel`; ALIGN_RANK has the H200's figures).
 2. the activation's 1x128 quantisation (`fp8block.quantize_act`);
 3. `_moe_gemm_kernel` gate_up: each program one block of pairs (one expert) by BLOCK_N columns, fp8 tensor-core dots
    over 128-value K groups, each group's partial product scaled by the token's 1x128 scale and the expert's weight
@@ -57,11 +57,15 @@ BLOCK_N = 128  # H200: the fastest, or within 2%, of the forms tried on every ca
 # the one-program sort holds its pairs' keys in registers: 8192 pairs (1024 tokens at top-8) in 16 warps take 108
 # registers a thread and no spill on sm_90 (compiled without a GPU; align_warps)
 MAX_PAIRS = 8192
-# the align without a sort (an atomic add a pair on its expert's cursor) from this many pairs, in chunks of
-# ALIGN_CHUNK pairs in ALIGN_ATOMIC_WARPS warps; below it, the stable sort (align_pairs)
-ALIGN_ATOMIC_FROM = 1024
-ALIGN_CHUNK = 1024
-ALIGN_ATOMIC_WARPS = 8
+# the align's form (align_pairs): "atomic" (a histogram, then an atomic add a pair on its expert's cursor, in chunks
+# of ALIGN_CHUNK pairs in ALIGN_ATOMIC_WARPS warps) or "sort" (a stable sort). H200 (2026-12-05,
+# benchmarks/device/align_probe.py, 256 experts, top-8), the profiler's us, the sort against the atomic form at 2048
+# pairs a chunk in 4 warps, at 1 / 8 / 32 / 64 / 128 / 256 / 320 / 512 / 1024 tokens: 2.1 / 2.3 / 3.3 / 4.7 / 10.2
+# / 19.5 / 48.4 / 48.7 / 185.2 against 1.9 / 2.0 / 2.5 / 3.2 / 4.4 / 7.1 / 11.0 / 13.4 / 26.0 (chunks of 512 or
+# 1024 and 8 or 16 warps were slower or level); a GLM-5 TP8 NVFP4 MoE call at 320 tokens 376.6 -> 329.8 us
+ALIGN_RANK = "atomic"
+ALIGN_CHUNK = 2048
+ALIGN_ATOMIC_WARPS = 4
 
 
 def max_blocks(pairs: int, experts: int, block_m: int = BLOCK_M) -> int:
@@ -149,11 +153,11 @@ def align_pairs(ids: torch.Tensor, sorted_pairs: torch.Tensor, block_expert: tor
     """Sort the pairs of `ids` (any shape, flattened) by expert into `sorted_pairs` / `block_expert` (one program).
     deps: the kernel behind it is a programmatic dependent (sm90+) and may launch at once. rank: "sort" (a stable
     sort, `_align_kernel`) or "atomic" (`_align_atomic_kernel`, which needs `cursor`: align_cursor's scratch; else
-    one is allocated); None: the atomic form from ALIGN_ATOMIC_FROM pairs."""
+    one is allocated); None: ALIGN_RANK."""
     flat = ids.reshape(-1)
     nb = block_expert.numel()
     p2 = _pow2(flat.numel())
-    rank = rank or ("atomic" if flat.numel() >= ALIGN_ATOMIC_FROM else "sort")
+    rank = rank or ALIGN_RANK
     if rank == "sort":
         _align_kernel[(1,)](flat, sorted_pairs, block_expert, flat.numel(), experts, nb, P2=p2,
                             E2=_pow2(experts + 1), NB2=_pow2(nb), BM=block_m, DEPS=deps, num_warps=align_warps(p2))
