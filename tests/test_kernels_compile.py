@@ -66,6 +66,10 @@ CASES = [
     (fp4moe._fp4_moe_kernel, {"X_DIV": 1, "O_DIV": 8, "WARPS": 4, "UNROLL": 2, "BM": 16, "ATOMIC": True,
                               "ROW_WEIGHT": True, "USE_ASM": True, "EV": "evict_first", "EPI": 0, "MB": 16},
      fp4moe.POINTER_TYPES),
+    # down by pair (fp4moe.DOWN_BY_PAIR): each pair's weighted row stored in bf16, two tiles a warp
+    (fp4moe._fp4_moe_kernel, fp4moe.block_constexprs(False, 1, top_k=8, m=64, pair=True, by_pair=True,
+                                                      epilogue=False),
+     {**fp4moe.POINTER_TYPES, "out_ptr": "*bf16"}),
     # the epilogues: gate_up's SiLU-and-mul from the registers (no split) and by the completing split (at 16 pairs a
     # block: two MMAs' columns), down's cast by the program completing a tile group
     (fp4moe._fp4_moe_kernel, {"X_DIV": 8, "O_DIV": 1, "WARPS": 4, "UNROLL": 2, "BM": 16, "ATOMIC": False,

@@ -232,6 +232,31 @@ print("ok")
 ''')
 
 
+def test_down_by_pair_stores_each_pairs_row_and_sums_them_a_token():
+    """down's form without atomics: each pair's row times its routing weight stored (unsplit), then a top_k sum a
+    token; an off-table id's row stays zero, and a second call overwrites the rows the first left."""
+    _interpret(r'''
+x = torch.randn(3, H).to(torch.bfloat16)
+w = torch.rand(3, 2)
+for pair, m, ids, bm in (("down", 3, [[1, 5], [5, 2], [0, 9]], 8), ("none", 3, [[1, 5], [5, 2], [0, 1]], 16),
+                         ("down", 1, [[3, 0]], 8)):
+    moe = fp4moe.Nvfp4FusedMoe(w13, w2, m, 2, "cpu", block_m=bm, pair=pair, down_by_pair=True,
+                               token="none" if m == 1 else None)
+    assert moe.down_by_pair and moe.acc is None and moe.plan2[1] == 1 and "summed a token" in moe.label
+    t = torch.tensor(ids, dtype=torch.int32)
+    keep = (t >= 0) & (t < E)
+    ref = fp4moe.reference(x[:m], t.clamp(0, E - 1), w[:m] * keep, expert)  # an off-table pair weighs nothing
+    for call in range(2):
+        assert err(moe(x[:m], t, w[:m]), ref) < 1e-2, (pair, m, call)
+try:
+    fp4moe.Nvfp4FusedMoe(w13, w2, 3, 2, "cpu", down_by_pair=True, split2=2)
+    raise SystemExit("a split down by pair was taken")
+except fp4moe.DecodeGapError as exc:
+    assert "unsplit" in str(exc)
+print("ok")
+''')
+
+
 def test_mismatched_weights_and_shapes_are_named():
     _interpret(r'''
 from decode_gap.errors import DecodeGapError

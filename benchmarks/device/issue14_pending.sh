@@ -38,15 +38,15 @@ probe --m 8 --i 2048 --pair down
 probe --m 32 --h 7168 --pair down
 ;;
 step)
-# the kernel level's GLM-5-NVFP4 TP8 step at 8 and 32 rows (benchmarks/simulate_gpu.py), down's pair off (this tree)
-# and on (a copy of workflow/ with PAIR_GEMMS = "down"), b32 first
+# the kernel level's GLM-5-NVFP4 TP8 step at 8 and 32 rows (benchmarks/simulate_gpu.py), down's pair on (this tree's
+# default since 2026-12-05) and off (a copy of workflow/ with PAIR_GEMMS = "none"), b32 first
 out=${2:?usage: $0 step OUT_DIR}
-rm -rf /tmp/wf_pair && cp -r workflow /tmp/wf_pair
-sed -i 's/^PAIR_GEMMS = "none"/PAIR_GEMMS = "down"/' /tmp/wf_pair/decode_gap/kernels/fp4moe.py
-grep -q '^PAIR_GEMMS = "down"' /tmp/wf_pair/decode_gap/kernels/fp4moe.py || { echo "PAIR_GEMMS not found" >&2; exit 2; }
+rm -rf /tmp/wf_none && cp -r workflow /tmp/wf_none
+sed -i 's/^PAIR_GEMMS = "down"/PAIR_GEMMS = "none"/' /tmp/wf_none/decode_gap/kernels/fp4moe.py
+grep -q '^PAIR_GEMMS = "none"' /tmp/wf_none/decode_gap/kernels/fp4moe.py || { echo "PAIR_GEMMS not found" >&2; exit 2; }
 for rows in b32 b8; do
   for form in none pair; do
-    wf=workflow; [ $form = pair ] && wf=/tmp/wf_pair
+    wf=workflow; [ $form = none ] && wf=/tmp/wf_none
     echo "== step $rows, down pair $form"
     python3 benchmarks/simulate_gpu.py "$out/$form" --cases kernel_glm5_tp8_nvfp4_$rows --budget-s 145 --workflow $wf
   done

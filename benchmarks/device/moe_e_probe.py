@@ -8,7 +8,8 @@ The forms are built, checked and captured first, then timed in rounds that rotat
 rotated): timed in a fixed order, the first form read 2-9% faster than the same form timed again last (2026-12-05).
 
     PYTHONPATH=workflow python3 benchmarks/device/moe_e_probe.py [--m 32] [--rounds 6] [--only-table [--variants]
-        [--split13 N ...] [--pair gate_up|down|both ... [--split2 N]] [--align sort|atomic ...]]
+        [--split13 N ...] [--pair gate_up|down|both ... [--split2 N]] [--align sort|atomic ...] [--block-m 8|16 ...]
+        [--down-by-pair]]
 """
 
 from __future__ import annotations
@@ -68,11 +69,14 @@ def main() -> None:
     ap.add_argument("--only-table", action="store_true", help="only the build over the whole table")
     ap.add_argument("--variants", action="store_true", help="with --only-table: no early launch, a tight grid")
     ap.add_argument("--split13", type=int, nargs="*", default=[], help="with --only-table: these gate_up K splits")
-    ap.add_argument("--pair", nargs="*", default=[], choices=("gate_up", "down", "both"),
+    ap.add_argument("--pair", nargs="*", default=[], choices=("gate_up", "down", "both", "none"),
                     help="these GEMMs two tiles a warp too (fp4moe PAIR), each beside the default")
     ap.add_argument("--split2", type=int, default=0, help="with --pair: down's K splits in the pair forms")
     ap.add_argument("--align", nargs="*", default=[], choices=("sort", "atomic"),
                     help="the align's form (fusedmoe.align_pairs), each beside the default")
+    ap.add_argument("--block-m", type=int, nargs="*", default=[], choices=(8, 16),
+                    help="these pairs a block (fp4moe.block_m_for), each beside the default")
+    ap.add_argument("--down-by-pair", action="store_true", help="down's rows a pair, then a top_k sum (no atomics)")
     ap.add_argument("--rounds", type=int, default=6, help="rounds of timing, each form once a round, order rotated")
     a = ap.parse_args()
     dev = torch.device("cuda")
@@ -108,6 +112,13 @@ def main() -> None:
         opt = {"pair": gemms, "split2": a.split2 or None}
         variants.append((f"all experts, {gemms} two tiles a warp" + (f", down split {a.split2}" if a.split2 else ""),
                          builds["all experts"], opt))
+    for bm in a.block_m:
+        for gemms in a.pair or [None]:
+            variants.append((f"all experts, blocks of {bm}" + (f", {gemms} two tiles a warp" if gemms else ""),
+                             builds["all experts"],
+                             {"block_m": bm, "pair": gemms}))
+    if a.down_by_pair:
+        variants.append(("all experts, down by pair", builds["all experts"], {"down_by_pair": True}))
     for rank in a.align:
         variants.append((f"all experts, align by {rank}", builds["all experts"], {"align_rank": rank}))
     stacks: dict[int, tuple] = {}  # each build's stacks, shared by its forms (the bf16 form's layout, gate_up's copy)
@@ -117,7 +128,8 @@ def main() -> None:
             stacks[id(a13)] = (fp4moe.gate_up_stack(lp._stack_mma(a13, bx=True)), lp._stack_mma(a2, bx=True))
         s13, s2 = stacks[id(a13)]
         moe = fp4moe.Nvfp4FusedMoe(s13, s2, a.m, a.k, dev, deps=opt.get("deps"), split13=opt.get("split13"),
-                                   split2=opt.get("split2"), pair=opt.get("pair"), align_rank=opt.get("align_rank"))
+                                   split2=opt.get("split2"), pair=opt.get("pair"), align_rank=opt.get("align_rank"),
+                                   block_m=opt.get("block_m"), down_by_pair=opt.get("down_by_pair"))
         if opt.get("nb") and moe.block_m == 8:
             moe.nb = used_blocks  # the GEMMs' grids only (the align still fills every block's slot)
         print(f"{name}: e {moe.e} nb {moe.nb} block_m {moe.block_m} plan13 {moe.plan13} plan2 {moe.plan2} "

@@ -46,7 +46,7 @@ the two small kernels behind programmatic launches (TOKEN_GEMMS has the H200's f
 
 Either block GEMM can also run two 16-row tiles a warp against the same x loads (`pair`, lowprec's tile pairs: the
 lm_heads' form at M = 9-16), for the GEMMs whose programs are short: at TP8 down's K is 256 values, two iterations a
-program. Checked in the interpreter, compiled without a stack; off (PAIR_GEMMS) until a GPU has timed it.
+program. Down runs so by default, never split over K; gate_up's pair lost (PAIR_GEMMS has the H200's figures).
 
 Under the CPU interpreter the MMA loop runs as lowprec's plain-Triton emulation of the same layout and decode.
 
@@ -129,10 +129,16 @@ CONFIG = lp.FP4_GROUPED_BX_2  # 4 warps (64 rows) a program, 2 steps (128 values
 # profiler's us for down, one tile a warp / two: GLM-5 TP8 (I = 256) at 8 tokens 18.9 / 17.6 unsplit (21.3 where the
 # waves rule gave the pair 2 K splits), 12: 26.1 / 23.9, 16: 33.3 / 29.7, 32: 55.6 / 48.7, 64: 73.4 / 65.7;
 # DeepSeek-V3 TP8 at 32: 67.8 / 58.9 (7-14% faster). gate_up as the pair lost (32 tokens: 97 against 79 + 3 for the
-# SiLU kernel), and at TP1 (I = 2048, 8 tokens) neither won. A call's CUDA-graph time moved less than the order of
-# timing alone moves it (the first form timed read 2-9% faster than the same form timed again last), so the pair
-# stays off until a timing that rotates the forms confirms down's gain, and down's pair is to take no K split
+# SiLU kernel), and at TP1 (I = 2048, 8 tokens) neither won. Timed in a fixed order a call moved less than the order
+# alone moves it, so the forms were timed again in rotated rounds (timing.rotated), down's pair unsplit (2026-12-05,
+# graph us, default / down's pair): GLM-5 TP8 at 1 / 8 / 16 / 32 / 64 tokens 19.6 / 19.8, 63.0 / 62.8, 104.5 /
+# 101.4, 155.3 / 147.1, 201.8 / 193.1 (both pairs at 32: 156.8); TP4 (I = 512) at 32 255.6 / 247.5; TP1 at 8 304.0 /
+# 304.1; DeepSeek-V3 TP8 at 32 180.1 / 171.3. The kernel level's GLM-5-NVFP4 TP8 step (benchmarks/simulate_gpu.py):
+# routed experts 10.51 -> 9.90 ms at 32 rows (the step 22.19 -> 21.74 ms), 4.31 -> 4.21 at 8 (the step level)
 PAIR_GEMMS = "down"
+# down stores each pair's row (times its routing weight, in the output dtype) and a top_k sum a token follows (torch),
+# where False adds them into the token's fp32 row with atomics and the cast kernel follows; needs down unsplit
+DOWN_BY_PAIR = False
 # the element types of both kernels' pointers, to compile them without a GPU (decode_gap.kernels.compiled)
 POINTER_TYPES = {"x_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*i16", "ts_ptr": "*fp32", "pairs_ptr": "*i32",
                  "bexp_ptr": "*i32", "rw_ptr": "*fp32", "out_ptr": "*fp32", "fin_ptr": "*bf16", "cnt_ptr": "*i32",
@@ -451,14 +457,15 @@ if HAVE_TRITON:
 
 def block_constexprs(gate_up: bool, split: int, *, top_k: int, m: int, block_m: int = 8, unroll: int = 2,
                      epilogue: bool = True, pdl: bool = True, deps: bool = LAUNCH_EARLY, asm: bool = True,
-                     ev: str | None = None, pair: bool = False) -> dict:
+                     ev: str | None = None, pair: bool = False, by_pair: bool = False) -> dict:
     """The block kernel's constexprs as a call launches it (its warps: CONFIG's): gate_up (x a token's row; with
     `epilogue` the activation from its registers or by the completing split, else fp32 sums) or down (x a pair's
     activation, added times its routing weight into the token's sums, always with atomics; with `epilogue` the cast
-    by the program completing a tile group); `pair`: two tiles a warp. `benchmarks/kernel_resources.py --moe` compiles
-    the same."""
-    return dict(X_DIV=top_k if gate_up else 1, O_DIV=1 if gate_up else top_k, WARPS=CONFIG.warps, UNROLL=unroll,
-                BM=block_m, ATOMIC=split > 1 or not gate_up, ROW_WEIGHT=not gate_up, USE_ASM=asm,
+    by the program completing a tile group); `pair`: two tiles a warp; `by_pair` (down unsplit): each pair's weighted
+    row stored as it is, no atomics. `benchmarks/kernel_resources.py --moe` compiles the same."""
+    return dict(X_DIV=top_k if gate_up else 1, O_DIV=1 if gate_up or by_pair else top_k, WARPS=CONFIG.warps,
+                UNROLL=unroll, BM=block_m, ATOMIC=split > 1 or not (gate_up or by_pair), ROW_WEIGHT=not gate_up,
+                USE_ASM=asm,
                 EV=lp._evict(CONFIG) if ev is None else ev, PDL=pdl,
                 EPI=(1 if gate_up else 2) if epilogue else 0, MB=min(16, _pow2(m)), DEPS=deps, PAIR=pair)
 
@@ -542,7 +549,8 @@ class Nvfp4FusedMoe:
     planned for (None: what uniform choices over the table hit; a table of only the experts hit, ids compacted, as
     the MoE stage builds, says how many). `pair`: which block GEMMs run two 16-row tiles a warp against the same x
     loads ("both", "gate_up", "down" or "none"; None: PAIR_GEMMS); their splits are planned for the warps that run.
-    `align_rank`: the align's form, "sort" or "atomic" (None: by the pairs, fusedmoe.align_pairs).
+    `align_rank`: the align's form, "sort" or "atomic" (None: fusedmoe.ALIGN_RANK). `down_by_pair`: down stores
+    each pair's weighted row, unsplit, and a top_k sum a token makes the output (None: DOWN_BY_PAIR).
     The forms are timed against each other by benchmarks/lowprec_device.py."""
 
     def __init__(self, w13, w2, m: int, top_k: int, device, out_dtype=torch.bfloat16, block_m: int | None = None,
@@ -550,7 +558,7 @@ class Nvfp4FusedMoe:
                  silu_epilogue: bool | None = None, cast_epilogue: bool = CAST_EPILOGUE,
                  align: bool | None = None, token: str | None = None, slices13: int | None = None,
                  slices2: int | None = None, experts_hit: float | None = None, deps: bool | None = None,
-                 pair: str | None = None, align_rank: str | None = None) -> None:
+                 pair: str | None = None, align_rank: str | None = None, down_by_pair: bool | None = None) -> None:
         if not HAVE_TRITON:
             raise DecodeGapError("the NVFP4 fused MoE needs Triton, which is not installed")
         self.mma13 = lp._stack_mma(w13, bx=True) if isinstance(w13, list) else w13
@@ -596,7 +604,10 @@ class Nvfp4FusedMoe:
                                                                 block_m=self.block_m, pair=self.pair13))
         # down's pair takes no K split (H200, GLM-5 TP8 at 8 tokens: its kernel 17.6 us unsplit, 21.3 in the 2 splits
         # moe_split gave it, 18.9 one tile a warp)
-        self.plan2 = self._plan(i // 64, split2 or (1 if self.pair2 else moe_split(
+        self.down_by_pair = DOWN_BY_PAIR if down_by_pair is None else down_by_pair
+        if self.down_by_pair and split2 not in (None, 1):
+            raise DecodeGapError(f"NVFP4 fused MoE: down by pair stores its rows unsplit, not in {split2} K splits")
+        self.plan2 = self._plan(i // 64, split2 or (1 if self.pair2 or self.down_by_pair else moe_split(
             blocks, nt2, i // 64, self.unroll, sms, block_m=self.block_m)))
         self.silu_epilogue = self.plan13[1] == 1 if silu_epilogue is None else silu_epilogue
         self.cast_epilogue = cast_epilogue
@@ -621,6 +632,9 @@ class Nvfp4FusedMoe:
             self.silu_epilogue = True
         if self.token2:
             self.cast_epilogue = True
+        self.down_by_pair = self.down_by_pair and not self.token2
+        if self.down_by_pair:
+            self.cast_epilogue = False  # (no cast either: the top_k sum, a kernel too, writes the output)
         dev = torch.device(device)
         self.sorted_pairs = torch.full((self.nb, self.block_m), pairs, dtype=torch.int32, device=dev)
         if not self.align:  # block b: pair b, then padding
@@ -634,11 +648,14 @@ class Nvfp4FusedMoe:
         block13, block2 = not self.token13, not self.token2
         self.gu = torch.zeros((pairs, 2 * i), dtype=torch.float32, device=dev) if block13 else None
         self.act = torch.zeros((pairs, i), dtype=torch.bfloat16, device=dev)  # rows of off-table ids stay zero
-        self.acc = torch.zeros((m, h), dtype=torch.float32, device=dev) if block2 else None
+        self.acc = torch.zeros((m, h), dtype=torch.float32, device=dev) if block2 and not self.down_by_pair else None
+        # down by pair: a row a pair (zeros: an off-table id's row adds nothing to its token's sum)
+        self.rows2 = torch.zeros((pairs, h), dtype=out_dtype, device=dev) if self.down_by_pair else None
         self.out = torch.empty((m, h), dtype=out_dtype, device=dev)
         self.cnt13 = (torch.zeros(self.nb * self._groups(nt13, self.pair13), dtype=torch.int32, device=dev)
                       if block13 else None)
-        self.cnt2 = torch.zeros(self._groups(nt2, self.pair2), dtype=torch.int32, device=dev) if block2 else None
+        self.cnt2 = (torch.zeros(self._groups(nt2, self.pair2), dtype=torch.int32, device=dev)
+                     if block2 and not self.down_by_pair else None)
 
     def _groups(self, tiles: int, pair: bool) -> int:
         """A block kernel's tile groups (its grid's first dimension): a warp's tile or two, CONFIG's warps."""
@@ -658,11 +675,13 @@ class Nvfp4FusedMoe:
                                                 ("down", self.pair2 and not self.token2)) if on)
         form += f", {paired} two tiles a warp" if paired else ""
         return (f"triton fused MoE (nvfp4 weight-only, bf16 tensor-core MMA, {form}"
-                + (", SiLU-and-mul in gate_up's epilogue" if self.silu_epilogue else "") + ")")
+                + (", SiLU-and-mul in gate_up's epilogue" if self.silu_epilogue else "")
+                + (", down's rows a pair summed a token" if self.down_by_pair else "") + ")")
 
     @property
     def kernels(self) -> int:
-        """Kernels a call: gate_up and down, the align, the SiLU-and-mul and the cast where they run apart."""
+        """Kernels a call: gate_up and down, the align, the SiLU-and-mul and the cast (or down's top_k sum) where they
+        run apart."""
         return 2 + self.align + (not self.silu_epilogue) + (not self.cast_epilogue)
 
     def weight_bytes(self, experts_hit: int) -> int:
@@ -670,7 +689,7 @@ class Nvfp4FusedMoe:
         return experts_hit * (nv.nvfp4_bytes(2 * self.i, self.h) + nv.nvfp4_bytes(self.h, self.i))
 
     def _gemm(self, x, stack, out, n: int, plan: tuple[int, int], by_token: bool, route_w, fin, cnt,
-              block_expert, pair: bool) -> None:
+              block_expert, pair: bool, by_pair: bool = False) -> None:
         """gate_up (by_token: x a token's row, fp32 sums, or with its epilogue the activation at fin) or down (x a
         pair's activation row, weighted sums into the token's row, with its epilogue cast into fin)."""
         words, scales, ts = stack
@@ -680,7 +699,8 @@ class Nvfp4FusedMoe:
         grid = (self._groups(nt, pair), split, self.nb)
         consts = block_constexprs(by_token, split, top_k=self.top_k, m=self.m, block_m=self.block_m,
                                   unroll=self.unroll, epilogue=self.silu_epilogue if by_token else self.cast_epilogue,
-                                  pdl=self.pdl, deps=self.deps, asm=not lp.interpreted(), ev=self.ev, pair=pair)
+                                  pdl=self.pdl, deps=self.deps, asm=not lp.interpreted(), ev=self.ev, pair=pair,
+                                  by_pair=by_pair)
         _fp4_moe_kernel[grid](
             x, words, scales, ts, self.sorted_pairs, block_expert, route_w, out, self.pairs, self.e, n, nt, per, steps,
             x.stride(0), words.stride(0), words.stride(1), scales.stride(0), scales.stride(1), out.stride(0),
@@ -722,10 +742,14 @@ class Nvfp4FusedMoe:
                                                                       **lp._pdl_launch(self.pdl))
         if self.token2:
             self._token_gemm(False, self.act.view(torch.int32), self.out, flat_ids, flat_w)
+        elif self.down_by_pair:
+            self._gemm(self.act.view(torch.int32), self.mma2, self.rows2, self.h, self.plan2, False, flat_w, self.out,
+                       self.cnt2, bexp, self.pair2, by_pair=True)
+            torch.sum(self.rows2.view(self.m, self.top_k, self.h), dim=1, out=self.out)
         else:
             self._gemm(self.act.view(torch.int32), self.mma2, self.acc, self.h, self.plan2, False, flat_w, self.out,
                        self.cnt2, bexp, self.pair2)
-        if not self.cast_epilogue:
+        if not self.cast_epilogue and not self.down_by_pair:
             lp.cast_zero(self.acc, self.out, self.pdl)
         return self.out
 
