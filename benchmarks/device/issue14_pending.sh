@@ -9,6 +9,7 @@
 #     bash benchmarks/device/issue14_pending.sh align 2>&1 | tee $OUT/issue14_align.txt
 #     bash benchmarks/device/issue14_pending.sh pair 2>&1 | tee $OUT/issue14_pair.txt
 #     bash benchmarks/device/issue14_pending.sh step $OUT/step 2>&1 | tee $OUT/issue14_step.txt
+#     bash benchmarks/device/issue14_pending.sh defaults $OUT 2>&1 | tee $OUT/issue14_defaults.txt
 #
 # What to read off: every check `ok`. The forms are timed in rounds that rotate their order (the first form timed read
 # 2-9% fast in a fixed order), so a form wins where its median is below the default's past the spread of the rounds.
@@ -52,6 +53,19 @@ for rows in b32 b8; do
   done
 done
 ;;
+defaults)
+# this tree's defaults on the GPU (the atomic align, down's pair): every kernel check of lowprec_device, the align
+# from 8 to 1024 tokens, then down by pair (no atomics) against the default at 32, 128 and 320 tokens, and blocks of
+# 8 pairs against 16 at 320, then the kernel level's step at 32 rows
+out=${2:?usage: $0 defaults OUT_DIR}
+timeout 200 python3 benchmarks/lowprec_device.py --out "$out/lp" --sections kernelchecks --budget-s 150 2>&1 | tail -25
+timeout 90 python3 benchmarks/device/align_probe.py --tokens 8 320 1024 --rounds 3 2>&1 | grep -E "==|sort|ch2048 w4|ch8 w4|FAIL"
+probe --m 1
+probe --m 32 --down-by-pair
+probe --m 128 --down-by-pair
+probe --m 320 --down-by-pair --block-m 8 --pair none down
+python3 benchmarks/simulate_gpu.py "$out/step" --cases kernel_glm5_tp8_nvfp4_b32 --budget-s 140
+;;
 plans)
 
 # TP8 (I = 256): 7 tokens just past one wave (the waves rule plans 9 splits where 8 tokens, under a wave, took 2)
@@ -71,7 +85,7 @@ probe --m 1 --variants
 probe --m 8 --variants
 ;;
 *)
-echo "usage: bash $0 align|pair|step OUT_DIR|plans (each under one device call's 600 s)" >&2
+echo "usage: bash $0 align|pair|step OUT_DIR|defaults OUT_DIR|plans (each under one device call's 600 s)" >&2
 exit 2
 ;;
 esac
