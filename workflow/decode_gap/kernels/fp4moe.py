@@ -74,7 +74,9 @@ gate_up is split for three waves where unsplit it overflows one (RESIDENT_WARPS)
 (gate_up 93.7 -> 78.9, down 55.8: 0.66 and 0.57 of a plain read of their bytes). Each GEMM and the align let the
 next kernel launch once past their loop (LAUNCH_EARLY): 155.6 / 155.5 us against 165.0 / 163.5 without, two runs.
 The kernel level's GLM-5-NVFP4 TP8 step at 32 rows (benchmarks/simulate_gpu.py, 512 tokens): routed experts 36.21
--> 11.40 ms, the step 47.84 -> 23.04 ms, with the new align alone.
+-> 11.40 ms, the step 47.84 -> 23.04 ms, with the new align alone. At 320 tokens (2560 pairs) the sort in that align
+took 58 us of a 376.6 us call; its atomic form (fusedmoe.ALIGN_RANK) 12.7, the call 329.8 (2026-12-05, rotated
+rounds; gate_up's kernel read 213.8 -> 171.3 us in the profiler: launched early, its programs had waited on the sort).
 """
 
 from __future__ import annotations
@@ -134,10 +136,14 @@ CONFIG = lp.FP4_GROUPED_BX_2  # 4 warps (64 rows) a program, 2 steps (128 values
 # graph us, default / down's pair): GLM-5 TP8 at 1 / 8 / 16 / 32 / 64 tokens 19.6 / 19.8, 63.0 / 62.8, 104.5 /
 # 101.4, 155.3 / 147.1, 201.8 / 193.1 (both pairs at 32: 156.8); TP4 (I = 512) at 32 255.6 / 247.5; TP1 at 8 304.0 /
 # 304.1; DeepSeek-V3 TP8 at 32 180.1 / 171.3. The kernel level's GLM-5-NVFP4 TP8 step (benchmarks/simulate_gpu.py):
-# routed experts 10.51 -> 9.90 ms at 32 rows (the step 22.19 -> 21.74 ms), 4.31 -> 4.21 at 8 (the step level)
+# routed experts 10.51 -> 9.90 ms at 32 rows (the step 22.19 -> 21.74 ms), 4.31 -> 4.21 at 8 (the step level). At
+# 320 tokens (blocks of 16 pairs) 329.8 -> 305.5 (down's kernel 137.7 -> 114.2); blocks of 8 there: 357.3 / 338.8
 PAIR_GEMMS = "down"
 # down stores each pair's row (times its routing weight, in the output dtype) and a top_k sum a token follows (torch),
-# where False adds them into the token's fp32 row with atomics and the cast kernel follows; needs down unsplit
+# where False adds them into the token's fp32 row with atomics and the cast kernel follows; needs down unsplit. The
+# atomics were not what held down back: H200 (2026-12-05, moe_e_probe.py rotated, GLM-5 TP8, checks 2.3-2.4e-3), us
+# a call, the atomics / by pair: 32 tokens 146.8 / 148.4, 128: 219.4 / 221.9, 320: 306.8 / 311.2 (down's kernel
+# 114.4 -> 110.4 there, the top_k sum 14.5 against the cast's 4.9)
 DOWN_BY_PAIR = False
 # the element types of both kernels' pointers, to compile them without a GPU (decode_gap.kernels.compiled)
 POINTER_TYPES = {"x_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*i16", "ts_ptr": "*fp32", "pairs_ptr": "*i32",
