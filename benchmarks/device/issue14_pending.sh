@@ -60,7 +60,7 @@ defaults)
 out=${2:?usage: $0 defaults OUT_DIR}
 timeout 200 python3 benchmarks/lowprec_device.py --out "$out/lp" --sections kernelchecks --budget-s 150 2>&1 | tail -25
 timeout 90 python3 benchmarks/device/align_probe.py --tokens 8 320 1024 --rounds 3 2>&1 \
-  | grep -E "==|sort|ch2048 w4|ch8 w4|FAIL"
+  | grep -E "==|sort|w4:|FAIL"
 probe --m 1
 probe --m 32 --down-by-pair
 probe --m 128 --down-by-pair
