@@ -11,7 +11,7 @@ gate_up, the pair's activation row for down). At BLOCK_M 16 columns 8-15 take a 
 tile (lowprec's M = 9-16 path). Gate and up rows are interleaved 8 at a time (`gate_up_stack`), so each lane's
 accumulator holds a value's gate beside its up. Three to five kernels a call, every buffer allocated once
 (graph-capturable):
-1. above batch 1, the align (`fusedmoe._align_kernel`); for one token, whose top_k experts are distinct, block b is
+1. above batch 1, the align (`fusedmoe.align_pairs`); for one token, whose top_k experts are distinct, block b is
    pair b at every call, so the sorted pairs are filled once and the GEMMs read the token's ids as the blocks'
    experts (an id off the table, another EP rank's, skipped as the align drops it). H200 (2026-12-03, 160 of 160
    checks), us at batch 1 without the align against with it: DeepSeek-V3 TP8 13.0 / 16.8, GLM-5 TP8 13.4 / 16.5,
@@ -579,7 +579,7 @@ class Nvfp4FusedMoe:
         pairs = m * top_k
         if pairs > MAX_PAIRS or top_k > e:
             raise DecodeGapError(f"NVFP4 fused MoE: {m} tokens x top_k {top_k} = {pairs} pairs; at most {MAX_PAIRS} "
-                                 f"(the one-program sort) and top_k <= {e} experts")
+                                 f"(the one-program align) and top_k <= {e} experts")
         if not (lp.available(device) and lp.mma_supported(device)):
             raise DecodeGapError("the NVFP4 fused MoE needs Triton and an sm89+ GPU (or TRITON_INTERPRET=1 on the CPU)")
         self.m, self.top_k, self.e, self.h, self.i, self.pairs = m, top_k, e, h, i, pairs
@@ -608,11 +608,11 @@ class Nvfp4FusedMoe:
         blocks, sms = max(1, round(experts_hit or expected_hit(pairs, e))), lp.sm_count(device)
         self.plan13 = self._plan(h // 64, split13 or moe_split(blocks, nt13, h // 64, self.unroll, sms,
                                                                 block_m=self.block_m, pair=self.pair13))
-        # down's pair takes no K split (H200, GLM-5 TP8 at 8 tokens: its kernel 17.6 us unsplit, 21.3 in the 2 splits
-        # moe_split gave it, 18.9 one tile a warp)
         self.down_by_pair = DOWN_BY_PAIR if down_by_pair is None else down_by_pair
         if self.down_by_pair and split2 not in (None, 1):
             raise DecodeGapError(f"NVFP4 fused MoE: down by pair stores its rows unsplit, not in {split2} K splits")
+        # down's pair takes no K split (H200, GLM-5 TP8 at 8 tokens: its kernel 17.6 us unsplit, 21.3 in the 2 splits
+        # moe_split gave it, 18.9 one tile a warp)
         self.plan2 = self._plan(i // 64, split2 or (1 if self.pair2 or self.down_by_pair else moe_split(
             blocks, nt2, i // 64, self.unroll, sms, block_m=self.block_m)))
         self.silu_epilogue = self.plan13[1] == 1 if silu_epilogue is None else silu_epilogue

@@ -55,7 +55,8 @@ from .nvfp4 import HAVE_TRITON, tl, triton
 BLOCK_M = 16  # rows (pairs) a program: engines' tuned choice for decode batches
 BLOCK_N = 128  # H200: the fastest, or within 2%, of the forms tried on every case (the docstring)
 # the one-program sort holds its pairs' keys in registers: 8192 pairs (1024 tokens at top-8) in 16 warps take 108
-# registers a thread and no spill on sm_90 (compiled without a GPU; align_warps)
+# registers a thread and no spill on sm_90 (compiled without a GPU; align_warps); the atomic form (the default) is
+# held to the same bound
 MAX_PAIRS = 8192
 # the align's form (align_pairs): "atomic" (a histogram, then an atomic add a pair on its expert's cursor, in chunks
 # of ALIGN_CHUNK pairs in ALIGN_ATOMIC_WARPS warps) or "sort" (a stable sort). H200 (2026-12-05,
@@ -312,7 +313,7 @@ class FusedMoe:
         pairs = m * top_k
         if pairs > MAX_PAIRS or top_k > e:
             raise DecodeGapError(f"fp8 fused MoE: {m} tokens x top_k {top_k} = {pairs} pairs; at most "
-                                 f"{MAX_PAIRS} (the one-program sort) and top_k <= {e} experts")
+                                 f"{MAX_PAIRS} (the one-program align) and top_k <= {e} experts")
         if not available(device):
             raise DecodeGapError("the fp8 fused MoE needs Triton and a CUDA GPU (or TRITON_INTERPRET=1 on "
                                  "the CPU)")
