@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The NVFP4 fused MoE's forms that no GPU has confirmed yet (issue 14; the 2026-12-04 and 12-05 stops): device calls
-# of one group each, each under the 600 s a call may take (a probe takes about 20-40 s: the experts built and
+# The NVFP4 fused MoE's forms as the H200 timed them (issue 14; the 2026-12-04 and 12-05 stops), to run again after a
+# change: device calls of one group each, each under the 600 s a call may take (a probe takes about 20-40 s: the experts built and
 # quantised on the GPU, the kernels compiled, each form checked, then every form timed in rotated rounds; 120 s at
 # most). Each moe_e_probe line checks, then times, the default plan (`all experts`) beside the forms named, GLM-5
 # shapes over the 256-expert table, CUDA graph after an L2 flush (benchmarks/device/moe_e_probe.py). Run from the
@@ -27,16 +27,16 @@ probe --m 320 --align sort atomic
 probe --m 64 --align sort atomic
 ;;
 pair)
-# down two tiles a warp, never split over K (fp4moe: 7-14% faster in kernel time at TP8, 2026-12-05), rotated
-# against the default at GLM-5 TP8 from 1 to 64 tokens, then TP4 (I = 512), TP1 (I = 2048) and DeepSeek-V3's rows
-probe --m 1 --pair down
-probe --m 8 --pair down
-probe --m 16 --pair down
-probe --m 32 --pair down both
-probe --m 64 --pair down
-probe --m 32 --i 512 --pair down
-probe --m 8 --i 2048 --pair down
-probe --m 32 --h 7168 --pair down
+# down two tiles a warp, never split over K (the default since 2026-12-05, when this group confirmed it), rotated
+# against one tile a warp at GLM-5 TP8 from 1 to 64 tokens, then TP4 (I = 512), TP1 (I = 2048) and DeepSeek-V3's rows
+probe --m 1 --pair none
+probe --m 8 --pair none
+probe --m 16 --pair none
+probe --m 32 --pair none both
+probe --m 64 --pair none
+probe --m 32 --i 512 --pair none
+probe --m 8 --i 2048 --pair none
+probe --m 32 --h 7168 --pair none
 ;;
 step)
 # the kernel level's GLM-5-NVFP4 TP8 step at 8 and 32 rows (benchmarks/simulate_gpu.py), down's pair on (this tree's
