@@ -200,5 +200,5 @@ def test_rotated_times_each_form_first_once_a_round_in_turn():
     calls = []
     fns = {name: (lambda name=name: calls.append(name)) for name in "abc"}
     samples = timing.rotated(lambda fn: [float(len(calls)), float(fn() or len(calls))], fns, rounds=3)
-    assert calls == list("abcbcacab")  # every form once first, and once after each other form
+    assert calls == list("abcbcacab")  # every form once in each place of the order
     assert {name: len(s) for name, s in samples.items()} == {"a": 6, "b": 6, "c": 6}

@@ -243,9 +243,10 @@ def time_from_idle_us(fn: Callable[[], object], warmup: int, iters: int, flush: 
 def rotated(timer: Callable[[Callable[[], object]], list[float]], fns: Mapping[str, Callable[[], object]],
             rounds: int) -> dict[str, list[float]]:
     """Forms timed against each other: `rounds` rounds, each timing every form once with `timer` (e.g. a partial of
-    time_from_idle_us), round r starting at form r, so each form is timed first, and after each other form, as often.
-    Their samples, by name. Timed in a fixed order the same NVFP4 MoE call read 2-9% faster first than timed again
-    after three others (H200, 2026-12-05), more than some forms differ by."""
+    time_from_idle_us), round r starting at form r, so over len(fns) rounds each form takes each place in the order
+    once (the order stays cyclic: a form always follows the same one). Their samples, by name. Timed in a fixed
+    order the same NVFP4 MoE call read 2-9% faster first than timed again after three others (H200, 2026-12-05),
+    more than some forms differ by."""
     names = list(fns)
     samples: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):
