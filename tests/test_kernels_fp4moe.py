@@ -257,6 +257,40 @@ print("ok")
 ''')
 
 
+def test_down_walking_tile_groups_matches_dequantise_then_matmul():
+    """down's pair with a program walking 2 or 3 tile groups of its block: H = 320 is 20 tiles, so 3 groups of 8 tiles
+    (4 warps, two tiles each), the last half past the rows, and 2 programs at a walk of 2, the second with one group
+    (the interpreter runs the groups one after another; the compiled loop that loads a group ahead is checked on the
+    GPU by benchmarks/device/moe_e_probe.py --walk). Refused where down is not the pair adding into the sums."""
+    _interpret(r'''
+H2 = 320
+w13 = [nv.quantize_nvfp4(torch.randn(2 * I, H2, generator=g) * 0.05) for _ in range(E)]
+w2 = [nv.quantize_nvfp4(torch.randn(H2, I, generator=g) * 0.05) for _ in range(E)]
+d13, d2 = fp4moe.dequantized(w13), fp4moe.dequantized(w2)
+torch.manual_seed(3)
+for walk, m, ids, bm in ((2, 3, [[1, 5], [5, 2], [0, 9]], 8), (3, 3, [[1, 5], [5, 2], [0, 1]], 16),
+                         (2, 1, [[3, 0]], 8)):
+    moe = fp4moe.Nvfp4FusedMoe(w13, w2, m, 2, "cpu", block_m=bm, pair="down", walk2=walk,
+                               token="none" if m == 1 else None)
+    assert moe.walk2 == walk and f"{walk} tile groups a program of down" in moe.label
+    x = torch.randn(m, H2).to(torch.bfloat16)
+    t = torch.tensor(ids, dtype=torch.int32)
+    w = torch.rand(m, 2)
+    keep = (t >= 0) & (t < E)
+    ref = fp4moe.reference(x, t.clamp(0, E - 1), w * keep, lambda e: (d13[e], d2[e]))
+    for call in range(2):
+        e = err(moe(x, t, w), ref)
+        assert e < 1e-2, (walk, m, bm, call, e)
+for opt in ({"pair": "none"}, {"down_by_pair": True}, {"cast_epilogue": True}, {"walk2": 0}):
+    try:
+        fp4moe.Nvfp4FusedMoe(w13, w2, 3, 2, "cpu", **{"walk2": 2, "pair": "down", **opt})
+        raise SystemExit(f"a walk with {opt} was taken")
+    except fp4moe.DecodeGapError as exc:
+        assert "tile groups a program" in str(exc), exc
+print("ok")
+''')
+
+
 def test_mismatched_weights_and_shapes_are_named():
     _interpret(r'''
 from decode_gap.errors import DecodeGapError

@@ -145,6 +145,11 @@ PAIR_GEMMS = "down"
 # a call, the atomics / by pair: 32 tokens 146.8 / 148.4, 128: 219.4 / 221.9, 320: 306.8 / 311.2 (down's kernel
 # 114.4 -> 110.4 there, the top_k sum 14.5 against the cast's 4.9)
 DOWN_BY_PAIR = False
+# tile groups a program of down's pair takes, one loop over their iterations with its loads a group ahead (WALK; 1:
+# a group a program). Not yet timed on a GPU: at 320 tokens down reads 0.45 of a plain read of its bytes, in about 27
+# waves of programs two iterations long at TP8 (K = 256), each behind its own chain of dependent loads (the block's
+# expert, its pairs, their x rows); a walking program makes that set-up once for WALK groups
+DOWN_WALK = 1
 # the element types of both kernels' pointers, to compile them without a GPU (decode_gap.kernels.compiled)
 POINTER_TYPES = {"x_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*i16", "ts_ptr": "*fp32", "pairs_ptr": "*i32",
                  "bexp_ptr": "*i32", "rw_ptr": "*fp32", "out_ptr": "*fp32", "fin_ptr": "*bf16", "cnt_ptr": "*i32",
@@ -160,7 +165,8 @@ def block_m_for(pairs: int, experts: int) -> int:
 if HAVE_TRITON:
     from .fusedmoe import align_cursor, align_pairs
     from .lowprec import (_emul_plane, _emul_x, _finish_sums, _fp4_mma_emul_m1, _fp4_mma_loop,
-                          _fp4_mma_loop_pair, _lanes, _silu_pack_kernel, _slice_sum)
+                          _fp4_mma_loop_pair, _fp4_mma_steps, _fp4_mma_with_x, _fp4_mma_wloads, _lanes,
+                          _pair_zeros, _silu_pack_kernel, _slice_sum, _with_x_of)
 
     @triton.jit
     def _moe_store(out_ptr, y, rows, cols, row_ok, b, pairs_ptr, rw_ptr, P, stride_o, O_DIV: tl.constexpr,
@@ -226,13 +232,91 @@ if HAVE_TRITON:
             tl.store(cnt_ptr + pid_n, 0)
 
     @triton.jit
+    def _walk_ptrs(w_base, s_base, tile, lane, c4, gi, NT, stride_wt, stride_st, WARPS: tl.constexpr):
+        """Weight and scale pointers of a warp's two tiles (PAIR) in the program's tile group gi (gi x 2 WARPS tiles
+        on from its first), each tile past the last read as the last (its rows are dropped at the store)."""
+        ta = tl.minimum(tile + gi * 2 * WARPS, NT - 1).to(tl.int64)
+        tb = tl.minimum(tile + gi * 2 * WARPS + WARPS, NT - 1).to(tl.int64)
+        return (w_base + ta[:, None] * stride_wt + (lane * 4)[:, None] + c4[None, :], s_base + ta * stride_st + lane,
+                w_base + tb[:, None] * stride_wt + (lane * 4)[:, None] + c4[None, :], s_base + tb * stride_st + lane)
+
+    @triton.jit
+    def _group_store(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, ts, tile, g, qq, c4, N, NT, out_ptr, b, pairs_ptr,
+                     rw_ptr, P, stride_o, WARPS: tl.constexpr, O_DIV: tl.constexpr, BM: tl.constexpr,
+                     ATOMIC: tl.constexpr, ROW_WEIGHT: tl.constexpr, PAIR: tl.constexpr):
+        """A tile group's sums (warp tile `tile`: acc0-acc3; PAIR, its second tile WARPS on: acc4-acc7) to out.
+        Accumulator element c of lane 4g + q: row g + 8 (c // 2), column 2q + c % 2."""
+        rows = (tile * 16 + g)[:, None] + 8 * (c4[None, :] // 2)
+        cols = (2 * qq)[:, None] + c4[None, :] % 2
+        row_ok = (rows < N) & (tile < NT)[:, None]
+        _moe_store(out_ptr, (acc0 + acc1) * ts, rows, cols, row_ok, b, pairs_ptr, rw_ptr, P, stride_o, O_DIV, BM,
+                   ATOMIC, ROW_WEIGHT)
+        if BM == 16:
+            _moe_store(out_ptr, (acc2 + acc3) * ts, rows, cols + 8, row_ok, b, pairs_ptr, rw_ptr, P, stride_o, O_DIV,
+                       BM, ATOMIC, ROW_WEIGHT)
+        if PAIR:  # the second tile's rows, 16 WARPS on
+            rows = rows + 16 * WARPS
+            row_ok = (rows < N) & (tile + WARPS < NT)[:, None]
+            _moe_store(out_ptr, (acc4 + acc5) * ts, rows, cols, row_ok, b, pairs_ptr, rw_ptr, P, stride_o, O_DIV, BM,
+                       ATOMIC, ROW_WEIGHT)
+            if BM == 16:
+                _moe_store(out_ptr, (acc6 + acc7) * ts, rows, cols + 8, row_ok, b, pairs_ptr, rw_ptr, P, stride_o,
+                           O_DIV, BM, ATOMIC, ROW_WEIGHT)
+
+    @triton.jit
+    def _fp4_moe_walk_pair(w_base, s_base, tile, lane, g, qq, c4, NT, N, stride_wt, stride_st, xb, xb2, i0, i1,
+                           groups, ts, out_ptr, b, pairs_ptr, rw_ptr, P, stride_o, T: tl.constexpr,
+                           WARPS: tl.constexpr, U: tl.constexpr, EV: tl.constexpr, O_DIV: tl.constexpr,
+                           BM: tl.constexpr, ATOMIC: tl.constexpr, ROW_WEIGHT: tl.constexpr, BX: tl.constexpr):
+        """`groups` tile groups of one block, two tiles a warp (PAIR), as one loop over their iterations laid end to
+        end: the next iteration's weights are loaded before this one's math, across a group's end too, so the
+        block's set-up (its expert, pairs and x rows) is made once and a group's first loads wait on nothing; each
+        group's sums are stored after its last iteration. x is the same for every group (the block's pairs)."""
+        TWO: tl.constexpr = BM == 16
+        ki = (i1 - i0) // U  # iterations a group
+        total = groups * ki
+        acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _pair_zeros(T)
+        wb, sb, wb2, sb2 = _walk_ptrs(w_base, s_base, tile, lane, c4, 0, NT, stride_wt, stride_st, WARPS)
+        w = _fp4_mma_wloads(wb + i0 * 128, sb + i0 * 32, U, EV)
+        v = _fp4_mma_wloads(wb2 + i0 * 128, sb2 + i0 * 32, U, EV)
+        # this iteration's group and step, counted on: a division by the runtime ki an iteration takes more
+        gi = 0
+        k = 0
+        for it in range(0, total):
+            # the next iteration's group and step (the last iteration loads its own again: in bounds, unused)
+            wrap = k + 1 == ki
+            kn = tl.where(wrap, 0, k + 1)
+            gn = gi + wrap.to(tl.int32)
+            if it == total - 1:
+                kn = k
+                gn = gi
+            sj = i0 + kn * U
+            wb, sb, wb2, sb2 = _walk_ptrs(w_base, s_base, tile, lane, c4, gn, NT, stride_wt, stride_st, WARPS)
+            wn = _fp4_mma_wloads(wb + sj * 128, sb + sj * 32, U, EV)
+            vn = _fp4_mma_wloads(wb2 + sj * 128, sb2 + sj * 32, U, EV)
+            step = i0 + k * U
+            a = _fp4_mma_with_x(w, xb + step * 32, xb2 + step * 32, U, TWO)
+            acc0, acc1, acc2, acc3 = _fp4_mma_steps(a, U, T, TWO, acc0, acc1, acc2, acc3, BX)
+            acc4, acc5, acc6, acc7 = _fp4_mma_steps(_with_x_of(v, a, U), U, T, TWO, acc4, acc5, acc6, acc7, BX)
+            if wrap:
+                _group_store(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, ts, tile + gi * 2 * WARPS, g, qq, c4, N,
+                             NT, out_ptr, b, pairs_ptr, rw_ptr, P, stride_o, WARPS, O_DIV, BM, ATOMIC, ROW_WEIGHT,
+                             True)
+                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _pair_zeros(T)
+            w = wn
+            v = vn
+            k = kn
+            gi = gi + wrap.to(tl.int32)
+
+    @triton.jit
     def _fp4_moe_kernel(x_ptr, w_ptr, s_ptr, ts_ptr, pairs_ptr, bexp_ptr, rw_ptr, out_ptr, P, E, N, NT,
                         steps_per_split, NSTEPS, stride_x, stride_we, stride_wt, stride_se, stride_st, stride_o,
                         fin_ptr, cnt_ptr, M_TOK, stride_f,
                         X_DIV: tl.constexpr, O_DIV: tl.constexpr, WARPS: tl.constexpr, UNROLL: tl.constexpr,
                         BM: tl.constexpr, ATOMIC: tl.constexpr, ROW_WEIGHT: tl.constexpr, USE_ASM: tl.constexpr,
                         EV: tl.constexpr = "", PDL: tl.constexpr = False, EPI: tl.constexpr = 0,
-                        MB: tl.constexpr = 16, DEPS: tl.constexpr = False, PAIR: tl.constexpr = False):
+                        MB: tl.constexpr = 16, DEPS: tl.constexpr = False, PAIR: tl.constexpr = False,
+                        WALK: tl.constexpr = 1):
         """out[pair // O_DIV, n] (+)= x[pair // X_DIV] . W_e[n] for the pairs of block pid 2 (expert e), rows n of
         WARPS 16-row tiles, K steps [pid 1 x steps_per_split, ...). x: int32 view of bf16 pairs; W: the bf16 form's
         repacked expert stack (lowprec._stack_mma(bx=True)); bexp: each block's expert (the align's, or for one
@@ -245,7 +329,9 @@ if HAVE_TRITON:
         casts them into fin[token] (_down_finish).
         PAIR: a tile group is 2 WARPS tiles, warp w taking tiles w and w + WARPS against the same x loads
         (lowprec._fp4_mma_loop_pair): twice the weight bytes in flight a warp, and half the programs, each with its
-        set-up (the block's pairs, expert and x rows) and its stores."""
+        set-up (the block's pairs, expert and x rows) and its stores.
+        WALK (with PAIR, EPI 0): a program takes WALK tile groups of its block, pid 0 x WALK on, as one loop
+        (_fp4_moe_walk_pair): WALK times fewer programs, each with one set-up and its loads a group ahead."""
         T: tl.constexpr = 32 * WARPS
         GT: tl.constexpr = WARPS * (2 if PAIR else 1)  # a tile group's tiles
         if PDL:
@@ -262,7 +348,7 @@ if HAVE_TRITON:
                              stride_o, stride_f, 16 * GT, MB)
             return
         e = e.to(tl.int64)
-        t, tile, lane, g, qq = _lanes(pid_n * GT, T, 1)
+        t, tile, lane, g, qq = _lanes(pid_n * WALK * GT, T, 1)
         tile_c = tl.minimum(tile, NT - 1).to(tl.int64)
         i0 = pid_k * steps_per_split
         i1 = tl.minimum(i0 + steps_per_split, NSTEPS)
@@ -283,92 +369,90 @@ if HAVE_TRITON:
             wb = w_base + tile_c[:, None] * stride_wt + (lane * 4)[:, None] + c4[None, :]
             sb = s_base + tile_c * stride_st + lane
             tile_b = tile + WARPS  # PAIR: the warp's second tile
-            if PAIR:
-                hop = tl.minimum(tile_b, NT - 1).to(tl.int64) - tile_c
-                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _fp4_mma_loop_pair(
-                    wb, sb, wb + hop[:, None] * stride_wt, sb + hop * stride_st, xb, xb2, i0, i1, T, UNROLL, EV,
-                    BM == 16, False, True)
+            if WALK > 1:
+                tl.static_assert(PAIR and EPI == 0, "a walking program is down's pair without the cast epilogue")
+                _fp4_moe_walk_pair(w_base, s_base, tile, lane, g, qq, c4, NT, N, stride_wt, stride_st, xb, xb2, i0,
+                                   i1, tl.minimum(WALK, tl.cdiv(NT, GT) - pid_n * WALK), ts, out_ptr, b, pairs_ptr,
+                                   rw_ptr, P, stride_o, T, WARPS, UNROLL, EV, O_DIV, BM, ATOMIC, ROW_WEIGHT, True)
+                if DEPS:
+                    tl.extra.cuda.gdc_launch_dependents()
             else:
-                acc0 = tl.zeros((T, 4), dtype=tl.float32)
-                acc1 = tl.zeros((T, 4), dtype=tl.float32)
-                acc0, acc1, acc2, acc3 = _fp4_mma_loop(wb, sb, xb, xb2, i0, i1, T, UNROLL, EV, BM == 16, acc0, acc1,
-                                                       acc0, acc1, False, True)
-            if DEPS:  # the next kernel's programs may take the SMs this grid frees (they wait for all of it)
-                tl.extra.cuda.gdc_launch_dependents()
-            if DIRECT:
-                # accumulator elements 0, 1 of lane 4g + q: the gate of value 8 tile + g at columns 2q, 2q + 1; 2,
-                # 3: its up (rows g + 8)
-                vi = (tile * 8 + g)[:, None]
-                cols = (2 * qq)[:, None] + tl.arange(0, 2)[None, :]
-                ok = (tile < NT)[:, None]
-                gate, up = tl.split(tl.permute(tl.reshape((acc0 + acc1) * ts, (T, 2, 2)), (0, 2, 1)))
-                _act_store(gate, up, vi, cols, ok, b, pairs_ptr, fin_ptr, P, stride_f, BM)
-                if BM == 16:
-                    gate, up = tl.split(tl.permute(tl.reshape((acc2 + acc3) * ts, (T, 2, 2)), (0, 2, 1)))
-                    _act_store(gate, up, vi, cols + 8, ok, b, pairs_ptr, fin_ptr, P, stride_f, BM)
-                if PAIR:  # the second tile's values, 8 WARPS on
-                    ok = (tile_b < NT)[:, None]
-                    gate, up = tl.split(tl.permute(tl.reshape((acc4 + acc5) * ts, (T, 2, 2)), (0, 2, 1)))
-                    _act_store(gate, up, vi + 8 * WARPS, cols, ok, b, pairs_ptr, fin_ptr, P, stride_f, BM)
+                if PAIR:
+                    hop = tl.minimum(tile_b, NT - 1).to(tl.int64) - tile_c
+                    acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _fp4_mma_loop_pair(
+                        wb, sb, wb + hop[:, None] * stride_wt, sb + hop * stride_st, xb, xb2, i0, i1, T, UNROLL, EV,
+                        BM == 16, False, True)
+                else:
+                    acc0 = tl.zeros((T, 4), dtype=tl.float32)
+                    acc1 = tl.zeros((T, 4), dtype=tl.float32)
+                    acc0, acc1, acc2, acc3 = _fp4_mma_loop(wb, sb, xb, xb2, i0, i1, T, UNROLL, EV, BM == 16, acc0, acc1,
+                                                           acc0, acc1, False, True)
+                if DEPS:  # the next kernel's programs may take the SMs this grid frees (they wait for all of it)
+                    tl.extra.cuda.gdc_launch_dependents()
+                if DIRECT:
+                    # accumulator elements 0, 1 of lane 4g + q: the gate of value 8 tile + g at columns 2q, 2q + 1; 2,
+                    # 3: its up (rows g + 8)
+                    vi = (tile * 8 + g)[:, None]
+                    cols = (2 * qq)[:, None] + tl.arange(0, 2)[None, :]
+                    ok = (tile < NT)[:, None]
+                    gate, up = tl.split(tl.permute(tl.reshape((acc0 + acc1) * ts, (T, 2, 2)), (0, 2, 1)))
+                    _act_store(gate, up, vi, cols, ok, b, pairs_ptr, fin_ptr, P, stride_f, BM)
                     if BM == 16:
-                        gate, up = tl.split(tl.permute(tl.reshape((acc6 + acc7) * ts, (T, 2, 2)), (0, 2, 1)))
-                        _act_store(gate, up, vi + 8 * WARPS, cols + 8, ok, b, pairs_ptr, fin_ptr, P, stride_f, BM)
-            else:
-                # accumulator element c of lane 4g + q: row g + 8 (c // 2), column 2q + c % 2
-                rows = (tile * 16 + g)[:, None] + 8 * (c4[None, :] // 2)
-                cols = (2 * qq)[:, None] + c4[None, :] % 2
-                row_ok = (rows < N) & (tile < NT)[:, None]
-                _moe_store(out_ptr, (acc0 + acc1) * ts, rows, cols, row_ok, b, pairs_ptr, rw_ptr, P, stride_o,
-                           O_DIV, BM, ATOMIC, ROW_WEIGHT)
-                if BM == 16:
-                    _moe_store(out_ptr, (acc2 + acc3) * ts, rows, cols + 8, row_ok, b, pairs_ptr, rw_ptr, P,
-                               stride_o, O_DIV, BM, ATOMIC, ROW_WEIGHT)
-                if PAIR:  # the second tile's rows, 16 WARPS on
-                    rows = rows + 16 * WARPS
-                    row_ok = (rows < N) & (tile_b < NT)[:, None]
-                    _moe_store(out_ptr, (acc4 + acc5) * ts, rows, cols, row_ok, b, pairs_ptr, rw_ptr, P, stride_o,
-                               O_DIV, BM, ATOMIC, ROW_WEIGHT)
-                    if BM == 16:
-                        _moe_store(out_ptr, (acc6 + acc7) * ts, rows, cols + 8, row_ok, b, pairs_ptr, rw_ptr, P,
-                                   stride_o, O_DIV, BM, ATOMIC, ROW_WEIGHT)
+                        gate, up = tl.split(tl.permute(tl.reshape((acc2 + acc3) * ts, (T, 2, 2)), (0, 2, 1)))
+                        _act_store(gate, up, vi, cols + 8, ok, b, pairs_ptr, fin_ptr, P, stride_f, BM)
+                    if PAIR:  # the second tile's values, 8 WARPS on
+                        ok = (tile_b < NT)[:, None]
+                        gate, up = tl.split(tl.permute(tl.reshape((acc4 + acc5) * ts, (T, 2, 2)), (0, 2, 1)))
+                        _act_store(gate, up, vi + 8 * WARPS, cols, ok, b, pairs_ptr, fin_ptr, P, stride_f, BM)
+                        if BM == 16:
+                            gate, up = tl.split(tl.permute(tl.reshape((acc6 + acc7) * ts, (T, 2, 2)), (0, 2, 1)))
+                            _act_store(gate, up, vi + 8 * WARPS, cols + 8, ok, b, pairs_ptr, fin_ptr, P, stride_f, BM)
+                elif PAIR:
+                    _group_store(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, ts, tile, g, qq, c4, N, NT, out_ptr,
+                                 b, pairs_ptr, rw_ptr, P, stride_o, WARPS, O_DIV, BM, ATOMIC, ROW_WEIGHT, True)
+                else:
+                    _group_store(acc0, acc1, acc2, acc3, acc0, acc1, acc2, acc3, ts, tile, g, qq, c4, N, NT, out_ptr,
+                                 b, pairs_ptr, rw_ptr, P, stride_o, WARPS, O_DIV, BM, ATOMIC, ROW_WEIGHT, False)
         else:
             # the interpreter: each lane's partial per (row half, column), then a quad's four lanes summed; a lane
             # a tile's lane (PAIR: both tiles of a warp as lanes)
             TE: tl.constexpr = 32 * GT
-            t, tile, lane, g, qq = _lanes(pid_n * GT, TE, 1)
-            tile_c = tl.minimum(tile, NT - 1).to(tl.int64)
-            cm = tl.arange(0, BM)
-            xr = (tl.minimum(tl.load(pairs_ptr + b * BM + cm), P - 1) // X_DIV).to(tl.int64)
-            part = tl.zeros((TE, 2, BM), dtype=tl.float32)
-            for i in range(i0, i1):
-                sv = tl.load(s_base + tile_c * stride_st + lane + i * 32).to(tl.int32)
-                for r in tl.static_range(2):
-                    sr = ((sv >> (8 * r)) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
-                    acc_r = tl.zeros((TE, BM), dtype=tl.float32)
-                    for wr in tl.static_range(2):
-                        word = tl.load(w_base + tile_c * stride_wt + lane * 4 + i * 128 + 2 * r + wr)
-                        xw = x_ptr + xr[None, :] * stride_x + (((4 * i + qq) * 2 + wr) * 4)[:, None]
-                        for j in tl.static_range(4):
-                            xv = tl.load(xw + j)
-                            lo, hi = _emul_plane(word, j, sr, True)
-                            acc_r += lo[:, None] * _emul_x(xv, False, True) + hi[:, None] * _emul_x(xv, True, True)
-                    part += tl.where((tl.arange(0, 2) == r)[None, :, None], acc_r[:, None, :], 0.0)
-            y = tl.sum(tl.reshape(part, (GT, 8, 4, 2, BM)), axis=2) * ts  # [tile, g, half, column]
-            wv = tl.arange(0, GT)[:, None, None, None]
-            if DIRECT:  # half 0 the gate of value 8 tile + g, half 1 its up
-                half = tl.arange(0, 2)[None, None, :, None]
-                vi = (pid_n * GT + wv) * 8 + tl.arange(0, 8)[None, :, None, None]
-                ok = pid_n * GT + wv < NT
-                _act_store(tl.sum(tl.where(half == 0, y, 0.0), axis=2, keep_dims=True),
-                           tl.sum(tl.where(half == 1, y, 0.0), axis=2, keep_dims=True), vi, cm[None, None, None, :],
-                           ok, b, pairs_ptr, fin_ptr, P, stride_f, BM)
-            else:
-                rows = (pid_n * GT + wv) * 16 + tl.arange(0, 8)[None, :, None, None] + \
-                    8 * tl.arange(0, 2)[None, None, :, None]
-                cols = cm[None, None, None, :] + rows * 0
-                row_ok = (rows < N) & (pid_n * GT + wv < NT)
-                _moe_store(out_ptr, y, rows, cols, row_ok, b, pairs_ptr, rw_ptr, P, stride_o, O_DIV, BM, ATOMIC,
-                           ROW_WEIGHT)
+            for gw in tl.static_range(WALK):  # WALK tile groups of the block, one after another
+                grp = pid_n * WALK + gw
+                t, tile, lane, g, qq = _lanes(grp * GT, TE, 1)
+                tile_c = tl.minimum(tile, NT - 1).to(tl.int64)
+                cm = tl.arange(0, BM)
+                xr = (tl.minimum(tl.load(pairs_ptr + b * BM + cm), P - 1) // X_DIV).to(tl.int64)
+                part = tl.zeros((TE, 2, BM), dtype=tl.float32)
+                for i in range(i0, i1):
+                    sv = tl.load(s_base + tile_c * stride_st + lane + i * 32).to(tl.int32)
+                    for r in tl.static_range(2):
+                        sr = ((sv >> (8 * r)) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+                        acc_r = tl.zeros((TE, BM), dtype=tl.float32)
+                        for wr in tl.static_range(2):
+                            word = tl.load(w_base + tile_c * stride_wt + lane * 4 + i * 128 + 2 * r + wr)
+                            xw = x_ptr + xr[None, :] * stride_x + (((4 * i + qq) * 2 + wr) * 4)[:, None]
+                            for j in tl.static_range(4):
+                                xv = tl.load(xw + j)
+                                lo, hi = _emul_plane(word, j, sr, True)
+                                acc_r += lo[:, None] * _emul_x(xv, False, True) + hi[:, None] * _emul_x(xv, True, True)
+                        part += tl.where((tl.arange(0, 2) == r)[None, :, None], acc_r[:, None, :], 0.0)
+                y = tl.sum(tl.reshape(part, (GT, 8, 4, 2, BM)), axis=2) * ts  # [tile, g, half, column]
+                wv = tl.arange(0, GT)[:, None, None, None]
+                if DIRECT:  # half 0 the gate of value 8 tile + g, half 1 its up
+                    half = tl.arange(0, 2)[None, None, :, None]
+                    vi = (grp * GT + wv) * 8 + tl.arange(0, 8)[None, :, None, None]
+                    ok = grp * GT + wv < NT
+                    _act_store(tl.sum(tl.where(half == 0, y, 0.0), axis=2, keep_dims=True),
+                               tl.sum(tl.where(half == 1, y, 0.0), axis=2, keep_dims=True), vi, cm[None, None, None, :],
+                               ok, b, pairs_ptr, fin_ptr, P, stride_f, BM)
+                else:
+                    rows = (grp * GT + wv) * 16 + tl.arange(0, 8)[None, :, None, None] + \
+                        8 * tl.arange(0, 2)[None, None, :, None]
+                    cols = cm[None, None, None, :] + rows * 0
+                    row_ok = (rows < N) & (grp * GT + wv < NT)
+                    _moe_store(out_ptr, y, rows, cols, row_ok, b, pairs_ptr, rw_ptr, P, stride_o, O_DIV, BM, ATOMIC,
+                               ROW_WEIGHT)
         if EPI == 1 and ATOMIC:
             _gate_up_finish(out_ptr, fin_ptr, cnt_ptr, b, pid_n, tl.num_programs(1), pairs_ptr, P, N // 2, stride_o,
                             stride_f, GT, BM)
@@ -463,17 +547,18 @@ if HAVE_TRITON:
 
 def block_constexprs(gate_up: bool, split: int, *, top_k: int, m: int, block_m: int = 8, unroll: int = 2,
                      epilogue: bool = True, pdl: bool = True, deps: bool = LAUNCH_EARLY, asm: bool = True,
-                     ev: str | None = None, pair: bool = False, by_pair: bool = False) -> dict:
+                     ev: str | None = None, pair: bool = False, by_pair: bool = False, walk: int = 1) -> dict:
     """The block kernel's constexprs as a call launches it (its warps: CONFIG's): gate_up (x a token's row; with
     `epilogue` the activation from its registers or by the completing split, else fp32 sums) or down (x a pair's
     activation, added times its routing weight into the token's sums, always with atomics; with `epilogue` the cast
     by the program completing a tile group); `pair`: two tiles a warp; `by_pair` (down unsplit): each pair's weighted
-    row stored as it is, no atomics. `benchmarks/kernel_resources.py --moe` compiles the same."""
+    row stored as it is, no atomics; `walk` (down's pair): tile groups a program. `benchmarks/kernel_resources.py
+    --moe` compiles the same."""
     return dict(X_DIV=top_k if gate_up else 1, O_DIV=1 if gate_up or by_pair else top_k, WARPS=CONFIG.warps,
                 UNROLL=unroll, BM=block_m, ATOMIC=split > 1 or not (gate_up or by_pair), ROW_WEIGHT=not gate_up,
                 USE_ASM=asm,
                 EV=lp._evict(CONFIG) if ev is None else ev, PDL=pdl,
-                EPI=(1 if gate_up else 2) if epilogue else 0, MB=min(16, _pow2(m)), DEPS=deps, PAIR=pair)
+                EPI=(1 if gate_up else 2) if epilogue else 0, MB=min(16, _pow2(m)), DEPS=deps, PAIR=pair, WALK=walk)
 
 
 def expected_hit(pairs: int, experts: int) -> float:
@@ -556,7 +641,8 @@ class Nvfp4FusedMoe:
     the MoE stage builds, says how many). `pair`: which block GEMMs run two 16-row tiles a warp against the same x
     loads ("both", "gate_up", "down" or "none"; None: PAIR_GEMMS); their splits are planned for the warps that run.
     `align_rank`: the align's form, "sort" or "atomic" (None: fusedmoe.ALIGN_RANK). `down_by_pair`: down stores
-    each pair's weighted row, unsplit, and a top_k sum a token makes the output (None: DOWN_BY_PAIR).
+    each pair's weighted row, unsplit, and a top_k sum a token makes the output (None: DOWN_BY_PAIR). `walk2`: tile
+    groups a program of down's pair (None: DOWN_WALK).
     The forms are timed against each other by benchmarks/lowprec_device.py."""
 
     def __init__(self, w13, w2, m: int, top_k: int, device, out_dtype=torch.bfloat16, block_m: int | None = None,
@@ -564,7 +650,8 @@ class Nvfp4FusedMoe:
                  silu_epilogue: bool | None = None, cast_epilogue: bool = CAST_EPILOGUE,
                  align: bool | None = None, token: str | None = None, slices13: int | None = None,
                  slices2: int | None = None, experts_hit: float | None = None, deps: bool | None = None,
-                 pair: str | None = None, align_rank: str | None = None, down_by_pair: bool | None = None) -> None:
+                 pair: str | None = None, align_rank: str | None = None, down_by_pair: bool | None = None,
+                 walk2: int | None = None) -> None:
         if not HAVE_TRITON:
             raise DecodeGapError("the NVFP4 fused MoE needs Triton, which is not installed")
         self.mma13 = lp._stack_mma(w13, bx=True) if isinstance(w13, list) else w13
@@ -639,6 +726,12 @@ class Nvfp4FusedMoe:
         if self.token2:
             self.cast_epilogue = True
         self.down_by_pair = self.down_by_pair and not self.token2
+        self.walk2 = DOWN_WALK if walk2 is None else walk2
+        if self.walk2 < 1 or self.walk2 > 1 and (not self.pair2 or self.token2 or self.down_by_pair
+                                                 or self.cast_epilogue):
+            raise DecodeGapError(f"NVFP4 fused MoE: down walks {self.walk2} tile groups a program only as two tiles a "
+                                 f"warp (pair 'down' or 'both'), adding into the sums (no down by pair, no cast "
+                                 f"epilogue, not the one-token kernel)")
         if self.down_by_pair:
             self.cast_epilogue = False  # (no cast either: the top_k sum, a kernel too, writes the output)
         dev = torch.device(device)
@@ -680,6 +773,7 @@ class Nvfp4FusedMoe:
         paired = " and ".join(n for n, on in (("gate_up", self.pair13 and not self.token13),
                                                 ("down", self.pair2 and not self.token2)) if on)
         form += f", {paired} two tiles a warp" if paired else ""
+        form += f" ({self.walk2} tile groups a program of down)" if self.walk2 > 1 else ""
         return (f"triton fused MoE (nvfp4 weight-only, bf16 tensor-core MMA, {form}"
                 + (", SiLU-and-mul in gate_up's epilogue" if self.silu_epilogue else "")
                 + (", down's rows a pair summed a token" if self.down_by_pair else "") + ")")
@@ -695,18 +789,18 @@ class Nvfp4FusedMoe:
         return experts_hit * (nv.nvfp4_bytes(2 * self.i, self.h) + nv.nvfp4_bytes(self.h, self.i))
 
     def _gemm(self, x, stack, out, n: int, plan: tuple[int, int], by_token: bool, route_w, fin, cnt,
-              block_expert, pair: bool, by_pair: bool = False) -> None:
+              block_expert, pair: bool, by_pair: bool = False, walk: int = 1) -> None:
         """gate_up (by_token: x a token's row, fp32 sums, or with its epilogue the activation at fin) or down (x a
         pair's activation row, weighted sums into the token's row, with its epilogue cast into fin)."""
         words, scales, ts = stack
         nt = words.shape[1]
         per, split = plan
         steps = words.shape[2]
-        grid = (self._groups(nt, pair), split, self.nb)
+        grid = (triton.cdiv(self._groups(nt, pair), walk), split, self.nb)
         consts = block_constexprs(by_token, split, top_k=self.top_k, m=self.m, block_m=self.block_m,
                                   unroll=self.unroll, epilogue=self.silu_epilogue if by_token else self.cast_epilogue,
                                   pdl=self.pdl, deps=self.deps, asm=not lp.interpreted(), ev=self.ev, pair=pair,
-                                  by_pair=by_pair)
+                                  by_pair=by_pair, walk=walk)
         _fp4_moe_kernel[grid](
             x, words, scales, ts, self.sorted_pairs, block_expert, route_w, out, self.pairs, self.e, n, nt, per, steps,
             x.stride(0), words.stride(0), words.stride(1), scales.stride(0), scales.stride(1), out.stride(0),
@@ -754,7 +848,7 @@ class Nvfp4FusedMoe:
             torch.sum(self.rows2.view(self.m, self.top_k, self.h), dim=1, out=self.out)
         else:
             self._gemm(self.act.view(torch.int32), self.mma2, self.acc, self.h, self.plan2, False, flat_w, self.out,
-                       self.cnt2, bexp, self.pair2)
+                       self.cnt2, bexp, self.pair2, walk=self.walk2)
         if not self.cast_epilogue and not self.down_by_pair:
             lp.cast_zero(self.acc, self.out, self.pdl)
         return self.out

@@ -829,6 +829,12 @@ if HAVE_TRITON:
         return b0, b1, b2, b3
 
     @triton.jit
+    def _pair_zeros(T: tl.constexpr):
+        """The eight fp32 accumulators of two tiles a warp at zero (each [T, 4]: a tile's two MMA column sets)."""
+        z = tl.zeros((T, 4), dtype=tl.float32)
+        return z, z, z, z, z, z, z, z
+
+    @triton.jit
     def _fp4_mma_loop_pair(wb, sb, wb2, sb2, xb, xb2, i0, i1, T: tl.constexpr, U: tl.constexpr, EV: tl.constexpr,
                            TWO: tl.constexpr, PDL: tl.constexpr, BX: tl.constexpr):
         """Steps [i0, i1) of two tiles a warp (cfg.pair): both tiles' weights double-buffered (wb/sb and wb2/sb2),
@@ -836,14 +842,7 @@ if HAVE_TRITON:
         twice the weight bytes. Returns the first tile's four accumulators, then the second's."""
         if PDL:
             tl.extra.cuda.gdc_wait()
-        acc0 = tl.zeros((T, 4), dtype=tl.float32)
-        acc1 = tl.zeros((T, 4), dtype=tl.float32)
-        acc2 = tl.zeros((T, 4), dtype=tl.float32)
-        acc3 = tl.zeros((T, 4), dtype=tl.float32)
-        acc4 = tl.zeros((T, 4), dtype=tl.float32)
-        acc5 = tl.zeros((T, 4), dtype=tl.float32)
-        acc6 = tl.zeros((T, 4), dtype=tl.float32)
-        acc7 = tl.zeros((T, 4), dtype=tl.float32)
+        acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _pair_zeros(T)
         w = _fp4_mma_wloads(wb + i0 * 128, sb + i0 * 32, U, EV)
         v = _fp4_mma_wloads(wb2 + i0 * 128, sb2 + i0 * 32, U, EV)
         for i in range(i0, i1, U):
