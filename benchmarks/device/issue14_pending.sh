@@ -10,6 +10,7 @@
 #     bash benchmarks/device/issue14_pending.sh pair 2>&1 | tee $OUT/issue14_pair.txt
 #     bash benchmarks/device/issue14_pending.sh step $OUT/step 2>&1 | tee $OUT/issue14_step.txt
 #     bash benchmarks/device/issue14_pending.sh defaults $OUT 2>&1 | tee $OUT/issue14_defaults.txt
+#     bash benchmarks/device/issue14_pending.sh walk 2>&1 | tee $OUT/issue14_walk.txt
 #
 # What to read off: every check `ok`. The forms are timed in rounds that rotate their order (the first form timed read
 # 2-9% fast in a fixed order), so a form wins where its median is below the default's past the spread of the rounds.
@@ -67,6 +68,20 @@ probe --m 128 --down-by-pair
 probe --m 320 --down-by-pair --block-m 8 --pair none down
 python3 benchmarks/simulate_gpu.py "$out/step" --cases kernel_glm5_tp8_nvfp4_b32 --budget-s 140
 ;;
+walk)
+# down at 320 tokens reads 0.45 of a plain read of its bytes: is it its programs (27 waves, two iterations each at
+# K = 256, each behind its set-up's dependent loads) or its bytes? First the call with every expert expert 0's bytes
+# (the weights from the L2: what is left is not DRAM), then down walking 2, 4 and 8 tile groups a program (one
+# set-up, loads a group ahead: fp4moe.DOWN_WALK), then long programs (TP1, K = 2048) and down in 2 K splits, one
+# tile a warp (the probes the 2026-12-05 note planned). Then the walk where blocks are 8 pairs (96 registers where
+# one group takes 72: 5 programs an SM for 7) and on DeepSeek-V3's rows
+probe --m 320 --l2-weights --walk 2 4 8
+probe --m 320 --i 2048 --pair none
+probe --m 320 --pair none --split2 2
+probe --m 32 --walk 2 4 --l2-weights
+probe --m 64 --walk 2 4
+probe --m 32 --h 7168 --walk 2 4
+;;
 plans)
 
 # TP8 (I = 256): 7 tokens just past one wave (the waves rule plans 9 splits where 8 tokens, under a wave, took 2)
@@ -86,7 +101,7 @@ probe --m 1 --variants
 probe --m 8 --variants
 ;;
 *)
-echo "usage: bash $0 align|pair|step OUT_DIR|defaults OUT_DIR|plans (each under one device call's 600 s)" >&2
+echo "usage: bash $0 align|pair|step OUT_DIR|defaults OUT_DIR|walk|plans (each under one device call's 600 s)" >&2
 exit 2
 ;;
 esac

@@ -7,9 +7,14 @@ two GEMMs 74.5 us each; the call 491 / 219 us. With the histogram-and-sort align
 The forms are built, checked and captured first, then timed in rounds that rotate their order (decode_gap.timing.
 rotated): timed in a fixed order, the first form read 2-9% faster than the same form timed again last (2026-12-05).
 
+With --l2-weights every expert of a form is expert 0's bytes (stacks of stride 0): the same blocks, programs and x
+reads, the weights from the L2 after their first read, so the call's time without the weights' DRAM traffic. If down
+takes about as long so, its programs' set-up and latency bound it, not the bytes (the question of down at 320 tokens,
+0.45 of a plain read; --walk is the form that answers it).
+
     PYTHONPATH=workflow python3 benchmarks/device/moe_e_probe.py [--m 32] [--rounds 6] [--only-table [--variants]
         [--split13 N ...] [--pair gate_up|down|both ... [--split2 N]] [--align sort|atomic ...] [--block-m 8|16 ...]
-        [--down-by-pair]]
+        [--down-by-pair] [--walk N ...] [--l2-weights]]
 """
 
 from __future__ import annotations
@@ -77,6 +82,10 @@ def main() -> None:
     ap.add_argument("--block-m", type=int, nargs="*", default=[], choices=(8, 16),
                     help="these pairs a block (fp4moe.block_m_for), each beside the default")
     ap.add_argument("--down-by-pair", action="store_true", help="down's rows a pair, then a top_k sum (no atomics)")
+    ap.add_argument("--walk", type=int, nargs="*", default=[],
+                    help="down's pair walking these tile groups a program (fp4moe DOWN_WALK), each beside the default")
+    ap.add_argument("--l2-weights", action="store_true",
+                    help="with --only-table: the default and each --walk form again with every expert expert 0's bytes")
     ap.add_argument("--rounds", type=int, default=6, help="rounds of timing, each form once a round, order rotated")
     a = ap.parse_args()
     dev = torch.device("cuda")
@@ -94,6 +103,8 @@ def main() -> None:
     flusher = L2Flusher("cuda")
     if a.only_table:
         builds = {"all experts": (w13, w2, ids)}
+        if a.l2_weights:
+            builds["expert 0's weights (in L2)"] = ([w13[0]] * a.e, [w2[0]] * a.e, ids)
     else:
         builds = {
             "all experts, int64 ids": (w13, w2, ids),
@@ -117,6 +128,12 @@ def main() -> None:
             variants.append((f"all experts, blocks of {bm}" + (f", {gemms} two tiles a warp" if gemms else ""),
                              builds["all experts"],
                              {"block_m": bm, "pair": gemms}))
+    for walk in a.walk:
+        for build in [b for b in ("all experts", "expert 0's weights (in L2)") if b in builds]:
+            variants.append((f"{build}, down walking {walk} tile groups a program", builds[build],
+                             {"pair": "both" if "both" in a.pair else "down", "walk2": walk}))
+    if a.l2_weights:
+        variants.append(("expert 0's weights (in L2)", builds["expert 0's weights (in L2)"], {}))
     if a.down_by_pair:
         variants.append(("all experts, down by pair", builds["all experts"], {"down_by_pair": True}))
     for rank in a.align:
@@ -124,12 +141,18 @@ def main() -> None:
     stacks: dict[int, tuple] = {}  # each build's stacks, shared by its forms (the bf16 form's layout, gate_up's copy)
     forms, runs = {}, {}
     for name, (a13, a2, use), opt in variants:
-        if id(a13) not in stacks:
+        if id(a13) not in stacks and all(w is a13[0] for w in a13):  # one expert's stacks, stride 0 over the table
+            s13, s2 = fp4moe.gate_up_stack(lp._stack_mma(a13[:1], bx=True)), lp._stack_mma(a2[:1], bx=True)
+            s13, s2 = (tuple(t.expand(a.e, *t.shape[1:]) for t in s[:2]) + (s[2].expand(a.e).contiguous(),)
+                       for s in (s13, s2))
+            stacks[id(a13)] = (fp4moe.GateUpStack(*s13), s2)
+        elif id(a13) not in stacks:
             stacks[id(a13)] = (fp4moe.gate_up_stack(lp._stack_mma(a13, bx=True)), lp._stack_mma(a2, bx=True))
         s13, s2 = stacks[id(a13)]
         moe = fp4moe.Nvfp4FusedMoe(s13, s2, a.m, a.k, dev, deps=opt.get("deps"), split13=opt.get("split13"),
                                    split2=opt.get("split2"), pair=opt.get("pair"), align_rank=opt.get("align_rank"),
-                                   block_m=opt.get("block_m"), down_by_pair=opt.get("down_by_pair"))
+                                   block_m=opt.get("block_m"), down_by_pair=opt.get("down_by_pair"),
+                                   walk2=opt.get("walk2"))
         if opt.get("nb") and moe.block_m == 8:
             moe.nb = used_blocks  # the GEMMs' grids only (the align still fills every block's slot)
         print(f"{name}: e {moe.e} nb {moe.nb} block_m {moe.block_m} plan13 {moe.plan13} plan2 {moe.plan2} "
