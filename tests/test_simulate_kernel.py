@@ -210,7 +210,8 @@ def test_shared_expert_runs_inside_the_fused_moe_in_the_interpreter():
     """Where the routed experts run a fused MoE and the shared expert has their shape (DeepSeek-V3, GLM-5), it is
     one more expert of it at batch 1, the token's (k+1)-th pair with weight 1, as SGLang fuses it: no shared-expert
     op, the routing writes the column (the Triton kernel, or torch ops where it does not run), and both give the
-    same logits (the same weights; CPU interpreter, NVFP4 experts). Above batch 1 it stays apart."""
+    same logits (the same weights; CPU interpreter, NVFP4 experts). Above batch 1 it stays apart, unless
+    step.FUSE_SHARED_MAX_BATCH allows it (then 8 pairs on it, the same logits either way at 8 rows)."""
     code = r'''
 import torch
 from decode_gap.model import spec_from_dict
@@ -242,6 +243,22 @@ with torch.inference_mode():
     step = DecodeStep(shapes8, plan_layers(shapes8, 2, None), {**fmt, **probe_formats("bf16", "cpu", 8),
                       "experts": "nvfp4-moe"}, "cpu", 40, "greedy", fused=False)
 assert not step.shared_note and any(op.component == "shared expert" for op in step.ops)
+# fused above batch 1 too where FUSE_SHARED_MAX_BATCH allows (the probe that times it): each token's (k+1)-th pair
+# the shared expert, 8 pairs on it, and the routing kernel and torch ops give the same logits
+import decode_gap.simulate.step as step_mod
+step_mod.FUSE_SHARED_MAX_BATCH = 8
+logits8 = {}
+for fused in (True, False):
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        step = DecodeStep(shapes8, plan_layers(shapes8, 2, None), {**fmt, **probe_formats("bf16", "cpu", 8),
+                          "experts": "nvfp4-moe"}, "cpu", 40, "greedy", fused=fused)
+        step.runner(lambda op: True)()
+    assert step.shared_note and not any(op.component == "shared expert" for op in step.ops)
+    assert step.S["ids"].shape == (8, k + 1) and bool((step.S["ids"][:, k] == E).all())
+    logits8[fused] = step.S["logits"].float()
+err = ((logits8[True] - logits8[False]).norm() / logits8[False].norm()).item()
+assert err < 2e-2, err  # (at 8 rows the two differ so with the shared expert apart too: 7.9e-3 against 7.8e-3)
 print("ok")
 ''' % (TINY_MLA,)
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO / "workflow")}

@@ -18,6 +18,11 @@ from .formats import FUSED_K_MULTIPLE, GROUPED_GEMV_KINDS, _probe_grouped, _torc
 from .layers import Experts, KernelPicker, Linear, _rand, _tdtype
 from .shapes import StepShapes
 
+# the largest batch at which the shared expert runs as one more expert of the fused MoE (step._moe's figures: it lost
+# at 8 rows, timed before the align without a sort and down's two tiles a warp; benchmarks/device/issue14_pending.sh
+# shared times it again at 8 and 32)
+FUSE_SHARED_MAX_BATCH = 1
+
 # ----------------------------------------------------------------------------------------------------------
 # the step
 
@@ -433,8 +438,8 @@ class DecodeStep:
         # GEMVs took 0.76 ms). Above batch 1 our fused MoEs lose with it: at 8 rows, its 8 pairs on one expert took
         # the routed experts 1.1-1.7 ms a step more than the 0.96 ms the separate shared expert takes (GLM-5-NVFP4 and
         # DeepSeek-V3 fp8 at TP8), so it stays apart there.
-        fuse_shared = bool(sh.batch == 1 and sh.shared_inter == sh.moe_inter and spec.shared_experts == 1
-                           and sh.ep == 1 and self.experts_kind in FUSED_K_MULTIPLE)
+        fuse_shared = bool(sh.batch <= FUSE_SHARED_MAX_BATCH and sh.shared_inter == sh.moe_inter
+                           and spec.shared_experts == 1 and sh.ep == 1 and self.experts_kind in FUSED_K_MULTIPLE)
         self.shared_note = ("shared expert: one more expert of the fused MoE, the token's (k+1)-th pair with weight 1 "
                             "(SGLang's shared-experts fusion); its time is in routed experts") if fuse_shared else ""
         extra = 1 if fuse_shared else 0  # the shared expert's slot and pair
