@@ -2,7 +2,7 @@
 # The NVFP4 fused MoE's forms as the H200 timed them (issue 14; the 2026-12-04 and 12-05 stops), to run again after a
 # change: device calls of one group each, each under the 600 s a call may take (a probe takes about 20-40 s: the
 # experts built and quantised on the GPU, the kernels compiled, each form checked, then every form timed in rotated
-# rounds; 120 s at most). Each moe_e_probe line checks, then times, the default plan (`all experts`) beside the forms
+# rounds; 120 s at most, or PROBE_S). Each moe_e_probe line checks, then times, the default plan (`all experts`) beside the forms
 # named, GLM-5 shapes over the 256-expert table, CUDA graph after an L2 flush (benchmarks/device/moe_e_probe.py). Run
 # from the repository root on the device:
 #
@@ -11,14 +11,19 @@
 #     bash benchmarks/device/issue14_pending.sh step $OUT/step 2>&1 | tee $OUT/issue14_step.txt
 #     bash benchmarks/device/issue14_pending.sh defaults $OUT 2>&1 | tee $OUT/issue14_defaults.txt
 #     bash benchmarks/device/issue14_pending.sh walk 2>&1 | tee $OUT/issue14_walk.txt
-#     bash benchmarks/device/issue14_pending.sh shared $OUT/shared 2>&1 | tee $OUT/issue14_shared.txt
+#     bash benchmarks/device/issue14_pending.sh walk_more 2>&1 | tee $OUT/issue14_walk_more.txt
+#     bash benchmarks/device/issue14_pending.sh shared $OUT/shared b8 2>&1 | tee $OUT/issue14_shared_b8.txt
+#     bash benchmarks/device/issue14_pending.sh shared $OUT/shared b32 2>&1 | tee $OUT/issue14_shared_b32.txt
 #
 # What to read off: every check `ok`. The forms are timed in rounds that rotate their order (the first form timed read
 # 2-9% fast in a fixed order), so a form wins where its median is below the default's past the spread of the rounds.
 # `plans` is the 2026-12-05 run of the split plans (kept to run again).
 set -u
 export PYTHONPATH=workflow${PYTHONPATH:+:$PYTHONPATH}  # env.sh puts the carried wheels on it
-probe() { echo "== moe_e_probe $*"; timeout 120 python3 benchmarks/device/moe_e_probe.py --only-table "$@"; }
+probe() {  # PROBE_S: its time limit (120 s)
+  echo "== moe_e_probe $*"
+  timeout "${PROBE_S:-120}" python3 benchmarks/device/moe_e_probe.py --only-table "$@"
+}
 group=${1:-}
 case "$group" in
 align)
@@ -74,11 +79,16 @@ walk)
 # K = 256, each behind its set-up's dependent loads) or its bytes? First the call with every expert expert 0's bytes
 # (the weights from the L2: what is left is not DRAM), then down walking 2, 4 and 8 tile groups a program (one
 # set-up, loads a group ahead: fp4moe.DOWN_WALK), then long programs (TP1, K = 2048) and down in 2 K splits, one
-# tile a warp (the probes the 2026-12-05 note planned). Then the walk where blocks are 8 pairs (96 registers where
-# one group takes 72: 5 programs an SM for 7) and on DeepSeek-V3's rows
-probe --m 320 --l2-weights --walk 2 4 8
+# tile a warp (the probes the 2026-12-05 note planned), and gate_up's pair there. Then the walk where blocks are 8
+# pairs (96 registers where one group takes 72: 5 programs an SM for 7) and on DeepSeek-V3's rows (walk_more)
+PROBE_S=240 probe --m 320 --l2-weights --walk 2 4 8
 probe --m 320 --i 2048 --pair none
 probe --m 320 --pair none --split2 2
+# gate_up two tiles a warp too at 320 tokens (blocks of 16: x is two MMAs' columns a step, which the pair loads once
+# for two tiles; it lost at 32 tokens, blocks of 8)
+probe --m 320 --pair both
+;;
+walk_more)
 probe --m 32 --walk 2 4 --l2-weights
 probe --m 64 --walk 2 4
 probe --m 32 --h 7168 --walk 2 4
@@ -87,12 +97,12 @@ shared)
 # the shared expert as one more expert of the fused MoE above batch 1 (simulate.step.FUSE_SHARED_MAX_BATCH; it lost at
 # 8 rows before the align without a sort and down's two tiles a warp): the kernel level's GLM-5-NVFP4 TP8 step at 8
 # and 32 rows, the shared expert apart (this tree) and fused (a copy of workflow/ with the limit at 64)
-out=${2:?usage: $0 shared OUT_DIR}
+out=${2:?usage: $0 shared OUT_DIR b8|b32}
 rm -rf /tmp/wf_shared && cp -r workflow /tmp/wf_shared
 sed -i 's/^FUSE_SHARED_MAX_BATCH = 1$/FUSE_SHARED_MAX_BATCH = 64/' /tmp/wf_shared/decode_gap/simulate/step.py
 grep -q '^FUSE_SHARED_MAX_BATCH = 64$' /tmp/wf_shared/decode_gap/simulate/step.py \
   || { echo "FUSE_SHARED_MAX_BATCH not found" >&2; exit 2; }
-for rows in b8 b32; do
+for rows in ${3:?usage: $0 shared OUT_DIR b8|b32}; do
   for form in apart fused; do
     wf=workflow; [ $form = fused ] && wf=/tmp/wf_shared
     echo "== step $rows, shared expert $form"
@@ -119,7 +129,7 @@ probe --m 1 --variants
 probe --m 8 --variants
 ;;
 *)
-echo "usage: bash $0 align|pair|step OUT_DIR|defaults OUT_DIR|walk|shared OUT_DIR|plans" \
+echo "usage: bash $0 align|pair|step OUT_DIR|defaults OUT_DIR|walk|walk_more|shared OUT_DIR b8|b32|plans" \
   "(each under one device call's 600 s)" >&2
 exit 2
 ;;
