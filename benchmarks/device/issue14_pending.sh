@@ -2,9 +2,9 @@
 # The NVFP4 fused MoE's forms as the H200 timed them (issue 14; the 2026-12-04 and 12-05 stops), to run again after a
 # change: device calls of one group each, each under the 600 s a call may take (a probe takes about 20-40 s: the
 # experts built and quantised on the GPU, the kernels compiled, each form checked, then every form timed in rotated
-# rounds; 120 s at most, or PROBE_S). Each moe_e_probe line checks, then times, the default plan (`all experts`) beside the forms
-# named, GLM-5 shapes over the 256-expert table, CUDA graph after an L2 flush (benchmarks/device/moe_e_probe.py). Run
-# from the repository root on the device:
+# rounds; 120 s at most, or PROBE_S). Each moe_e_probe line checks, then times, the default plan (`all experts`)
+# beside the forms named, GLM-5 shapes over the 256-expert table, CUDA graph after an L2 flush
+# (benchmarks/device/moe_e_probe.py). Run from the repository root on the device:
 #
 #     bash benchmarks/device/issue14_pending.sh align 2>&1 | tee $OUT/issue14_align.txt
 #     bash benchmarks/device/issue14_pending.sh pair 2>&1 | tee $OUT/issue14_pair.txt
