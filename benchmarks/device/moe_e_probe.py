@@ -88,6 +88,8 @@ def main() -> None:
                     help="with --only-table: the default and each --walk form again with every expert expert 0's bytes")
     ap.add_argument("--rounds", type=int, default=6, help="rounds of timing, each form once a round, order rotated")
     a = ap.parse_args()
+    if a.l2_weights and not a.only_table:
+        ap.error("--l2-weights needs --only-table")
     dev = torch.device("cuda")
     torch.manual_seed(0)
     w13 = [nv.quantize_nvfp4(torch.randn(2 * a.i, a.h, device=dev) * 0.02) for _ in range(a.e)]
