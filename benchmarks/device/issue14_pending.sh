@@ -24,6 +24,21 @@ probe() {  # PROBE_S: its time limit (120 s)
   echo "== moe_e_probe $*"
   timeout "${PROBE_S:-120}" python3 benchmarks/device/moe_e_probe.py --only-table "$@"
 }
+# steps_ab OUT ROWS NAME FILE FROM TO: the kernel level's GLM-5-NVFP4 TP8 step at each of ROWS (b8, b32) with this
+# tree (OUT/this) and with a copy of workflow/ whose FILE has the line FROM as TO (OUT/NAME), this tree first
+steps_ab() {
+  local out=$1 rows=$2 name=$3 file=$4 from=$5 to=$6 copy=/tmp/wf_$3
+  rm -rf "$copy" && cp -r workflow "$copy"
+  sed -i "s/^$from\$/$to/" "$copy/$file"
+  grep -q "^$to\$" "$copy/$file" || { echo "$from not found in $file" >&2; exit 2; }
+  for r in $rows; do
+    for wf in workflow "$copy"; do
+      local form=this; [ "$wf" = workflow ] || form=$name
+      echo "== step $r, $form"
+      python3 benchmarks/simulate_gpu.py "$out/$form" --cases "kernel_glm5_tp8_nvfp4_$r" --budget-s 140 --workflow "$wf"
+    done
+  done
+}
 group=${1:-}
 case "$group" in
 align)
@@ -48,17 +63,8 @@ probe --m 32 --h 7168 --pair none
 step)
 # the kernel level's GLM-5-NVFP4 TP8 step at 8 and 32 rows (benchmarks/simulate_gpu.py), down's pair on (this tree's
 # default since 2026-12-05) and off (a copy of workflow/ with PAIR_GEMMS = "none"), b32 first
-out=${2:?usage: $0 step OUT_DIR}
-rm -rf /tmp/wf_none && cp -r workflow /tmp/wf_none
-sed -i 's/^PAIR_GEMMS = "down"/PAIR_GEMMS = "none"/' /tmp/wf_none/decode_gap/kernels/fp4moe.py
-grep -q '^PAIR_GEMMS = "none"' /tmp/wf_none/decode_gap/kernels/fp4moe.py || { echo "PAIR_GEMMS not found" >&2; exit 2; }
-for rows in b32 b8; do
-  for form in none pair; do
-    wf=workflow; [ $form = none ] && wf=/tmp/wf_none
-    echo "== step $rows, down pair $form"
-    python3 benchmarks/simulate_gpu.py "$out/$form" --cases kernel_glm5_tp8_nvfp4_$rows --budget-s 145 --workflow $wf
-  done
-done
+steps_ab "${2:?usage: $0 step OUT_DIR}" "b32 b8" no_pair decode_gap/kernels/fp4moe.py 'PAIR_GEMMS = "down"' \
+  'PAIR_GEMMS = "none"'
 ;;
 defaults)
 # this tree's defaults on the GPU (the atomic align, down's pair): every kernel check of lowprec_device, the align
@@ -97,18 +103,8 @@ shared)
 # the shared expert as one more expert of the fused MoE above batch 1 (simulate.step.FUSE_SHARED_MAX_BATCH; it lost at
 # 8 rows before the align without a sort and down's two tiles a warp): the kernel level's GLM-5-NVFP4 TP8 step at 8
 # and 32 rows, the shared expert apart (this tree) and fused (a copy of workflow/ with the limit at 64)
-out=${2:?usage: $0 shared OUT_DIR b8|b32}
-rm -rf /tmp/wf_shared && cp -r workflow /tmp/wf_shared
-sed -i 's/^FUSE_SHARED_MAX_BATCH = 1$/FUSE_SHARED_MAX_BATCH = 64/' /tmp/wf_shared/decode_gap/simulate/step.py
-grep -q '^FUSE_SHARED_MAX_BATCH = 64$' /tmp/wf_shared/decode_gap/simulate/step.py \
-  || { echo "FUSE_SHARED_MAX_BATCH not found" >&2; exit 2; }
-for rows in ${3:?usage: $0 shared OUT_DIR b8|b32}; do
-  for form in apart fused; do
-    wf=workflow; [ $form = fused ] && wf=/tmp/wf_shared
-    echo "== step $rows, shared expert $form"
-    python3 benchmarks/simulate_gpu.py "$out/$form" --cases kernel_glm5_tp8_nvfp4_$rows --budget-s 140 --workflow $wf
-  done
-done
+steps_ab "${2:?usage: $0 shared OUT_DIR b8|b32}" "${3:?usage: $0 shared OUT_DIR b8|b32}" shared_fused \
+  decode_gap/simulate/step.py 'FUSE_SHARED_MAX_BATCH = 1' 'FUSE_SHARED_MAX_BATCH = 64'
 ;;
 plans)
 
