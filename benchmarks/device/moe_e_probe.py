@@ -34,8 +34,10 @@ from decode_gap.simulate.timing import L2Flusher, spread, time_cuda  # noqa: E40
 from decode_gap.timing import capture_graph, rotated  # noqa: E402
 
 
-def kernel_times(fn) -> str:
-    """Each kernel of a call in launch order, its mean over 10 eager calls (the profiler's CUDA times)."""
+def kernel_times(fn, gemm_read_us: tuple[float, float] = ()) -> str:
+    """Each kernel of a call in launch order, its mean over 10 eager calls (the profiler's CUDA times); with
+    `gemm_read_us` (gate_up's and down's bytes at read bandwidth, us), the two GEMM kernels' fraction of it (the first
+    and second kernel named _fp4_moe*)."""
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(3):
@@ -47,10 +49,13 @@ def kernel_times(fn) -> str:
         torch.cuda.synchronize()
     kernels = [ev for ev in prof.events() if ev.device_type.name == "CUDA"]
     per = len(kernels) // 10
-    rows = []
+    rows, gemms = [], list(gemm_read_us)
     for i in range(per):
         us = sum(ev.device_time for ev in kernels[i::per]) / 10
-        rows.append(f"{kernels[i].name[:24]} {us:.1f}us")
+        share = ""
+        if kernels[i].name.startswith("_fp4_moe") and gemms:
+            share = f" ({gemms.pop(0) / us:.2f} of a read)"
+        rows.append(f"{kernels[i].name[:24]} {us:.1f}us{share}")
     return "; ".join(rows)
 
 
@@ -99,7 +104,8 @@ def main() -> None:
     x = torch.randn(a.m, a.h, device=dev, dtype=torch.bfloat16)
     hit = torch.unique(ids)
     cids = torch.searchsorted(hit, ids)
-    read_us = hit.numel() * (nv.nvfp4_bytes(2 * a.i, a.h) + nv.nvfp4_bytes(a.h, a.i)) / 4.38e3 / 1e3
+    gemm_read_us = tuple(hit.numel() * nv.nvfp4_bytes(n, k) / 4.38e3 / 1e3 for n, k in ((2 * a.i, a.h), (a.h, a.i)))
+    read_us = sum(gemm_read_us)
     print(f"M={a.m} top_k={a.k} {a.h}x{a.i}: {hit.numel()} of {a.e} experts hit, their bytes at 4.38 TB/s "
           f"{read_us:.1f} us (gate_up 2/3 of it)", flush=True)
     flusher = L2Flusher("cuda")
@@ -171,7 +177,7 @@ def main() -> None:
         t = spread(samples[name])
         print(f"{name}: graph {t['median_ms'] * 1e3:.1f} us (min {t['min_ms'] * 1e3:.1f}, p99 "
               f"{t['p99_ms'] * 1e3:.1f}, {len(samples[name])} replays in {a.rounds} rotated rounds); kernels: "
-              f"{kernel_times(run)}", flush=True)
+              f"{kernel_times(run, gemm_read_us)}", flush=True)
 
 
 if __name__ == "__main__":
