@@ -232,13 +232,20 @@ if HAVE_TRITON:
             tl.store(cnt_ptr + pid_n, 0)
 
     @triton.jit
+    def _tile_ptrs(w_base, s_base, tile, lane, c4, NT, stride_wt, stride_st):
+        """A lane's weight words and scales of 16-row tile `tile` of an expert, a tile past the last read as the last
+        (its rows are dropped at the store). (_fp4_moe_kernel writes the same pointers out in place: through this
+        helper its measured forms compile to other SASS.)"""
+        tc = tl.minimum(tile, NT - 1).to(tl.int64)
+        return w_base + tc[:, None] * stride_wt + (lane * 4)[:, None] + c4[None, :], s_base + tc * stride_st + lane
+
+    @triton.jit
     def _walk_ptrs(w_base, s_base, tile, lane, c4, gi, NT, stride_wt, stride_st, WARPS: tl.constexpr):
-        """Weight and scale pointers of a warp's two tiles (PAIR) in the program's tile group gi (gi x 2 WARPS tiles
-        on from its first), each tile past the last read as the last (its rows are dropped at the store)."""
-        ta = tl.minimum(tile + gi * 2 * WARPS, NT - 1).to(tl.int64)
-        tb = tl.minimum(tile + gi * 2 * WARPS + WARPS, NT - 1).to(tl.int64)
-        return (w_base + ta[:, None] * stride_wt + (lane * 4)[:, None] + c4[None, :], s_base + ta * stride_st + lane,
-                w_base + tb[:, None] * stride_wt + (lane * 4)[:, None] + c4[None, :], s_base + tb * stride_st + lane)
+        """_tile_ptrs of a warp's two tiles (PAIR) in the program's tile group gi (gi x 2 WARPS tiles on from its
+        first)."""
+        wb, sb = _tile_ptrs(w_base, s_base, tile + gi * 2 * WARPS, lane, c4, NT, stride_wt, stride_st)
+        wb2, sb2 = _tile_ptrs(w_base, s_base, tile + gi * 2 * WARPS + WARPS, lane, c4, NT, stride_wt, stride_st)
+        return wb, sb, wb2, sb2
 
     @triton.jit
     def _group_store(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, ts, tile, g, qq, c4, N, NT, out_ptr, b, pairs_ptr,
