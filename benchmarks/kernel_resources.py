@@ -78,8 +78,8 @@ def dense_forms() -> dict[str, dict]:
 def moe_forms() -> dict[str, dict]:
     """The NVFP4 fused MoE's block kernel (fp4moe._fp4_moe_kernel) as Nvfp4FusedMoe launches it on an sm90+ GPU
     above one token (fp4moe.block_constexprs): gate_up unsplit (the activation from its registers) or split over K
-    (fp32 sums), and down, at blocks of 8 and 16 pairs, one tile a warp and two (pair), and down's pair walking 2 tile
-    groups a program (fp4moe.DOWN_WALK). fp4moe.RESIDENT_WARPS (and RESIDENT_WARPS_PAIR) is these programs an SM
+    (fp32 sums), and down, at blocks of 8 and 16 pairs, one tile a warp and two (pair), and down's pair walking tile
+    groups a program as it runs by default (fp4moe.DOWN_WALK at the block's pairs). fp4moe.RESIDENT_WARPS (and RESIDENT_WARPS_PAIR) is these programs an SM
     times 4 (the walk's own line says what it holds)."""
     out = {}
     for pair in (False, True):
@@ -89,8 +89,9 @@ def moe_forms() -> dict[str, dict]:
                 out[f"fp4moe {name} BM={bm}{' pair' if pair else ''}"] = fp4moe.block_constexprs(
                     gate_up, split, top_k=8, m=32, block_m=bm, epilogue=epi, pair=pair)
             if pair:
-                out[f"fp4moe down BM={bm} pair walk=2"] = fp4moe.block_constexprs(
-                    False, 1, top_k=8, m=32, block_m=bm, epilogue=False, pair=True, walk=2)
+                walk = fp4moe.DOWN_WALK[bm]
+                out[f"fp4moe down BM={bm} pair walk={walk}"] = fp4moe.block_constexprs(
+                    False, 1, top_k=8, m=32, block_m=bm, epilogue=False, pair=True, walk=walk)
     return out
 
 

@@ -210,8 +210,8 @@ def test_shared_expert_runs_inside_the_fused_moe_in_the_interpreter():
     """Where the routed experts run a fused MoE and the shared expert has their shape (DeepSeek-V3, GLM-5), it is
     one more expert of it at batch 1, the token's (k+1)-th pair with weight 1, as SGLang fuses it: no shared-expert
     op, the routing writes the column (the Triton kernel, or torch ops where it does not run), and both give the
-    same logits (the same weights; CPU interpreter, NVFP4 experts). Above batch 1 it stays apart, unless
-    step.FUSE_SHARED_MAX_BATCH allows it (then 8 pairs on it, the same logits either way at 8 rows)."""
+    same logits (the same weights; CPU interpreter, NVFP4 experts). Above step.FUSE_SHARED_MAX_BATCH it stays apart;
+    within it at 8 rows, 8 pairs on it, the same logits either way."""
     code = r'''
 import torch
 from decode_gap.model import spec_from_dict
@@ -238,15 +238,17 @@ for fused in (True, False):
 assert bytes_[True] == bytes_[False]
 err = ((logits[True] - logits[False]).norm() / logits[False].norm()).item()
 assert err < 1e-3, err
+# above the fused MoE's limit (its form's FUSE_SHARED_MAX_BATCH; 1 here) the shared expert runs apart
+import decode_gap.simulate.step as step_mod
+step_mod.FUSE_SHARED_MAX_BATCH["nvfp4-moe"] = 1
 shapes8 = step_shapes(spec, 1, 1, 8, 40)
 with torch.inference_mode():
     step = DecodeStep(shapes8, plan_layers(shapes8, 2, None), {**fmt, **probe_formats("bf16", "cpu", 8),
                       "experts": "nvfp4-moe"}, "cpu", 40, "greedy", fused=False)
 assert not step.shared_note and any(op.component == "shared expert" for op in step.ops)
-# fused above batch 1 too where FUSE_SHARED_MAX_BATCH allows (the probe that times it): each token's (k+1)-th pair
-# the shared expert, 8 pairs on it, and the routing kernel and torch ops give the same logits
-import decode_gap.simulate.step as step_mod
-step_mod.FUSE_SHARED_MAX_BATCH = 8
+# fused above batch 1 where FUSE_SHARED_MAX_BATCH allows (NVFP4's default, 32): each token's (k+1)-th pair the
+# shared expert, 8 pairs on it, and the routing kernel and torch ops give the same logits
+step_mod.FUSE_SHARED_MAX_BATCH["nvfp4-moe"] = 8
 logits8 = {}
 for fused in (True, False):
     torch.manual_seed(0)

@@ -14,6 +14,7 @@
 #     bash benchmarks/device/issue14_pending.sh walk_more 2>&1 | tee $OUT/issue14_walk_more.txt
 #     bash benchmarks/device/issue14_pending.sh shared $OUT/shared b8 2>&1 | tee $OUT/issue14_shared_b8.txt
 #     bash benchmarks/device/issue14_pending.sh shared $OUT/shared b32 2>&1 | tee $OUT/issue14_shared_b32.txt
+#     bash benchmarks/device/issue14_pending.sh walk_check $OUT/walk 2>&1 | tee $OUT/issue14_walk_check.txt
 #
 # What to read off: every check `ok`. The forms are timed in rounds that rotate their order (the first form timed read
 # 2-9% fast in a fixed order), so a form wins where its median is below the default's past the spread of the rounds.
@@ -100,11 +101,25 @@ probe --m 64 --walk 2 4
 probe --m 32 --h 7168 --walk 2 4
 ;;
 shared)
-# the shared expert as one more expert of the fused MoE above batch 1 (simulate.step.FUSE_SHARED_MAX_BATCH; it lost at
-# 8 rows before the align without a sort and down's two tiles a warp): the kernel level's GLM-5-NVFP4 TP8 step at 8
-# and 32 rows, the shared expert apart (this tree) and fused (a copy of workflow/ with the limit at 64)
-steps_ab "${2:?usage: $0 shared OUT_DIR b8|b32}" "${3:?usage: $0 shared OUT_DIR b8|b32}" shared_fused \
-  decode_gap/simulate/step.py 'FUSE_SHARED_MAX_BATCH = 1' 'FUSE_SHARED_MAX_BATCH = 64'
+# the shared expert as one more expert of the NVFP4 fused MoE up to 32 rows (simulate.step.FUSE_SHARED_MAX_BATCH, the
+# default since 2026-12-05, when this group, then the other way round, timed it): the kernel level's GLM-5-NVFP4 TP8
+# step at 8 or 32 rows, fused (this tree) and apart (a copy of workflow/ with NVFP4's limit at 1)
+steps_ab "${2:?usage: $0 shared OUT_DIR b8|b32}" "${3:?usage: $0 shared OUT_DIR b8|b32}" shared_apart \
+  decode_gap/simulate/step.py 'FUSE_SHARED_MAX_BATCH = {"nvfp4-moe": 32, "fp8-moe": 1, "fp8-block-moe": 1}' \
+  'FUSE_SHARED_MAX_BATCH = {"nvfp4-moe": 1, "fp8-moe": 1, "fp8-block-moe": 1}'
+;;
+walk_check)
+# the walk by pairs a block (fp4moe.DOWN_WALK, the default since 2026-12-05) where it was not timed: long programs
+# (TP1, K = 2048: 320 and 8 tokens; TP4, K = 512), 128 tokens (blocks of 8, four pairs an expert) and 512 (blocks
+# of 16), each against one group a program (--walk 1) and another walk; then the kernel level's step at 32 and 8 rows
+# against a copy of workflow/ that walks nowhere (OUT/no_walk)
+probe --m 320 --i 2048 --walk 1 2
+probe --m 8 --i 2048 --walk 1 4
+probe --m 32 --i 512 --walk 1 4
+probe --m 128 --walk 1 4
+probe --m 512 --walk 1 4
+steps_ab "${2:?usage: $0 walk_check OUT_DIR}" "b32 b8" no_walk decode_gap/kernels/fp4moe.py \
+  'DOWN_WALK = {8: 2, 16: 8}' 'DOWN_WALK = {8: 1, 16: 1}'
 ;;
 plans)
 
@@ -125,7 +140,8 @@ probe --m 1 --variants
 probe --m 8 --variants
 ;;
 *)
-echo "usage: bash $0 align|pair|step OUT_DIR|defaults OUT_DIR|walk|walk_more|shared OUT_DIR b8|b32|plans" \
+echo "usage: bash $0 align|pair|step OUT_DIR|defaults OUT_DIR|walk|walk_more|shared OUT_DIR b8|b32" \
+  "|walk_check OUT_DIR|plans" \
   "(each under one device call's 600 s)" >&2
 exit 2
 ;;

@@ -59,6 +59,16 @@ def kernel_times(fn, gemm_read_us: tuple[float, float] = ()) -> str:
     return "; ".join(rows)
 
 
+def read_bandwidth_gbps(nbytes: int = 2 * 2**30) -> float:
+    """This card's read bandwidth, GB/s: the median of `src.sum()` over 2 GiB, as the microbench stage measures it
+    (microbench.memory), so a kernel's fraction of a read is of the card it ran on (H100 and H200 differ)."""
+    src = torch.rand(nbytes // 4, device="cuda")
+    us = spread(time_cuda(src.sum, 3, 20, None))["median_ms"] * 1e3
+    del src
+    torch.cuda.empty_cache()
+    return nbytes / us / 1e3
+
+
 def checked(run, w13, w2, x, ids, rw) -> str:
     """A call (twice: the second sees what the first left in the sums and counters) against dequantise-then-matmul
     on the experts chosen: its relative error, and whether it is within the tests' 1e-2."""
@@ -104,9 +114,11 @@ def main() -> None:
     x = torch.randn(a.m, a.h, device=dev, dtype=torch.bfloat16)
     hit = torch.unique(ids)
     cids = torch.searchsorted(hit, ids)
-    gemm_read_us = tuple(hit.numel() * nv.nvfp4_bytes(n, k) / 4.38e3 / 1e3 for n, k in ((2 * a.i, a.h), (a.h, a.i)))
+    read_gbps = read_bandwidth_gbps()
+    gemm_read_us = tuple(hit.numel() * nv.nvfp4_bytes(n, k) / read_gbps / 1e3 for n, k in ((2 * a.i, a.h), (a.h, a.i)))
     read_us = sum(gemm_read_us)
-    print(f"M={a.m} top_k={a.k} {a.h}x{a.i}: {hit.numel()} of {a.e} experts hit, their bytes at 4.38 TB/s "
+    print(f"M={a.m} top_k={a.k} {a.h}x{a.i}: {hit.numel()} of {a.e} experts hit, their bytes at {read_gbps / 1e3:.2f} "
+          f"TB/s (this card's read, measured) "
           f"{read_us:.1f} us (gate_up 2/3 of it)", flush=True)
     flusher = L2Flusher("cuda")
     if a.only_table:

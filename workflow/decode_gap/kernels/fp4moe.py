@@ -145,11 +145,14 @@ PAIR_GEMMS = "down"
 # a call, the atomics / by pair: 32 tokens 146.8 / 148.4, 128: 219.4 / 221.9, 320: 306.8 / 311.2 (down's kernel
 # 114.4 -> 110.4 there, the top_k sum 14.5 against the cast's 4.9)
 DOWN_BY_PAIR = False
-# tile groups a program of down's pair takes, one loop over their iterations with its loads a group ahead (WALK; 1:
-# a group a program). Not yet timed on a GPU: at 320 tokens down reads 0.45 of a plain read of its bytes, in about 27
-# waves of programs two iterations long at TP8 (K = 256), each behind its own chain of dependent loads (the block's
-# expert, its pairs, their x rows); a walking program makes that set-up once for WALK groups
-DOWN_WALK = 1
+# tile groups a program of down's pair takes, by pairs a block: one loop over their iterations with its loads a group
+# ahead and the block's set-up (its expert, pairs, x rows) made once (WALK). Down's programs are short at TP8 (K = 256:
+# two iterations), so that set-up's chain of dependent loads, not its bytes, held it: with every expert expert 0's
+# bytes (weights from the L2) its kernel took 127.0 -> 99.4 us at 320 tokens. H100 (2026-12-05, moe_e_probe.py
+# rotated, checks 1.7e-3), down's kernel us, walk 1 / 2 / 4 / 8: GLM-5 TP8 at 320 tokens (blocks of 16: 128 registers
+# at any walk) 127.0 / 108.5 / 102.6 / 98.9 (the call 350.3 -> 323.8); at 32 tokens (blocks of 8: 96 registers
+# walking, 72 not) 58.9 / 54.0 / 56.5, 64: 81.0 / 73.3 / 73.3; DeepSeek-V3 TP8 at 32: 71.6 / 64.8 / 66.4
+DOWN_WALK = {8: 2, 16: 8}
 # the element types of both kernels' pointers, to compile them without a GPU (decode_gap.kernels.compiled)
 POINTER_TYPES = {"x_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*i16", "ts_ptr": "*fp32", "pairs_ptr": "*i32",
                  "bexp_ptr": "*i32", "rw_ptr": "*fp32", "out_ptr": "*fp32", "fin_ptr": "*bf16", "cnt_ptr": "*i32",
@@ -649,7 +652,7 @@ class Nvfp4FusedMoe:
     loads ("both", "gate_up", "down" or "none"; None: PAIR_GEMMS); their splits are planned for the warps that run.
     `align_rank`: the align's form, "sort" or "atomic" (None: fusedmoe.ALIGN_RANK). `down_by_pair`: down stores
     each pair's weighted row, unsplit, and a top_k sum a token makes the output (None: DOWN_BY_PAIR). `walk2`: tile
-    groups a program of down's pair (None: DOWN_WALK).
+    groups a program of down's pair (None: DOWN_WALK at its block_m where down's pair adds into the sums, else 1).
     The forms are timed against each other by benchmarks/lowprec_device.py."""
 
     def __init__(self, w13, w2, m: int, top_k: int, device, out_dtype=torch.bfloat16, block_m: int | None = None,
@@ -733,9 +736,9 @@ class Nvfp4FusedMoe:
         if self.token2:
             self.cast_epilogue = True
         self.down_by_pair = self.down_by_pair and not self.token2
-        self.walk2 = DOWN_WALK if walk2 is None else walk2
-        if self.walk2 < 1 or self.walk2 > 1 and (not self.pair2 or self.token2 or self.down_by_pair
-                                                 or self.cast_epilogue):
+        walks = self.pair2 and not (self.token2 or self.down_by_pair or self.cast_epilogue)
+        self.walk2 = (min(DOWN_WALK[self.block_m], self._groups(nt2, True)) if walks else 1) if walk2 is None else walk2
+        if self.walk2 < 1 or self.walk2 > 1 and not walks:
             raise DecodeGapError(f"NVFP4 fused MoE: down walks {self.walk2} tile groups a program only as two tiles a "
                                  f"warp (pair 'down' or 'both'), adding into the sums (no down by pair, no cast "
                                  f"epilogue, not the one-token kernel)")

@@ -14,14 +14,16 @@ from ..kernels import norm as norm_kernels
 from ..kernels import topk as topk_kernels
 from ..kernels.lowprec import available
 from ..kernels.routing import FusedRoute, Routing, fused_fits, route_reference, with_shared_slot
-from .formats import FUSED_K_MULTIPLE, GROUPED_GEMV_KINDS, _probe_grouped, _torch, fused_moe_fallback
+from .formats import GROUPED_GEMV_KINDS, _probe_grouped, _torch, fused_moe_fallback
 from .layers import Experts, KernelPicker, Linear, _rand, _tdtype
 from .shapes import StepShapes
 
-# the largest batch at which the shared expert runs as one more expert of the fused MoE (step._moe's figures: it lost
-# at 8 rows, timed before the align without a sort and down's two tiles a warp; benchmarks/device/issue14_pending.sh
-# shared times it again at 8 and 32)
-FUSE_SHARED_MAX_BATCH = 1
+# the largest batch at which the shared expert runs as one more expert of the fused MoE, by its form. NVFP4: the
+# kernel level's GLM-5-NVFP4 TP8 step (benchmarks/device/issue14_pending.sh shared; H100, 2026-12-05), apart / fused:
+# 8 rows 14.25 / 13.60 ms (routed experts 5.06 -> 5.42, the shared expert's 0.98 gone), 32 rows 24.70 / 23.85 (12.68
+# -> 12.71, its 1.12 gone); untimed above 32. fp8: it lost at 8 rows (step._moe's figures, before the align without a
+# sort and down's pair, which are NVFP4's), so batch 1 only
+FUSE_SHARED_MAX_BATCH = {"nvfp4-moe": 32, "fp8-moe": 1, "fp8-block-moe": 1}
 
 # ----------------------------------------------------------------------------------------------------------
 # the step
@@ -432,14 +434,14 @@ class DecodeStep:
         norm = bool(raw.get("norm_topk_prob", True))
         rscale = float(raw.get("routed_scaling_factor", 1.0) or 1.0)
         sigmoid = spec.scoring == "sigmoid"
-        # at batch 1, the shared expert as one more expert of the fused MoE, the token's (k+1)-th pair, where it has
-        # the routed experts' shape (SGLang's shared-experts fusion, on by default for DeepSeek-V3 and GLM-5). H200,
-        # GLM-5-NVFP4 TP8: the step 8.70 -> 7.95 ms (the ninth pair cost nothing measurable; the shared expert's own
-        # GEMVs took 0.76 ms). Above batch 1 our fused MoEs lose with it: at 8 rows, its 8 pairs on one expert took
-        # the routed experts 1.1-1.7 ms a step more than the 0.96 ms the separate shared expert takes (GLM-5-NVFP4 and
-        # DeepSeek-V3 fp8 at TP8), so it stays apart there.
-        fuse_shared = bool(sh.batch <= FUSE_SHARED_MAX_BATCH and sh.shared_inter == sh.moe_inter
-                           and spec.shared_experts == 1 and sh.ep == 1 and self.experts_kind in FUSED_K_MULTIPLE)
+        # up to FUSE_SHARED_MAX_BATCH rows, the shared expert as one more expert of the fused MoE, a token's (k+1)-th
+        # pair, where it has the routed experts' shape (SGLang's shared-experts fusion, on by default for DeepSeek-V3
+        # and GLM-5). H200, GLM-5-NVFP4 TP8 at batch 1: the step 8.70 -> 7.95 ms (the ninth pair cost nothing
+        # measurable; the shared expert's own GEMVs took 0.76 ms). Before the atomic align and down's pair, its 8
+        # pairs at 8 rows took the routed experts 1.1-1.7 ms a step more than the 0.96 ms the shared expert takes
+        # apart (GLM-5-NVFP4 and DeepSeek-V3 fp8 at TP8); NVFP4 has since won there (the constant's figures).
+        fuse_shared = bool(sh.batch <= FUSE_SHARED_MAX_BATCH.get(self.experts_kind, 0)
+                           and sh.shared_inter == sh.moe_inter and spec.shared_experts == 1 and sh.ep == 1)
         self.shared_note = ("shared expert: one more expert of the fused MoE, the token's (k+1)-th pair with weight 1 "
                             "(SGLang's shared-experts fusion); its time is in routed experts") if fuse_shared else ""
         extra = 1 if fuse_shared else 0  # the shared expert's slot and pair
