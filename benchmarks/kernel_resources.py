@@ -79,8 +79,8 @@ def moe_forms() -> dict[str, dict]:
     """The NVFP4 fused MoE's block kernel (fp4moe._fp4_moe_kernel) as Nvfp4FusedMoe launches it on an sm90+ GPU
     above one token (fp4moe.block_constexprs): gate_up unsplit (the activation from its registers) or split over K
     (fp32 sums), and down, at blocks of 8 and 16 pairs, one tile a warp and two (pair), and down's pair walking tile
-    groups a program as it runs by default (fp4moe.DOWN_WALK at the block's pairs). fp4moe.RESIDENT_WARPS (and RESIDENT_WARPS_PAIR) is these programs an SM
-    times 4 (the walk's own line says what it holds)."""
+    groups a program as it runs by default (fp4moe.DOWN_WALK at the block's pairs). fp4moe.RESIDENT_WARPS (and
+    RESIDENT_WARPS_PAIR) is these programs an SM times 4 (the walk's own line says what it holds)."""
     out = {}
     for pair in (False, True):
         for bm in (8, 16):
