@@ -261,7 +261,8 @@ def test_down_walking_tile_groups_matches_dequantise_then_matmul():
     """down's pair with a program walking 2 or 3 tile groups of its block: H = 320 is 20 tiles, so 3 groups of 8 tiles
     (4 warps, two tiles each), the last half past the rows, and 2 programs at a walk of 2, the second with one group
     (the interpreter runs the groups one after another; the compiled loop that loads a group ahead is checked on the
-    GPU by benchmarks/device/moe_e_probe.py --walk). Refused where down is not the pair adding into the sums."""
+    GPU by benchmarks/device/moe_e_probe.py --walk). Refused where down is not the pair adding into the sums; by
+    default only where it is and its K is short."""
     _interpret(r'''
 H2 = 320
 w13 = [nv.quantize_nvfp4(torch.randn(2 * I, H2, generator=g) * 0.05) for _ in range(E)]
@@ -285,6 +286,16 @@ for opt in ({"pair": "none"}, {"down_by_pair": True}, {"cast_epilogue": True}, {
         raise SystemExit(f"a walk with {opt} was taken")
     except fp4moe.DecodeGapError as exc:
         assert "tile groups a program" in str(exc), exc
+# by default: DOWN_WALK at the block's pairs, at most the tile groups there are (3 here), where down's pair adds into
+# the sums and its K is short (DOWN_WALK_MAX_K_STEPS); one group a program elsewhere
+for bm in (8, 16):
+    assert fp4moe.Nvfp4FusedMoe(w13, w2, 3, 2, "cpu", block_m=bm).walk2 == min(fp4moe.DOWN_WALK[bm], 3)
+for opt in ({"pair": "none"}, {"down_by_pair": True}, {"cast_epilogue": True}):
+    assert fp4moe.Nvfp4FusedMoe(w13, w2, 3, 2, "cpu", **opt).walk2 == 1, opt
+I_LONG = 64 * (fp4moe.DOWN_WALK_MAX_K_STEPS + 1)
+w13 = [nv.quantize_nvfp4(torch.randn(2 * I_LONG, H2, generator=g) * 0.05) for _ in range(E)]
+w2 = [nv.quantize_nvfp4(torch.randn(H2, I_LONG, generator=g) * 0.05) for _ in range(E)]
+assert fp4moe.Nvfp4FusedMoe(w13, w2, 3, 2, "cpu", pair="down").walk2 == 1
 print("ok")
 ''')
 

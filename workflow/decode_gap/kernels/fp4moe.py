@@ -153,6 +153,9 @@ DOWN_BY_PAIR = False
 # at any walk) 127.0 / 108.5 / 102.6 / 98.9 (the call 350.3 -> 323.8); at 32 tokens (blocks of 8: 96 registers
 # walking, 72 not) 58.9 / 54.0 / 56.5, 64: 81.0 / 73.3 / 73.3; DeepSeek-V3 TP8 at 32: 71.6 / 64.8 / 66.4
 DOWN_WALK = {8: 2, 16: 8}
+# ... where down's K is at most this many 64-value steps (GLM-5's and DeepSeek-V3's I = 256 at TP8, the rows timed):
+# longer programs (TP4's I = 512, TP1's 2048) make their set-up once for more iterations, and the walk is untimed there
+DOWN_WALK_MAX_K_STEPS = 4
 # the element types of both kernels' pointers, to compile them without a GPU (decode_gap.kernels.compiled)
 POINTER_TYPES = {"x_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*i16", "ts_ptr": "*fp32", "pairs_ptr": "*i32",
                  "bexp_ptr": "*i32", "rw_ptr": "*fp32", "out_ptr": "*fp32", "fin_ptr": "*bf16", "cnt_ptr": "*i32",
@@ -652,7 +655,8 @@ class Nvfp4FusedMoe:
     loads ("both", "gate_up", "down" or "none"; None: PAIR_GEMMS); their splits are planned for the warps that run.
     `align_rank`: the align's form, "sort" or "atomic" (None: fusedmoe.ALIGN_RANK). `down_by_pair`: down stores
     each pair's weighted row, unsplit, and a top_k sum a token makes the output (None: DOWN_BY_PAIR). `walk2`: tile
-    groups a program of down's pair (None: DOWN_WALK at its block_m where down's pair adds into the sums, else 1).
+    groups a program of down's pair (None: DOWN_WALK at its block_m where down's pair adds into the sums and its K is
+    at most DOWN_WALK_MAX_K_STEPS steps, else 1).
     The forms are timed against each other by benchmarks/lowprec_device.py."""
 
     def __init__(self, w13, w2, m: int, top_k: int, device, out_dtype=torch.bfloat16, block_m: int | None = None,
@@ -737,7 +741,8 @@ class Nvfp4FusedMoe:
             self.cast_epilogue = True
         self.down_by_pair = self.down_by_pair and not self.token2
         walks = self.pair2 and not (self.token2 or self.down_by_pair or self.cast_epilogue)
-        self.walk2 = (min(DOWN_WALK[self.block_m], self._groups(nt2, True)) if walks else 1) if walk2 is None else walk2
+        walk = min(DOWN_WALK[self.block_m], self._groups(nt2, True)) if i // 64 <= DOWN_WALK_MAX_K_STEPS else 1
+        self.walk2 = (walk if walks else 1) if walk2 is None else walk2
         if self.walk2 < 1 or self.walk2 > 1 and not walks:
             raise DecodeGapError(f"NVFP4 fused MoE: down walks {self.walk2} tile groups a program only as two tiles a "
                                  f"warp (pair 'down' or 'both'), adding into the sums (no down by pair, no cast "
