@@ -109,10 +109,11 @@ steps_ab "${2:?usage: $0 shared OUT_DIR b8|b32}" "${3:?usage: $0 shared OUT_DIR 
   'FUSE_SHARED_MAX_BATCH = {"nvfp4-moe": 1, "fp8-moe": 1, "fp8-block-moe": 1}'
 ;;
 walk_check)
-# the walk by pairs a block (fp4moe.DOWN_WALK, the default since 2026-12-05) where it was not timed: long programs
-# (TP1, K = 2048: 320 and 8 tokens, beside one tile a warp, which won at 320; TP4, K = 512), 128 tokens (blocks of
-# 8, four pairs an expert) and 512 (blocks of 16), each against one group a program (--walk 1) and another walk; then
-# the kernel level's step at 32 and 8 rows against a copy of workflow/ that walks nowhere (OUT/no_walk)
+# the walk by pairs a block (fp4moe.DOWN_WALK) where it was not timed: long programs, where it is not the default
+# (DOWN_WALK_MAX_K_STEPS; TP1, K = 2048: 320 and 8 tokens, beside one tile a warp, which won at 320; TP4, K = 512),
+# 128 tokens (blocks of 8, four pairs an expert) and 512 (blocks of 16), each against one group a program (--walk 1)
+# and another walk; then the kernel level's step at 32 and 8 rows against a copy of workflow/ that walks nowhere
+# (OUT/no_walk)
 probe --m 320 --i 2048 --pair none --walk 1 2
 probe --m 8 --i 2048 --pair none --walk 1 4
 probe --m 32 --i 512 --walk 1 4
