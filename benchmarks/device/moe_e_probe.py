@@ -30,6 +30,7 @@ import torch  # noqa: E402
 from decode_gap.kernels import fp4moe  # noqa: E402
 from decode_gap.kernels import lowprec as lp  # noqa: E402
 from decode_gap.kernels import nvfp4 as nv  # noqa: E402
+from decode_gap.microbench.timing import gbps  # noqa: E402
 from decode_gap.simulate.timing import L2Flusher, spread, time_cuda  # noqa: E402
 from decode_gap.timing import capture_graph, rotated  # noqa: E402
 
@@ -66,7 +67,7 @@ def read_bandwidth_gbps(nbytes: int = 2 * 2**30) -> float:
     us = spread(time_cuda(src.sum, 3, 20, None))["median_ms"] * 1e3
     del src
     torch.cuda.empty_cache()
-    return nbytes / us / 1e3
+    return gbps(nbytes, us)
 
 
 def checked(run, w13, w2, x, ids, rw) -> str:

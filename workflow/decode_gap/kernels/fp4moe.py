@@ -741,8 +741,8 @@ class Nvfp4FusedMoe:
             self.cast_epilogue = True
         self.down_by_pair = self.down_by_pair and not self.token2
         walks = self.pair2 and not (self.token2 or self.down_by_pair or self.cast_epilogue)
-        walk = min(DOWN_WALK[self.block_m], self._groups(nt2, True)) if i // 64 <= DOWN_WALK_MAX_K_STEPS else 1
-        self.walk2 = (walk if walks else 1) if walk2 is None else walk2
+        walk = min(DOWN_WALK[self.block_m], self._groups(nt2, True)) if walks and steps2 <= DOWN_WALK_MAX_K_STEPS else 1
+        self.walk2 = walk if walk2 is None else walk2
         if self.walk2 < 1 or self.walk2 > 1 and not walks:
             raise DecodeGapError(f"NVFP4 fused MoE: down walks {self.walk2} tile groups a program only as two tiles a "
                                  f"warp (pair 'down' or 'both'), adding into the sums (no down by pair, no cast "
