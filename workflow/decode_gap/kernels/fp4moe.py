@@ -137,7 +137,9 @@ CONFIG = lp.FP4_GROUPED_BX_2  # 4 warps (64 rows) a program, 2 steps (128 values
 # 101.4, 155.3 / 147.1, 201.8 / 193.1 (both pairs at 32: 156.8); TP4 (I = 512) at 32 255.6 / 247.5; TP1 at 8 304.0 /
 # 304.1; DeepSeek-V3 TP8 at 32 180.1 / 171.3. The kernel level's GLM-5-NVFP4 TP8 step (benchmarks/simulate_gpu.py):
 # routed experts 10.51 -> 9.90 ms at 32 rows (the step 22.19 -> 21.74 ms), 4.31 -> 4.21 at 8 (the step level). At
-# 320 tokens (blocks of 16 pairs) 329.8 -> 305.5 (down's kernel 137.7 -> 114.2); blocks of 8 there: 357.3 / 338.8
+# 320 tokens (blocks of 16 pairs) 329.8 -> 305.5 (down's kernel 137.7 -> 114.2); blocks of 8 there: 357.3 / 338.8.
+# TP1 (I = 2048) at 320 tokens, rotated, one tile a warp / the pair: an H100 (2026-12-05) 2155.0 / 2111.1 us (down
+# 719.7 / 759.9), the H200 (2026-12-05, again) 1943.5 / 1906.6 (down 611.0 / 602.0): neither card's call moved
 PAIR_GEMMS = "down"
 # down stores each pair's row (times its routing weight, in the output dtype) and a top_k sum a token follows (torch),
 # where False adds them into the token's fp32 row with atomics and the cast kernel follows; needs down unsplit. The
@@ -151,10 +153,17 @@ DOWN_BY_PAIR = False
 # bytes (weights from the L2) its kernel took 127.0 -> 99.4 us at 320 tokens. H100 (2026-12-05, moe_e_probe.py
 # rotated, checks 1.7e-3), down's kernel us, walk 1 / 2 / 4 / 8: GLM-5 TP8 at 320 tokens (blocks of 16: 128 registers
 # at any walk) 127.0 / 108.5 / 102.6 / 98.9 (the call 350.3 -> 323.8); at 32 tokens (blocks of 8: 96 registers
-# walking, 72 not) 58.9 / 54.0 / 56.5, 64: 81.0 / 73.3 / 73.3; DeepSeek-V3 TP8 at 32: 71.6 / 64.8 / 66.4
+# walking, 72 not) 58.9 / 54.0 / 56.5, 64: 81.0 / 73.3 / 73.3; DeepSeek-V3 TP8 at 32: 71.6 / 64.8 / 66.4. The H200
+# (2026-12-05, issue14_pending.sh walk_check and defaults), walk 1 / the default / another: 128 tokens (blocks of 8)
+# 77.1 / 71.6 / 69.9 (walk 4; the call 220.7 / 215.4 / 214.2), 320 (blocks of 16) - / 93.9 (0.59 of a read; it was
+# 114.2 unwalked), 512: 154.3 / 129.4 / 130.3 (walk 4; the call 405.0 / 383.2 / 384.3). The kernel level's GLM-5-NVFP4
+# TP8 step (46 layers a CUDA graph, median over 20 replays), unwalked / walking: 32 rows 12.298 / 12.206 ms (p99
+# 12.358 / 12.241; routed experts scaled to 78 layers 10.68 -> 9.84), 8 rows 7.252 / 7.284 (within a run's spread)
 DOWN_WALK = {8: 2, 16: 8}
-# ... where down's K is at most this many 64-value steps (GLM-5's and DeepSeek-V3's I = 256 at TP8, the rows timed):
-# longer programs (TP4's I = 512, TP1's 2048) make their set-up once for more iterations, and the walk is untimed there
+# ... where down's K is at most this many 64-value steps (GLM-5's and DeepSeek-V3's I = 256 at TP8): longer programs
+# make their set-up once for more iterations already. The H200 (2026-12-05), down's kernel us, walk 1 / more: TP4
+# (I = 512) at 32 tokens 80.2 / 83.4 (walk 4), TP1 (I = 2048) at 8 tokens 102.5 / 126.1 (walk 4), at 320 601.9 / 587.2
+# (walk 2, its call 1908.3 / 1934.6: no gain)
 DOWN_WALK_MAX_K_STEPS = 4
 # the element types of both kernels' pointers, to compile them without a GPU (decode_gap.kernels.compiled)
 POINTER_TYPES = {"x_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*i16", "ts_ptr": "*fp32", "pairs_ptr": "*i32",

@@ -21,8 +21,10 @@ from .shapes import StepShapes
 # the largest batch at which the shared expert runs as one more expert of the fused MoE, by its form. NVFP4: the
 # kernel level's GLM-5-NVFP4 TP8 step (benchmarks/device/issue14_pending.sh shared; H100, 2026-12-05), apart / fused:
 # 8 rows 14.25 / 13.60 ms (routed experts 5.06 -> 5.42, the shared expert's 0.98 gone), 32 rows 24.70 / 23.85 (12.68
-# -> 12.71, its 1.12 gone); untimed above 32. fp8: it lost at 8 rows (step._moe's figures, before the align without a
-# sort and down's pair, which are NVFP4's), so batch 1 only
+# -> 12.71, its 1.12 gone); the H200 (2026-12-05, down walking: DOWN_WALK), 8 rows 13.23 / 12.33 (46 layers a graph,
+# median 7.795 / 7.282 ms, p99 7.818 / 7.309), 32 rows 21.79 / 20.53 (12.894 / 12.203, p99 12.945 / 12.246); untimed
+# above 32. fp8: it lost at 8 rows (step._moe's figures, before the align without a sort and down's pair, which are
+# NVFP4's), so batch 1 only
 FUSE_SHARED_MAX_BATCH = {"nvfp4-moe": 32, "fp8-moe": 1, "fp8-block-moe": 1}
 
 # ----------------------------------------------------------------------------------------------------------
