@@ -300,6 +300,21 @@ print("ok")
 ''')
 
 
+def test_down_walks_where_its_grid_is_more_than_the_sms_hold():
+    """down_walk: DOWN_WALK (at most the groups there are) where K is short and the unwalked grid is more than
+    `min_waves` times the programs the SMs hold at once (RESIDENT_WARPS_PAIR over the warps a program); GLM-5 TP8
+    on an H200 (132 SMs): 48 tile groups of 4 warps, 7 programs an SM at 8 pairs a block."""
+    held = fp4moe.RESIDENT_WARPS_PAIR[8] // 4 * 132
+    assert held == 924
+    walk = fp4moe.DOWN_WALK[8]
+    assert fp4moe.down_walk(8, 48, 8, 4, 132, 4, min_waves=1) == 1  # 1 token: 384 programs
+    assert fp4moe.down_walk(8, 48, 20, 4, 132, 4, min_waves=1) == walk  # 960 programs
+    assert fp4moe.down_walk(8, 48, 8, 4, 132, 4, min_waves=0) == walk
+    assert fp4moe.down_walk(8, 48, 300, 4, 132, fp4moe.DOWN_WALK_MAX_K_STEPS + 1, min_waves=0) == 1
+    assert fp4moe.down_walk(16, 3, 300, 4, 132, 4, min_waves=0) == 3  # at most the groups there are
+    assert fp4moe.down_walk(8, 48, 8, 4, 132, 4) == (1 if 384 <= fp4moe.DOWN_WALK_MIN_WAVES * held else walk)
+
+
 def test_mismatched_weights_and_shapes_are_named():
     _interpret(r'''
 from decode_gap.errors import DecodeGapError

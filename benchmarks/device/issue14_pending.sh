@@ -15,6 +15,7 @@
 #     bash benchmarks/device/issue14_pending.sh shared $OUT/shared b8 2>&1 | tee $OUT/issue14_shared_b8.txt
 #     bash benchmarks/device/issue14_pending.sh shared $OUT/shared b32 2>&1 | tee $OUT/issue14_shared_b32.txt
 #     bash benchmarks/device/issue14_pending.sh walk_check $OUT/walk 2>&1 | tee $OUT/issue14_walk_check.txt
+#     bash benchmarks/device/issue14_pending.sh walk_small $OUT/walk_small 2>&1 | tee $OUT/issue14_walk_small.txt
 #
 # What to read off: every check `ok`. The forms are timed in rounds that rotate their order (the first form timed read
 # 2-9% fast in a fixed order), so a form wins where its median is below the default's past the spread of the rounds.
@@ -37,7 +38,8 @@ steps_ab() {
     for wf in workflow "$copy"; do
       local form=this; [ "$wf" = workflow ] || form=$name
       echo "== step $r, $form"
-      python3 benchmarks/simulate_gpu.py "$out/$form" --cases "kernel_glm5_tp8_nvfp4_$r" --budget-s 140 --workflow "$wf"
+      local case=kernel_glm5_tp8_nvfp4; [ "$r" = b1 ] || case+="_$r"
+      python3 benchmarks/simulate_gpu.py "$out/$form" --cases "$case" --budget-s 140 --workflow "$wf"
     done
   done
 }
@@ -123,6 +125,15 @@ probe --m 512 --walk 1 4
 steps_ab "${2:?usage: $0 walk_check OUT_DIR}" "b32 b8" no_walk decode_gap/kernels/fp4moe.py \
   'DOWN_WALK = {8: 2, 16: 8}' 'DOWN_WALK = {8: 1, 16: 1}'
 ;;
+walk_small)
+# the walk where down's grid fits the SMs in one go (fp4moe.DOWN_WALK_MIN_WAVES, 0 until this is timed): GLM-5 TP8 at
+# 1, 2, 4 and 8 tokens and DeepSeek-V3's at 1, walking 1 and 2, then the kernel level's step at batch 1 walking (this
+# tree) and not (a copy with the limit at 1)
+for m in 1 2 4 8; do probe --m $m --walk 1 2; done
+probe --m 1 --h 7168 --walk 1 2
+steps_ab "${2:?usage: $0 walk_small OUT_DIR}" b1 one_wave decode_gap/kernels/fp4moe.py 'DOWN_WALK_MIN_WAVES = 0' \
+  'DOWN_WALK_MIN_WAVES = 1'
+;;
 plans)
 
 # TP8 (I = 256): 7 tokens just past one wave (the waves rule plans 9 splits where 8 tokens, under a wave, took 2)
@@ -143,7 +154,7 @@ probe --m 8 --variants
 ;;
 *)
 echo "usage: bash $0 align|pair|step OUT_DIR|defaults OUT_DIR|walk|walk_more|shared OUT_DIR b8|b32" \
-  "|walk_check OUT_DIR|plans" \
+  "|walk_check OUT_DIR|walk_small OUT_DIR|plans" \
   "(each under one device call's 600 s)" >&2
 exit 2
 ;;

@@ -165,6 +165,11 @@ DOWN_WALK = {8: 2, 16: 8}
 # (I = 512) at 32 tokens 80.2 / 83.4 (walk 4), TP1 (I = 2048) at 8 tokens 102.5 / 126.1 (walk 4), at 320 601.9 / 587.2
 # (walk 2, its call 1908.3 / 1934.6: no gain)
 DOWN_WALK_MAX_K_STEPS = 4
+# ... and where down's unwalked grid is more than this many times the programs the SMs hold at once
+# (RESIDENT_WARPS_PAIR): a grid the SMs hold in one go starts no program late, so walking only puts the groups one
+# after another in fewer programs (GLM-5 TP8 at 1 token: 48 groups x 8 blocks = 384 programs, 7 an SM). 0: wherever;
+# untimed below 4 tokens (benchmarks/device/issue14_pending.sh walk_small), so 0 until it is
+DOWN_WALK_MIN_WAVES = 0
 # the element types of both kernels' pointers, to compile them without a GPU (decode_gap.kernels.compiled)
 POINTER_TYPES = {"x_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*i16", "ts_ptr": "*fp32", "pairs_ptr": "*i32",
                  "bexp_ptr": "*i32", "rw_ptr": "*fp32", "out_ptr": "*fp32", "fin_ptr": "*bf16", "cnt_ptr": "*i32",
@@ -606,6 +611,19 @@ def moe_split(blocks: int, tiles: int, steps: int, unroll: int, sms: int, warps_
     return split
 
 
+def down_walk(block_m: int, groups: int, blocks: int, warps: int, sms: int, steps: int,
+              min_waves: float | None = None) -> int:
+    """Tile groups a program of down's pair (adding into the sums) over `blocks` expert blocks of `block_m` pairs,
+    `groups` tile groups of `warps` warps each and `steps` 64-value K steps: DOWN_WALK at block_m, at most the groups
+    there are, where K is at most DOWN_WALK_MAX_K_STEPS steps and the unwalked grid is more than `min_waves`
+    (None: DOWN_WALK_MIN_WAVES) times the programs the SMs hold at once; else 1."""
+    held = RESIDENT_WARPS_PAIR[block_m] // warps * sms
+    waves = DOWN_WALK_MIN_WAVES if min_waves is None else min_waves
+    if steps > DOWN_WALK_MAX_K_STEPS or groups * blocks <= waves * held:
+        return 1
+    return min(DOWN_WALK[block_m], groups)
+
+
 def token_slices(tiles: int, slots: int, steps: int, unroll: int, sms: int, most: int,
                  warps_per_sm: int = WARPS_PER_SM) -> int:
     """K slices a tile for the one-token kernels (_fp4_moe_token_kernel) over `tiles` 16-row tiles of `slots` experts
@@ -664,8 +682,7 @@ class Nvfp4FusedMoe:
     loads ("both", "gate_up", "down" or "none"; None: PAIR_GEMMS); their splits are planned for the warps that run.
     `align_rank`: the align's form, "sort" or "atomic" (None: fusedmoe.ALIGN_RANK). `down_by_pair`: down stores
     each pair's weighted row, unsplit, and a top_k sum a token makes the output (None: DOWN_BY_PAIR). `walk2`: tile
-    groups a program of down's pair (None: DOWN_WALK at its block_m where down's pair adds into the sums and its K is
-    at most DOWN_WALK_MAX_K_STEPS steps, else 1).
+    groups a program of down's pair (None: down_walk where down's pair adds into the sums, else 1).
     The forms are timed against each other by benchmarks/lowprec_device.py."""
 
     def __init__(self, w13, w2, m: int, top_k: int, device, out_dtype=torch.bfloat16, block_m: int | None = None,
@@ -750,8 +767,8 @@ class Nvfp4FusedMoe:
             self.cast_epilogue = True
         self.down_by_pair = self.down_by_pair and not self.token2
         walks = self.pair2 and not (self.token2 or self.down_by_pair or self.cast_epilogue)
-        walk = min(DOWN_WALK[self.block_m], self._groups(nt2, True)) if walks and steps2 <= DOWN_WALK_MAX_K_STEPS else 1
-        self.walk2 = walk if walk2 is None else walk2
+        self.walk2 = (down_walk(self.block_m, self._groups(nt2, True), blocks, self.warps, sms, steps2) if walks
+                      else 1) if walk2 is None else walk2
         if self.walk2 < 1 or self.walk2 > 1 and not walks:
             raise DecodeGapError(f"NVFP4 fused MoE: down walks {self.walk2} tile groups a program only as two tiles a "
                                  f"warp (pair 'down' or 'both'), adding into the sums (no down by pair, no cast "
