@@ -287,7 +287,13 @@ for opt in ({"pair": "none"}, {"down_by_pair": True}, {"cast_epilogue": True}, {
     except fp4moe.DecodeGapError as exc:
         assert "tile groups a program" in str(exc), exc
 # by default: DOWN_WALK at the block's pairs, at most the tile groups there are (3 here), where down's pair adds into
-# the sums and its K is short (DOWN_WALK_MAX_K_STEPS); one group a program elsewhere
+# the sums, its K is short (DOWN_WALK_MAX_K_STEPS) and its grid more than DOWN_WALK_MIN_WAVES of what the SMs hold
+# (this grid, 3 groups x a few blocks, fits the interpreter's 4 SMs: unwalked at the module's limit, walking at 0);
+# one group a program elsewhere
+for bm in (8, 16):
+    assert fp4moe.Nvfp4FusedMoe(w13, w2, 3, 2, "cpu", block_m=bm).walk2 == (1 if fp4moe.DOWN_WALK_MIN_WAVES else
+                                                                            min(fp4moe.DOWN_WALK[bm], 3))
+fp4moe.DOWN_WALK_MIN_WAVES = 0
 for bm in (8, 16):
     assert fp4moe.Nvfp4FusedMoe(w13, w2, 3, 2, "cpu", block_m=bm).walk2 == min(fp4moe.DOWN_WALK[bm], 3)
 for opt in ({"pair": "none"}, {"down_by_pair": True}, {"cast_epilogue": True}):

@@ -126,13 +126,13 @@ steps_ab "${2:?usage: $0 walk_check OUT_DIR}" "b32 b8" no_walk decode_gap/kernel
   'DOWN_WALK = {8: 2, 16: 8}' 'DOWN_WALK = {8: 1, 16: 1}'
 ;;
 walk_small)
-# the walk where down's grid fits the SMs in one go (fp4moe.DOWN_WALK_MIN_WAVES, 0 until this is timed): GLM-5 TP8 at
-# 1, 2, 4 and 8 tokens and DeepSeek-V3's at 1, walking 1 and 2, then the kernel level's step at batch 1 walking (this
-# tree) and not (a copy with the limit at 1)
+# the walk where down's grid fits the SMs in one go (fp4moe.DOWN_WALK_MIN_WAVES: 1 since an H100 timed these probes
+# on 2026-12-05): GLM-5 TP8 at 1, 2, 4 and 8 tokens and DeepSeek-V3's at 1, walking 1 and 2, then the kernel level's
+# step at batch 1 unwalked (this tree) and walking (a copy with the limit at 0; untimed yet)
 for m in 1 2 4 8; do probe --m $m --walk 1 2; done
 probe --m 1 --h 7168 --walk 1 2
-steps_ab "${2:?usage: $0 walk_small OUT_DIR}" b1 one_wave decode_gap/kernels/fp4moe.py 'DOWN_WALK_MIN_WAVES = 0' \
-  'DOWN_WALK_MIN_WAVES = 1'
+steps_ab "${2:?usage: $0 walk_small OUT_DIR}" b1 walk_all decode_gap/kernels/fp4moe.py 'DOWN_WALK_MIN_WAVES = 1' \
+  'DOWN_WALK_MIN_WAVES = 0'
 ;;
 plans)
 

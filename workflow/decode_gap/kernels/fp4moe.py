@@ -167,9 +167,11 @@ DOWN_WALK = {8: 2, 16: 8}
 DOWN_WALK_MAX_K_STEPS = 4
 # ... and where down's unwalked grid is more than this many times the programs the SMs hold at once
 # (RESIDENT_WARPS_PAIR): a grid the SMs hold in one go starts no program late, so walking only puts the groups one
-# after another in fewer programs (GLM-5 TP8 at 1 token: 48 groups x 8 blocks = 384 programs, 7 an SM). 0: wherever;
-# untimed below 4 tokens (benchmarks/device/issue14_pending.sh walk_small), so 0 until it is
-DOWN_WALK_MIN_WAVES = 0
+# after another in fewer programs (GLM-5 TP8 at 1 token: 48 groups x 8 blocks = 384 programs, 7 an SM: 924 held).
+# H100 (2026-12-05, moe_e_probe.py --walk 1 2, rotated, checks 1.6-1.7e-3), down's kernel us, walk 1 / 2, GLM-5 TP8:
+# 1 token 5.4 / 6.8 (the call 23.7 / 25.2), 2 tokens (768 programs) 7.8 / 8.2; 4 tokens (1488) 12.8 / 12.4, 8 tokens
+# 20.5 / 21.1; DeepSeek-V3 TP8 at 1 token 5.8 / 6.9 (the call 25.6 / 26.8)
+DOWN_WALK_MIN_WAVES = 1
 # the element types of both kernels' pointers, to compile them without a GPU (decode_gap.kernels.compiled)
 POINTER_TYPES = {"x_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*i16", "ts_ptr": "*fp32", "pairs_ptr": "*i32",
                  "bexp_ptr": "*i32", "rw_ptr": "*fp32", "out_ptr": "*fp32", "fin_ptr": "*bf16", "cnt_ptr": "*i32",
