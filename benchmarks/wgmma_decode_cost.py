@@ -14,6 +14,8 @@ byte: an F2F a value for fp16 -> bf16, the nibbles unpacked one to an int16) aga
 its 32 MMAs). A kernel bound by issuing its decode would run about 2.5x slower, so this form is not worth device
 time; a wgmma form needs the packed decode (lowprec's asm: 2 values an operation into bf16 pairs) feeding the
 register A operand, which Triton's tl.dot does not take from inline asm. No GPU time is spent here.
+Marlin's shift decode in fp16 (benchmarks/device/wgmma_probe.py) brought the tl.dot form to 10.4-10.9 instructions a
+byte, still staged through shared memory; timed on an H100 (2026-12-05) it lost to fp4wide by 1.2-1.7x at 16-64 rows.
 
     python benchmarks/wgmma_decode_cost.py [--arch 90]
 """

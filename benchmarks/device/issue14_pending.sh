@@ -20,7 +20,8 @@
 # What to read off: every check `ok`. The forms are timed in rounds that rotate their order (the first form timed read
 # 2-9% fast in a fixed order), so a form wins where its median is below the default's past the spread of the rounds.
 # `plans` is the 2026-12-05 run of the split plans (kept to run again); `walk_check`, `defaults` and `shared` ran on
-# an H200 on 2026-12-05 (the sixteenth session's note; fp4moe.DOWN_WALK's and simulate.step's comments hold them).
+# an H200 on 2026-12-05 (the sixteenth session's note; fp4moe.DOWN_WALK's and simulate.step's comments hold them);
+# `walk_small` on an H100 (fp4moe.DOWN_WALK_MIN_WAVES's comment).
 set -u
 export PYTHONPATH=workflow${PYTHONPATH:+:$PYTHONPATH}  # env.sh puts the carried wheels on it
 probe() {  # PROBE_S: its time limit (120 s)
