@@ -194,6 +194,24 @@ def attention_checks(env: BenchEnv) -> None:
         _check(name, 2, h, d, lambda: torch.cat([attn.qkv_rope_append(qkv, h, *caches, pos, *cs, *nw).flatten(),
                                                  caches[0].flatten(), caches[1].flatten()]).float(),
                torch.cat([ref_q.flatten(), ref_caches[0].flatten(), ref_caches[1].flatten()]), 1e-2)
+    # MLA's fused decode input (GLM-5 / DeepSeek-V3 at TP8: 8 or 16 heads of 512 + 64; q_pe a slice of q, the latent
+    # row a slice of the fused a-projection's output, q_lat the absorbed bmm's transposed output), 1 and 8 tokens
+    for m, h in ((1, 8), (8, 16)) if env.is_gpu else ((2, 3),):
+        t = 40
+        q = torch.randn((m, h, 192), generator=gen, device=dev).to(torch.bfloat16)
+        q_lat = torch.randn((h, m, lora), generator=gen, device=dev).to(torch.bfloat16).transpose(0, 1)
+        kv = torch.randn((m, 64 + lora + rope), generator=gen, device=dev).to(torch.bfloat16)[:, 64:]
+        cache = torch.randn((m, t, lora + rope), generator=gen, device=dev).to(torch.bfloat16)
+        ref_cache = cache.float()
+        pos = torch.tensor([t - 5], device=dev)
+        cs = [torch.randn(rope // 2, generator=gen, device=dev).to(torch.bfloat16) for _ in range(2)]
+        w = torch.rand(lora, generator=gen, device=dev).to(torch.bfloat16)
+        ref_q = attn.mla_prepare_reference(q_lat.float(), q[..., 192 - rope:].float(), kv.float(), ref_cache, pos,
+                                           *(c.float() for c in cs), w.float(), 1e-6)
+        _check("mla norm + rope + append", m, h, lora + rope,
+               lambda: torch.cat([attn.mla_prepare(q_lat, q[..., 192 - rope:], kv, cache, pos, *cs, w, 1e-6).flatten(),
+                                  cache.flatten()]).float(),
+               torch.cat([ref_q.flatten(), ref_cache.flatten()]), 1e-2)
     for n in (7168, 6144, 4096, 1536, 100):  # the norms: hidden sizes, a q_a width and an odd one, bf16
         x, o = (torch.randn((2, n), generator=gen, device=dev).to(torch.bfloat16) for _ in range(2))
         w = torch.rand(n, generator=gen, device=dev).to(torch.bfloat16)

@@ -1,7 +1,8 @@
 """The kernel level's fused attention pieces (kernels.attention) against torch ops under TRITON_INTERPRET on the
 CPU: MLA's and GQA's split-KV decode (heads not a multiple of the 16-head tile, one and several splits, a split past
 the end of the cache, a sliding window's strided view, fp32 and bf16), the one-kernel rotary embedding of a strided
-slice, and the fused qk-norm + rope + cache append of a qkv row. benchmarks/lowprec_device.py
+slice, the fused qk-norm + rope + cache append of a qkv row, and MLA's fused latent norm + rope + cache append.
+benchmarks/lowprec_device.py
 checks them again on a GPU at DeepSeek-V3's sizes."""
 
 import os
@@ -131,6 +132,37 @@ for norm in (False, True):
         for x, y in ((a, b), (kc1, kc2), (vc1, vc2)):
             err = ((x.float() - y.float()).norm() / y.float().norm()).item()
             assert err < tol, (norm, dt, err)
+print("ok")
+'''
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO / "workflow")}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stderr[-3000:]
+
+
+def test_mla_prepare_matches_torch_ops_in_the_interpreter():
+    """MLA's fused decode input (the latent row normed and rotated into the cache, qq = [q_lat | rope(q_pe)]) against
+    the seven torch ops, on the strided views the kernel level passes: q_pe a slice of q's heads, the latent row a
+    slice of the fused a-projection's output, q_lat the transposed output of the absorbed bmm; fp32 and bf16."""
+    code = r'''
+import torch
+from decode_gap.kernels.attention import mla_prepare, mla_prepare_reference
+torch.manual_seed(0)
+M, H, NOPE, L, R, QL, T = 2, 5, 24, 32, 16, 40, 9
+for dt, tol in ((torch.float32, 1e-6), (torch.bfloat16, 1e-2)):
+    q = torch.randn(M, H, NOPE + R).to(dt)
+    q_pe = q[..., NOPE:]
+    q_lat = torch.randn(H, M, L).to(dt).transpose(0, 1)
+    kv = torch.randn(M, QL + L + R).to(dt)[:, QL:]
+    c1 = torch.randn(M, T, L + R).to(dt)
+    c2 = c1.clone()
+    pos, cos, sin, w = torch.tensor([4]), torch.randn(R // 2).to(dt), torch.randn(R // 2).to(dt), torch.rand(L).to(dt)
+    a = mla_prepare(q_lat, q_pe, kv, c1, pos, cos, sin, w, 1e-6)
+    b = mla_prepare_reference(q_lat, q_pe, kv, c2, pos, cos, sin, w, 1e-6)
+    assert a.shape == (M, H, L + R) and a.dtype == dt
+    for x, y in ((a, b), (c1, c2)):
+        err = ((x.float() - y.float()).norm() / y.float().norm()).item()
+        assert err < tol, (dt, err)
+    assert torch.equal(c1[:, [0, 1, 2, 3, 5, 6, 7, 8]], c2[:, [0, 1, 2, 3, 5, 6, 7, 8]])  # only row pos written
 print("ok")
 '''
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO / "workflow")}

@@ -1,7 +1,8 @@
 """Decode attention pieces for the kernel level as engines run them: rotary embedding as one kernel, GQA's qk-norm,
 rotary embedding and cache writes of one token's qkv row as one kernel, decode attention over a GQA cache and over
-MLA's latent cache (DeepSeek-V3, GLM-5) as split-KV flash-decoding kernels plus a combine, and the DSA indexer's
-scores (GLM-5) as one kernel.
+MLA's latent cache (DeepSeek-V3, GLM-5) as split-KV flash-decoding kernels plus a combine, MLA's decode input (the
+latent row's norm, both rotations and the cache write) as one kernel, and the DSA indexer's scores (GLM-5) as one
+kernel.
 
 Why hand-written: in torch ops the rotary embedding of one tensor is seven kernels (chunk, four multiplies, a sum,
 a difference, a concatenation) and MLA's attention over the latent cache five (scores, cast, scale, softmax, cast,
@@ -222,6 +223,33 @@ if HAVE_TRITON:
             vdst = vc + m * stride_vm + (r - H - KV) * stride_vh + t * stride_vt
             tl.store(vdst + offs, a.to(vc.dtype.element_ty))
             tl.store(vdst + HALF + offs, b.to(vc.dtype.element_ty))
+
+    @triton.jit
+    def _mla_prepare_kernel(q_lat, q_pe, kv, cache, qq, pos, cos, sin, kvn, eps, H,
+                            stride_lm, stride_lh, stride_pm, stride_ph, stride_kvm, stride_cm, stride_ct,
+                            stride_qm, stride_qh, LORA: tl.constexpr, HALF: tl.constexpr):
+        """Program r < H: head r of qq = [q_lat | rope(q_pe)]; program H: the token's latent row [RMSNorm(c) |
+        rope(k_pe)] into the cache at row pos (both rounded to the row's dtype as the unfused ops would)."""
+        r, m = tl.program_id(0), tl.program_id(1).to(tl.int64)
+        lat = tl.arange(0, LORA)
+        offs = tl.arange(0, HALF)
+        c = tl.load(cos + offs).to(tl.float32)
+        sn = tl.load(sin + offs).to(tl.float32)
+        if r < H:
+            src = q_pe + m * stride_pm + r * stride_ph
+            dst = qq + m * stride_qm + r * stride_qh
+            tl.store(dst + lat, tl.load(q_lat + m * stride_lm + r * stride_lh + lat).to(qq.dtype.element_ty))
+        else:
+            row = kv + m * stride_kvm
+            x = tl.load(row + lat).to(tl.float32)
+            inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / LORA + eps)
+            dst = cache + m * stride_cm + tl.load(pos).to(tl.int64) * stride_ct
+            tl.store(dst + lat, (x * inv * tl.load(kvn + lat).to(tl.float32)).to(cache.dtype.element_ty))
+            src = row + LORA
+        a = tl.load(src + offs).to(tl.float32)
+        b = tl.load(src + HALF + offs).to(tl.float32)
+        tl.store(dst + LORA + offs, (a * c - b * sn).to(dst.dtype.element_ty))
+        tl.store(dst + LORA + HALF + offs, (b * c + a * sn).to(dst.dtype.element_ty))
 
     @triton.jit
     def _index_score_kernel(q, keys, wts, out, T, IH, stride_qm, stride_qh, stride_km, stride_kt, stride_wm,
@@ -446,3 +474,36 @@ def qkv_rope_append(qkv: torch.Tensor, heads: int, kc: torch.Tensor, vc: torch.T
         qkv.stride(0), q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), kc.stride(2),
         vc.stride(0), vc.stride(1), vc.stride(2), HALF=d // 2, NORM=norm, num_warps=1)
     return q
+
+
+def mla_prepare_reference(q_lat: torch.Tensor, q_pe: torch.Tensor, kv: torch.Tensor, cache: torch.Tensor,
+                          pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_norm: torch.Tensor,
+                          eps: float) -> torch.Tensor:
+    """MLA's decode input in torch ops: the token's latent row kv [M, L+R] RMS-normed (its first L) and rotated (its
+    last R) into the cache [M, T, L+R] at row pos; returns qq [M, H, L+R] = [q_lat (L) | rope(q_pe) (R)]."""
+    lora = q_lat.shape[-1]
+    c, k_pe = kv.split([lora, kv.shape[-1] - lora], dim=-1)
+    row = torch.cat((rms_norm_reference(c, kv_norm, eps), rope_reference(k_pe, cos, sin)), dim=-1)
+    cache.index_copy_(1, pos, row.unsqueeze(1))
+    return torch.cat((q_lat, rope_reference(q_pe, cos, sin)), dim=-1)
+
+
+def mla_prepare(q_lat: torch.Tensor, q_pe: torch.Tensor, kv: torch.Tensor, cache: torch.Tensor, pos: torch.Tensor,
+                cos: torch.Tensor, sin: torch.Tensor, kv_norm: torch.Tensor, eps: float) -> torch.Tensor:
+    """`mla_prepare_reference` as one Triton kernel (a program a head and one for the cache row), where the unfused
+    ops are six kernels (the latent's norm, two rotations, two concatenations, the cache write); engines fuse them
+    (SGLang's and vLLM's MLA). Torch ops where Triton does not run or the rows do not fit it. H200 (2026-12-05,
+    benchmarks/simulate_gpu.py, GLM-5-NVFP4 TP8, 46 of 78 layers in a CUDA graph, scaled): the step 7.80 -> 7.20 ms
+    at batch 1 (attention 3.37 -> 2.77), 12.34 -> 11.69 at 8 (4.04 -> 3.34)."""
+    m, h, lora = q_lat.shape
+    rope_dim = q_pe.shape[-1]
+    if (not available(q_lat.device) or lora != _pow2(lora) or rope_dim < 2 or rope_dim != _pow2(rope_dim)
+            or kv.shape[-1] != lora + rope_dim or cache.shape[-1] != lora + rope_dim
+            or min(q_lat.stride(2), q_pe.stride(2), kv.stride(-1), cache.stride(2)) != 1):
+        return mla_prepare_reference(q_lat, q_pe, kv, cache, pos, cos, sin, kv_norm, eps)
+    qq = torch.empty((m, h, lora + rope_dim), dtype=q_lat.dtype, device=q_lat.device)
+    _mla_prepare_kernel[(h + 1, m)](
+        q_lat, q_pe, kv, cache, qq, pos, cos, sin, kv_norm, float(eps), h, q_lat.stride(0), q_lat.stride(1),
+        q_pe.stride(0), q_pe.stride(1), kv.stride(0), cache.stride(0), cache.stride(1), qq.stride(0), qq.stride(1),
+        LORA=lora, HALF=rope_dim // 2, num_warps=4)
+    return qq

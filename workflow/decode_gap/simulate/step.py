@@ -330,7 +330,8 @@ class DecodeStep:
         self.kv_bytes += M * T_att * (lora + rope) * cache.element_size()
         cos, sin, pos = self.cos, self.sin, self.pos
         scale = 1.0 / math.sqrt(nope + rope)
-        rope_fn, rms = self.rope, self.rms
+        rms = self.rms
+        prepare = attn_kernels.mla_prepare if self.fused else attn_kernels.mla_prepare_reference
         index_scores = attn_kernels.index_scores if self.fused else attn_kernels.index_scores_reference
         idx = None
         if spec.index_heads:
@@ -370,7 +371,8 @@ class DecodeStep:
                     "torch bmm + softmax": lambda: attn_kernels.reference_mla(
                         qt, _gather_rows(cache, kept) if sparse else cache[:, :rows], lora, scale)})
                 mla = split if choice == split.label else None
-                self.attention_impl = f"MLA absorbed ({mla.label if mla else 'torch bmm + softmax'})"
+                self.attention_impl = (f"MLA absorbed ({mla.label if mla else 'torch bmm + softmax'}; latent norm, "
+                                       "rope and cache append one kernel)")
 
         def proj(S):
             x = S["h"]
@@ -386,14 +388,10 @@ class DecodeStep:
                 S["kv"] = kv_a(x)
 
         def attend(S):
-            q = S["q"]
-            q_nope, q_pe = q.split([nope, rope], dim=-1)
-            lat, k_pe = S["kv"].split([lora, rope], dim=-1)
-            lat = rms(lat, kv_norm, eps)
-            k_pe = rope_fn(k_pe, cos, sin)
-            cache.index_copy_(1, pos, torch.cat((lat, k_pe), dim=-1).unsqueeze(1))
+            q_nope, q_pe = S["q"].split([nope, rope], dim=-1)
             q_lat = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [M, H, lora]
-            qq = torch.cat((q_lat, rope_fn(q_pe, cos, sin)), dim=-1)  # [M, H, lora+rope]
+            # the latent row normed and rotated into the cache; qq = [q_lat | rope(q_pe)] [M, H, lora+rope]
+            qq = prepare(q_lat, q_pe, S["kv"], cache, pos, cos, sin, kv_norm, eps)
             kv = cache
             if idx is not None:
                 IH, ID, wq, wk, wp, icache, kn_w, kn_b, topk = idx
