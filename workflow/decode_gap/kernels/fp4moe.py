@@ -173,9 +173,10 @@ DOWN_WALK_MAX_K_STEPS = 4
 # 20.5 / 21.1; DeepSeek-V3 TP8 at 1 token 5.8 / 6.9 (the call 25.6 / 26.8). Again (an H100, 2026-12-05,
 # issue14_pending.sh walk_small): 1 token 5.4 / 6.7 (the call 23.9 / 25.6), DeepSeek-V3 5.7 / 6.8; the kernel level's
 # GLM-5-NVFP4 TP8 step at batch 1 (25 layers a CUDA graph, 20 replays) 2.723 ms (min 2.715, p99 2.737) unwalked
-# against 2.749 (2.738, 2.756) walking everywhere. A higher limit (4: 8 tokens, 3.7 waves of planned blocks, unwalked)
-# was level: 8 tokens 20.4 / 20.9-21.2, 12: 27.9 / 28.1, 16: 36.2 / 35.0, the step at 8 rows 4.403 and 4.427 ms at 1
-# against 4.411 and 4.414 at 4, so the limit stays at one wave
+# against 2.749 (2.738, 2.756) walking everywhere (another H100: 2.731 (2.728, 2.735) against 2.748 (2.736,
+# 2.759)). A higher limit (4: 8 tokens, 3.7 waves of planned blocks, unwalked) was level: 8 tokens 20.4 / 20.9-21.2,
+# 12: 27.9 / 28.1, 16: 36.2 / 35.0, the step at 8 rows 4.403 and 4.427 ms at 1 against 4.411 and 4.414 at 4, so the
+# limit stays at one wave
 DOWN_WALK_MIN_WAVES = 1
 # the element types of both kernels' pointers, to compile them without a GPU (decode_gap.kernels.compiled)
 POINTER_TYPES = {"x_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*i16", "ts_ptr": "*fp32", "pairs_ptr": "*i32",
