@@ -131,6 +131,48 @@ def test_graph_server_without_engine_level_names_the_unexplained_part():
     assert "capture CUDA graphs" not in [l["name"] for l in g["levers"]]
 
 
+def test_unmeasured_server_keeps_the_kernel_levels_eager_launches_off_the_chain():
+    """No live ITL, no engine level and no engine named (stages.live false, simulate.engine none): the kernel level's
+    eager launches are not the server's, so the chain stops at its CUDA graph and "capture CUDA graphs" is a lever
+    for eager servers only, without a saving."""
+    inputs = gpu_inputs()
+    inputs["simulate"]["engine"] = {"status": "skipped", "engine": "none",
+                                    "reason": "engine level not measured: disabled by simulate.engine: none"}
+    inputs["live"] = {"status": "skipped", "reason": "stages.live is false in the config", "levels": [],
+                      "engine": "unknown"}
+    g = attribute(inputs, {"live": "stages.live is false in the config"})
+    w = steps(g)
+    launch = w["launch overhead"]
+    assert launch["status"] == "unavailable" and launch["ms"] is None
+    assert "stages.live is false" in launch["why"] and "eager 6.000 ms, one CUDA graph 0.900 ms" in launch["why"]
+    # the kernel level's CUDA graph, then the HTTP/SSE streaming the server calibration measured: no launches
+    assert math.isclose(g["predicted_ms"], 0.9 + w["server overhead: HTTP/SSE streaming"]["ms"])
+    lever = next(lv for lv in g["levers"] if lv["name"].startswith("capture CUDA graphs"))
+    assert lever["name"] == "capture CUDA graphs, if the server launches its kernels eagerly"
+    assert lever["saves_ms"] is None and lever["saves_status"].startswith("unavailable: the server was not measured")
+    assert "SGLang" in lever["evidence"] and "6.000" in lever["evidence"]
+    # a live ITL of an unnamed server bounds the chain: the eager launches stay a measured step
+    inputs["live"] = {"status": "ok", "engine": "unknown", "levels": [{"concurrency": 1, "completed": 8,
+                                                                      "median_itl_per_token_ms": 7.0}]}
+    g = attribute(inputs)
+    assert steps(g)["launch overhead"]["status"] == "measured"
+    assert next(lv for lv in g["levers"] if lv["name"] == "capture CUDA graphs")["saves_ms"] == pytest.approx(5.1)
+
+
+def test_simulate_engine_none_does_not_hide_the_live_servers_engine():
+    """simulate.engine: none records engine "none"; the live stage's SGLang is still the server's engine, which
+    captures CUDA graphs, so no launch overhead is charged."""
+    inputs = gpu_inputs()
+    inputs["simulate"]["engine"] = {"status": "skipped", "engine": "none",
+                                    "reason": "engine level not measured: disabled by simulate.engine: none"}
+    inputs["live"] = {"status": "ok", "engine": "sglang", "levels": [{"concurrency": 1, "completed": 8,
+                                                                     "median_itl_per_token_ms": 5.0}]}
+    g = attribute(inputs)
+    assert g["engine"] == "sglang"
+    assert steps(g)["launch overhead"]["ms"] == 0.0 and "sglang captures CUDA graphs" in steps(g)["launch overhead"]["note"]
+    assert not [lv for lv in g["levers"] if lv["name"].startswith("capture CUDA graphs")]
+
+
 def test_every_input_missing_does_not_crash():
     g = attribute({})
     assert g["status"] == "partial"

@@ -383,3 +383,17 @@ def test_the_kernel_table_says_when_the_gap_counts_the_datasheet_s_all_reduces(t
     bundle = load_bundle(files_in_dir(d))
     notes = simulation_section(Builder(), bundle, headline(bundle))["kernel_notes"]
     assert notes[-1].startswith("The gap counts the all-reduces at 1.05 ms, not this table's: the all-reduce was")
+
+
+def test_closure_without_a_live_itl_is_not_checked_rather_than_failed(tmp_path):
+    """gap.json's closure_pass is False where there is no closure ratio (no live ITL); the report says nothing of
+    closure then, and keeps "fails" for a ratio outside the band."""
+    from decode_gap.report.sections import Builder, simulation_section
+
+    for ratio, want in ((None, None), (0.5, False)):
+        d = tmp_path / f"r{ratio}"
+        d.mkdir()
+        (d / "gap.json").write_text(json.dumps({"status": "partial", "waterfall": [], "headline": {
+            "closure_ratio": ratio, "closure_pass": False}}))
+        bundle = load_bundle(files_in_dir(d))
+        assert simulation_section(Builder(), bundle, headline(bundle))["closure_pass"] is want, ratio

@@ -17,6 +17,9 @@ def load_input(path: str | Path | None) -> tuple[dict | None, str]:
     return read_stage_json(path)
 
 
+UNKNOWN_ENGINES = {"none", "unknown"}  # what the stages record when no engine is named or identified
+
+
 def live_level(live: dict | None) -> tuple[dict | None, str]:
     """The concurrency-1 level (else the lowest concurrency) of live/summary.json."""
     if not live:
@@ -148,7 +151,11 @@ def gather_levels(inputs: dict[str, dict | None], why: dict[str, str], hardware_
     live = inputs.get("live")
     if "trace" in refused:
         trace_wf, trace_why = None, why["trace"]
-    engine_name = (eng or {}).get("engine") or ((sim.get("engine") or {}).get("engine")) or (live or {}).get("engine") or "unknown"
+    # the first level that names a real engine: simulate.engine "none" (or a live stage that could not tell) must not
+    # hide the server the live stage identified
+    named = [n for n in ((eng or {}).get("engine"), (sim.get("engine") or {}).get("engine"), (live or {}).get("engine"))
+             if n and n not in UNKNOWN_ENGINES]
+    engine_name = named[0] if named else "unknown"
     tp = int(roof.get("tp") or (kern or {}).get("tp") or 1)
     kern = _kernel_with_modelled_allreduce(kern, inputs.get("allreduce") or {}, roof, tp)
     return Levels(inputs=inputs, why=why, roof=roof, sim=sim, kern=kern, eng=eng, srv=srv,

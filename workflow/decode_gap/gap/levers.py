@@ -158,7 +158,10 @@ def attention_step_split(att: dict, memory: dict, roof: dict) -> str:
     return text + " (microbench/attention.json, measured)"
 
 
-def rank_levers(waterfall, kern, eng, inputs, server_graphs: bool, roof: dict, ar_ms: float | None) -> list[dict]:
+def rank_levers(waterfall, kern, eng, inputs, server_graphs: bool, roof: dict, ar_ms: float | None,
+                unmeasured: str = "") -> list[dict]:
+    """The levers, largest saving first. `unmeasured`: why nothing tells how the server launches its kernels
+    (steps.server_unmeasured), which leaves the kernel level's launch overhead a saving for eager servers only."""
     levers: list[dict[str, Any]] = []
 
     def add(name, saves, evidence, status="measured", source=""):
@@ -171,6 +174,13 @@ def rank_levers(waterfall, kern, eng, inputs, server_graphs: bool, roof: dict, a
             f"kernel level: eager {kern['eager_ms']:.3f} ms vs one CUDA graph {kern['graph_ms']:.3f} ms per step "
             f"({kern.get('layers_simulated')} of {kern.get('layers_total')} layers simulated, scaled)",
             source="simulate.json (kernel level)")
+    elif unmeasured and not server_graphs and kern and _num(kern.get("eager_ms")) is not None \
+            and _num(kern.get("graph_ms")) is not None and kern["eager_ms"] > kern["graph_ms"]:
+        add("capture CUDA graphs, if the server launches its kernels eagerly", None,
+            f"kernel level: eager {kern['eager_ms']:.3f} ms vs one CUDA graph {kern['graph_ms']:.3f} ms per step "
+            f"({kern.get('layers_simulated')} of {kern.get('layers_total')} layers simulated, scaled); a server "
+            "that captures CUDA graphs (vLLM, SGLang and TGI by default) pays none of it",
+            status=f"unavailable: {unmeasured}", source="simulate.json (kernel level)")
     if eng and _num(eng.get("eager_ms")) is not None and _num(eng.get("graph_ms")) is not None:
         d = eng["eager_ms"] - eng["graph_ms"]
         if d > 0:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .hosts import _flag_negative
-from .levels import Levels, live_level, one_rank_allreduce
+from .levels import UNKNOWN_ENGINES, Levels, live_itl, live_level, one_rank_allreduce
 from .rows import START, _num, _row, _unavail
 
 GRAPH_ENGINES = {"vllm", "sglang", "tgi"}  # serve with captured CUDA graphs by default
@@ -112,6 +112,17 @@ class Checkpoints:
     use_trace: bool
 
 
+def server_unmeasured(lv: Levels) -> str:
+    """Why nothing tells how the server launches its kernels ("" where something does): no engine named or
+    identified, no live ITL and no trace of the server's step. Then the kernel level's eager launches are not the
+    server's: one that captures CUDA graphs (vLLM, SGLang, TGI by default) does not pay them."""
+    level, lwhy = live_level(lv.live)
+    itl = live_itl(level)[0] if level else None
+    if lv.engine_name not in UNKNOWN_ENGINES or itl is not None or lv.trace_wf is not None:
+        return ""
+    return f"the server was not measured ({lv.why.get('live') or lwhy}) and no engine is named"
+
+
 def _kernel_checkpoints(lv: Levels, server_graphs: bool) -> tuple[list[Checkpoint], str | None, Any,
                                                                   float | None, float | None]:
     """The kernel level at decode shapes and its launch overhead: (rows, launch_note, kernel_ok, graph, eager)."""
@@ -134,10 +145,15 @@ def _kernel_checkpoints(lv: Levels, server_graphs: bool) -> tuple[list[Checkpoin
                             f"no CUDA-graph time ({kern.get('graph_reason')}); the eager step below includes launches"))
     else:
         checkpoints.append(("lost bandwidth: kernels at decode shapes", None, src_k, "unavailable", kwhy))
+    unmeasured = server_unmeasured(lv)  # then eager launches are the kernel level's, not the server's
     if server_graphs:
         launch_note = f"{engine_name} captures CUDA graphs: launch overhead is not paid"
     else:
-        if kernel_ok and k_eager is not None and k_graph is not None:
+        if unmeasured and kernel_ok and k_eager is not None and k_graph is not None:
+            checkpoints.append(("launch overhead", None, src_k, "unavailable",
+                                f"{unmeasured}: whether it launches its kernels eagerly is unknown (the kernel "
+                                f"level: eager {k_eager:.3f} ms, one CUDA graph {k_graph:.3f} ms)"))
+        elif kernel_ok and k_eager is not None and k_graph is not None:
             checkpoints.append(("launch overhead", k_eager, src_k, "measured", ""))
         elif kernel_ok and k_eager is not None:
             checkpoints.append(("launch overhead", k_eager, src_k, "measured",

@@ -177,7 +177,9 @@ def simulation_section(b: Builder, bundle: Bundle, figs: dict[str, Fig]) -> dict
     if gap.data:
         hl = gap.get("headline", default={}) or {}
         s["unexplained"] = str(hl.get("unexplained_component") or gap.get("unexplained_component", default="") or "")
-        s["closure_pass"] = hl.get("closure_pass") if isinstance(hl, dict) else None
+        # no closure ratio (no live ITL or no prediction): closure is not checked, which is not a failure
+        s["closure_pass"] = (hl.get("closure_pass") if isinstance(hl, dict) and num(hl.get("closure_ratio")) is not None
+                             else None)
         s["negative_residual"] = bool(hl.get("negative_residual")) if isinstance(hl, dict) else False
         s["inconsistency_note"] = str(hl.get("inconsistency_note") or "") if isinstance(hl, dict) else ""
         refused = gap.get("refused_levels", default={}) or {}
