@@ -6,7 +6,8 @@ The waterfall is a chain of checkpoints, each a time one level of the stack take
     + lost bandwidth: memory ceiling                      bytes / measured read bandwidth  (microbench/memory.json)
     + all-reduce                                          simulate kernel level (real) or allreduce.json (modelled)
     + lost bandwidth: kernels at decode shapes            kernel level, CUDA-graph time (simulate.json)
-    + launch overhead                                     kernel level, eager - graph
+    + launch overhead                                     kernel level, eager - graph (0 for vLLM, SGLang, TGI;
+                                                          unavailable where nothing tells how the server launches)
     + framework overhead                                  engine level (simulate.json) - kernel level
     + server overhead: completion loop                    engine level, in-process completion loop - eval
     + server overhead: HTTP/SSE streaming                 loopback calibration server (simulate.json server)
