@@ -397,3 +397,25 @@ def test_closure_without_a_live_itl_is_not_checked_rather_than_failed(tmp_path):
             "closure_ratio": ratio, "closure_pass": False}}))
         bundle = load_bundle(files_in_dir(d))
         assert simulation_section(Builder(), bundle, headline(bundle))["closure_pass"] is want, ratio
+
+
+def test_without_a_live_itl_the_headline_says_what_the_kernels_alone_take(tmp_path):
+    """No live ITL (stages.live false): the headline gives the floor and, since the kernel level ran the run's
+    weights on its GPU, the kernels' step in one CUDA graph as a multiple of that floor."""
+    import shutil
+
+    from decode_gap.report.sections import Builder, headline_section
+
+    d = tmp_path / "h200x2"
+    shutil.copytree(FIX / "h200x2", d)
+    (d / "live" / "summary.json").write_text(json.dumps({"stage": "live", "status": "skipped", "levels": [],
+                                                         "reason": "stages.live is false in the config"}))
+    gap = json.loads((d / "gap.json").read_text())
+    gap["live_itl_ms"] = None
+    (d / "gap.json").write_text(json.dumps(gap))
+    bundle = load_bundle(files_in_dir(d))
+    figs = headline(bundle)
+    summary = headline_section(Builder(), bundle, figs)["summary"]
+    assert "the live decode latency was not measured" in summary
+    ratio = figs["kernel_graph_ms"].value / figs["roofline_ms"].value
+    assert f"The kernels alone take {figs['kernel_graph_ms'].text()} a step in one CUDA graph, {ratio:.1f}×" in summary

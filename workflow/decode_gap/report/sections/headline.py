@@ -35,6 +35,10 @@ def headline_section(b: Builder, bundle: Bundle, figs: dict[str, Fig]) -> dict[s
     elif roof.ok:
         summary = (f"The roofline floor is {roof.text()}/token ({figs['tokens_per_s_ceiling'].text()}); "
                    f"the live decode latency was not measured ({itl.why}).")
+        graph = figs["kernel_graph_ms"]
+        if graph.ok and roof.value and not kernel_stand_in(bundle):  # what the run did measure: the kernels alone
+            summary += (f" The kernels alone take {graph.text()} a step in one CUDA graph, "
+                        f"{graph.value / roof.value:.1f}× the floor (the kernel level).")
     else:
         summary = f"The roofline could not be computed ({roof.why})."
     hl = gap.get("headline", default={}) if gap.usable else {}
