@@ -16,6 +16,7 @@
 #     bash benchmarks/device/issue14_pending.sh shared $OUT/shared b32 2>&1 | tee $OUT/issue14_shared_b32.txt
 #     bash benchmarks/device/issue14_pending.sh walk_check $OUT/walk 2>&1 | tee $OUT/issue14_walk_check.txt
 #     bash benchmarks/device/issue14_pending.sh walk_small $OUT/walk_small 2>&1 | tee $OUT/issue14_walk_small.txt
+#     bash benchmarks/device/issue14_pending.sh table $OUT 2>&1 | tee $OUT/issue14_table.txt
 #
 # What to read off: every check `ok`. The forms are timed in rounds that rotate their order (the first form timed read
 # 2-9% fast in a fixed order), so a form wins where its median is below the default's past the spread of the rounds.
@@ -135,6 +136,12 @@ probe --m 1 --h 7168 --walk 1 2
 steps_ab "${2:?usage: $0 walk_small OUT_DIR}" b1 walk_all decode_gap/kernels/fp4moe.py 'DOWN_WALK_MIN_WAVES = 1' \
   'DOWN_WALK_MIN_WAVES = 0'
 ;;
+table)
+# the issue's table on this tree (lowprec_device's memory and Llama-3.1-8B sections: about 2 minutes; the H200 last
+# ran it on 2026-12-04, before the split sums' zeroing waited on a barrier)
+out=${2:?usage: $0 table OUT_DIR}
+timeout 300 python3 benchmarks/lowprec_device.py --out "$out/lp" --sections memory,llama --budget-s 240 2>&1 | tail -40
+;;
 plans)
 
 # TP8 (I = 256): 7 tokens just past one wave (the waves rule plans 9 splits where 8 tokens, under a wave, took 2)
@@ -155,7 +162,7 @@ probe --m 8 --variants
 ;;
 *)
 echo "usage: bash $0 align|pair|step OUT_DIR|defaults OUT_DIR|walk|walk_more|shared OUT_DIR b8|b32" \
-  "|walk_check OUT_DIR|walk_small OUT_DIR|plans" \
+  "|walk_check OUT_DIR|walk_small OUT_DIR|table OUT_DIR|plans" \
   "(each under one device call's 600 s)" >&2
 exit 2
 ;;
