@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from decode_gap.errors import DecodeGapError
-from decode_gap.kernels.attention import GqaDecode, MlaDecode, qkv_rope_append_reference, reference_gqa, rope_reference
+from decode_gap.kernels.attention import GqaDecode, MlaDecode, qkv_rope_append_reference, rope_reference
 
 REPO = Path(__file__).resolve().parents[1]
 
