@@ -13,7 +13,7 @@ from .hosts import _flag_negative, _measured_on, explained_fraction, identity_te
 from .levels import Levels, gather_levels, live_itl, live_level, load_input
 from .rows import RESIDUAL, START, STEP, TOTAL, _num, _row, _unavail  # trace_steps, levers import _num/_row here
 from .steps import (SRC_KERNEL, Checkpoints, allreduce_step, completion_loop_step, contention_step, http_step,
-                    level_checkpoints, roofline_steps, server_unmeasured, trace_steps, walk_checkpoints)
+                    level_checkpoints, roofline_steps, trace_steps, walk_checkpoints)
 
 
 def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None,
@@ -59,8 +59,7 @@ def attribute(inputs: dict[str, dict | None], why: dict[str, str] | None = None,
     mismatch = experts_level_mismatch(lv.inputs.get("moe") or {}, lv.roof, lv.kern)
     if mismatch:
         notes.append(mismatch[0].upper() + mismatch[1:])
-    levers = rank_levers(waterfall, lv.kern, lv.eng, lv.inputs, cp.server_graphs, lv.roof, ar_ms,
-                         server_unmeasured(lv))
+    levers = rank_levers(waterfall, lv.kern, lv.eng, lv.inputs, cp.server_graphs, lv.roof, ar_ms, cp.unmeasured)
     communication = comm_floor(lv.ar, lv.roof) if lv.tp > 1 else None
     unexplained = _unexplained_component(waterfall, c, last_level)
     headline = _headline(lv, c, roofline_ms, levers, unexplained)

@@ -110,6 +110,7 @@ class Checkpoints:
     e_serv: float | None
     k_level: float | None
     use_trace: bool
+    unmeasured: str  # why nothing tells how the server launches its kernels, or "" (server_unmeasured)
 
 
 def server_unmeasured(lv: Levels) -> str:
@@ -123,9 +124,10 @@ def server_unmeasured(lv: Levels) -> str:
     return f"the server was not measured ({lv.why.get('live') or lwhy}) and no engine is named"
 
 
-def _kernel_checkpoints(lv: Levels, server_graphs: bool) -> tuple[list[Checkpoint], str | None, Any,
-                                                                  float | None, float | None]:
-    """The kernel level at decode shapes and its launch overhead: (rows, launch_note, kernel_ok, graph, eager)."""
+def _kernel_checkpoints(lv: Levels, server_graphs: bool, unmeasured: str) -> tuple[list[Checkpoint], str | None, Any,
+                                                                                   float | None, float | None]:
+    """The kernel level at decode shapes and its launch overhead: (rows, launch_note, kernel_ok, graph, eager).
+    `unmeasured` (server_unmeasured): the eager launches are the kernel level's, not the server's."""
     kern, why, engine_name = lv.kern, lv.why, lv.engine_name
     checkpoints: list[Checkpoint] = []
     kernel_ok = kern is not None and kern.get("format_match", True)
@@ -145,7 +147,6 @@ def _kernel_checkpoints(lv: Levels, server_graphs: bool) -> tuple[list[Checkpoin
                             f"no CUDA-graph time ({kern.get('graph_reason')}); the eager step below includes launches"))
     else:
         checkpoints.append(("lost bandwidth: kernels at decode shapes", None, src_k, "unavailable", kwhy))
-    unmeasured = server_unmeasured(lv)  # then eager launches are the kernel level's, not the server's
     if server_graphs:
         launch_note = f"{engine_name} captures CUDA graphs: launch overhead is not paid"
     else:
@@ -169,7 +170,8 @@ def level_checkpoints(lv: Levels) -> Checkpoints:
     """The checkpoints after the all-reduce: kernel level, launches, engine level (or the server's trace)."""
     eng, engine_name = lv.eng, lv.engine_name
     server_graphs = engine_name in GRAPH_ENGINES
-    checkpoints, launch_note, kernel_ok, k_graph, k_eager = _kernel_checkpoints(lv, server_graphs)
+    unmeasured = server_unmeasured(lv)
+    checkpoints, launch_note, kernel_ok, k_graph, k_eager = _kernel_checkpoints(lv, server_graphs, unmeasured)
     e_serv = _num((eng or {}).get("serving_ms"))
     if e_serv is None:
         e_serv = _num((eng or {}).get("eager_ms"))
@@ -188,7 +190,8 @@ def level_checkpoints(lv: Levels) -> Checkpoints:
         if not server_graphs and k_graph is not None and k_eager is not None:
             checkpoints.append(("launch overhead", k_eager, SRC_KERNEL, "measured", ""))
     return Checkpoints(rows=checkpoints, launch_note=launch_note, server_graphs=server_graphs, kernel_ok=kernel_ok,
-                       k_graph=k_graph, k_eager=k_eager, e_serv=e_serv, k_level=k_level, use_trace=use_trace)
+                       k_graph=k_graph, k_eager=k_eager, e_serv=e_serv, k_level=k_level, use_trace=use_trace,
+                       unmeasured=unmeasured)
 
 
 def walk_checkpoints(checkpoints: list[Checkpoint], waterfall: list[dict[str, Any]], chain: float,

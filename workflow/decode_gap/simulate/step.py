@@ -86,7 +86,6 @@ class DecodeStep:
         # norms (the residual add fused in), the rotary embedding and MLA's attention as Triton kernels on a GPU, as
         # engines run them; else torch ops (`fused` forces either: the tests run the fused step in the interpreter)
         self.fused = (device.startswith("cuda") and available(device)) if fused is None else fused
-        self.rope = attn_kernels.rope if self.fused else attn_kernels.rope_reference
         self.rms = norm_kernels.rms_norm if self.fused else norm_kernels.rms_norm_reference
         self.add_rms = norm_kernels.add_rms_norm if self.fused else norm_kernels.add_rms_norm_reference
         # decode attention: our split-KV kernel or torch's, whichever is faster for the step's shape (H200,
