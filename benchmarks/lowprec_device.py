@@ -212,6 +212,23 @@ def attention_checks(env: BenchEnv) -> None:
                lambda: torch.cat([attn.mla_prepare(q_lat, q[..., 192 - rope:], kv, cache, pos, *cs, w, 1e-6).flatten(),
                                   cache.flatten()]).float(),
                torch.cat([ref_q.flatten(), ref_cache.flatten()]), 1e-2)
+    # the DSA indexer's fused decode input (GLM-5: 32 heads of 128, rope 64 first), 1 and 8 tokens
+    ih, idim = (32, 128) if env.is_gpu else (3, 32)
+    for m in (1, 8) if env.is_gpu else (2,):
+        t = 40
+        qi = torch.randn((m, ih, idim), generator=gen, device=dev).to(torch.bfloat16)
+        ki = torch.randn((m, idim), generator=gen, device=dev).to(torch.bfloat16)
+        icache = torch.randn((m, t, idim), generator=gen, device=dev).to(torch.bfloat16)
+        ref_icache = icache.float()
+        pos = torch.tensor([t - 5], device=dev)
+        cs = [torch.randn(rope // 2, generator=gen, device=dev).to(torch.bfloat16) for _ in range(2)]
+        w, b = torch.rand(idim, generator=gen, device=dev).to(torch.bfloat16), torch.zeros(idim, device=dev)
+        ref_q = attn.index_prepare_reference(qi.float(), ki.float(), ref_icache, pos, *(c.float() for c in cs),
+                                             w.float(), b, 1e-6)
+        _check("indexer norm + rope + append", m, ih, idim,
+               lambda: torch.cat([attn.index_prepare(qi, ki, icache, pos, *cs, w, b.to(torch.bfloat16),
+                                                     1e-6).flatten(), icache.flatten()]).float(),
+               torch.cat([ref_q.flatten(), ref_icache.flatten()]), 1e-2)
     for n in (7168, 6144, 4096, 1536, 100):  # the norms: hidden sizes, a q_a width and an odd one, bf16
         x, o = (torch.randn((2, n), generator=gen, device=dev).to(torch.bfloat16) for _ in range(2))
         w = torch.rand(n, generator=gen, device=dev).to(torch.bfloat16)

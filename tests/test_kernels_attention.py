@@ -1,7 +1,8 @@
 """The kernel level's fused attention pieces (kernels.attention) against torch ops under TRITON_INTERPRET on the
 CPU: MLA's and GQA's split-KV decode (heads not a multiple of the 16-head tile, one and several splits, a split past
 the end of the cache, a sliding window's strided view, fp32 and bf16), the one-kernel rotary embedding of a strided
-slice, the fused qk-norm + rope + cache append of a qkv row, and MLA's fused latent norm + rope + cache append.
+slice, the fused qk-norm + rope + cache append of a qkv row, MLA's fused latent norm + rope + cache append, and the
+DSA indexer's fused key norm + rope + cache append.
 benchmarks/lowprec_device.py
 checks them again on a GPU at DeepSeek-V3's sizes."""
 
@@ -163,6 +164,40 @@ for dt, tol in ((torch.float32, 1e-6), (torch.bfloat16, 1e-2)):
         err = ((x.float() - y.float()).norm() / y.float().norm()).item()
         assert err < tol, (dt, err)
     assert torch.equal(c1[:, [0, 1, 2, 3, 5, 6, 7, 8]], c2[:, [0, 1, 2, 3, 5, 6, 7, 8]])  # only row pos written
+print("ok")
+'''
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO / "workflow")}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stderr[-3000:]
+
+
+def test_index_prepare_matches_torch_ops_in_the_interpreter():
+    """The DSA indexer's fused decode input (the key LayerNormed and rotated into its cache, the queries rotated;
+    the rope part first, as in DeepSeek-V3.2) against the torch ops: a key row that is a slice of a wider row, fp32
+    and bf16; then the scores with the weights' scale folded in, against the unscaled scores times the scale."""
+    code = r'''
+import torch
+from decode_gap.kernels.attention import index_prepare, index_prepare_reference, index_scores
+torch.manual_seed(0)
+M, IH, ID, R, T = 2, 5, 32, 16, 9
+for dt, tol in ((torch.float32, 1e-6), (torch.bfloat16, 1e-2)):
+    q = torch.randn(M, IH, ID).to(dt)
+    k = torch.randn(M, 8 + ID).to(dt)[:, 8:]
+    c1 = torch.randn(M, T, ID).to(dt)
+    c2 = c1.clone()
+    pos, cos, sin = torch.tensor([4]), torch.randn(R // 2).to(dt), torch.randn(R // 2).to(dt)
+    w, b = torch.rand(ID).to(dt), torch.randn(ID).to(dt)
+    a = index_prepare(q, k, c1, pos, cos, sin, w, b, 1e-6)
+    ref = index_prepare_reference(q, k, c2, pos, cos, sin, w, b, 1e-6)
+    assert a.shape == (M, IH, ID) and a.dtype == dt
+    assert torch.equal(a[..., R:], q[..., R:])  # only the rope part turns
+    for x, y in ((a, ref), (c1, c2)):
+        err = ((x.float() - y.float()).norm() / y.float().norm()).item()
+        assert err < tol, (dt, err)
+    assert torch.equal(c1[:, [0, 1, 2, 3, 5, 6, 7, 8]], c2[:, [0, 1, 2, 3, 5, 6, 7, 8]])  # only row pos written
+wts = torch.rand(M, IH).to(torch.bfloat16)
+qf, cf = torch.randn(M, IH, ID), torch.randn(M, T, ID)
+assert torch.allclose(index_scores(qf, cf, wts, 0.25), index_scores(qf, cf, wts.float()) * 0.25, rtol=1e-5, atol=1e-5)
 print("ok")
 '''
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO / "workflow")}

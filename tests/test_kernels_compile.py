@@ -18,7 +18,7 @@ from decode_gap.kernels import attention, fp4moe, fp4wide, fp8block, fp8mma, fus
 from decode_gap.kernels.compiled import (ARCH_LIMITS, compile_for, loop_instructions, programs_per_sm,  # noqa: E402
                                          with_defaults)
 
-FLOAT_ARGS = {"scale", "eps"}
+FLOAT_ARGS = {"scale", "eps", "w_scale"}
 FP32_POINTERS = {"part", "lse", "wts", "logits", "bias", "out_w"}
 INT_POINTERS = {"pos": "*i64", "out_ids": "*i32", "rows": "*i32"}
 
@@ -35,6 +35,10 @@ CASES = [
      {"qkv", "q_out", "kc", "vc", "pos", "cos", "sin", "qn", "kn"}),
     (attention._index_score_kernel, {"ID": 128, "BLOCK_H": 32, "BLOCK_T": 64, "F32_DOTS": False},
      {"q", "keys", "wts", "out"}),
+    (attention._mla_prepare_kernel, {"LORA": 512, "HALF": 32},
+     {"q_lat", "q_pe", "kv", "cache", "qq", "pos", "cos", "sin", "kvn"}),
+    (attention._index_prepare_kernel, {"ID": 128, "HALF": 32},
+     {"q", "k", "cache", "q_out", "pos", "cos", "sin", "kw", "kb"}),
     (norm._rms_kernel, {"ADD": True, "BLOCK": 8192}, {"x", "res", "w", "out", "sum_out"}),
     (routing._route_kernel, {"BLOCK_E": 256, "K": 8, "BLOCK_K": 8, "N_GROUP": 8, "TOPK_GROUP": 4, "SIGMOID": True,
                              "HAS_BIAS": True, "NORM": True}, {"logits", "bias", "out_w", "out_ids"}),

@@ -55,6 +55,11 @@ def reference_mla(qq: torch.Tensor, kv: torch.Tensor, lora: int, scale: float) -
 if HAVE_TRITON:
 
     @triton.jit
+    def _rotate(a, b, c, s):
+        """Rotate-half rotary embedding of the halves a, b (fp32) by cos c and sin s."""
+        return a * c - b * s, b * c + a * s
+
+    @triton.jit
     def _rope_kernel(x, cos, sin, out, stride_x, HALF: tl.constexpr, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         offs = tl.arange(0, BLOCK)
@@ -63,8 +68,9 @@ if HAVE_TRITON:
         b = tl.load(x + row * stride_x + HALF + offs, mask=mask, other=0.0).to(tl.float32)
         c = tl.load(cos + offs, mask=mask, other=0.0).to(tl.float32)
         s = tl.load(sin + offs, mask=mask, other=0.0).to(tl.float32)
-        tl.store(out + row * 2 * HALF + offs, (a * c - b * s).to(out.dtype.element_ty), mask=mask)
-        tl.store(out + row * 2 * HALF + HALF + offs, (b * c + a * s).to(out.dtype.element_ty), mask=mask)
+        ra, rb = _rotate(a, b, c, s)
+        tl.store(out + row * 2 * HALF + offs, ra.to(out.dtype.element_ty), mask=mask)
+        tl.store(out + row * 2 * HALF + HALF + offs, rb.to(out.dtype.element_ty), mask=mask)
 
     @triton.jit
     def _online_softmax(s, v, m_i, l_i, acc):
@@ -209,8 +215,8 @@ if HAVE_TRITON:
                 fb = (fb * inv * wb).to(qkv.dtype.element_ty).to(tl.float32)
             c = tl.load(cos + offs).to(tl.float32)
             sn = tl.load(sin + offs).to(tl.float32)
-            ra = (fa * c - fb * sn).to(q_out.dtype.element_ty)
-            rb = (fb * c + fa * sn).to(q_out.dtype.element_ty)
+            ra, rb = _rotate(fa, fb, c, sn)
+            ra, rb = ra.to(q_out.dtype.element_ty), rb.to(q_out.dtype.element_ty)
             if r < H:
                 qdst = q_out + m * stride_om + r * stride_oh
                 tl.store(qdst + offs, ra)
@@ -248,19 +254,59 @@ if HAVE_TRITON:
             src = row + LORA
         a = tl.load(src + offs).to(tl.float32)
         b = tl.load(src + HALF + offs).to(tl.float32)
-        tl.store(dst + LORA + offs, (a * c - b * sn).to(dst.dtype.element_ty))
-        tl.store(dst + LORA + HALF + offs, (b * c + a * sn).to(dst.dtype.element_ty))
+        ra, rb = _rotate(a, b, c, sn)
+        tl.store(dst + LORA + offs, ra.to(dst.dtype.element_ty))
+        tl.store(dst + LORA + HALF + offs, rb.to(dst.dtype.element_ty))
 
     @triton.jit
-    def _index_score_kernel(q, keys, wts, out, T, IH, stride_qm, stride_qh, stride_km, stride_kt, stride_wm,
-                            stride_om, ID: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr,
+    def _layer_norm_piece(src, w, bias, o, mean, inv, mask):
+        """LayerNorm of the values at src + o, given the row's mean and 1/std, rounded to the row's dtype."""
+        x = tl.load(src + o, mask=mask, other=0.0).to(tl.float32)
+        y = ((x - mean) * inv * tl.load(w + o, mask=mask, other=0.0).to(tl.float32)
+             + tl.load(bias + o, mask=mask, other=0.0).to(tl.float32))
+        return y.to(src.dtype.element_ty).to(tl.float32)
+
+    @triton.jit
+    def _index_prepare_kernel(q, k, cache, q_out, pos, cos, sin, kw, kb, eps, IH, stride_qm, stride_qh, stride_km,
+                              stride_cm, stride_ct, stride_om, stride_oh, ID: tl.constexpr, HALF: tl.constexpr):
+        """Program r < IH: indexer head r of q, its first 2 HALF values rotated, into q_out; program IH: the token's
+        indexer key LayerNormed, its first 2 HALF values rotated, into the key cache at row pos."""
+        r, m = tl.program_id(0), tl.program_id(1).to(tl.int64)
+        offs = tl.arange(0, HALF)
+        rest = 2 * HALF + tl.arange(0, ID)  # the values past the rotated ones (masked: ID - 2 HALF of them)
+        rmask = rest < ID
+        if r < IH:
+            src = q + m * stride_qm + r * stride_qh
+            dst = q_out + m * stride_om + r * stride_oh
+            a = tl.load(src + offs).to(tl.float32)
+            b = tl.load(src + HALF + offs).to(tl.float32)
+            z = tl.load(src + rest, mask=rmask, other=0.0).to(tl.float32)
+        else:
+            src = k + m * stride_km
+            dst = cache + m * stride_cm + tl.load(pos).to(tl.int64) * stride_ct
+            x = tl.load(src + tl.arange(0, ID)).to(tl.float32)
+            mean = tl.sum(x, axis=0) / ID
+            inv = 1.0 / tl.sqrt(tl.sum((x - mean) * (x - mean), axis=0) / ID + eps)
+            a = _layer_norm_piece(src, kw, kb, offs, mean, inv, offs < HALF)
+            b = _layer_norm_piece(src, kw, kb, HALF + offs, mean, inv, offs < HALF)
+            z = _layer_norm_piece(src, kw, kb, rest, mean, inv, rmask)
+        c = tl.load(cos + offs).to(tl.float32)
+        sn = tl.load(sin + offs).to(tl.float32)
+        ra, rb = _rotate(a, b, c, sn)
+        tl.store(dst + offs, ra.to(dst.dtype.element_ty))
+        tl.store(dst + HALF + offs, rb.to(dst.dtype.element_ty))
+        tl.store(dst + rest, z.to(dst.dtype.element_ty), mask=rmask)
+
+    @triton.jit
+    def _index_score_kernel(q, keys, wts, out, T, IH, w_scale, stride_qm, stride_qh, stride_km, stride_kt,
+                            stride_wm, stride_om, ID: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr,
                             F32_DOTS: tl.constexpr):
         pid_t, m = tl.program_id(0), tl.program_id(1)
         hs = tl.arange(0, BLOCK_H)
         hmask = hs < IH
         d = tl.arange(0, ID)
         qh = tl.load(q + m * stride_qm + hs[:, None] * stride_qh + d[None, :], mask=hmask[:, None], other=0.0)
-        w = tl.load(wts + m * stride_wm + hs, mask=hmask, other=0.0).to(tl.float32)
+        w = tl.load(wts + m * stride_wm + hs, mask=hmask, other=0.0).to(tl.float32) * w_scale
         ts = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
         tmask = ts < T
         k = tl.load(keys + m * stride_km + ts[:, None] * stride_kt + d[None, :], mask=tmask[:, None], other=0.0)
@@ -270,26 +316,65 @@ if HAVE_TRITON:
         tl.store(out + m * stride_om + ts, tl.sum(s * w[:, None], axis=0), mask=tmask)
 
 
-def index_scores_reference(q: torch.Tensor, keys: torch.Tensor, wts: torch.Tensor) -> torch.Tensor:
-    """The DSA indexer's scores: q [M, IH, ID], keys [M, T, ID], wts [M, IH] -> [M, T] fp32, the sum over the
-    indexer heads of each head's weight times relu(q . key)."""
+def index_scores_reference(q: torch.Tensor, keys: torch.Tensor, wts: torch.Tensor, w_scale: float = 1.0
+                           ) -> torch.Tensor:
+    """The DSA indexer's scores: q [M, IH, ID], keys [M, T, ID], wts [M, IH] (any dtype) -> [M, T] fp32, the sum
+    over the indexer heads of each head's weight (times w_scale) times relu(q . key)."""
     s = torch.relu(torch.bmm(q, keys.transpose(1, 2))).float()
-    return (s * wts.float().unsqueeze(-1)).sum(1)
+    return (s * (wts.float() * w_scale).unsqueeze(-1)).sum(1)
 
 
-def index_scores(q: torch.Tensor, keys: torch.Tensor, wts: torch.Tensor) -> torch.Tensor:
+def index_scores(q: torch.Tensor, keys: torch.Tensor, wts: torch.Tensor, w_scale: float = 1.0) -> torch.Tensor:
     """`index_scores_reference` as one Triton kernel (rows of the cache in blocks, every indexer head a block in
-    one tensor-core dot) where Triton runs and the widths tile; else torch ops."""
+    one tensor-core dot; the weights cast and scaled as they load) where Triton runs and the widths tile; else torch
+    ops."""
     m, ih, idim = q.shape
     t = keys.shape[1]
     if (not available(q.device) or idim < 16 or idim != _pow2(idim) or ih > 128 or q.stride(2) != 1
-            or keys.stride(2) != 1):
-        return index_scores_reference(q, keys, wts)
+            or keys.stride(2) != 1 or wts.stride(-1) != 1):
+        return index_scores_reference(q, keys, wts, w_scale)
     out = torch.empty((m, t), dtype=torch.float32, device=q.device)
     block_t = 64
     _index_score_kernel[(math.ceil(t / block_t), m)](
-        q, keys, wts, out, t, ih, q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), wts.stride(0),
-        out.stride(0), ID=idim, BLOCK_H=max(16, _pow2(ih)), BLOCK_T=block_t, F32_DOTS=interpreted(), num_warps=4)
+        q, keys, wts, out, t, ih, float(w_scale), q.stride(0), q.stride(1), keys.stride(0), keys.stride(1),
+        wts.stride(0), out.stride(0), ID=idim, BLOCK_H=max(16, _pow2(ih)), BLOCK_T=block_t, F32_DOTS=interpreted(),
+        num_warps=4)
+    return out
+
+
+def _rope_front(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [..., D] with its first 2 len(cos) values rotated (the DSA indexer's rope part comes first)."""
+    r = 2 * cos.shape[-1]
+    return torch.cat((rope_reference(x[..., :r], cos, sin), x[..., r:]), dim=-1)
+
+
+def index_prepare_reference(q: torch.Tensor, k: torch.Tensor, cache: torch.Tensor, pos: torch.Tensor,
+                            cos: torch.Tensor, sin: torch.Tensor, k_norm_w: torch.Tensor, k_norm_b: torch.Tensor,
+                            eps: float) -> torch.Tensor:
+    """The DSA indexer's decode input in torch ops (DeepSeek-V3.2's, which GLM-5 shares): the token's key row k
+    [M, ID] LayerNormed and rotated (its first 2 len(cos) values) into the key cache [M, T, ID] at row pos; returns
+    the queries q [M, IH, ID] rotated the same way. Keys stay in the activations' dtype: the reference's Hadamard
+    rotation and FP8 quantisation of q and k are not simulated."""
+    key = _rope_front(torch.nn.functional.layer_norm(k, (k.shape[-1],), k_norm_w, k_norm_b, eps), cos, sin)
+    cache.index_copy_(1, pos, key.unsqueeze(1))
+    return _rope_front(q, cos, sin)
+
+
+def index_prepare(q: torch.Tensor, k: torch.Tensor, cache: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor,
+                  sin: torch.Tensor, k_norm_w: torch.Tensor, k_norm_b: torch.Tensor, eps: float) -> torch.Tensor:
+    """`index_prepare_reference` as one Triton kernel (a program an indexer head, one for the key), where the
+    unfused ops are eight kernels (the key's LayerNorm, two rotations and two concatenations, the cache write);
+    torch ops where Triton does not run or the rows do not fit it."""
+    m, ih, idim = q.shape
+    half = cos.shape[-1]
+    if (not available(q.device) or idim != _pow2(idim) or half < 1 or half != _pow2(half) or 2 * half > idim
+            or k.shape[-1] != idim or cache.shape[-1] != idim or cache.dtype != q.dtype
+            or min(q.stride(2), k.stride(-1), cache.stride(2)) != 1):
+        return index_prepare_reference(q, k, cache, pos, cos, sin, k_norm_w, k_norm_b, eps)
+    out = torch.empty((m, ih, idim), dtype=q.dtype, device=q.device)
+    _index_prepare_kernel[(ih + 1, m)](
+        q, k, cache, out, pos, cos, sin, k_norm_w, k_norm_b, float(eps), ih, q.stride(0), q.stride(1), k.stride(0),
+        cache.stride(0), cache.stride(1), out.stride(0), out.stride(1), ID=idim, HALF=half, num_warps=1)
     return out
 
 

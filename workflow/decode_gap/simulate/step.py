@@ -308,7 +308,7 @@ class DecodeStep:
                      Op("attention projections", seg, out)]
 
     def _mla(self, seg: str, T_att: int) -> None:
-        torch, F, spec, sh = self.torch, self.torch.nn.functional, self.spec, self.shapes
+        torch, spec, sh = self.torch, self.spec, self.shapes
         M, H, eps = sh.batch, sh.heads, self.eps
         nope, rope, lora, vd = spec.qk_nope_head_dim, spec.qk_rope_head_dim, spec.kv_lora_rank, spec.v_head_dim
         ql = spec.q_lora_rank
@@ -331,6 +331,7 @@ class DecodeStep:
         scale = 1.0 / math.sqrt(nope + rope)
         rms = self.rms
         prepare = attn_kernels.mla_prepare if self.fused else attn_kernels.mla_prepare_reference
+        index_prepare = attn_kernels.index_prepare if self.fused else attn_kernels.index_prepare_reference
         index_scores = attn_kernels.index_scores if self.fused else attn_kernels.index_scores_reference
         idx = None
         if spec.index_heads:
@@ -371,7 +372,9 @@ class DecodeStep:
                         qt, _gather_rows(cache, kept) if sparse else cache[:, :rows], lora, scale)})
                 mla = split if choice == split.label else None
                 self.attention_impl = (f"MLA absorbed ({mla.label if mla else 'torch bmm + softmax'}; latent norm, "
-                                       "rope and cache append one kernel)")
+                                       "rope and cache append one kernel" +
+                                       ("; DSA indexer: key norm, rope and cache append one kernel, bf16 keys"
+                                        if idx else "") + ")")
 
         def proj(S):
             x = S["h"]
@@ -394,11 +397,12 @@ class DecodeStep:
             kv = cache
             if idx is not None:
                 IH, ID, wq, wk, wp, icache, kn_w, kn_b, topk = idx
-                qi = wq(S["q_in"]).view(M, IH, ID)
-                ki = F.layer_norm(wk(S["h"]), (ID,), kn_w, kn_b)
-                icache.index_copy_(1, pos, ki.unsqueeze(1))
-                wts = wp(S["h"]).float()  # [M, IH]
-                score = index_scores(qi, icache, wts)  # [M, T]: sum over heads of w * relu(q . k)
+                # the key LayerNormed and rotated into its cache, the queries rotated (one kernel where fused)
+                qi = index_prepare(wq(S["q_in"]).view(M, IH, ID), wk(S["h"]), icache, pos, cos, sin, kn_w, kn_b,
+                                   1e-6)
+                # [M, T]: the sum over heads of w * relu(q . k), w = weights_proj(h) / sqrt(IH * ID) as the
+                # reference scales it (the weights cast as the scores kernel loads them)
+                score = index_scores(qi, icache, wp(S["h"]), (IH * ID) ** -0.5)
                 if topk < self.T:
                     sel = select(score, topk)
                     if mla is not None:  # the kernel reads the selected rows in place
