@@ -158,6 +158,10 @@ def attention_checks(env: BenchEnv) -> None:
         _check("dsa top-k (radix select)", m, t, kk,
                lambda: sc.gather(1, topk_kernels.topk_indices(sc, kk).long()).sort(dim=-1).values,
                torch.topk(sc, kk, dim=-1).values.sort(dim=-1).values, 0.0)
+        if topk_kernels.MAX_ROW < t <= topk_kernels.MAX_ROW + topk_kernels.MAX_TAIL:  # the tail block's form too
+            _check("dsa top-k (one program + tail)", m, t, kk,
+                   lambda: sc.gather(1, topk_kernels.topk_indices(sc, kk, tail=True).long()).sort(dim=-1).values,
+                   torch.topk(sc, kk, dim=-1).values.sort(dim=-1).values, 0.0)
     m, h, t, kk = (2, 64, 4097, 2048) if env.is_gpu else (1, 4, 60, 20)
     qq = torch.randn((m, h, lora + rope), generator=gen, device=dev).to(torch.bfloat16)
     kv = torch.randn((m, t, lora + rope), generator=gen, device=dev).to(torch.bfloat16)

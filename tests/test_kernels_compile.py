@@ -46,6 +46,8 @@ CASES = [
     (routing._route_kernel, {"BLOCK_E": 256, "K": 8, "BLOCK_K": 16, "N_GROUP": 1, "TOPK_GROUP": 1, "SIGMOID": True,
                              "HAS_BIAS": True, "NORM": True, "SHARED": True}, {"logits", "bias", "out_w", "out_ids"}),
     (topk._topk_kernel, {"BITS": topk.BITS, "BLOCK_T": topk.MAX_ROW}, {"scores": "*fp32", "out": "*i32"}),
+    (topk._topk_kernel, {"BITS": topk.BITS, "BLOCK_T": topk.MAX_ROW, "TAIL": topk.MAX_TAIL},
+     {"scores": "*fp32", "out": "*i32"}),
     (topk._topk_count_kernel, {"P": 2, "DIGIT": topk.DIGIT, "KEYBITS": 32, "CHUNK": topk.CHUNK, "PDL": True},
      {"scores": "*fp32", "hist": "*i32"}),
     (topk._topk_emit_kernel, {"PASSES": 32 // topk.DIGIT, "DIGIT": topk.DIGIT, "CHUNK": topk.CHUNK, "PDL": True},

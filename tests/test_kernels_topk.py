@@ -1,6 +1,7 @@
 """The DSA indexer's radix-select top-k (`kernels.topk`) in Triton's CPU interpreter: the scores it keeps are
-torch.topk's exactly, every index once; the one-program form fills ties at the threshold in index order, the
-multi-pass form (rows past MAX_ROW, and any row when called directly) exactly as many of them as k needs."""
+torch.topk's exactly, every index once; the one-program form (with a tail block past MAX_ROW) fills ties at the
+threshold in index order, the multi-pass form (rows past MAX_ROW + MAX_TAIL, and any row when called directly) exactly
+as many of them as k needs."""
 
 import os
 import subprocess
@@ -22,16 +23,21 @@ def _interpret(code: str) -> None:
 def test_radix_select_keeps_torch_topks_scores():
     _interpret(r'''
 import torch
-from decode_gap.kernels.topk import MAX_ROW, topk_indices, topk_indices_multipass, topk_indices_reference
+from decode_gap.kernels.topk import (LABEL, MAX_ROW, MAX_TAIL, TAIL_LABEL, forms, topk_indices, topk_indices_multipass,
+                                    topk_indices_reference)
 torch.manual_seed(0)
-one = [(1, 100, 7), (2, 5000, 2048), (3, 2049, 2048), (1, MAX_ROW, 33), (1, 64, 63)]
+# one program: within MAX_ROW, and past it with a second block (the tail) of 1, 904 and MAX_TAIL scores
+one = [(1, 100, 7), (2, 5000, 2048), (3, 2049, 2048), (1, MAX_ROW, 33), (1, 64, 63), (2, MAX_ROW + 1, 2048),
+       (1, MAX_ROW + MAX_TAIL, 3000)]
 multi = [(1, 100, 7, 32), (2, 5000, 2048, 1024), (3, 3000, 77, 512), (1, 64, 63, 64), (1, 9000, 2048, 2048)]
 for m, t, k, chunk in [c + (None,) for c in one] + multi:
+    assert set(forms(t)) == ({LABEL} if t <= MAX_ROW else {LABEL + " (multi-pass)", TAIL_LABEL}
+                             if t <= MAX_ROW + MAX_TAIL else {LABEL + " (multi-pass)"})
     s = torch.randn(m, t) * 3
     s[0, :10] = 0.5   # equal scores
     s[0, 10:20] = -0.0  # and signed zeros beside positive ones
     s[0, 20] = float("-inf")
-    got = topk_indices(s, k) if chunk is None else topk_indices_multipass(s, k, chunk=chunk)
+    got = topk_indices(s, k, tail=True) if chunk is None else topk_indices_multipass(s, k, chunk=chunk)
     assert got.dtype == torch.int32 and got.shape == (m, k), (got.dtype, got.shape)
     ref = topk_indices_reference(s, k)
     for i in range(m):
@@ -45,7 +51,16 @@ s[:, 2999] = 1
 got = topk_indices_multipass(s, 10, chunk=256)  # 1, then 9 of the zeros, each index once
 assert all(2999 in r and len(set(r)) == 10 for r in got.tolist())
 assert topk_indices(torch.randn(2, 5), 8).tolist() == [list(range(5))] * 2  # k >= T: every index
-got = topk_indices(torch.randn(1, MAX_ROW + 1), 4)  # past MAX_ROW: the multi-pass form
+s = torch.zeros(1, MAX_ROW + 300)  # the tail: ties across both blocks still fill in index order
+s[0, MAX_ROW + 10] = 1
+s[0, 3] = 2
+assert sorted(topk_indices(s, 6, tail=True)[0].tolist()) == [0, 1, 2, 3, 4, MAX_ROW + 10]
+s = torch.zeros(1, MAX_ROW + 300)
+s[0, 5:MAX_ROW] = -1
+got = sorted(topk_indices(s, 10, tail=True)[0].tolist())  # the zeros: 5 in the main block, then the tail's first 5
+assert got == [0, 1, 2, 3, 4] + [MAX_ROW + i for i in range(5)], got
+assert forms(MAX_ROW + MAX_TAIL + 1) == {LABEL + " (multi-pass)": topk_indices}
+got = topk_indices(torch.randn(1, MAX_ROW + MAX_TAIL + 1), 4, tail=True)  # past the tail: the multi-pass form
 assert got.dtype == torch.int32 and got.shape == (1, 4)
 print("ok")
 ''')

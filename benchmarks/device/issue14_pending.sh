@@ -17,6 +17,7 @@
 #     bash benchmarks/device/issue14_pending.sh walk_check $OUT/walk 2>&1 | tee $OUT/issue14_walk_check.txt
 #     bash benchmarks/device/issue14_pending.sh walk_small $OUT/walk_small 2>&1 | tee $OUT/issue14_walk_small.txt
 #     bash benchmarks/device/issue14_pending.sh table $OUT 2>&1 | tee $OUT/issue14_table.txt
+#     bash benchmarks/device/issue14_pending.sh topk_tail 2>&1 | tee $OUT/issue14_topk_tail.txt
 #
 # What to read off: every check `ok`. The forms are timed in rounds that rotate their order (the first form timed read
 # 2-9% fast in a fixed order), so a form wins where its median is below the default's past the spread of the rounds.
@@ -142,6 +143,14 @@ table)
 out=${2:?usage: $0 table OUT_DIR}
 timeout 300 python3 benchmarks/lowprec_device.py --out "$out/lp" --sections memory,llama --budget-s 240 2>&1 | tail -40
 ;;
+topk_tail)
+# the DSA top-k's one program with a tail block (kernels/topk.py: checked in the interpreter and compiled for sm_90 on
+# 2026-12-05, never timed): rows just past 4096 against the multi-pass form, then the kernel level's attention at a
+# 4096-token context kernel by kernel (4097 scores: the step times both forms at build and keeps the faster)
+timeout 150 python3 benchmarks/device/topk_probe.py --rows 1,8 --lengths 4096,4097,5120,6144 --chunks 2048 --digits 8
+timeout 150 python3 benchmarks/device/step_profile.py --context 4096 --components attention
+timeout 150 python3 benchmarks/device/step_profile.py --context 4096 --batch 8 --components attention
+;;
 plans)
 
 # TP8 (I = 256): 7 tokens just past one wave (the waves rule plans 9 splits where 8 tokens, under a wave, took 2)
@@ -162,7 +171,7 @@ probe --m 8 --variants
 ;;
 *)
 echo "usage: bash $0 align|pair|step OUT_DIR|defaults OUT_DIR|walk|walk_more|shared OUT_DIR b8|b32" \
-  "|walk_check OUT_DIR|walk_small OUT_DIR|table OUT_DIR|plans" \
+  "|walk_check OUT_DIR|walk_small OUT_DIR|table OUT_DIR|topk_tail|plans" \
   "(each under one device call's 600 s)" >&2
 exit 2
 ;;

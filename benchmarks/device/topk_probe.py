@@ -1,7 +1,7 @@
 """Probe (H200): the DSA indexer's top-k (2048 of T fp32 scores) by torch.topk (sorted and unsorted), the one-program
-radix select (T <= topk.MAX_ROW) and the multi-pass radix select at several chunk sizes, with and without
-programmatic dependent launch; every result checked
-against torch.topk's scores. CUDA-graph replay over rotating copies of the scores (median us).
+radix select (T <= topk.MAX_ROW, or past it by up to MAX_TAIL with a tail block) and the multi-pass radix select at
+several chunk sizes, with and without programmatic dependent launch; every result checked against torch.topk's
+scores. CUDA-graph replay over rotating copies of the scores (median us).
 
     PYTHONPATH=workflow python3 benchmarks/device/topk_probe.py [--rows 1,8] [--lengths 4096,...] [--chunks 1024,...]
 """
@@ -49,6 +49,8 @@ def main() -> None:
             if t <= topk.MAX_ROW:
                 for bits in (4, 8):
                     cands[f"radix 1 program {bits}-bit"] = lambda s, bits=bits: one_program(s, a.k, bits)
+            elif t <= topk.MAX_ROW + topk.MAX_TAIL:  # one program with the scores past MAX_ROW in a tail block
+                cands["radix 1 program + tail"] = lambda s: topk.topk_indices(s, a.k, tail=True)
             for c in map(int, a.chunks.split(",")):
                 for digit in map(int, a.digits.split(",")):
                     for pdl in (False, True):

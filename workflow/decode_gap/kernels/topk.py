@@ -12,7 +12,8 @@ count, for the keys whose higher digits match the prefix found so far, how many 
 key itself. Then write every index whose key is above it and as many of those equal to it as k still needs: exactly
 k indices, the same set as torch.topk's up to ties.
 - One program a row (rows up to MAX_ROW): the row in registers from one load, eight passes of 4-bit digits, ties in
-  index order.
+  index order. Rows a little longer can keep their last scores in a second block (`tail`), counted and written
+  after the first.
 - Multi-pass (longer rows, `topk_indices_multipass`): chunks of the row in parallel programs, four launches of 8-bit
   digits whose counts meet in global memory (atomics), then one that writes the indices at places taken from two
   atomic counters; which of several equal scores at the threshold are kept is then up to the chunks' order. The
@@ -30,6 +31,9 @@ against torch.topk at build (`kernel_choices`).
 
 from __future__ import annotations
 
+from functools import partial
+from typing import Callable
+
 import torch
 
 from ..errors import DecodeGapError
@@ -41,7 +45,14 @@ PER_THREAD = 16  # scores a thread holds: 8 and 32 were slower on the H200
 # the longest row the one-program form takes: at 8192 it took 20.4 us on the H200, the multi-pass form 17.8 (at 32k,
 # 32 scores a thread, 171 us)
 MAX_ROW = 4096
+# rows a little past MAX_ROW (a 4096-token context's 4097 scores) in one program too, as a candidate beside the
+# multi-pass form: the scores past MAX_ROW in a second block in registers, of MIN_TAIL to MAX_TAIL scores (compiled
+# for sm_90: 128 registers, no spill; not yet timed on a GPU, so not the default: the kernel level times both at
+# build and keeps the faster, `forms`)
+MAX_TAIL = 2048
+MIN_TAIL = 256
 LABEL = "triton radix select"
+TAIL_LABEL = f"{LABEL} (one program + tail)"
 # longer rows: the multi-pass form, chunks of a row in parallel programs whose digit counts meet in global memory
 DIGIT = 8  # 4 passes of 8-bit digits (a launch each, so fewer and wider digits than the one-program form's)
 CHUNK = 2048  # scores a program holds in the multi-pass form
@@ -50,6 +61,15 @@ CHUNK = 2048  # scores a program holds in the multi-pass form
 def label(t: int) -> str:
     """What `topk_indices` runs for rows of t scores (where Triton runs)."""
     return LABEL if t <= MAX_ROW else f"{LABEL} (multi-pass)"
+
+
+def forms(t: int) -> dict[str, Callable[[torch.Tensor, int], torch.Tensor]]:
+    """The radix-select forms for rows of t scores, by label: `topk_indices`, and past MAX_ROW (up to MAX_TAIL
+    further) the one program with a tail block as well, for a caller to time and keep the faster."""
+    out = {label(t): topk_indices}
+    if MAX_ROW < t <= MAX_ROW + MAX_TAIL:
+        out[TAIL_LABEL] = partial(topk_indices, tail=True)
+    return out
 
 
 def topk_indices_reference(scores: torch.Tensor, k: int) -> torch.Tensor:
@@ -71,22 +91,35 @@ if HAVE_TRITON:
         return tl.where((b >> 31) != 0, b ^ 0xFFFFFFFF, b | 0x80000000)
 
     @triton.jit
-    def _topk_kernel(scores, out, T, K, stride_sm, stride_om, BITS: tl.constexpr, BLOCK_T: tl.constexpr):
-        """One row a program, held in registers from one load (BLOCK_T >= T): the passes are arithmetic, not
-        memory round trips (a loop over 2048-score blocks took ~2 us a block on an H100, latency-bound)."""
+    def _digit_counts(key, inb, prefix, p: tl.constexpr, BITS: tl.constexpr):
+        """Counts of digit p among the keys in the row whose digits above it match the prefix (all in pass 0)."""
+        NB: tl.constexpr = 1 << BITS
+        live = inb & ((key >> (32 - BITS * p - 1) >> 1) == prefix)
+        digit = ((key >> (32 - BITS * (p + 1))) & (NB - 1)).to(tl.int32)
+        return tl.histogram(digit, NB, mask=live)
+
+    @triton.jit
+    def _topk_kernel(scores, out, T, K, stride_sm, stride_om, BITS: tl.constexpr, BLOCK_T: tl.constexpr,
+                     TAIL: tl.constexpr = 0):
+        """One row a program, held in registers from one load (BLOCK_T >= T, or BLOCK_T + TAIL >= T with the
+        scores past BLOCK_T in a second, smaller block): the passes are arithmetic, not memory round trips (a loop
+        over 2048-score blocks took ~2 us a block on an H100, latency-bound)."""
         m = tl.program_id(0).to(tl.int64)
         ts = tl.arange(0, BLOCK_T)
         inb = ts < T
         key = _sortable_key(tl.load(scores + m * stride_sm + ts, mask=inb, other=0.0))
+        if TAIL > 0:
+            tts = BLOCK_T + tl.arange(0, TAIL)
+            tinb = tts < T
+            tkey = _sortable_key(tl.load(scores + m * stride_sm + tts, mask=tinb, other=0.0))
         NB: tl.constexpr = 1 << BITS
         bins = tl.arange(0, NB)
         prefix = tl.zeros((), tl.uint32)
         need = K
         for p in tl.static_range(32 // BITS):
-            # the keys whose digits above this one match the prefix (all of them in the first pass)
-            live = inb & ((key >> (32 - BITS * p - 1) >> 1) == prefix)
-            digit = ((key >> (32 - BITS * (p + 1))) & (NB - 1)).to(tl.int32)
-            hist = tl.histogram(digit, NB, mask=live)
+            hist = _digit_counts(key, inb, prefix, p, BITS)
+            if TAIL > 0:
+                hist += _digit_counts(tkey, tinb, prefix, p, BITS)
             above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0)  # live keys in higher bins
             b = tl.max(tl.where(above + hist >= need, bins, -1), axis=0)  # the bin of the need-th largest
             need = need - tl.sum(tl.where(bins == b, above, 0), axis=0)
@@ -98,6 +131,12 @@ if HAVE_TRITON:
         dst = out + m * stride_om
         tl.store(dst + tl.cumsum(gt, axis=0) - 1, ts, mask=gt != 0)
         tl.store(dst + (K - need) + at_eq, ts, mask=(eq != 0) & (at_eq < need))
+        if TAIL > 0:  # the tail's places follow the main block's
+            tgt = (tinb & (tkey > prefix)).to(tl.int32)
+            teq = (tinb & (tkey == prefix)).to(tl.int32)
+            t_eq = tl.sum(eq, axis=0) + tl.cumsum(teq, axis=0) - 1
+            tl.store(dst + tl.sum(gt, axis=0) + tl.cumsum(tgt, axis=0) - 1, tts, mask=tgt != 0)
+            tl.store(dst + (K - need) + t_eq, tts, mask=(teq != 0) & (t_eq < need))
 
 
     @triton.jit
@@ -198,19 +237,20 @@ def topk_indices_multipass(scores: torch.Tensor, k: int, chunk: int = CHUNK, pdl
     return out
 
 
-def topk_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
+def topk_indices(scores: torch.Tensor, k: int, tail: bool = False) -> torch.Tensor:
     """The indices of the k largest of each row of fp32 scores [M, T], unsorted: int32 from the radix select where
-    Triton runs (one program a row up to MAX_ROW scores, the multi-pass form past it), else torch.topk's (int64).
-    Every index when k >= T (the reference's, int64)."""
+    Triton runs (one program a row up to MAX_ROW scores, the multi-pass form past it; with `tail`, one program up to
+    MAX_ROW + MAX_TAIL), else torch.topk's (int64). Every index when k >= T (the reference's, int64)."""
     if scores.dim() != 2 or scores.dtype != torch.float32:
         raise DecodeGapError(f"top-k: needs fp32 scores [M, T], got {scores.dtype} {tuple(scores.shape)}")
     m, t = scores.shape
     if k >= t or not available(scores.device) or scores.stride(1) != 1:
         return topk_indices_reference(scores, k)
-    if t > MAX_ROW:
+    if t > (MAX_ROW + MAX_TAIL if tail else MAX_ROW):
         return topk_indices_multipass(scores, k)
     out = torch.empty((m, k), dtype=torch.int32, device=scores.device)
-    block = max(2048, triton.next_power_of_2(t))  # 4 warps at least
-    _topk_kernel[(m,)](scores, out, t, k, scores.stride(0), out.stride(0), BITS=BITS, BLOCK_T=block,
+    block = max(2048, triton.next_power_of_2(min(t, MAX_ROW)))  # 4 warps at least
+    tail = max(MIN_TAIL, triton.next_power_of_2(t - MAX_ROW)) if t > MAX_ROW else 0
+    _topk_kernel[(m,)](scores, out, t, k, scores.stride(0), out.stride(0), BITS=BITS, BLOCK_T=block, TAIL=tail,
                        num_warps=block // (32 * PER_THREAD))
     return out

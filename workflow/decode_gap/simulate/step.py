@@ -366,11 +366,11 @@ class DecodeStep:
             if sparse:
                 spread = (torch.arange(M * self.T, device=self.device) * 40503 % 65521).float().view(M, self.T)
                 kept = topk_kernels.topk_indices_reference(spread, rows)
-                ours = topk_kernels.label(self.T)
+                ours = topk_kernels.forms(self.T)  # past 4096 scores: two forms, the faster kept
                 choice = self.attn_picker.pick(("topk", M, self.T, rows), {
-                    ours: lambda: topk_kernels.topk_indices(spread, rows),
+                    **{lab: (lambda f=f: f(spread, rows)) for lab, f in ours.items()},
                     "torch.topk (unsorted)": lambda: topk_kernels.topk_indices_reference(spread, rows)})
-                select = topk_kernels.topk_indices if choice == ours else select
+                select = ours.get(choice, select)
             try:
                 split = attn_kernels.MlaDecode(M, H, lora, rope, rows, self.device, _tdtype(self.act))
             except DecodeGapError:  # a latent or rope width the kernel does not take: torch ops
