@@ -149,19 +149,17 @@ def attention_checks(env: BenchEnv) -> None:
     wts = torch.rand((1, ih), generator=gen, device=dev)
     _check("dsa indexer scores", 1, ih, t, lambda: attn.index_scores(qi, keys, wts),
            attn.index_scores_reference(qi.float(), keys.float(), wts), 1e-2)
-    # DSA's selection (GLM-5 keeps 2048) and the MLA over the selected rows read in place: the scores the radix
-    # select keeps, sorted, are torch.topk's exactly (rows past topk.MAX_ROW: the multi-pass form)
+    # DSA's selection (GLM-5 keeps 2048) and the MLA over the selected rows read in place: the scores each radix
+    # select form keeps (topk.forms: the multi-pass form past topk.MAX_ROW, and just past it the tail block's too),
+    # sorted, are torch.topk's exactly
     sel_cases = [(1, 4096, 2047), (8, 4096, 2048), (1, 4097, 2048), (8, 8192, 2048), (1, 131072, 2048), (8, 32768, 2048), (3, 5000, 77)] \
         if env.is_gpu else [(1, 300, 40), (2, 5000, 2048)]
     for m, t, kk in sel_cases:
         sc = torch.randn((m, t), generator=gen, device=dev)
-        _check("dsa top-k (radix select)", m, t, kk,
-               lambda: sc.gather(1, topk_kernels.topk_indices(sc, kk).long()).sort(dim=-1).values,
-               torch.topk(sc, kk, dim=-1).values.sort(dim=-1).values, 0.0)
-        if topk_kernels.MAX_ROW < t <= topk_kernels.MAX_ROW + topk_kernels.MAX_TAIL:  # the tail block's form too
-            _check("dsa top-k (one program + tail)", m, t, kk,
-                   lambda: sc.gather(1, topk_kernels.topk_indices(sc, kk, tail=True).long()).sort(dim=-1).values,
-                   torch.topk(sc, kk, dim=-1).values.sort(dim=-1).values, 0.0)
+        ref = torch.topk(sc, kk, dim=-1).values.sort(dim=-1).values
+        for name, select in topk_kernels.forms(t).items():
+            _check(f"dsa top-k: {name}", m, t, kk,
+                   lambda: sc.gather(1, select(sc, kk).long()).sort(dim=-1).values, ref, 0.0)
     m, h, t, kk = (2, 64, 4097, 2048) if env.is_gpu else (1, 4, 60, 20)
     qq = torch.randn((m, h, lora + rope), generator=gen, device=dev).to(torch.bfloat16)
     kv = torch.randn((m, t, lora + rope), generator=gen, device=dev).to(torch.bfloat16)

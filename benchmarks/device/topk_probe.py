@@ -49,8 +49,9 @@ def main() -> None:
             if t <= topk.MAX_ROW:
                 for bits in (4, 8):
                     cands[f"radix 1 program {bits}-bit"] = lambda s, bits=bits: one_program(s, a.k, bits)
-            elif t <= topk.MAX_ROW + topk.MAX_TAIL:  # one program with the scores past MAX_ROW in a tail block
-                cands["radix 1 program + tail"] = lambda s: topk.topk_indices(s, a.k, tail=True)
+            tail = topk.forms(t).get(topk.TAIL_LABEL)  # just past MAX_ROW: one program with a tail block
+            if tail is not None:
+                cands["radix 1 program + tail"] = lambda s, tail=tail: tail(s, a.k)
             for c in map(int, a.chunks.split(",")):
                 for digit in map(int, a.digits.split(",")):
                     for pdl in (False, True):

@@ -250,7 +250,7 @@ def topk_indices(scores: torch.Tensor, k: int, tail: bool = False) -> torch.Tens
         return topk_indices_multipass(scores, k)
     out = torch.empty((m, k), dtype=torch.int32, device=scores.device)
     block = max(2048, triton.next_power_of_2(min(t, MAX_ROW)))  # 4 warps at least
-    tail = max(MIN_TAIL, triton.next_power_of_2(t - MAX_ROW)) if t > MAX_ROW else 0
-    _topk_kernel[(m,)](scores, out, t, k, scores.stride(0), out.stride(0), BITS=BITS, BLOCK_T=block, TAIL=tail,
+    tail_block = max(MIN_TAIL, triton.next_power_of_2(t - MAX_ROW)) if t > MAX_ROW else 0
+    _topk_kernel[(m,)](scores, out, t, k, scores.stride(0), out.stride(0), BITS=BITS, BLOCK_T=block, TAIL=tail_block,
                        num_warps=block // (32 * PER_THREAD))
     return out

@@ -114,7 +114,9 @@ class DecodeStep:
         self.weight_bytes += h * emb.element_size() * M  # one row per token is read
         lm = emb if spec.tie_embeddings else _rand((shapes.vocab, h), self.act, device)
         self.weight_bytes += lm.numel() * lm.element_size()
-        scale = math.sqrt(h) if spec.family == "gemma3" else 1.0
+        # Gemma 3 scales its embedding and norms each sublayer's output before the residual add (no add to carry)
+        self.gemma = spec.family == "gemma3"
+        scale = math.sqrt(h) if self.gemma else 1.0
         F = torch.nn.functional
 
         vocab_local = shapes.vocab
@@ -143,7 +145,7 @@ class DecodeStep:
         fn_w = torch.ones(h, dtype=dt, device=device)
 
         def final_norm(S):  # with the last layer's output added to the residual first (but for Gemma 3's)
-            if spec.family == "gemma3" or not layer_no:
+            if self.gemma or not layer_no:
                 S["x"] = self.rms(S["x"], fn_w, eps)
             else:
                 S["x"] = self.add_rms(S["x"], S["o"], fn_w, eps)[1]
@@ -224,7 +226,7 @@ class DecodeStep:
         seg = kind
         add = self.ops.append
         w_in, w_post = self._norm_w(h), self._norm_w(h)
-        gemma = spec.family == "gemma3"
+        gemma = self.gemma
         w_pa, w_pf = (self._norm_w(h), self._norm_w(h)) if gemma else (None, None)
         T_att = min(self.T, spec.sliding_window) if attn_kind == "sliding" else self.T
 
