@@ -363,8 +363,8 @@ def index_prepare_reference(q: torch.Tensor, k: torch.Tensor, cache: torch.Tenso
 def index_prepare(q: torch.Tensor, k: torch.Tensor, cache: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor,
                   sin: torch.Tensor, k_norm_w: torch.Tensor, k_norm_b: torch.Tensor, eps: float) -> torch.Tensor:
     """`index_prepare_reference` as one Triton kernel (a program an indexer head, one for the key), where the
-    unfused ops are eight kernels (the key's LayerNorm, two rotations and two concatenations, the cache write);
-    torch ops where Triton does not run or the rows do not fit it. H200 (2026-12-05, benchmarks/simulate_gpu.py,
+    unfused ops launch a kernel each (the key's LayerNorm, the two rotations' multiplies and sums, two
+    concatenations, the cache write); torch ops where Triton does not run or the rows do not fit it. H200 (2026-12-05, benchmarks/simulate_gpu.py,
     GLM-5-NVFP4 TP8, 46 of 78 layers, scaled), with the weights' scale folded into `index_scores`, against the
     LayerNorm, cache write and cast alone (no rope): the step 7.31 -> 6.96 ms at 1 row (attention 2.82 -> 2.49),
     11.71 -> 11.33 at 8 (3.42 -> 2.97)."""
