@@ -149,6 +149,9 @@ def attention_checks(env: BenchEnv) -> None:
     wts = torch.rand((1, ih), generator=gen, device=dev)
     _check("dsa indexer scores", 1, ih, t, lambda: attn.index_scores(qi, keys, wts),
            attn.index_scores_reference(qi.float(), keys.float(), wts), 1e-2)
+    fkeys, kscale = keys.to(attn.INDEX_KEY_DTYPE), torch.rand((1, t), generator=gen, device=dev)
+    _check("dsa indexer scores, fp8 keys", 1, ih, t, lambda: attn.index_scores(qi, fkeys, wts, 0.5, kscale),
+           attn.index_scores_reference(qi.float(), fkeys, wts, 0.5, kscale), 1e-2)
     # DSA's selection (GLM-5 keeps 2048) and the MLA over the selected rows read in place: the scores each radix
     # select form keeps (topk.forms: the multi-pass form past topk.MAX_ROW, and just past it the tail block's too),
     # sorted, are torch.topk's exactly
@@ -231,6 +234,18 @@ def attention_checks(env: BenchEnv) -> None:
                lambda: torch.cat([attn.index_prepare(qi, ki, icache, pos, *cs, w, b.to(torch.bfloat16),
                                                      1e-6).flatten(), icache.flatten()]).float(),
                torch.cat([ref_q.flatten(), ref_icache.flatten()]), 1e-2)
+        # FP8 keys (DeepSeek-V3.2's): turned by the Hadamard matrix, a scale a key; codes compared as values
+        # (scale times code), 3e-2 where the bf16 input takes a code one step from the fp32 reference's
+        fcache = icache.to(attn.INDEX_KEY_DTYPE)
+        fscale, ref_fcache = torch.rand((m, t), generator=gen, device=dev), fcache.clone()
+        ref_fscale = fscale.clone()
+        ref_q = attn.index_prepare_reference(qi.float(), ki.float(), ref_fcache, pos, *(c.float() for c in cs),
+                                             w.float(), b, 1e-6, ref_fscale)
+        _check("indexer norm + rope + hadamard + fp8 append", m, ih, idim,
+               lambda: torch.cat([attn.index_prepare(qi, ki, fcache, pos, *cs, w, b.to(torch.bfloat16), 1e-6,
+                                                     fscale).flatten(),
+                                  (fcache.float() * fscale[..., None]).flatten()]).float(),
+               torch.cat([ref_q.flatten(), (ref_fcache.float() * ref_fscale[..., None]).flatten()]), 3e-2)
     for n in (7168, 6144, 4096, 1536, 100):  # the norms: hidden sizes, a q_a width and an odd one, bf16
         x, o = (torch.randn((2, n), generator=gen, device=dev).to(torch.bfloat16) for _ in range(2))
         w = torch.rand(n, generator=gen, device=dev).to(torch.bfloat16)

@@ -203,3 +203,51 @@ print("ok")
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO / "workflow")}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stderr[-3000:]
+
+
+def test_index_prepare_fp8_keys_match_torch_ops_in_the_interpreter():
+    """DeepSeek-V3.2's FP8 indexer keys (GLM-5's): the fused kernel's Hadamard-turned queries, FP8 key codes and
+    scales against the torch ops, with only row pos written; the turn keeps q . k (the scores from the FP8 keys
+    against the unquantised, unturned ones); then the scores kernel on FP8 keys and their scales against torch."""
+    code = r'''
+import torch
+from decode_gap.kernels.attention import (INDEX_KEY_DTYPE, index_prepare, index_prepare_reference, index_scores,
+                                          index_scores_reference)
+torch.manual_seed(0)
+M, IH, ID, R, T, P = 2, 5, 64, 16, 9, 4
+others = [t for t in range(T) if t != P]
+for dt, tol in ((torch.float32, 1e-6), (torch.bfloat16, 1e-2)):
+    q, k = torch.randn(M, IH, ID).to(dt), torch.randn(M, ID).to(dt)
+    pos, cos, sin = torch.tensor([P]), torch.randn(R // 2).to(dt), torch.randn(R // 2).to(dt)
+    w, b = torch.rand(ID).to(dt), torch.randn(ID).to(dt)
+    c1, s1 = torch.randn(M, T, ID).to(INDEX_KEY_DTYPE), torch.rand(M, T)
+    c2, s2 = c1.clone(), s1.clone()
+    a = index_prepare(q, k, c1, pos, cos, sin, w, b, 1e-6, s1)
+    ref = index_prepare_reference(q, k, c2, pos, cos, sin, w, b, 1e-6, s2)
+    # in bf16 a value rounded the other way before the cast can take the next FP8 code (1/16 apart at most)
+    for x, y, t in ((a, ref, tol), (c1.float() * s1[..., None], c2.float() * s2[..., None], 3 * tol)):
+        err = ((x.float() - y.float()).norm() / y.float().norm()).item()
+        assert err < t, (dt, err)
+    assert torch.equal(c1[:, others].float(), c2[:, others].float()) and torch.equal(s1[:, others], s2[:, others])
+    plain_c = torch.zeros(M, T, ID).to(dt)
+    plain_q = index_prepare_reference(q, k, plain_c, pos, cos, sin, w, b, 1e-6)
+    exact = torch.einsum("mhd,md->mh", plain_q.float(), plain_c[:, P].float())
+    turned = torch.einsum("mhd,md->mh", a.float(), c1[:, P].float() * s1[:, P, None])
+    assert ((turned - exact).norm() / exact.norm()).item() < 0.05, dt  # FP8's 3 mantissa bits
+    wts = torch.rand(M, IH)
+    got, want = index_scores(a, c1, wts, 0.3, s1), index_scores_reference(a.float(), c1, wts, 0.3, s1)
+    assert got.shape == (M, T) and ((got - want).norm() / want.norm()).item() < tol, dt
+print("ok")
+'''
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO / "workflow")}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stderr[-3000:]
+
+
+def test_hadamard_reference_is_orthonormal():
+    from decode_gap.kernels.attention import hadamard_reference
+
+    x = torch.eye(8)
+    h = hadamard_reference(x)
+    assert torch.allclose(h @ h.T, torch.eye(8), atol=1e-6) and torch.allclose(h, h.T)
+    assert torch.allclose(h[1], torch.tensor([1.0, -1, 1, -1, 1, -1, 1, -1]) / 8**0.5)  # Sylvester's order

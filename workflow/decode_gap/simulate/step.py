@@ -352,11 +352,13 @@ class DecodeStep:
             wq = self._lin("attn.indexer.wq_b")
             wk = self._lin("attn.indexer.wk")
             wp = self._lin("attn.indexer.weights_proj")
-            icache = _rand((M, self.T, ID), self.act, self.device)
-            self.kv_bytes += M * T_att * ID * icache.element_size()
+            # FP8 keys and a scale a key, as DeepSeek-V3.2's indexer caches them
+            icache = _rand((M, self.T, ID), self.act, self.device).to(attn_kernels.INDEX_KEY_DTYPE)
+            iscale = torch.full((M, self.T), 1.0 / attn_kernels.FP8_MAX, dtype=torch.float32, device=self.device)
+            self.kv_bytes += M * T_att * (ID * icache.element_size() + iscale.element_size())
             kn_w, kn_b = self._norm_w(ID), torch.zeros(ID, dtype=_tdtype(self.act), device=self.device)
             topk = min(spec.index_topk or self.T, self.T)
-            idx = (IH, ID, wq, wk, wp, icache, kn_w, kn_b, topk)
+            idx = (IH, ID, wq, wk, wp, icache, iscale, kn_w, kn_b, topk)
         mla = None
         select = topk_kernels.topk_indices_reference
         if self.fused:
@@ -386,8 +388,8 @@ class DecodeStep:
                 mla = split if choice == split.label else None
                 self.attention_impl = (f"MLA absorbed ({mla.label if mla else 'torch bmm + softmax'}; latent norm, "
                                        "rope and cache append one kernel" +
-                                       ("; DSA indexer: key norm, rope and cache append one kernel, bf16 keys"
-                                        if idx else "") + ")")
+                                       ("; DSA indexer: key norm, rope, Hadamard, FP8 cast and cache append one "
+                                        "kernel; FP8 keys, bf16 queries" if idx else "") + ")")
 
         def proj(S):
             x = S["h"]
@@ -409,13 +411,13 @@ class DecodeStep:
             qq = prepare(q_lat, q_pe, S["kv"], cache, pos, cos, sin, kv_norm, eps)
             kv = cache
             if idx is not None:
-                IH, ID, wq, wk, wp, icache, kn_w, kn_b, topk = idx
+                IH, ID, wq, wk, wp, icache, iscale, kn_w, kn_b, topk = idx
                 # the key LayerNormed and rotated into its cache, the queries rotated (one kernel where fused)
                 qi = index_prepare(wq(S["q_in"]).view(M, IH, ID), wk(S["h"]), icache, pos, cos, sin, kn_w, kn_b,
-                                   1e-6)
+                                   1e-6, iscale)
                 # [M, T]: the sum over heads of w * relu(q . k), w = weights_proj(h) / sqrt(IH * ID) as the
                 # reference scales it (the weights cast as the scores kernel loads them)
-                score = index_scores(qi, icache, wp(S["h"]), (IH * ID) ** -0.5)
+                score = index_scores(qi, icache, wp(S["h"]), (IH * ID) ** -0.5, iscale)
                 if topk < self.T:
                     sel = select(score, topk)
                     if mla is not None:  # the kernel reads the selected rows in place
