@@ -18,6 +18,8 @@
 #     bash benchmarks/device/issue14_pending.sh walk_small $OUT/walk_small 2>&1 | tee $OUT/issue14_walk_small.txt
 #     bash benchmarks/device/issue14_pending.sh table $OUT 2>&1 | tee $OUT/issue14_table.txt
 #     bash benchmarks/device/issue14_pending.sh topk_tail 2>&1 | tee $OUT/issue14_topk_tail.txt
+#     bash benchmarks/device/issue14_pending.sh fp8_keys $OUT 2>&1 | tee $OUT/issue14_fp8_keys.txt
+#     bash benchmarks/device/issue14_pending.sh fp8_keys_step $OUT 2>&1 | tee $OUT/issue14_fp8_keys_step.txt
 #
 # What to read off: every check `ok`. The forms are timed in rounds that rotate their order (the first form timed read
 # 2-9% fast in a fixed order), so a form wins where its median is below the default's past the spread of the rounds.
@@ -151,6 +153,31 @@ timeout 150 python3 benchmarks/device/topk_probe.py --rows 1,8 --lengths 4096,40
 timeout 150 python3 benchmarks/device/step_profile.py --context 4096 --components attention
 timeout 150 python3 benchmarks/device/step_profile.py --context 4096 --batch 8 --components attention
 ;;
+fp8_keys|fp8_keys_step)
+# the DSA indexer's FP8 keys (kernels/attention.py, 2026-12-06: checked in the interpreter, compiled for sm_90,
+# never run on a GPU): every kernel check (two FP8 indexer checks among them), then the attention component kernel
+# by kernel at 4096 and 32768 tokens with FP8 keys (this tree) and bf16 keys (a copy whose step caches bf16); with
+# `fp8_keys_step`, the kernel level's GLM-5-NVFP4 TP8 step at 1 and 8 rows both ways instead (each under 600 s)
+out=${2:?usage: $0 fp8_keys|fp8_keys_step OUT_DIR}
+from='            icache = _rand((M, self.T, ID), self.act, self.device).to(attn_kernels.INDEX_KEY_DTYPE)'
+to='            icache = _rand((M, self.T, ID), self.act, self.device)'
+rm -rf /tmp/wf_bf16_keys && cp -r workflow /tmp/wf_bf16_keys
+sed -i "s/^$from\$/$to/" /tmp/wf_bf16_keys/decode_gap/simulate/step.py
+grep -q "^$to\$" /tmp/wf_bf16_keys/decode_gap/simulate/step.py || { echo "the FP8 cache line not found" >&2; exit 2; }
+if [ "$group" = fp8_keys_step ]; then
+  steps_ab "$out" "b1 b8" bf16_keys decode_gap/simulate/step.py "$from" "$to"
+  exit
+fi
+timeout 200 python3 benchmarks/lowprec_device.py --out "$out/lp" --sections kernelchecks --budget-s 150 2>&1 \
+  | grep -E "checks:|FAILED" | tail -3
+for ctx in 4096 32768; do
+  for wf in workflow /tmp/wf_bf16_keys; do
+    echo "== attention at $ctx tokens, $wf"
+    timeout 120 python3 benchmarks/device/step_profile.py --context $ctx --components attention --workflow "$wf" \
+      2>&1 | tail -20
+  done
+done
+;;
 plans)
 
 # TP8 (I = 256): 7 tokens just past one wave (the waves rule plans 9 splits where 8 tokens, under a wave, took 2)
@@ -171,7 +198,7 @@ probe --m 8 --variants
 ;;
 *)
 echo "usage: bash $0 align|pair|step OUT_DIR|defaults OUT_DIR|walk|walk_more|shared OUT_DIR b8|b32" \
-  "|walk_check OUT_DIR|walk_small OUT_DIR|table OUT_DIR|topk_tail|plans" \
+  "|walk_check OUT_DIR|walk_small OUT_DIR|table OUT_DIR|topk_tail|fp8_keys[_step] OUT_DIR|plans" \
   "(each under one device call's 600 s)" >&2
 exit 2
 ;;
