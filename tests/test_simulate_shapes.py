@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from decode_gap.model import load_model_card, linear_layers
-from decode_gap.simulate.shapes import kv_row_elems, layer_bytes, plan_layers, step_shapes
+from decode_gap.simulate.shapes import kv_row_bytes, layer_bytes, plan_layers, step_shapes
 
 REPO = Path(__file__).resolve().parents[1]
 CARDS = sorted((REPO / "config" / "models").glob("*.json"))
@@ -30,12 +30,14 @@ def test_step_shapes_match_linear_layers(card, tp):
     if spec.mla:
         assert lin["attn.o_proj"].k == sh.heads * spec.v_head_dim
         assert sh.head_dim == spec.kv_lora_rank + spec.qk_rope_head_dim
-        assert kv_row_elems(sh) == spec.kv_lora_rank + spec.qk_rope_head_dim + (spec.index_head_dim if spec.index_heads else 0)
+        # the latent row in bf16; a DSA indexer's key in FP8 with a 4-byte scale
+        assert kv_row_bytes(sh, 2) == 2 * (spec.kv_lora_rank + spec.qk_rope_head_dim) + (
+            spec.index_head_dim + 4 if spec.index_heads else 0)
     else:
         kv = raw.get("num_key_value_heads", heads)
         assert sh.kv_heads == -(-kv // tp)
         assert lin["attn.qkv_proj"].n == (sh.heads + 2 * sh.kv_heads) * sh.head_dim
-        assert kv_row_elems(sh) == 2 * sh.kv_heads * sh.head_dim
+        assert kv_row_bytes(sh, 2) == 2 * 2 * sh.kv_heads * sh.head_dim
     assert sh.vocab == -(-raw["vocab_size"] // tp)
     assert len(sh.layer_kinds) == raw["num_hidden_layers"]
     assert sum(1 for k in sh.layer_kinds if k.startswith("moe/")) == spec.moe_layers

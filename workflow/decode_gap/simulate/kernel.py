@@ -55,7 +55,7 @@ from ..model import ModelSpec
 from ..timing import ClockWatch, capture_graph
 from .formats import _probe_grouped, _torch, probe_formats  # noqa: F401 - re-exported
 from .layers import Experts, Linear  # noqa: F401 - re-exported
-from .shapes import StepShapes, kv_row_elems, layer_bytes, plan_layers, step_shapes
+from .shapes import StepShapes, kv_row_bytes, layer_bytes, plan_layers, step_shapes
 from .step import DecodeStep, Op  # noqa: F401 - re-exported
 from .timing import L2Flusher, spread, time_cpu, time_cuda
 
@@ -255,7 +255,7 @@ def simulate_rank(spec: ModelSpec, settings: KernelSettings, device: str, group=
     layers_sim = sum(plan.values())
     kv_read = sum(
         shapes.batch * (min(settings.context_len + 1, spec.sliding_window) if k.endswith("sliding") else settings.context_len + 1)
-        * kv_row_elems(shapes) * {"bf16": 2, "fp32": 4}[fmt["activations"]] * n
+        * kv_row_bytes(shapes, {"bf16": 2, "fp32": 4}[fmt["activations"]]) * n
         for k, n in counts.items()
     )
     backend = (f"torch {torch.__version__} " + ("CUDA eager + CUDA graph" if on_gpu else "CPU eager") +

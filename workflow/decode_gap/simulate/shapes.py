@@ -124,16 +124,18 @@ def layer_bytes(shapes: StepShapes, kind: str, weight_bytes: float, act_bytes: f
         l = shapes.linears[name]
         per_elem = weight_bytes if l.quantizable else act_bytes
         total += l.n * l.k * l.per_layer * per_elem
-    total += shapes.batch * kv_len * kv_row_elems(shapes) * act_bytes
+    total += shapes.batch * kv_len * kv_row_bytes(shapes, act_bytes)
     return total
 
 
-def kv_row_elems(shapes: StepShapes) -> int:
-    """KV-cache elements one token adds per layer on this GPU."""
+def kv_row_bytes(shapes: StepShapes, act_bytes: float) -> float:
+    """KV-cache bytes one token adds per layer on this GPU: K and V (GQA) or the latent row (MLA) in the activations'
+    dtype, and a DSA indexer's key in FP8 with its 4-byte scale (as the kernel level caches it)."""
     spec = shapes.spec
     if spec.mla:
-        return spec.kv_lora_rank + spec.qk_rope_head_dim + (spec.index_head_dim if spec.index_heads else 0)
-    return 2 * shapes.kv_heads * shapes.head_dim
+        return ((spec.kv_lora_rank + spec.qk_rope_head_dim) * act_bytes
+                + (spec.index_head_dim + 4 if spec.index_heads else 0))
+    return 2 * shapes.kv_heads * shapes.head_dim * act_bytes
 
 
 def plan_layers(shapes: StepShapes, requested: int | str, fits: int | None) -> dict[str, int]:
