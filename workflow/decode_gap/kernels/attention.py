@@ -36,7 +36,8 @@ import torch
 from ..errors import DecodeGapError
 from .lowprec import _pow2, available
 from .norm import rms_norm_reference
-from .nvfp4 import HAVE_TRITON, interpreted, tl, triton  # Triton is optional (one import guard for the kernels)
+# Triton is optional (one import guard for the kernels)
+from .nvfp4 import E4M3_MAX, HAVE_TRITON, interpreted, tl, triton
 
 
 def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -348,7 +349,6 @@ if HAVE_TRITON:
 
 
 INDEX_KEY_DTYPE = torch.float8_e4m3fn  # the DSA indexer's key cache (DeepSeek-V3.2's, GLM-5's): FP8, a scale a key
-FP8_MAX = 448.0
 
 
 def index_scores_reference(q: torch.Tensor, keys: torch.Tensor, wts: torch.Tensor, w_scale: float = 1.0,
@@ -414,7 +414,7 @@ def index_prepare_reference(q: torch.Tensor, k: torch.Tensor, cache: torch.Tenso
         if key_scale is None:
             raise DecodeGapError("index_prepare: an FP8 key cache needs its key_scale [M, T]")
         key, q = hadamard_reference(key).float(), hadamard_reference(q)
-        scale = key.abs().amax(-1).clamp(min=1e-12) / FP8_MAX
+        scale = key.abs().amax(-1).clamp(min=1e-12) / E4M3_MAX
         key = (key / scale.unsqueeze(-1)).to(cache.dtype)
         key_scale.index_copy_(1, pos, scale.unsqueeze(1).to(key_scale.dtype))
         # as bytes: torch has no index_copy_ for FP8 on the CPU
