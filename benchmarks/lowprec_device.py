@@ -152,6 +152,9 @@ def attention_checks(env: BenchEnv) -> None:
     fkeys, kscale = keys.to(attn.INDEX_KEY_DTYPE), torch.rand((1, t), generator=gen, device=dev)
     _check("dsa indexer scores, fp8 keys", 1, ih, t, lambda: attn.index_scores(qi, fkeys, wts, 0.5, kscale),
            attn.index_scores_reference(qi.float(), fkeys, wts, 0.5, kscale), 1e-2)
+    fq, qscale = qi.to(attn.INDEX_KEY_DTYPE), torch.rand((1, ih), generator=gen, device=dev)
+    _check("dsa indexer scores, fp8 dot", 1, ih, t, lambda: attn.index_scores(fq, fkeys, wts, 0.5, kscale, qscale),
+           attn.index_scores_reference(fq, fkeys, wts, 0.5, kscale, qscale), 1e-2)
     # DSA's selection (GLM-5 keeps 2048) and the MLA over the selected rows read in place: the scores each radix
     # select form keeps (topk.forms: the multi-pass form past topk.MAX_ROW, and just past it the tail block's too),
     # sorted, are torch.topk's exactly
@@ -228,24 +231,27 @@ def attention_checks(env: BenchEnv) -> None:
         pos = torch.tensor([t - 5], device=dev)
         cs = [torch.randn(rope // 2, generator=gen, device=dev).to(torch.bfloat16) for _ in range(2)]
         w, b = torch.rand(idim, generator=gen, device=dev).to(torch.bfloat16), torch.zeros(idim, device=dev)
-        ref_q = attn.index_prepare_reference(qi.float(), ki.float(), ref_icache, pos, *(c.float() for c in cs),
-                                             w.float(), b, 1e-6)
+        ref_q, _ = attn.index_prepare_reference(qi.float(), ki.float(), ref_icache, pos, *(c.float() for c in cs),
+                                                w.float(), b, 1e-6)
         _check("indexer norm + rope + append", m, ih, idim,
                lambda: torch.cat([attn.index_prepare(qi, ki, icache, pos, *cs, w, b.to(torch.bfloat16),
-                                                     1e-6).flatten(), icache.flatten()]).float(),
+                                                     1e-6)[0].flatten(), icache.flatten()]).float(),
                torch.cat([ref_q.flatten(), ref_icache.flatten()]), 1e-2)
-        # FP8 keys (DeepSeek-V3.2's): turned by the Hadamard matrix, a scale a key; codes compared as values
-        # (scale times code), 3e-2 where the bf16 input takes a code one step from the fp32 reference's
+        # FP8 keys and queries (DeepSeek-V3.2's): turned by the Hadamard matrix, a scale a row; codes compared as
+        # values (scale times code), 3e-2 where the bf16 input takes a code one step from the fp32 reference's
         fcache = icache.to(attn.INDEX_KEY_DTYPE)
         fscale, ref_fcache = torch.rand((m, t), generator=gen, device=dev), fcache.clone()
         ref_fscale = fscale.clone()
-        ref_q = attn.index_prepare_reference(qi.float(), ki.float(), ref_fcache, pos, *(c.float() for c in cs),
-                                             w.float(), b, 1e-6, ref_fscale)
-        _check("indexer norm + rope + hadamard + fp8 append", m, ih, idim,
-               lambda: torch.cat([attn.index_prepare(qi, ki, fcache, pos, *cs, w, b.to(torch.bfloat16), 1e-6,
-                                                     fscale).flatten(),
-                                  (fcache.float() * fscale[..., None]).flatten()]).float(),
-               torch.cat([ref_q.flatten(), (ref_fcache.float() * ref_fscale[..., None]).flatten()]), 3e-2)
+        ref_q, ref_qs = attn.index_prepare_reference(qi.float(), ki.float(), ref_fcache, pos,
+                                                     *(c.float() for c in cs), w.float(), b, 1e-6, ref_fscale)
+
+        def fp8_prepare():
+            q8, qs = attn.index_prepare(qi, ki, fcache, pos, *cs, w, b.to(torch.bfloat16), 1e-6, fscale)
+            return torch.cat([(q8.float() * qs[..., None]).flatten(), (fcache.float() * fscale[..., None]).flatten()])
+
+        _check("indexer norm + rope + hadamard + fp8 append", m, ih, idim, fp8_prepare,
+               torch.cat([(ref_q.float() * ref_qs[..., None]).flatten(),
+                          (ref_fcache.float() * ref_fscale[..., None]).flatten()]), 3e-2)
     for n in (7168, 6144, 4096, 1536, 100):  # the norms: hidden sizes, a q_a width and an odd one, bf16
         x, o = (torch.randn((2, n), generator=gen, device=dev).to(torch.bfloat16) for _ in range(2))
         w = torch.rand(n, generator=gen, device=dev).to(torch.bfloat16)

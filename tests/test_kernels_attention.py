@@ -187,9 +187,9 @@ for dt, tol in ((torch.float32, 1e-6), (torch.bfloat16, 1e-2)):
     c2 = c1.clone()
     pos, cos, sin = torch.tensor([4]), torch.randn(R // 2).to(dt), torch.randn(R // 2).to(dt)
     w, b = torch.rand(ID).to(dt), torch.randn(ID).to(dt)
-    a = index_prepare(q, k, c1, pos, cos, sin, w, b, 1e-6)
-    ref = index_prepare_reference(q, k, c2, pos, cos, sin, w, b, 1e-6)
-    assert a.shape == (M, IH, ID) and a.dtype == dt
+    a, none = index_prepare(q, k, c1, pos, cos, sin, w, b, 1e-6)
+    ref, _ = index_prepare_reference(q, k, c2, pos, cos, sin, w, b, 1e-6)
+    assert a.shape == (M, IH, ID) and a.dtype == dt and none is None
     assert torch.equal(a[..., R:], q[..., R:])  # only the rope part turns
     for x, y in ((a, ref), (c1, c2)):
         err = ((x.float() - y.float()).norm() / y.float().norm()).item()
@@ -206,9 +206,10 @@ print("ok")
 
 
 def test_index_prepare_fp8_keys_match_torch_ops_in_the_interpreter():
-    """DeepSeek-V3.2's FP8 indexer keys (GLM-5's): the fused kernel's Hadamard-turned queries, FP8 key codes and
-    scales against the torch ops, with only row pos written; the turn keeps q . k (the scores from the FP8 keys
-    against the unquantised, unturned ones); then the scores kernel on FP8 keys and their scales against torch."""
+    """DeepSeek-V3.2's FP8 indexer (GLM-5's): the fused kernel's Hadamard-turned queries and key as FP8 codes and
+    scales against the torch ops, with only row pos written; the turn keeps q . k (the scores from FP8 keys and
+    queries against the unquantised, unturned ones); then the scores kernel on FP8 keys, with bf16 and with FP8
+    queries, against torch."""
     code = r'''
 import torch
 from decode_gap.kernels.attention import (INDEX_KEY_DTYPE, index_prepare, index_prepare_reference, index_scores,
@@ -222,21 +223,24 @@ for dt, tol in ((torch.float32, 1e-6), (torch.bfloat16, 1e-2)):
     w, b = torch.rand(ID).to(dt), torch.randn(ID).to(dt)
     c1, s1 = torch.randn(M, T, ID).to(INDEX_KEY_DTYPE), torch.rand(M, T)
     c2, s2 = c1.clone(), s1.clone()
-    a = index_prepare(q, k, c1, pos, cos, sin, w, b, 1e-6, s1)
-    ref = index_prepare_reference(q, k, c2, pos, cos, sin, w, b, 1e-6, s2)
+    a, qs = index_prepare(q, k, c1, pos, cos, sin, w, b, 1e-6, s1)
+    ref, ref_qs = index_prepare_reference(q, k, c2, pos, cos, sin, w, b, 1e-6, s2)
+    assert a.dtype == INDEX_KEY_DTYPE and qs.shape == (M, IH) and qs.dtype == torch.float32
     # in bf16 a value rounded the other way before the cast can take the next FP8 code (1/16 apart at most)
-    for x, y, t in ((a, ref, tol), (c1.float() * s1[..., None], c2.float() * s2[..., None], 3 * tol)):
+    for x, y in ((a.float() * qs[..., None], ref.float() * ref_qs[..., None]),
+                 (c1.float() * s1[..., None], c2.float() * s2[..., None])):
         err = ((x.float() - y.float()).norm() / y.float().norm()).item()
-        assert err < t, (dt, err)
+        assert err < 3 * tol, (dt, err)
     assert torch.equal(c1[:, others].float(), c2[:, others].float()) and torch.equal(s1[:, others], s2[:, others])
     plain_c = torch.zeros(M, T, ID).to(dt)
-    plain_q = index_prepare_reference(q, k, plain_c, pos, cos, sin, w, b, 1e-6)
+    plain_q, _ = index_prepare_reference(q, k, plain_c, pos, cos, sin, w, b, 1e-6)
     exact = torch.einsum("mhd,md->mh", plain_q.float(), plain_c[:, P].float())
-    turned = torch.einsum("mhd,md->mh", a.float(), c1[:, P].float() * s1[:, P, None])
+    turned = torch.einsum("mhd,md->mh", a.float() * qs[..., None], c1[:, P].float() * s1[:, P, None])
     assert ((turned - exact).norm() / exact.norm()).item() < 0.05, dt  # FP8's 3 mantissa bits
-    wts = torch.rand(M, IH)
-    got, want = index_scores(a, c1, wts, 0.3, s1), index_scores_reference(a.float(), c1, wts, 0.3, s1)
-    assert got.shape == (M, T) and ((got - want).norm() / want.norm()).item() < tol, dt
+    wts, bf = torch.rand(M, IH), (a.float() * qs[..., None]).to(dt)
+    for got, want in ((index_scores(bf, c1, wts, 0.3, s1), index_scores_reference(bf.float(), c1, wts, 0.3, s1)),
+                      (index_scores(a, c1, wts, 0.3, s1, qs), index_scores_reference(a, c1, wts, 0.3, s1, qs))):
+        assert got.shape == (M, T) and ((got - want).norm() / want.norm()).item() < tol, dt
 print("ok")
 '''
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO / "workflow")}

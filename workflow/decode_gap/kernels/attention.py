@@ -288,12 +288,14 @@ if HAVE_TRITON:
         return v.to(tl.float8e4nv)
 
     @triton.jit
-    def _index_prepare_kernel(q, k, cache, kscale, q_out, pos, cos, sin, kw, kb, eps, IH, stride_qm, stride_qh,
-                              stride_km, stride_cm, stride_ct, stride_sm, stride_om, stride_oh, ID: tl.constexpr,
-                              HALF: tl.constexpr, FP8: tl.constexpr, LOG_ID: tl.constexpr, ROUND: tl.constexpr):
+    def _index_prepare_kernel(q, k, cache, kscale, q_out, qscale, pos, cos, sin, kw, kb, eps, IH, stride_qm,
+                              stride_qh, stride_km, stride_cm, stride_ct, stride_sm, stride_om, stride_oh, stride_qsm,
+                              ID: tl.constexpr, HALF: tl.constexpr, FP8: tl.constexpr, LOG_ID: tl.constexpr,
+                              ROUND: tl.constexpr):
         """Program r < IH: indexer head r of q, its first 2 HALF values rotated, into q_out; program IH: the token's
         indexer key LayerNormed, its first 2 HALF values rotated, into the key cache at row pos. With FP8, both then
-        times the normalised Hadamard matrix, and the key into the cache as FP8 codes and its scale (amax / 448)."""
+        times the normalised Hadamard matrix, rounded to q's dtype, and stored as FP8 codes with their scale (amax /
+        448): the head's into qscale [M, IH], the key's into kscale [M, T] at row pos."""
         r, m = tl.program_id(0), tl.program_id(1).to(tl.int64)
         d = tl.arange(0, ID)
         turned = d < 2 * HALF
@@ -313,73 +315,96 @@ if HAVE_TRITON:
         sn = tl.load(sin + d % HALF, mask=turned, other=0.0).to(tl.float32)
         v = x * c + tl.where(d < HALF, -xp, xp) * sn  # as _rotate: a c - b s, b c + a s
         if FP8:  # rounded as the reference rounds the rotated row, then turned (1/sqrt(ID) keeps its norm)
-            v = _hadamard(v.to(q_out.dtype.element_ty).to(tl.float32), ID, LOG_ID) * (ID ** -0.5)
-        if r < IH:
+            v = _hadamard(v.to(q.dtype.element_ty).to(tl.float32), ID, LOG_ID) * (ID ** -0.5)
+            v = v.to(q.dtype.element_ty).to(tl.float32)
+            scale = tl.maximum(tl.max(tl.abs(v), axis=0), 1e-12) / 448.0
+            v = _to_fp8_rounded(v / scale, ROUND)
+            if r < IH:
+                tl.store(q_out + m * stride_om + r * stride_oh + d, v)
+                tl.store(qscale + m * stride_qsm + r, scale)
+            else:
+                row = tl.load(pos).to(tl.int64)
+                tl.store(cache + m * stride_cm + row * stride_ct + d, v)
+                tl.store(kscale + m * stride_sm + row, scale)
+        elif r < IH:
             tl.store(q_out + m * stride_om + r * stride_oh + d, v.to(q_out.dtype.element_ty))
         else:
             row = tl.load(pos).to(tl.int64)
-            dst = cache + m * stride_cm + row * stride_ct
-            if FP8:
-                v = v.to(q_out.dtype.element_ty).to(tl.float32)
-                scale = tl.maximum(tl.max(tl.abs(v), axis=0), 1e-12) / 448.0
-                tl.store(dst + d, _to_fp8_rounded(v / scale, ROUND))
-                tl.store(kscale + m * stride_sm + row, scale)
-            else:
-                tl.store(dst + d, v.to(dst.dtype.element_ty))
+            tl.store(cache + m * stride_cm + row * stride_ct + d, v.to(cache.dtype.element_ty))
 
     @triton.jit
-    def _index_score_kernel(q, keys, kscale, wts, out, T, IH, w_scale, stride_qm, stride_qh, stride_km, stride_kt,
-                            stride_sm, stride_wm, stride_om, ID: tl.constexpr, BLOCK_H: tl.constexpr,
-                            BLOCK_T: tl.constexpr, F32_DOTS: tl.constexpr, SCALED: tl.constexpr):
+    def _index_score_kernel(q, keys, kscale, qscale, wts, out, T, IH, w_scale, stride_qm, stride_qh, stride_km,
+                            stride_kt, stride_sm, stride_qsm, stride_wm, stride_om, ID: tl.constexpr,
+                            BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, F32_DOTS: tl.constexpr,
+                            SCALED: tl.constexpr, Q_SCALED: tl.constexpr):
         pid_t, m = tl.program_id(0), tl.program_id(1)
         hs = tl.arange(0, BLOCK_H)
         hmask = hs < IH
         d = tl.arange(0, ID)
         qh = tl.load(q + m * stride_qm + hs[:, None] * stride_qh + d[None, :], mask=hmask[:, None], other=0.0)
         w = tl.load(wts + m * stride_wm + hs, mask=hmask, other=0.0).to(tl.float32) * w_scale
+        if Q_SCALED:  # a head's scale is positive: folded into its weight, as the reference folds it
+            w = w * tl.load(qscale + m * stride_qsm + hs, mask=hmask, other=0.0)
         ts = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
         tmask = ts < T
         k = tl.load(keys + m * stride_km + ts[:, None] * stride_kt + d[None, :], mask=tmask[:, None], other=0.0)
         if F32_DOTS:  # Triton's CPU interpreter mishandles bf16 dots: fp32 operands there, same indexing
             qh, k = qh.to(tl.float32), k.to(tl.float32)
-        s = tl.maximum(tl.dot(qh, tl.trans(k.to(qh.dtype))), 0.0)  # [heads, rows]; FP8 keys as q's dtype
+        # [rows, heads]: the cache's 64 rows as the MMA's M, so that sm_90 gets the warpgroup MMA in FP8 (heads as
+        # M, 32 for GLM-5, got the warp MMA on FP8 cast to fp16: the PTX); FP8 by FP8 where q is FP8
+        s = tl.maximum(tl.dot(k.to(qh.dtype), tl.trans(qh)), 0.0)
         if SCALED:  # a key's scale is positive: it goes past the relu
-            s = s * tl.load(kscale + m * stride_sm + ts, mask=tmask, other=0.0)[None, :]
-        tl.store(out + m * stride_om + ts, tl.sum(s * w[:, None], axis=0), mask=tmask)
+            s = s * tl.load(kscale + m * stride_sm + ts, mask=tmask, other=0.0)[:, None]
+        tl.store(out + m * stride_om + ts, tl.sum(s * w[None, :], axis=1), mask=tmask)
 
 
 INDEX_KEY_DTYPE = torch.float8_e4m3fn  # the DSA indexer's key cache (DeepSeek-V3.2's, GLM-5's): FP8, a scale a key
 
 
 def index_scores_reference(q: torch.Tensor, keys: torch.Tensor, wts: torch.Tensor, w_scale: float = 1.0,
-                           key_scale: torch.Tensor | None = None) -> torch.Tensor:
+                           key_scale: torch.Tensor | None = None,
+                           query_scale: torch.Tensor | None = None) -> torch.Tensor:
     """The DSA indexer's scores: q [M, IH, ID], keys [M, T, ID], wts [M, IH] (any dtype) -> [M, T] fp32, the sum
     over the indexer heads of each head's weight (times w_scale) times relu(q . key); FP8 keys times key_scale
-    [M, T] (fp32, one a key)."""
-    if key_scale is None:
+    [M, T] and FP8 queries times query_scale [M, IH] (fp32, one a key or a head)."""
+    w = wts.float() * w_scale
+    if key_scale is None and query_scale is None:
         s = torch.relu(torch.bmm(q, keys.transpose(1, 2))).float()
     else:
-        s = torch.relu(torch.bmm(q.float(), keys.float().transpose(1, 2))) * key_scale.float().unsqueeze(1)
-    return (s * (wts.float() * w_scale).unsqueeze(-1)).sum(1)
+        s = torch.relu(torch.bmm(q.float(), keys.float().transpose(1, 2)))
+        if key_scale is not None:
+            s = s * key_scale.float().unsqueeze(1)
+        if query_scale is not None:
+            w = w * query_scale.float()
+    return (s * w.unsqueeze(-1)).sum(1)
+
+
+def _fp8_dots(device: torch.device) -> bool:
+    """Whether the GPU's tensor cores multiply FP8 by FP8 (sm_89 on); the interpreter dots in fp32 anyway."""
+    return device.type != "cuda" or torch.cuda.get_device_capability(device) >= (8, 9)
 
 
 def index_scores(q: torch.Tensor, keys: torch.Tensor, wts: torch.Tensor, w_scale: float = 1.0,
-                 key_scale: torch.Tensor | None = None) -> torch.Tensor:
+                 key_scale: torch.Tensor | None = None, query_scale: torch.Tensor | None = None) -> torch.Tensor:
     """`index_scores_reference` as one Triton kernel (rows of the cache in blocks, every indexer head a block in
-    one tensor-core dot, FP8 keys cast to q's dtype as they load and their scales applied past the relu; the
-    weights cast and scaled as they load) where Triton runs and the widths tile; else torch ops."""
+    one tensor-core dot: FP8 by FP8 where the queries are FP8, as the reference's, else FP8 keys cast to q's dtype
+    as they load; the key scales applied past the relu, the query scales folded into the weights, which are cast
+    and scaled as they load) where Triton runs and the widths tile; else torch ops."""
     m, ih, idim = q.shape
     t = keys.shape[1]
+    scales = [s for s in (key_scale, query_scale) if s is not None]
     if (not available(q.device) or idim < 16 or idim != _pow2(idim) or ih > 128 or q.stride(2) != 1
-            or keys.stride(2) != 1 or wts.stride(-1) != 1 or (key_scale is not None and key_scale.stride(-1) != 1)):
-        return index_scores_reference(q, keys, wts, w_scale, key_scale)
+            or keys.stride(2) != 1 or wts.stride(-1) != 1 or any(s.stride(-1) != 1 for s in scales)
+            or (q.dtype == INDEX_KEY_DTYPE and (keys.dtype != q.dtype or not _fp8_dots(q.device)))):
+        return index_scores_reference(q, keys, wts, w_scale, key_scale, query_scale)
     out = torch.empty((m, t), dtype=torch.float32, device=q.device)
     block_t = 64
-    scaled = key_scale is not None
     _index_score_kernel[(math.ceil(t / block_t), m)](
-        q, keys, key_scale if scaled else out, wts, out, t, ih, float(w_scale), q.stride(0), q.stride(1),
-        keys.stride(0), keys.stride(1), key_scale.stride(0) if scaled else 0, wts.stride(0), out.stride(0), ID=idim,
-        BLOCK_H=max(16, _pow2(ih)), BLOCK_T=block_t, F32_DOTS=interpreted(), SCALED=scaled, num_warps=4)
+        q, keys, out if key_scale is None else key_scale, out if query_scale is None else query_scale, wts, out, t,
+        ih, float(w_scale), q.stride(0), q.stride(1), keys.stride(0), keys.stride(1),
+        0 if key_scale is None else key_scale.stride(0), 0 if query_scale is None else query_scale.stride(0),
+        wts.stride(0), out.stride(0), ID=idim, BLOCK_H=max(16, _pow2(ih)), BLOCK_T=block_t, F32_DOTS=interpreted(),
+        SCALED=key_scale is not None, Q_SCALED=query_scale is not None, num_warps=4)
     return out
 
 
@@ -399,41 +424,48 @@ def hadamard_reference(x: torch.Tensor) -> torch.Tensor:
     return (x.float() @ h * x.shape[-1] ** -0.5).to(x.dtype)
 
 
+def _fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., D] as E4M3 codes and a scale a row (amax / 448, fp32), as the reference's act_quant makes them for
+    rows of 128 values; fp8block's twin takes groups of exactly 128, where the indexer's tests use 32 and 64."""
+    x = x.float()
+    scale = x.abs().amax(-1).clamp(min=1e-12) / E4M3_MAX
+    return (x / scale.unsqueeze(-1)).to(INDEX_KEY_DTYPE), scale
+
+
 def index_prepare_reference(q: torch.Tensor, k: torch.Tensor, cache: torch.Tensor, pos: torch.Tensor,
                             cos: torch.Tensor, sin: torch.Tensor, k_norm_w: torch.Tensor, k_norm_b: torch.Tensor,
-                            eps: float, key_scale: torch.Tensor | None = None) -> torch.Tensor:
+                            eps: float, key_scale: torch.Tensor | None = None
+                            ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The DSA indexer's decode input in torch ops (DeepSeek-V3.2's, which GLM-5 shares): the token's key row k
     [M, ID] LayerNormed and rotated (its first 2 len(cos) values) into the key cache [M, T, ID] at row pos; returns
-    the queries q [M, IH, ID] rotated the same way. An FP8 cache (INDEX_KEY_DTYPE) takes the reference's form: key
-    and queries then times the Hadamard matrix, the key stored as FP8 codes with its scale (amax / 448) in key_scale
-    [M, T]. The queries stay in their dtype, where the reference quantises them to FP8 too (a scale a head, folded
-    into the weights) for an FP8 dot."""
+    the queries q [M, IH, ID] rotated the same way, and None. An FP8 cache (INDEX_KEY_DTYPE) takes the reference's
+    form: key and queries then times the Hadamard matrix, each row as FP8 codes with its scale (amax / 448); the
+    key's into the cache and key_scale [M, T], and the queries returned as codes and scales [M, IH] (fp32), which
+    the scores fold into the heads' weights, for an FP8 by FP8 dot."""
     key = _rope_front(torch.nn.functional.layer_norm(k, (k.shape[-1],), k_norm_w, k_norm_b, eps), cos, sin)
     q = _rope_front(q, cos, sin)
-    if cache.dtype == INDEX_KEY_DTYPE:
-        if key_scale is None:
-            raise DecodeGapError("index_prepare: an FP8 key cache needs its key_scale [M, T]")
-        key, q = hadamard_reference(key).float(), hadamard_reference(q)
-        scale = key.abs().amax(-1).clamp(min=1e-12) / E4M3_MAX
-        key = (key / scale.unsqueeze(-1)).to(cache.dtype)
-        key_scale.index_copy_(1, pos, scale.unsqueeze(1).to(key_scale.dtype))
-        # as bytes: torch has no index_copy_ for FP8 on the CPU
-        cache.view(torch.uint8).index_copy_(1, pos, key.unsqueeze(1).view(torch.uint8))
-        return q
-    cache.index_copy_(1, pos, key.unsqueeze(1))
-    return q
+    if cache.dtype != INDEX_KEY_DTYPE:
+        cache.index_copy_(1, pos, key.unsqueeze(1))
+        return q, None
+    if key_scale is None:
+        raise DecodeGapError("index_prepare: an FP8 key cache needs its key_scale [M, T]")
+    key, scale = _fp8_rows(hadamard_reference(key))
+    key_scale.index_copy_(1, pos, scale.unsqueeze(1).to(key_scale.dtype))
+    # as bytes: torch has no index_copy_ for FP8 on the CPU
+    cache.view(torch.uint8).index_copy_(1, pos, key.unsqueeze(1).view(torch.uint8))
+    return _fp8_rows(hadamard_reference(q))
 
 
 def index_prepare(q: torch.Tensor, k: torch.Tensor, cache: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor,
                   sin: torch.Tensor, k_norm_w: torch.Tensor, k_norm_b: torch.Tensor, eps: float,
-                  key_scale: torch.Tensor | None = None) -> torch.Tensor:
+                  key_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`index_prepare_reference` as one Triton kernel (a program an indexer head, one for the key), where the
     unfused ops launch a kernel each (the key's LayerNorm, the two rotations' multiplies and sums, two
-    concatenations, the Hadamard products, the FP8 scale and cast, the cache writes); torch ops where Triton does not
-    run or the rows do not fit it. H200 (2026-12-05, benchmarks/simulate_gpu.py, GLM-5-NVFP4 TP8, 46 of 78 layers,
-    scaled; bf16 keys), with the weights' scale folded into `index_scores`, against the LayerNorm, cache write and
-    cast alone (no rope): the step 7.31 -> 6.96 ms at 1 row (attention 2.82 -> 2.49), 11.71 -> 11.33 at 8 (3.42 ->
-    2.97)."""
+    concatenations, the Hadamard products, the FP8 scales and casts, the cache writes); torch ops where Triton does
+    not run or the rows do not fit it. H200 (2026-12-05, benchmarks/simulate_gpu.py, GLM-5-NVFP4 TP8, 46 of 78
+    layers, scaled; bf16 keys and queries), with the weights' scale folded into `index_scores`, against the
+    LayerNorm, cache write and cast alone (no rope): the step 7.31 -> 6.96 ms at 1 row (attention 2.82 -> 2.49),
+    11.71 -> 11.33 at 8 (3.42 -> 2.97)."""
     m, ih, idim = q.shape
     half = cos.shape[-1]
     fp8 = cache.dtype == INDEX_KEY_DTYPE
@@ -441,13 +473,14 @@ def index_prepare(q: torch.Tensor, k: torch.Tensor, cache: torch.Tensor, pos: to
             or k.shape[-1] != idim or cache.shape[-1] != idim or cache.dtype not in (q.dtype, INDEX_KEY_DTYPE)
             or min(q.stride(2), k.stride(-1), cache.stride(2)) != 1 or (fp8 and key_scale is None)):
         return index_prepare_reference(q, k, cache, pos, cos, sin, k_norm_w, k_norm_b, eps, key_scale)
-    out = torch.empty((m, ih, idim), dtype=q.dtype, device=q.device)
+    out = torch.empty((m, ih, idim), dtype=cache.dtype if fp8 else q.dtype, device=q.device)
+    q_scale = torch.empty((m, ih), dtype=torch.float32, device=q.device) if fp8 else None
     _index_prepare_kernel[(ih + 1, m)](
-        q, k, cache, key_scale if fp8 else out, out, pos, cos, sin, k_norm_w, k_norm_b, float(eps), ih, q.stride(0),
-        q.stride(1), k.stride(0), cache.stride(0), cache.stride(1), key_scale.stride(0) if fp8 else 0, out.stride(0),
-        out.stride(1), ID=idim, HALF=half, FP8=fp8, LOG_ID=idim.bit_length() - 1, ROUND=interpreted(),
-        num_warps=1)
-    return out
+        q, k, cache, key_scale if fp8 else out, out, q_scale if fp8 else out, pos, cos, sin, k_norm_w, k_norm_b,
+        float(eps), ih, q.stride(0), q.stride(1), k.stride(0), cache.stride(0), cache.stride(1),
+        key_scale.stride(0) if fp8 else 0, out.stride(0), out.stride(1), q_scale.stride(0) if fp8 else 0, ID=idim,
+        HALF=half, FP8=fp8, LOG_ID=idim.bit_length() - 1, ROUND=interpreted(), num_warps=1)
+    return out, q_scale
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -136,24 +136,27 @@ def mla_case(env: BenchEnv, shape: AttentionShape, b: int, length: int, triton: 
 
 def indexer_case(env: BenchEnv, shape: AttentionShape, b: int, length: int,
                  triton: bool = False) -> tuple[Callable[[], Any], int]:
-    """The DSA indexer for one token over FP8 keys with a scale a key (DeepSeek-V3.2's cache, GLM-5's): scores over
-    the context, then the indices of the index_topk largest, unsorted (the attention sums over them): torch ops (the
-    keys cast, a matmul, the scales past the relu) and torch.topk, or with `triton` the scores kernel and the radix
-    select (`kernels.topk`)."""
+    """The DSA indexer for one token over FP8 keys and FP8 queries with a scale a key and a head (DeepSeek-V3.2's
+    cache and scores, GLM-5's): scores over the context, then the indices of the index_topk largest, unsorted (the
+    attention sums over them): torch ops (both cast up, a matmul, the key scales past the relu, the query scales in
+    the weights) and torch.topk, or with `triton` the scores kernel (an FP8 dot) and the radix select
+    (`kernels.topk`)."""
     dev = env.device
     dtype = torch.bfloat16 if env.is_gpu else torch.float32
     hi, di, topk = shape.index_heads, shape.index_head_dim, shape.index_topk
-    q = torch.randn((b, hi, di), device=dev, dtype=dtype)
-    k = torch.randn((b, length, di), device=dev, dtype=dtype).to(attn_kernels.INDEX_KEY_DTYPE)
+    fp8 = attn_kernels.INDEX_KEY_DTYPE
+    q = torch.randn((b, hi, di), device=dev, dtype=dtype).to(fp8)
+    k = torch.randn((b, length, di), device=dev, dtype=dtype).to(fp8)
+    q_scale = torch.rand((b, hi), device=dev, dtype=torch.float32)
     k_scale = torch.rand((b, length), device=dev, dtype=torch.float32)
     w = torch.randn((b, hi), device=dev, dtype=torch.float32)
     kk = min(topk, length)
 
     def scores():
         if triton:
-            return attn_kernels.index_scores(q, k, w, key_scale=k_scale)
-        s = torch.relu(torch.matmul(q, k.to(dtype).transpose(1, 2)).float()) * k_scale[:, None]  # [B, Hi, L]
-        return (s * w[..., None]).sum(1)  # [B, L]
+            return attn_kernels.index_scores(q, k, w, key_scale=k_scale, query_scale=q_scale)
+        s = torch.relu(torch.matmul(q.to(dtype), k.to(dtype).transpose(1, 2)).float()) * k_scale[:, None]
+        return (s * (w * q_scale)[..., None]).sum(1)  # [B, L]
 
     select = topk_kernels.topk_indices if triton else topk_kernels.topk_indices_reference
 
@@ -161,8 +164,7 @@ def indexer_case(env: BenchEnv, shape: AttentionShape, b: int, length: int,
         return select(scores(), kk)
 
     fn()
-    es = torch.tensor([], dtype=dtype).element_size()
-    return fn, b * length * (di * k.element_size() + k_scale.element_size()) + es * b * hi * di
+    return fn, b * length * (di * k.element_size() + k_scale.element_size()) + b * hi * (di + q_scale.element_size())
 
 
 def run_attention_bench(env: BenchEnv, shape: AttentionShape, context_lens: list[int], batches: list[int],
@@ -219,7 +221,7 @@ def run_attention_bench(env: BenchEnv, shape: AttentionShape, context_lens: list
             # where L <= top-k
             pick = "" if length <= k_top else " + radix select" + ("" if length <= topk_kernels.MAX_ROW else
                                                                    " (multi-pass)")
-            index = [(torch_index, False)] + ([(f"triton scores (FP8 keys){pick}", True)] if triton_ok else [])
+            index = [(torch_index, False)] + ([(f"triton scores (FP8 dot){pick}", True)] if triton_ok else [])
             for label, tri in index:
                 add("dsa-indexer", label, b, length, lambda tri=tri: indexer_case(env, shape, b, length, tri),
                     shape.index_heads, 1, shape.index_head_dim, shape.layers, note=f"index scores over L, top-{k_top}"

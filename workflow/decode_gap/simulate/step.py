@@ -389,7 +389,7 @@ class DecodeStep:
                 self.attention_impl = (f"MLA absorbed ({mla.label if mla else 'torch bmm + softmax'}; latent norm, "
                                        "rope and cache append one kernel" +
                                        ("; DSA indexer: key norm, rope, Hadamard, FP8 cast and cache append one "
-                                        "kernel; FP8 keys, bf16 queries" if idx else "") + ")")
+                                        "kernel; FP8 keys and queries, an FP8 dot" if idx else "") + ")")
 
         def proj(S):
             x = S["h"]
@@ -413,11 +413,11 @@ class DecodeStep:
             if idx is not None:
                 IH, ID, wq, wk, wp, icache, iscale, kn_w, kn_b, topk = idx
                 # the key LayerNormed and rotated into its cache, the queries rotated (one kernel where fused)
-                qi = index_prepare(wq(S["q_in"]).view(M, IH, ID), wk(S["h"]), icache, pos, cos, sin, kn_w, kn_b,
-                                   1e-6, iscale)
+                qi, qscale = index_prepare(wq(S["q_in"]).view(M, IH, ID), wk(S["h"]), icache, pos, cos, sin, kn_w,
+                                           kn_b, 1e-6, iscale)
                 # [M, T]: the sum over heads of w * relu(q . k), w = weights_proj(h) / sqrt(IH * ID) as the
-                # reference scales it (the weights cast as the scores kernel loads them)
-                score = index_scores(qi, icache, wp(S["h"]), (IH * ID) ** -0.5, iscale)
+                # reference scales it (the weights cast, and with FP8 queries scaled, as the scores kernel loads them)
+                score = index_scores(qi, icache, wp(S["h"]), (IH * ID) ** -0.5, iscale, qscale)
                 if topk < self.T:
                     sel = select(score, topk)
                     if mla is not None:  # the kernel reads the selected rows in place
