@@ -154,8 +154,8 @@ timeout 150 python3 benchmarks/device/step_profile.py --context 4096 --component
 timeout 150 python3 benchmarks/device/step_profile.py --context 4096 --batch 8 --components attention
 ;;
 fp8_keys|fp8_keys_step)
-# the DSA indexer's FP8 keys (kernels/attention.py, 2026-12-06: checked in the interpreter, compiled for sm_90,
-# never run on a GPU): every kernel check (two FP8 indexer checks among them), then the attention component kernel
+# the DSA indexer's FP8 keys and queries (kernels/attention.py, 2026-12-06: checked in the interpreter, compiled
+# for sm_90, never run on a GPU): every kernel check (two FP8 indexer checks among them), then the attention component kernel
 # by kernel at 4096 and 32768 tokens with FP8 keys (this tree) and bf16 keys (a copy whose step caches bf16); with
 # `fp8_keys_step`, the kernel level's GLM-5-NVFP4 TP8 step at 1 and 8 rows both ways instead (each under 600 s)
 out=${2:?usage: $0 fp8_keys|fp8_keys_step OUT_DIR}
@@ -170,10 +170,25 @@ if [ "$group" = fp8_keys_step ]; then
 fi
 timeout 200 python3 benchmarks/lowprec_device.py --out "$out/lp" --sections kernelchecks --budget-s 150 2>&1 \
   | grep -E "checks:|FAILED" | tail -3
+# and at 32768 a copy whose scores kernel takes the heads as the MMA's M (warp MMA on fp16 casts where the tree's
+# takes the cache's rows: wgmma in FP8; 2026-12-06)
+rm -rf /tmp/wf_heads_m && cp -r workflow /tmp/wf_heads_m
+python3 - /tmp/wf_heads_m/decode_gap/kernels/attention.py <<'PY' || exit 2
+import sys
+p = sys.argv[1]
+s = open(p).read()
+new = ("        s = tl.maximum(tl.dot(qh, tl.trans(k.to(qh.dtype))), 0.0)\n"
+       "        if SCALED:\n"
+       "            s = s * tl.load(kscale + m * stride_sm + ts, mask=tmask, other=0.0)[None, :]\n"
+       "        tl.store(out + m * stride_om + ts, tl.sum(s * w[:, None], axis=0), mask=tmask)\n")
+a = s.index("        s = tl.maximum(tl.dot(k.to(qh.dtype), tl.trans(qh)), 0.0)")
+b = s.index("axis=1), mask=tmask)\n", a) + len("axis=1), mask=tmask)\n")
+open(p, "w").write(s[:a] + new + s[b:])
+PY
 for ctx in 4096 32768; do
-  for wf in workflow /tmp/wf_bf16_keys; do
+  for wf in workflow /tmp/wf_bf16_keys $([ $ctx = 32768 ] && echo /tmp/wf_heads_m); do
     echo "== attention at $ctx tokens, $wf"
-    timeout 120 python3 benchmarks/device/step_profile.py --context $ctx --components attention --workflow "$wf" \
+    timeout 100 python3 benchmarks/device/step_profile.py --context $ctx --components attention --workflow "$wf" \
       2>&1 | tail -20
   done
 done
