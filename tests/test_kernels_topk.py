@@ -76,3 +76,12 @@ def test_radix_select_refuses_what_it_cannot_take():
         topk_indices(torch.randn(4, dtype=torch.float32), 2)
     with pytest.raises(DecodeGapError, match="fp32 scores"):
         topk_indices(torch.randn(1, 8, dtype=torch.bfloat16), 2)
+
+
+def test_the_tail_block_is_the_default_just_past_max_row_and_multi_pass_the_other_form_there():
+    from decode_gap.kernels.topk import (LABEL, MAX_ROW, MAX_TAIL, MULTI_LABEL, TAIL_LABEL, forms, label, topk_indices,
+                                        topk_indices_multipass)
+
+    assert [label(t) for t in (MAX_ROW, MAX_ROW + 1, MAX_ROW + MAX_TAIL, MAX_ROW + MAX_TAIL + 1)] == [
+        LABEL, TAIL_LABEL, TAIL_LABEL, MULTI_LABEL]
+    assert forms(MAX_ROW + 1) == {TAIL_LABEL: topk_indices, MULTI_LABEL: topk_indices_multipass}

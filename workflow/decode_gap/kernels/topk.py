@@ -31,7 +31,6 @@ against torch.topk at build (`kernel_choices`).
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Callable
 
 import torch
@@ -45,10 +44,11 @@ PER_THREAD = 16  # scores a thread holds: 8 and 32 were slower on the H200
 # the longest row the one-program form takes: at 8192 it took 20.4 us on the H200, the multi-pass form 17.8 (at 32k,
 # 32 scores a thread, 171 us)
 MAX_ROW = 4096
-# rows a little past MAX_ROW (a 4096-token context's 4097 scores) in one program too, as a candidate beside the
-# multi-pass form: the scores past MAX_ROW in a second block in registers, of MIN_TAIL to MAX_TAIL scores (compiled
-# for sm_90: 128 registers, no spill; not yet timed on a GPU, so not the default: the kernel level times both at
-# build and keeps the faster, `forms`)
+# rows a little past MAX_ROW (a 4096-token context's 4097 scores) in one program too, the default there: the scores
+# past MAX_ROW in a second block in registers, of MIN_TAIL to MAX_TAIL scores (sm_90: 128 registers, no spill). H100
+# (2026-12-06, benchmarks/device/topk_probe.py, top 2048, graph replay) against the multi-pass form with PDL, 1 and 8
+# rows: 4097 scores 14.5 / 18.5 us, 5120 14.1-14.2 / 18.1-18.9, 6144 16.2-16.3 / 18.0-19.0. The multi-pass form
+# stays a candidate there (`forms`): the kernel level times both at build and keeps the faster.
 MAX_TAIL = 2048
 MIN_TAIL = 256
 LABEL = "triton radix select"
@@ -58,17 +58,20 @@ DIGIT = 8  # 4 passes of 8-bit digits (a launch each, so fewer and wider digits 
 CHUNK = 2048  # scores a program holds in the multi-pass form
 
 
+MULTI_LABEL = f"{LABEL} (multi-pass)"
+
+
 def label(t: int) -> str:
     """What `topk_indices` runs for rows of t scores (where Triton runs)."""
-    return LABEL if t <= MAX_ROW else f"{LABEL} (multi-pass)"
+    return LABEL if t <= MAX_ROW else TAIL_LABEL if t <= MAX_ROW + MAX_TAIL else MULTI_LABEL
 
 
 def forms(t: int) -> dict[str, Callable[[torch.Tensor, int], torch.Tensor]]:
-    """The radix-select forms for rows of t scores, by label: `topk_indices`, and past MAX_ROW (up to MAX_TAIL
-    further) the one program with a tail block as well, for a caller to time and keep the faster."""
+    """The radix-select forms for rows of t scores, by label: `topk_indices`, and where that is the one program
+    with a tail block the multi-pass form as well, for a caller to time and keep the faster."""
     out = {label(t): topk_indices}
-    if MAX_ROW < t <= MAX_ROW + MAX_TAIL:
-        out[TAIL_LABEL] = partial(topk_indices, tail=True)
+    if label(t) == TAIL_LABEL:
+        out[MULTI_LABEL] = topk_indices_multipass
     return out
 
 
@@ -237,10 +240,11 @@ def topk_indices_multipass(scores: torch.Tensor, k: int, chunk: int = CHUNK, pdl
     return out
 
 
-def topk_indices(scores: torch.Tensor, k: int, tail: bool = False) -> torch.Tensor:
+def topk_indices(scores: torch.Tensor, k: int, tail: bool = True) -> torch.Tensor:
     """The indices of the k largest of each row of fp32 scores [M, T], unsorted: int32 from the radix select where
-    Triton runs (one program a row up to MAX_ROW scores, the multi-pass form past it; with `tail`, one program up to
-    MAX_ROW + MAX_TAIL), else torch.topk's (int64). Every index when k >= T (the reference's, int64)."""
+    Triton runs (one program a row up to MAX_ROW scores, with a tail block up to MAX_ROW + MAX_TAIL, or up to MAX_ROW
+    only without `tail`; the multi-pass form past it), else torch.topk's (int64). Every index when k >= T (the
+    reference's, int64)."""
     if scores.dim() != 2 or scores.dtype != torch.float32:
         raise DecodeGapError(f"top-k: needs fp32 scores [M, T], got {scores.dtype} {tuple(scores.shape)}")
     m, t = scores.shape

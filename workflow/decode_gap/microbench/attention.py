@@ -217,10 +217,9 @@ def run_attention_bench(env: BenchEnv, shape: AttentionShape, context_lens: list
             if not (shape.index_heads and shape.index_topk):
                 continue
             k_top = shape.index_topk
-            # the selection: our radix select (one program a row up to MAX_ROW scores, multi-pass past it), none
-            # where L <= top-k
-            pick = "" if length <= k_top else " + radix select" + ("" if length <= topk_kernels.MAX_ROW else
-                                                                   " (multi-pass)")
+            # the selection: our radix select (one program a row up to MAX_ROW scores, with a tail block a little
+            # past it, multi-pass past that), none where L <= top-k
+            pick = "" if length <= k_top else " + " + topk_kernels.label(length).removeprefix("triton ")
             index = [(torch_index, False)] + ([(f"triton scores (FP8 dot){pick}", True)] if triton_ok else [])
             for label, tri in index:
                 add("dsa-indexer", label, b, length, lambda tri=tri: indexer_case(env, shape, b, length, tri),
