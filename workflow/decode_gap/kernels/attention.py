@@ -389,7 +389,11 @@ def index_scores(q: torch.Tensor, keys: torch.Tensor, wts: torch.Tensor, w_scale
     """`index_scores_reference` as one Triton kernel (rows of the cache in blocks, every indexer head a block in
     one tensor-core dot: FP8 by FP8 where the queries are FP8, as the reference's, else FP8 keys cast to q's dtype
     as they load; the key scales applied past the relu, the query scales folded into the weights, which are cast
-    and scaled as they load) where Triton runs and the widths tile; else torch ops."""
+    and scaled as they load) where Triton runs and the widths tile; else torch ops. H200 (2026-12-06,
+    benchmarks/device/index_score_probe.py, GLM-5's 32 heads of 128, graph replay, keys from DRAM), bf16 queries ->
+    FP8 ones, 64 rows a program: 1 row over 32768 keys 4.68 -> 3.69 us; 8 rows 16.5 -> 13.3 us (2.6 TB/s, 0.60 of
+    a read; 128 rows a program 12.2 us, 0.65, but no faster at 1 row). In the step's profile at 32768 tokens
+    (step_profile.py) 2.92 us, against 5.07 with bf16 keys and 3.52 with the heads as the MMA's M."""
     m, ih, idim = q.shape
     t = keys.shape[1]
     scales = [s for s in (key_scale, query_scale) if s is not None]
@@ -465,7 +469,9 @@ def index_prepare(q: torch.Tensor, k: torch.Tensor, cache: torch.Tensor, pos: to
     not run or the rows do not fit it. H200 (2026-12-05, benchmarks/simulate_gpu.py, GLM-5-NVFP4 TP8, 46 of 78
     layers, scaled; bf16 keys and queries), with the weights' scale folded into `index_scores`, against the
     LayerNorm, cache write and cast alone (no rope): the step 7.31 -> 6.96 ms at 1 row (attention 2.82 -> 2.49),
-    11.71 -> 11.33 at 8 (3.42 -> 2.97)."""
+    11.71 -> 11.33 at 8 (3.42 -> 2.97). FP8 keys and queries against bf16 (H200, 2026-12-06, the same step): 6.90
+    -> 6.83 ms at 1 row (attention 2.54 -> 2.46), 11.24 -> 11.10 at 8 (3.02 -> 2.93); the kernel 1.84 -> 1.90 us
+    (step_profile.py, 32768 tokens)."""
     m, ih, idim = q.shape
     half = cos.shape[-1]
     fp8 = cache.dtype == INDEX_KEY_DTYPE

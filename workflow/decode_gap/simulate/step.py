@@ -38,6 +38,13 @@ class Op:
     fn: Callable[[dict], None]
 
 
+def _indexer_impl(fp8_keys: bool) -> str:
+    """How the step runs a DSA indexer, by whether it caches FP8 keys (a copy of the step may cache bf16 ones)."""
+    if fp8_keys:
+        return "key norm, rope, Hadamard, FP8 cast and cache append one kernel; FP8 keys and queries, an FP8 dot"
+    return "key norm, rope and cache append one kernel; keys and queries in the activations' dtype"
+
+
 def _gather_rows(cache, rows):
     """The cache rows [M, n, W] at `rows` [M, n] (DSA's selection) as a new tensor: the torch path's sparse read."""
     return cache.gather(1, rows.long().unsqueeze(-1).expand(-1, -1, cache.shape[-1]))
@@ -386,10 +393,9 @@ class DecodeStep:
                     "torch bmm + softmax": lambda: attn_kernels.reference_mla(
                         qt, _gather_rows(cache, kept) if sparse else cache[:, :rows], lora, scale)})
                 mla = split if choice == split.label else None
+                indexer = f"; DSA indexer: {_indexer_impl(icache.dtype == attn_kernels.INDEX_KEY_DTYPE)}" if idx else ""
                 self.attention_impl = (f"MLA absorbed ({mla.label if mla else 'torch bmm + softmax'}; latent norm, "
-                                       "rope and cache append one kernel" +
-                                       ("; DSA indexer: key norm, rope, Hadamard, FP8 cast and cache append one "
-                                        "kernel; FP8 keys and queries, an FP8 dot" if idx else "") + ")")
+                                       f"rope and cache append one kernel{indexer})")
 
         def proj(S):
             x = S["h"]
