@@ -146,17 +146,19 @@ out=${2:?usage: $0 table OUT_DIR}
 timeout 300 python3 benchmarks/lowprec_device.py --out "$out/lp" --sections memory,llama --budget-s 240 2>&1 | tail -40
 ;;
 topk_tail)
-# the DSA top-k's one program with a tail block (kernels/topk.py: checked in the interpreter and compiled for sm_90 on
-# 2026-12-05, never timed): rows just past 4096 against the multi-pass form, then the kernel level's attention at a
-# 4096-token context kernel by kernel (4097 scores: the step times both forms at build and keeps the faster)
+# the DSA top-k's one program with a tail block (kernels/topk.py: the default past 4096 scores since an H100 timed
+# this group on 2026-12-06, topk.MAX_TAIL's comment): rows just past 4096 against the multi-pass form, then the
+# kernel level's attention at a 4096-token context kernel by kernel (4097 scores: the step times both forms at
+# build and keeps the faster)
 timeout 150 python3 benchmarks/device/topk_probe.py --rows 1,8 --lengths 4096,4097,5120,6144 --chunks 2048 --digits 8
 timeout 150 python3 benchmarks/device/step_profile.py --context 4096 --components attention
 timeout 150 python3 benchmarks/device/step_profile.py --context 4096 --batch 8 --components attention
 ;;
 fp8_keys|fp8_keys_step)
-# the DSA indexer's FP8 keys and queries (kernels/attention.py, 2026-12-06: checked in the interpreter, compiled
-# for sm_90, never run on a GPU): every kernel check (two FP8 indexer checks among them), then the attention component kernel
-# by kernel at 4096 and 32768 tokens with FP8 keys (this tree) and bf16 keys (a copy whose step caches bf16); with
+# the DSA indexer's FP8 keys and queries (kernels/attention.py; run on an H100 and an H200 on 2026-12-06, the
+# figures in index_scores' and index_prepare's docstrings): every kernel check (the FP8 indexer's among them), then
+# the attention component kernel by kernel at 4096 and 32768 tokens with FP8 keys (this tree) and bf16 keys (a copy
+# whose step caches bf16); with
 # `fp8_keys_step`, the kernel level's GLM-5-NVFP4 TP8 step at 1 and 8 rows both ways instead (each under 600 s)
 out=${2:?usage: $0 fp8_keys|fp8_keys_step OUT_DIR}
 from='            icache = _rand((M, self.T, ID), self.act, self.device).to(attn_kernels.INDEX_KEY_DTYPE)'
