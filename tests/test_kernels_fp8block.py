@@ -1,6 +1,12 @@
 """FP8 with 128x128 block scales above batch 1 (kernels/fp8block.py): the activation's 1x128 quantisation and the
 scale layouts cuBLAS's blockwise GEMM reads. The GEMM itself needs sm90 (benchmarks/lowprec_device.py kernelchecks
-runs it and the Triton quantisation on the H200); here the CPU answers that it cannot, and says why not."""
+runs it and the Triton quantisation on the H200); here the CPU answers that it cannot, and says why not, and the
+quantisation kernel runs in Triton's CPU interpreter."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -32,6 +38,27 @@ def test_act_quant_writes_into_the_outer_dim_major_scales_cublas_wants():
     rq, rs = fb.quantize_act_reference(x)
     assert torch.equal(s[:2], rs) and (s[2:] == 1).all()
     assert torch.equal(q[:2].float(), rq.float()) and (q[2:].float() == 0).all()
+
+
+def test_act_quant_kernel_gives_the_references_codes_bit_for_bit_in_the_interpreter():
+    """The kernel's own FP8 cast (lowprec._to_fp8_rounded, which rounds to E4M3's grid first where the interpreter
+    would truncate), normal and subnormal codes, an all-zero group and both signs of zero, fp32 and bf16 input."""
+    code = r"""
+import torch
+from decode_gap.kernels import fp8block as fb
+torch.manual_seed(0)
+for dt in (torch.float32, torch.bfloat16):
+    for lo, hi in ((-6, 0), (-2, 3)):
+        x = (torch.randn(7, 1024) * torch.logspace(lo, hi, 1024)).to(dt)
+        x[1, 128:256] = 0.0
+        x[2, :4] = -0.0
+        (q, s), (rq, rs) = fb.quantize_act(x), fb.quantize_act_reference(x)
+        assert torch.equal(s, rs) and torch.equal(q.view(torch.uint8), rq.view(torch.uint8)), (dt, lo)
+print("ok")
+"""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "workflow")}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stderr[-3000:]
 
 
 def test_k_off_the_128_grid_is_one_clear_error():

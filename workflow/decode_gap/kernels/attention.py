@@ -34,7 +34,7 @@ import math
 import torch
 
 from ..errors import DecodeGapError
-from .lowprec import _pow2, available
+from .lowprec import _pow2, _to_fp8_rounded, available
 from .norm import rms_norm_reference
 # Triton is optional (one import guard for the kernels)
 from .nvfp4 import E4M3_MAX, HAVE_TRITON, interpreted, tl, triton
@@ -275,17 +275,6 @@ if HAVE_TRITON:
             a, b = tl.split(pairs)
             x = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 2, 1)), (D,))
         return x
-
-    @triton.jit
-    def _to_fp8_rounded(v, ROUND: tl.constexpr):
-        """v (fp32, |v| <= 448) as FP8 E4M3; with ROUND, first rounded to 3 mantissa bits (ties to even) in fp32's
-        bits, where the cast would drop a rounding carry into the exponent (Triton 3.9's CPU interpreter casts
-        -125.4 to -64, not -128); E4M3's subnormals (|v| < 2^-6) are left to the cast."""
-        if ROUND:
-            bits = v.to(tl.int32, bitcast=True)
-            bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000
-            v = tl.where(tl.abs(v) >= 0.015625, bits.to(tl.float32, bitcast=True), v)
-        return v.to(tl.float8e4nv)
 
     @triton.jit
     def _index_prepare_kernel(q, k, cache, kscale, q_out, qscale, pos, cos, sin, kw, kb, eps, IH, stride_qm,

@@ -26,7 +26,7 @@ import math
 import torch
 
 from ..errors import DecodeGapError
-from .lowprec import FP8_BLOCK, Fp8Weight, available, dequantize_fp8, interpreted, quantize_fp8
+from .lowprec import FP8_BLOCK, Fp8Weight, _to_fp8_rounded, available, dequantize_fp8, interpreted, quantize_fp8
 from .nvfp4 import HAVE_TRITON, tl, triton
 
 E4M3_MAX = 448.0
@@ -67,7 +67,8 @@ if HAVE_TRITON:
         return tl.minimum(tl.maximum(v / scale[:, None], -448.0), 448.0), scale
 
     @triton.jit
-    def _act_quant_kernel(x, q, s, G, stride_xm, stride_qm, stride_sm, stride_sg, GROUPS: tl.constexpr):
+    def _act_quant_kernel(x, q, s, G, stride_xm, stride_qm, stride_sm, stride_sg, GROUPS: tl.constexpr,
+                          ROUND: tl.constexpr):
         """GROUPS groups of 128 values of row m: each group's amax / 448 into s, the values over it into q (e4m3)."""
         m = tl.program_id(0).to(tl.int64)
         gs = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
@@ -75,7 +76,7 @@ if HAVE_TRITON:
         offs = gs[:, None] * 128 + tl.arange(0, 128)[None, :]
         v = tl.load(x + m * stride_xm + offs, mask=gmask[:, None], other=0.0).to(tl.float32)
         qv, scale = _group_quant(v)
-        tl.store(q + m * stride_qm + offs, qv.to(q.dtype.element_ty), mask=gmask[:, None])
+        tl.store(q + m * stride_qm + offs, _to_fp8_rounded(qv, ROUND), mask=gmask[:, None])
         tl.store(s + m * stride_sm + gs * stride_sg, scale, mask=gmask)
 
 
@@ -87,8 +88,7 @@ def quantize_act(x: torch.Tensor, q: torch.Tensor | None = None,
     groups = _groups(k)
     q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device) if q is None else q
     s = torch.empty((m, groups), dtype=torch.float32, device=x.device) if s is None else s
-    # Triton's CPU interpreter rounds to e4m3 without carrying into the exponent (7.8 -> 4, not 8): the reference
-    if not available(x.device) or interpreted():
+    if not available(x.device):
         rq, rs = quantize_act_reference(x)
         q[:m].copy_(rq)
         s[:m].copy_(rs)
@@ -96,7 +96,7 @@ def quantize_act(x: torch.Tensor, q: torch.Tensor | None = None,
     x = x if x.stride(1) == 1 else x.contiguous()
     per = 4  # groups a program: 512 values, one 16-byte load a thread
     _act_quant_kernel[(m, math.ceil(groups / per))](x, q, s, groups, x.stride(0), q.stride(0), s.stride(0),
-                                                    s.stride(1), GROUPS=per, num_warps=4)
+                                                    s.stride(1), GROUPS=per, ROUND=interpreted(), num_warps=4)
     return q, s
 
 

@@ -161,6 +161,20 @@ def available(device) -> bool:
 if HAVE_TRITON:
 
     @triton.jit
+    def _to_fp8_rounded(v, ROUND: tl.constexpr):
+        """v (fp32, |v| <= 448) as FP8 E4M3; with ROUND (pass `interpreted()`), first rounded to E4M3's grid (ties
+        to even), where Triton 3.9's CPU interpreter truncates instead and drops a rounding carry into the exponent
+        (-125.4 became -64, not -128; 7.8 became 4): so the interpreter checks a kernel's own FP8 path. Normal values
+        keep 3 mantissa bits (in fp32's bits); subnormals (|v| < 2^-6) a multiple of 2^-9, by adding and taking off
+        1.5 * 2^14, whose fp32 spacing is 2^-9, with v's sign put back (-0.0 stays -0.0)."""
+        if ROUND:
+            bits = v.to(tl.int32, bitcast=True)
+            normal = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000
+            sub = ((tl.abs(v) + 24576.0) - 24576.0).to(tl.int32, bitcast=True) | (bits & -0x80000000)
+            v = tl.where(tl.abs(v) >= 0.015625, normal, sub).to(tl.float32, bitcast=True)
+        return v.to(tl.float8e4nv)
+
+    @triton.jit
     def _fp4_pair(q, J: tl.constexpr):
         # nibbles 3-J (low half) and 7-J (high half) of every int32 word, as fp16 = E2M1 * 2^-14
         qj = q << (4 * J)
