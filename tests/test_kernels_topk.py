@@ -37,7 +37,7 @@ for m, t, k, chunk in [c + (None,) for c in one] + multi:
     s[0, :10] = 0.5   # equal scores
     s[0, 10:20] = -0.0  # and signed zeros beside positive ones
     s[0, 20] = float("-inf")
-    got = topk_indices(s, k, tail=True) if chunk is None else topk_indices_multipass(s, k, chunk=chunk)
+    got = topk_indices(s, k) if chunk is None else topk_indices_multipass(s, k, chunk=chunk)
     assert got.dtype == torch.int32 and got.shape == (m, k), (got.dtype, got.shape)
     ref = topk_indices_reference(s, k)
     for i in range(m):
@@ -54,13 +54,13 @@ assert topk_indices(torch.randn(2, 5), 8).tolist() == [list(range(5))] * 2  # k 
 s = torch.zeros(1, MAX_ROW + 300)  # the tail: ties across both blocks still fill in index order
 s[0, MAX_ROW + 10] = 1
 s[0, 3] = 2
-assert sorted(topk_indices(s, 6, tail=True)[0].tolist()) == [0, 1, 2, 3, 4, MAX_ROW + 10]
+assert sorted(topk_indices(s, 6)[0].tolist()) == [0, 1, 2, 3, 4, MAX_ROW + 10]
 s = torch.zeros(1, MAX_ROW + 300)
 s[0, 5:MAX_ROW] = -1
-got = sorted(topk_indices(s, 10, tail=True)[0].tolist())  # the zeros: 5 in the main block, then the tail's first 5
+got = sorted(topk_indices(s, 10)[0].tolist())  # the zeros: 5 in the main block, then the tail's first 5
 assert got == [0, 1, 2, 3, 4] + [MAX_ROW + i for i in range(5)], got
 assert forms(MAX_ROW + MAX_TAIL + 1) == {LABEL + " (multi-pass)": topk_indices}
-got = topk_indices(torch.randn(1, MAX_ROW + MAX_TAIL + 1), 4, tail=True)  # past the tail: the multi-pass form
+got = topk_indices(torch.randn(1, MAX_ROW + MAX_TAIL + 1), 4)  # past the tail: the multi-pass form
 assert got.dtype == torch.int32 and got.shape == (1, 4)
 print("ok")
 ''')

@@ -12,8 +12,8 @@ count, for the keys whose higher digits match the prefix found so far, how many 
 key itself. Then write every index whose key is above it and as many of those equal to it as k still needs: exactly
 k indices, the same set as torch.topk's up to ties.
 - One program a row (rows up to MAX_ROW): the row in registers from one load, eight passes of 4-bit digits, ties in
-  index order. Rows a little longer can keep their last scores in a second block (`tail`), counted and written
-  after the first.
+  index order. Rows a little longer (up to MAX_ROW + MAX_TAIL) keep their last scores in a second block, the
+  tail, counted and written after the first.
 - Multi-pass (longer rows, `topk_indices_multipass`): chunks of the row in parallel programs, four launches of 8-bit
   digits whose counts meet in global memory (atomics), then one that writes the indices at places taken from two
   atomic counters; which of several equal scores at the threshold are kept is then up to the chunks' order. The
@@ -240,17 +240,16 @@ def topk_indices_multipass(scores: torch.Tensor, k: int, chunk: int = CHUNK, pdl
     return out
 
 
-def topk_indices(scores: torch.Tensor, k: int, tail: bool = True) -> torch.Tensor:
+def topk_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
     """The indices of the k largest of each row of fp32 scores [M, T], unsorted: int32 from the radix select where
-    Triton runs (one program a row up to MAX_ROW scores, with a tail block up to MAX_ROW + MAX_TAIL, or up to MAX_ROW
-    only without `tail`; the multi-pass form past it), else torch.topk's (int64). Every index when k >= T (the
-    reference's, int64)."""
+    Triton runs (one program a row up to MAX_ROW scores, with a tail block up to MAX_ROW + MAX_TAIL; the multi-pass
+    form past it), else torch.topk's (int64). Every index when k >= T (the reference's, int64)."""
     if scores.dim() != 2 or scores.dtype != torch.float32:
         raise DecodeGapError(f"top-k: needs fp32 scores [M, T], got {scores.dtype} {tuple(scores.shape)}")
     m, t = scores.shape
     if k >= t or not available(scores.device) or scores.stride(1) != 1:
         return topk_indices_reference(scores, k)
-    if t > (MAX_ROW + MAX_TAIL if tail else MAX_ROW):
+    if t > MAX_ROW + MAX_TAIL:
         return topk_indices_multipass(scores, k)
     out = torch.empty((m, k), dtype=torch.int32, device=scores.device)
     block = max(2048, triton.next_power_of_2(min(t, MAX_ROW)))  # 4 warps at least
