@@ -136,6 +136,12 @@ def layer_attention(graph: Graph) -> tuple[LayerAttention, ...]:
     return tuple(out)
 
 
+def index_key_bytes(index_head_dim: int) -> int:
+    """Bytes a DSA indexer's key takes in its cache a token: FP8 codes and one fp32 scale (DeepSeek-V3.2's and
+    GLM-5's cache)."""
+    return index_head_dim + 4
+
+
 def kv_shard(la: LayerAttention, tp: int) -> float:
     """Share of a layer's cache/state one TP rank holds (heads split as the engines split them)."""
     if la.kind == "mla":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..model import ModelSpec, kv_shard
+from ..model import ModelSpec, index_key_bytes, kv_shard
 
 KV_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}
 
@@ -30,7 +30,8 @@ def kv_layer_breakdown(spec: ModelSpec, context_len: int, tp: int, dtype: str) -
             share = kv_shard(la, tp)
             if la.kind == "mla":
                 ctx = min(context_len, la.index_topk) if la.index_topk else context_len
-                per_seq = ctx * la.kv_per_token * b + (context_len * (la.indexer_dim + 4) if la.indexer_dim else 0)
+                index_keys = context_len * index_key_bytes(la.indexer_dim) if la.indexer_dim else 0
+                per_seq = ctx * la.kv_per_token * b + index_keys
                 how = (f"MLA latent {la.kv_per_token}/token x ctx" if not la.index_topk else
                        f"MLA latent {la.kv_per_token} x min(ctx, index_topk={la.index_topk}) + DSA indexer FP8 keys "
                        f"({la.indexer_dim} + 4 B scale) x ctx") + ", whole on every rank"

@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
-from ..model import LinearLayer, ModelSpec, linear_layers, shard_count
+from ..model import LinearLayer, ModelSpec, index_key_bytes, linear_layers, shard_count
 
 # bytes per stored weight element for the dtypes the kernel level can run
 DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp32": 4.0, "fp8": 1.0}
@@ -134,7 +134,7 @@ def kv_row_bytes(shapes: StepShapes, act_bytes: float) -> float:
     spec = shapes.spec
     if spec.mla:
         return ((spec.kv_lora_rank + spec.qk_rope_head_dim) * act_bytes
-                + (spec.index_head_dim + 4 if spec.index_heads else 0))
+                + (index_key_bytes(spec.index_head_dim) if spec.index_heads else 0))
     return 2 * shapes.kv_heads * shapes.head_dim * act_bytes
 
 
