@@ -156,14 +156,14 @@ def attention_checks(env: BenchEnv) -> None:
     _check("dsa indexer scores, fp8 dot", 1, ih, t, lambda: attn.index_scores(fq, fkeys, wts, 0.5, kscale, qscale),
            attn.index_scores_reference(fq, fkeys, wts, 0.5, kscale, qscale), 1e-2)
     # DSA's selection (GLM-5 keeps 2048) and the MLA over the selected rows read in place: the scores each radix
-    # select form keeps (topk.forms: the multi-pass form past topk.MAX_ROW, and just past it the tail block's too),
-    # sorted, are torch.topk's exactly
+    # select form keeps (topk.forms: past topk.MAX_ROW the multi-pass form, in one launch too, and just past it the
+    # tail block's), sorted, are torch.topk's exactly
     sel_cases = [(1, 4096, 2047), (8, 4096, 2048), (1, 4097, 2048), (8, 8192, 2048), (1, 131072, 2048), (8, 32768, 2048), (3, 5000, 77)] \
         if env.is_gpu else [(1, 300, 40), (2, 5000, 2048)]
     for m, t, kk in sel_cases:
         sc = torch.randn((m, t), generator=gen, device=dev)
         ref = torch.topk(sc, kk, dim=-1).values.sort(dim=-1).values
-        for name, select in topk_kernels.forms(t).items():
+        for name, select in topk_kernels.forms(t, m, dev).items():
             _check(f"dsa top-k: {name}", m, t, kk,
                    lambda: sc.gather(1, select(sc, kk).long()).sort(dim=-1).values, ref, 0.0)
     m, h, t, kk = (2, 64, 4097, 2048) if env.is_gpu else (1, 4, 60, 20)

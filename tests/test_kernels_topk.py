@@ -85,3 +85,60 @@ def test_the_tail_block_is_the_default_just_past_max_row_and_multi_pass_the_othe
     assert [label(t) for t in (MAX_ROW, MAX_ROW + 1, MAX_ROW + MAX_TAIL, MAX_ROW + MAX_TAIL + 1)] == [
         LABEL, TAIL_LABEL, TAIL_LABEL, MULTI_LABEL]
     assert forms(MAX_ROW + 1) == {TAIL_LABEL: topk_indices, MULTI_LABEL: topk_indices_multipass}
+
+
+def test_the_one_launch_form_keeps_torch_topks_scores_and_stops_once_the_bin_is_exactly_what_is_needed():
+    # the interpreter runs a grid's programs one after another, so chunks that wait for each other never meet: one
+    # chunk a row here (the barrier then passes at once); the GPU's probe and kernel checks take many
+    _interpret(r'''
+import torch
+from decode_gap.kernels import topk
+torch.manual_seed(0)
+def arrivals(s, k, chunk):
+    m, t = s.shape
+    counts, out = topk._counts(m, topk.DIGIT, s.device), torch.empty((m, k), dtype=torch.int32)
+    topk._topk_synced_kernel[(m, 1)](s, counts, out, t, k, 1, s.stride(0), counts.stride(0), out.stride(0),
+                                     PASSES=4, DIGIT=topk.DIGIT, CHUNK=chunk)
+    return counts[:, 4 * 256 + 2].tolist(), out
+for m, t, k, chunk, digit in [(1, 100, 7, 128, 8), (2, 9000, 2048, 16384, 8), (3, 3000, 77, 4096, 11),
+                              (1, 64, 63, 64, 8)]:
+    s = torch.randn(m, t) * 3
+    s[0, :10] = 0.5
+    s[0, 10:20] = -0.0
+    s[0, 20] = float("-inf")
+    got = topk.topk_indices_synced(s, k, chunk=chunk, digit=digit)
+    assert got.dtype == torch.int32 and got.shape == (m, k)
+    ref = topk.topk_indices_reference(s, k)
+    for i in range(m):
+        assert len(set(got[i].tolist())) == k, (m, t, k, i)
+        assert torch.equal(s[i, got[i].long()].sort().values, s[i, ref[i]].sort().values), (m, t, k, i)
+# random scores: after three 8-bit digits the bin kept holds exactly the one key still needed, so the fourth pass
+# never runs; equal scores at the threshold run every pass and fill the ties
+s = torch.randn(2, 9000)
+passes, got = arrivals(s, 2048, 16384)
+assert passes == [3, 3], passes
+assert torch.equal(s.gather(1, got.long()).sort().values, s.topk(2048).values.sort().values)
+s = torch.zeros(1, 3000)
+s[0, 2999] = 1
+passes, got = arrivals(s, 10, 4096)
+assert passes == [4] and 2999 in got[0].tolist() and len(set(got[0].tolist())) == 10, (passes, got)
+print("ok")
+''')
+
+
+def test_the_one_launch_form_is_offered_only_where_its_chunks_are_all_resident():
+    from decode_gap.kernels import topk
+
+    assert not topk.synced_fits(1, 100, "cpu")  # outside the interpreter nothing runs on the CPU
+    assert set(topk.forms(9000, 1, "cpu")) == {topk.MULTI_LABEL}
+    _interpret(r'''
+import pytest, torch
+from decode_gap.errors import DecodeGapError
+from decode_gap.kernels import topk
+# one program at a time: one chunk a row fits, two never do, so the kernel level never offers it on the CPU
+assert topk.synced_fits(2, topk.CHUNK, "cpu") and not topk.synced_fits(1, topk.CHUNK + 1, "cpu")
+assert set(topk.forms(9000, 1, "cpu")) == {topk.MULTI_LABEL}
+with pytest.raises(DecodeGapError, match="not all resident at once on cpu .the interpreter runs one at a time"):
+    topk.topk_indices_synced(torch.randn(1, 5000), 10)
+print("ok")
+''')

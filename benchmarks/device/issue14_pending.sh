@@ -20,6 +20,7 @@
 #     bash benchmarks/device/issue14_pending.sh topk_tail 2>&1 | tee $OUT/issue14_topk_tail.txt
 #     bash benchmarks/device/issue14_pending.sh fp8_keys $OUT 2>&1 | tee $OUT/issue14_fp8_keys.txt
 #     bash benchmarks/device/issue14_pending.sh fp8_keys_step $OUT 2>&1 | tee $OUT/issue14_fp8_keys_step.txt
+#     bash benchmarks/device/issue14_pending.sh topk_synced $OUT 2>&1 | tee $OUT/issue14_topk_synced.txt
 #
 # What to read off: every check `ok`. The forms are timed in rounds that rotate their order (the first form timed read
 # 2-9% fast in a fixed order), so a form wins where its median is below the default's past the spread of the rounds.
@@ -153,6 +154,26 @@ topk_tail)
 timeout 150 python3 benchmarks/device/topk_probe.py --rows 1,8 --lengths 4096,4097,5120,6144 --chunks 2048 --digits 8
 timeout 150 python3 benchmarks/device/step_profile.py --context 4096 --components attention
 timeout 150 python3 benchmarks/device/step_profile.py --context 4096 --batch 8 --components attention
+;;
+topk_synced)
+# the DSA top-k past 6144 scores: the multi-pass form in one launch (its chunks meeting at a barrier in L2 after each
+# pass; kernels/topk.py, 2026-12-06) against the five launches with PDL, 1 and 8 rows, chunks of 1024 to 4096 scores,
+# 8- and 11-bit digits; every kernel check (the one-launch form's at 8192 to 131072 scores among them); then the
+# kernel level's attention at a 32768-token context kernel by kernel (the step times the forms at build, keeps the
+# fastest)
+timeout 230 python3 benchmarks/device/topk_probe.py --rows 1,8 --lengths 8192,32768,65536,131072 \
+  --chunks 1024,2048,4096 --digits 8,11 --pdl 1
+timeout 200 python3 benchmarks/lowprec_device.py --out "${2:?usage: $0 topk_synced OUT_DIR}/lp" --sections kernelchecks \
+  --budget-s 150 2>&1 | grep -E "checks:|FAILED|top-k" | tail -12
+timeout 140 python3 benchmarks/device/step_profile.py --context 32768 --components attention
+;;
+topk_synced_step)
+# the one-launch top-k's early stop (2026-12-06): the probe's 8-bit forms again, then the attention component at a
+# 32768-token context for 1 and 8 rows (the picker's times for every top-k form printed)
+timeout 150 python3 benchmarks/device/topk_probe.py --rows 1,8 --lengths 8192,32768,131072 --chunks 1024,2048 \
+  --digits 8 --pdl 1
+timeout 140 python3 benchmarks/device/step_profile.py --context 32768 --components attention
+timeout 140 python3 benchmarks/device/step_profile.py --context 32768 --batch 8 --components attention
 ;;
 fp8_keys|fp8_keys_step)
 # the DSA indexer's FP8 keys and queries (kernels/attention.py; run on an H100 and an H200 on 2026-12-06, the

@@ -82,6 +82,8 @@ def main() -> int:
         names = list(dict.fromkeys(op.component for op in step.ops))
         print(f"{spec.name} {a.format} TP{a.tp}, {a.batch} row(s), {a.context}-token context, layers {plan}; "
               f"{torch.cuda.get_device_name()}; attention: {step.attention_impl}")
+        for r in step.attn_picker.records if step.attn_picker else ():  # each candidate's time at build
+            print(f"  picked {r['chosen']} for {r['shape']}: {r['us']}")
         for comp in names:
             if wanted and comp not in wanted:
                 continue

@@ -1,7 +1,8 @@
 """Probe (H200): the DSA indexer's top-k (2048 of T fp32 scores) by torch.topk (sorted and unsorted), the one-program
 radix select (T <= topk.MAX_ROW, or past it by up to MAX_TAIL with a tail block) and the multi-pass radix select at
-several chunk sizes, with and without programmatic dependent launch; every result checked against torch.topk's
-scores. CUDA-graph replay over rotating copies of the scores (median us).
+several chunk sizes, with and without programmatic dependent launch, and in one launch (its chunks meeting at a barrier
+after each pass) where they are all resident; every result checked against torch.topk's scores, on random scores and
+on scores rounded to a few values (ties at the threshold across chunks). CUDA-graph replay over rotating copies of the scores (median us).
 
     PYTHONPATH=workflow python3 benchmarks/device/topk_probe.py [--rows 1,8] [--lengths 4096,...] [--chunks 1024,...]
 """
@@ -30,16 +31,34 @@ def one_program(s: torch.Tensor, k: int, bits: int) -> torch.Tensor:
     return out
 
 
+def synced_arrivals(m: int, t: int, k: int, chunk: int, digit: int, dev) -> str:
+    """The one-launch form's barrier counters after a call: each row's must read chunks x the passes it ran (a
+    program's arrival counted once, by one thread; random scores stop after 3 of 4 8-bit passes)."""
+    s = torch.randn((m, t), device=dev)
+    counts, out = topk._counts(m, digit, dev), torch.empty((m, k), dtype=torch.int32, device=dev)
+    chunks, passes = -(-t // chunk), -(-32 // digit)
+    topk._topk_synced_kernel[(m, chunks)](s, counts, out, t, k, chunks, s.stride(0), counts.stride(0), out.stride(0),
+                                          PASSES=passes, DIGIT=digit, CHUNK=chunk, num_warps=topk._warps(chunk))
+    got = counts[:, passes * (1 << digit) + 2].tolist()
+    ok = all(a % chunks == 0 and 0 < a // chunks <= passes for a in got)
+    return f"arrivals {got[:4]} ({chunks} chunks, {passes} passes at most){'' if ok else ' WRONG'}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="1,8")
     ap.add_argument("--lengths", default="4096,8192,16384,32768,65536,131072")
     ap.add_argument("--chunks", default="512,1024,2048")
     ap.add_argument("--digits", default="8,11")
+    ap.add_argument("--pdl", default="0,1", help="the multi-pass form without (0) and with (1) PDL")
     ap.add_argument("--k", type=int, default=2048)
     a = ap.parse_args()
     dev = torch.device("cuda")
     print(torch.cuda.get_device_name(dev), flush=True)
+    for c in map(int, a.chunks.split(",")):
+        fits = topk.synced_fits(8, 32768, dev, c)
+        print(f"one launch, 8 rows x 32768, chunk {c}: resident {topk._RESIDENT} an SM; "
+              f"{synced_arrivals(8, 32768, a.k, c, 8, dev) if fits else 'does not fit'}", flush=True)
     for m in map(int, a.rows.split(",")):
         for t in map(int, a.lengths.split(",")):
             n = rotating_copies(m * t * 4, dev)
@@ -54,15 +73,21 @@ def main() -> None:
                 cands["radix 1 program + tail"] = lambda s, tail=tail: tail(s, a.k)
             for c in map(int, a.chunks.split(",")):
                 for digit in map(int, a.digits.split(",")):
-                    for pdl in (False, True):
+                    for pdl in (p == "1" for p in a.pdl.split(",")):
                         cands[f"multi-pass {digit}-bit chunk {c}{' pdl' if pdl else ''}"] = \
                             lambda s, c=c, pdl=pdl, digit=digit: topk.topk_indices_multipass(s, a.k, c, pdl, digit)
+                    if topk.synced_fits(m, t, dev, c, digit):
+                        cands[f"one launch {digit}-bit chunk {c}"] = \
+                            lambda s, c=c, digit=digit: topk.topk_indices_synced(s, a.k, c, digit)
             cells = []
+            ties = copies[0].mul(4).round()  # a few values, so the threshold's ties span chunks
             for name, fn in cands.items():
-                s = copies[0]
-                got = fn(s)
-                ref = torch.topk(s, a.k, dim=-1).values.sort(dim=-1).values
-                ok = torch.equal(s.gather(1, got.long()).sort(dim=-1).values, ref)
+                ok = True
+                for s in (copies[0], ties):
+                    got = fn(s)
+                    ref = torch.topk(s, a.k, dim=-1).values.sort(dim=-1).values
+                    ok &= torch.equal(s.gather(1, got.long()).sort(dim=-1).values, ref)
+                    ok &= all(len(set(r)) == a.k for r in got.tolist())
                 us = time_graph([lambda fn=fn, x=x: fn(x) for x in copies], 3, 30, dev).median_us
                 cells.append(f"{name} {us:.1f}{'' if ok else ' WRONG'}")
             print(f"M={m} T={t} ({n} copies): " + " | ".join(cells), flush=True)

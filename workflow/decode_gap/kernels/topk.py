@@ -18,6 +18,9 @@ k indices, the same set as torch.topk's up to ties.
   digits whose counts meet in global memory (atomics), then one that writes the indices at places taken from two
   atomic counters; which of several equal scores at the threshold are kept is then up to the chunks' order. The
   launches after the first are programmatic dependents (sm90+): each loads its scores before it waits for the counts.
+- The multi-pass form in one launch (`topk_indices_synced`, where the grid's chunks are all resident at once): the
+  chunk's keys stay in registers, and the row's chunks meet at a barrier in L2 after each pass (cooperative groups'
+  grid sync, a row's chunks only), then stop early where the bin kept holds exactly the keys still needed.
 
 H200 (2026-12-02, CUDA-graph replay over rotating copies), 2048 of T fp32 scores, median us, ours against torch.topk
 unsorted: one program T = 4096 10.8 vs 17.8 (the multi-pass form 17.8); multi-pass 8192 17.6 vs 38.2 (one program
@@ -36,7 +39,7 @@ from typing import Callable
 import torch
 
 from ..errors import DecodeGapError
-from .lowprec import _pdl_launch, available, pdl_supported
+from .lowprec import _pdl_launch, available, interpreted, pdl_supported, resident_programs, sm_count
 from .nvfp4 import HAVE_TRITON, tl, triton
 
 BITS = 4  # a digit: 8 passes cover a 32-bit key
@@ -59,6 +62,7 @@ CHUNK = 2048  # scores a program holds in the multi-pass form
 
 
 MULTI_LABEL = f"{LABEL} (multi-pass)"
+SYNCED_LABEL = f"{LABEL} (multi-pass, one launch)"
 
 
 def label(t: int) -> str:
@@ -66,12 +70,15 @@ def label(t: int) -> str:
     return LABEL if t <= MAX_ROW else TAIL_LABEL if t <= MAX_ROW + MAX_TAIL else MULTI_LABEL
 
 
-def forms(t: int) -> dict[str, Callable[[torch.Tensor, int], torch.Tensor]]:
-    """The radix-select forms for rows of t scores, by label: `topk_indices`, and where that is the one program
-    with a tail block the multi-pass form as well, for a caller to time and keep the faster."""
+def forms(t: int, m: int = 1, device=None) -> dict[str, Callable[[torch.Tensor, int], torch.Tensor]]:
+    """The radix-select forms for m rows of t scores, by label, for a caller to time and keep the fastest:
+    `topk_indices`; where that is the one program with a tail block, the multi-pass form as well; and past
+    MAX_ROW the multi-pass form in one launch where its chunks are all resident on `device` (`synced_fits`)."""
     out = {label(t): topk_indices}
-    if label(t) == TAIL_LABEL:
-        out[MULTI_LABEL] = topk_indices_multipass
+    if label(t) != LABEL:
+        out.setdefault(MULTI_LABEL, topk_indices_multipass)
+        if device is not None and synced_fits(m, t, device):
+            out[SYNCED_LABEL] = topk_indices_synced
     return out
 
 
@@ -151,12 +158,17 @@ if HAVE_TRITON:
         prefix = tl.zeros((), tl.uint64)
         need = K
         for q in tl.static_range(P):
-            h = tl.load(hist + q * NB + bins)
-            above = tl.sum(h, axis=0) - tl.cumsum(h, axis=0)
-            b = tl.max(tl.where(above + h >= need, bins, -1), axis=0)
-            need = need - tl.sum(tl.where(bins == b, above, 0), axis=0)
-            prefix = (prefix << DIGIT) | b.to(tl.uint64)
+            prefix, need, _ = _next_digit(tl.load(hist + q * NB + bins), bins, prefix, need, DIGIT)
         return prefix, need
+
+    @triton.jit
+    def _next_digit(h, bins, prefix, need, DIGIT: tl.constexpr):
+        """The prefix one digit longer, from the counts h of the next digit among the keys that match it: the bin
+        that holds the need-th largest, how many of the keys in that bin are still needed, and how many it holds."""
+        above = tl.sum(h, axis=0) - tl.cumsum(h, axis=0)  # keys in higher bins
+        b = tl.max(tl.where(above + h >= need, bins, -1), axis=0)
+        need = need - tl.sum(tl.where(bins == b, above, 0), axis=0)
+        return (prefix << DIGIT) | b.to(tl.uint64), need, tl.sum(tl.where(bins == b, h, 0), axis=0)
 
     @triton.jit
     def _chunk_keys(scores, m, T, stride_sm, CHUNK: tl.constexpr, KEYBITS: tl.constexpr):
@@ -182,6 +194,12 @@ if HAVE_TRITON:
             tl.extra.cuda.gdc_wait()
         h_row = hist + m * stride_hm
         prefix, need = _prefix_of(h_row, P, K, DIGIT)
+        _add_counts(key, inb, prefix, h_row, P, DIGIT, KEYBITS)
+
+    @triton.jit
+    def _add_counts(key, inb, prefix, h_row, P: tl.constexpr, DIGIT: tl.constexpr, KEYBITS: tl.constexpr):
+        """This chunk's counts of digit P among its keys whose first P digits are the prefix, added into the row's
+        counts of pass P."""
         NB: tl.constexpr = 1 << DIGIT
         live = inb & ((key >> (KEYBITS - DIGIT * P)) == prefix)
         digit = ((key >> (KEYBITS - DIGIT * (P + 1))) & (NB - 1)).to(tl.int32)
@@ -191,15 +209,20 @@ if HAVE_TRITON:
     @triton.jit
     def _topk_emit_kernel(scores, hist, out, T, K, stride_sm, stride_hm, stride_om, PASSES: tl.constexpr,
                           DIGIT: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr = False):
-        """After the passes: this chunk's indices whose keys lie above the K-th largest, and as many equal to it as
-        K still needs, at places taken from the row's two counters (after its digit counts in hist). PDL: as the
-        passes' (the kernel after it waits for it in full either way)."""
+        """After the passes: `_emit` for this chunk. PDL: as the passes' (the kernel after it waits for it in full
+        either way)."""
         m = tl.program_id(0).to(tl.int64)
         ts, inb, key = _chunk_keys(scores, m, T, stride_sm, CHUNK, DIGIT * PASSES)
         if PDL:
             tl.extra.cuda.gdc_wait()
         h_row = hist + m * stride_hm
         prefix, need = _prefix_of(h_row, PASSES, K, DIGIT)
+        _emit(ts, inb, key, prefix, need, h_row, out + m * stride_om, K, PASSES, DIGIT)
+
+    @triton.jit
+    def _emit(ts, inb, key, prefix, need, h_row, dst, K, PASSES: tl.constexpr, DIGIT: tl.constexpr):
+        """This chunk's indices whose keys lie above the K-th largest (prefix, the whole key), and as many equal to
+        it as K still needs, at places taken from the row's two counters (after its digit counts)."""
         gt = (inb & (key > prefix)).to(tl.int32)
         eq = (inb & (key == prefix)).to(tl.int32)
         # the row's two counters as one int64 (keys above in the high half, ties in the low), so that one atomic
@@ -209,10 +232,53 @@ if HAVE_TRITON:
         before = tl.atomic_add(counters, took, sem="relaxed")
         base_gt = (before >> 32).to(tl.int32)
         base_eq = (before & 0xFFFFFFFF).to(tl.int32)
-        dst = out + m * stride_om
         tl.store(dst + base_gt + tl.cumsum(gt, axis=0) - 1, ts, mask=gt != 0)
         at_eq = base_eq + tl.cumsum(eq, axis=0) - 1
         tl.store(dst + (K - need) + at_eq, ts, mask=(eq != 0) & (at_eq < need))
+
+
+    @triton.jit
+    def _row_sync(bar, target):
+        """Wait until this row's chunks have all arrived here: `target` arrivals at the row's counter (zeroed before
+        the launch, so pass p waits for chunks * (p + 1)). CUDA cooperative groups' grid sync, for a row's chunks:
+        the program's threads meet, one thread adds its arrival (release: every thread's counts before it) and spins
+        on the counter (acquire), and the threads meet again."""
+        tl.debug_barrier()
+        tl.atomic_add(bar, 1, sem="release")
+        seen = tl.atomic_add(bar, 0, sem="acquire")
+        while seen < target:
+            seen = tl.atomic_add(bar, 0, sem="acquire")
+        tl.debug_barrier()
+
+    @triton.jit
+    def _topk_synced_kernel(scores, hist, out, T, K, CHUNKS, stride_sm, stride_hm, stride_om, PASSES: tl.constexpr,
+                            DIGIT: tl.constexpr, CHUNK: tl.constexpr):
+        """The multi-pass form in one launch: the chunk's keys stay in registers from one load, and after each pass
+        the row's chunks wait for one another (`_row_sync`) where the multi-pass form ends a launch, so the passes
+        cost a round trip through L2 each, not a launch and a reload of the scores. The passes stop early where
+        the bin kept holds exactly the keys still needed (random scores: after three 8-bit digits of rows up to
+        131072): every key with that prefix is kept. Every chunk of the grid must be resident at once
+        (`topk_indices_synced` checks)."""
+        m = tl.program_id(0).to(tl.int64)
+        KEYBITS: tl.constexpr = DIGIT * PASSES
+        ts, inb, key = _chunk_keys(scores, m, T, stride_sm, CHUNK, KEYBITS)
+        NB: tl.constexpr = 1 << DIGIT
+        bins = tl.arange(0, NB)
+        h_row = hist + m * stride_hm
+        prefix = tl.zeros((), tl.uint64)
+        need = K
+        rest = tl.zeros((), tl.uint64)  # the key's bits below the prefix
+        done = K < 0
+        for p in tl.static_range(PASSES):
+            if not done:  # the same on every chunk of the row: they all read the same counts
+                _add_counts(key, inb, prefix, h_row, p, DIGIT, KEYBITS)
+                _row_sync(h_row + PASSES * NB + 2, CHUNKS * (p + 1))
+                # the pass's counts from L2 (.cg): complete now, and never read into this SM's L1 before
+                counts = tl.load(h_row + p * NB + bins, cache_modifier=".cg")
+                prefix, need, in_bin = _next_digit(counts, bins, prefix, need, DIGIT)
+                done = in_bin == need
+                rest = tl.where(done, KEYBITS - DIGIT * (p + 1), 0).to(tl.uint64)
+        _emit(ts, inb, key >> rest, prefix, need, h_row, out + m * stride_om, K, PASSES, DIGIT)
 
 
 def topk_indices_multipass(scores: torch.Tensor, k: int, chunk: int = CHUNK, pdl: bool | None = None,
@@ -224,12 +290,11 @@ def topk_indices_multipass(scores: torch.Tensor, k: int, chunk: int = CHUNK, pdl
     reaches the counters first. fp32 [M, T] contiguous rows, k < T; int32 [M, k]. pdl (default: where the GPU has
     it): the passes after the first launch as programmatic dependents, so a launch overlaps the pass before."""
     m, t = scores.shape
-    nb, passes = 1 << digit, -(-32 // digit)
-    # the digit counts, then two int32 counters read as one int64 (passes * nb is even: 8-byte aligned rows)
-    counts = torch.zeros((m, passes * nb + 2), dtype=torch.int32, device=scores.device)
+    passes = -(-32 // digit)
+    counts = _counts(m, digit, scores.device)
     out = torch.empty((m, k), dtype=torch.int32, device=scores.device)
     grid = (m, triton.cdiv(t, chunk))
-    warps = max(1, chunk // (32 * PER_THREAD))
+    warps = _warps(chunk)
     pdl = pdl_supported(scores.device) if pdl is None else pdl
     for p in range(passes):
         _topk_count_kernel[grid](scores, counts, t, k, scores.stride(0), counts.stride(0), P=p, DIGIT=digit,
@@ -239,6 +304,66 @@ def topk_indices_multipass(scores: torch.Tensor, k: int, chunk: int = CHUNK, pdl
                             PASSES=passes, DIGIT=digit, CHUNK=chunk, PDL=pdl, num_warps=warps, **_pdl_launch(pdl))
     return out
 
+
+def _counts(m: int, digit: int, device) -> torch.Tensor:
+    """A row's digit counts, then two int32 counters read as one int64 (passes * 2^digit is even: 8-byte aligned),
+    then the synced form's arrivals and one int32 to keep the rows' stride even; zeros."""
+    return torch.zeros((m, -(-32 // digit) * (1 << digit) + 4), dtype=torch.int32, device=device)
+
+
+def _warps(chunk: int) -> int:
+    return max(1, chunk // (32 * PER_THREAD))
+
+
+_RESIDENT: dict = {}
+
+
+def synced_fits(m: int, t: int, device, chunk: int = CHUNK, digit: int = DIGIT) -> bool:
+    """Whether the synced form's grid (a program a chunk, m rows) is resident all at once on this GPU, so that no
+    chunk waits for one that cannot start: programs an SM from the compiled kernel's registers (the CUDA occupancy
+    rules), times the SMs. Never under the CPU interpreter past one chunk a row: it runs programs one at a time."""
+    chunks = triton.cdiv(t, chunk)
+    dev = torch.device(device)
+    if not HAVE_TRITON or not available(dev):
+        return False
+    if dev.type != "cuda":
+        return chunks == 1
+    key = (dev.index if dev.index is not None else torch.cuda.current_device(), chunk, digit)
+    if key not in _RESIDENT:
+        _RESIDENT[key] = _resident_programs(dev, chunk, digit)
+    return m * chunks <= _RESIDENT[key] * sm_count(dev)
+
+
+def _resident_programs(dev: torch.device, chunk: int, digit: int) -> int:
+    """Programs of the synced kernel an SM holds (compiled, not launched: a launch too large would never end);
+    one where the compiled kernel's registers cannot be read."""
+    s = torch.zeros((1, chunk), device=dev)
+    counts, out = _counts(1, digit, dev), torch.zeros((1, 1), dtype=torch.int32, device=dev)
+    try:
+        compiled = _topk_synced_kernel.warmup(s, counts, out, chunk, 1, 1, s.stride(0), counts.stride(0),
+                                              out.stride(0), PASSES=-(-32 // digit), DIGIT=digit, CHUNK=chunk,
+                                              num_warps=_warps(chunk), grid=(1, 1))
+        compiled._init_handles()  # loads it (registers known) without launching it
+    except Exception:  # noqa: BLE001 - Triton's private loader: an unknown count is taken as one a program an SM
+        return 1
+    return resident_programs(compiled, _warps(chunk), dev) or 1
+
+
+def topk_indices_synced(scores: torch.Tensor, k: int, chunk: int = CHUNK, digit: int = DIGIT) -> torch.Tensor:
+    """`topk_indices_multipass` in one launch (`_topk_synced_kernel`): the same passes and the same set of indices,
+    the row's chunks meeting at a barrier in L2 after each pass. Needs every chunk resident at once
+    (`synced_fits`); fp32 [M, T] contiguous rows, k < T; int32 [M, k]."""
+    m, t = scores.shape
+    if not synced_fits(m, t, scores.device, chunk, digit):
+        why = " (the interpreter runs one at a time)" if interpreted() else ""
+        raise DecodeGapError(f"top-k: the synced form's {m} x {triton.cdiv(t, chunk)} chunks are not all resident "
+                             f"at once on {scores.device}{why}")
+    counts = _counts(m, digit, scores.device)
+    out = torch.empty((m, k), dtype=torch.int32, device=scores.device)
+    _topk_synced_kernel[(m, triton.cdiv(t, chunk))](
+        scores, counts, out, t, k, triton.cdiv(t, chunk), scores.stride(0), counts.stride(0), out.stride(0),
+        PASSES=-(-32 // digit), DIGIT=digit, CHUNK=chunk, num_warps=_warps(chunk))
+    return out
 
 def topk_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
     """The indices of the k largest of each row of fp32 scores [M, T], unsorted: int32 from the radix select where

@@ -377,7 +377,7 @@ class DecodeStep:
             if sparse:
                 spread = (torch.arange(M * self.T, device=self.device) * 40503 % 65521).float().view(M, self.T)
                 kept = topk_kernels.topk_indices_reference(spread, rows)
-                ours = topk_kernels.forms(self.T)  # past 4096 scores: two forms, the faster kept
+                ours = topk_kernels.forms(self.T, M, self.device)  # past 4096 scores: two or three, the fastest kept
                 choice = self.attn_picker.pick(("topk", M, self.T, rows), {
                     **{lab: (lambda f=f: f(spread, rows)) for lab, f in ours.items()},
                     "torch.topk (unsorted)": lambda: topk_kernels.topk_indices_reference(spread, rows)})
