@@ -27,9 +27,8 @@ import torch
 
 from ..errors import DecodeGapError
 from .lowprec import FP8_BLOCK, Fp8Weight, _to_fp8_rounded, available, dequantize_fp8, interpreted, quantize_fp8
-from .nvfp4 import HAVE_TRITON, tl, triton
+from .nvfp4 import E4M3_MAX, HAVE_TRITON, tl, triton
 
-E4M3_MAX = 448.0
 MIN_M = 4  # rows cuBLAS's blockwise scaling takes at the least (fewer are padded with zero rows)
 LABEL = "torch._scaled_mm(e4m3, 1x128 x 128x128 block scales)"
 _SUPPORTED: dict[str, str] = {}  # device -> "" where cuBLAS runs the blockwise form there, else why not (probed once)
