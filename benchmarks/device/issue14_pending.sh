@@ -21,6 +21,7 @@
 #     bash benchmarks/device/issue14_pending.sh fp8_keys $OUT 2>&1 | tee $OUT/issue14_fp8_keys.txt
 #     bash benchmarks/device/issue14_pending.sh fp8_keys_step $OUT 2>&1 | tee $OUT/issue14_fp8_keys_step.txt
 #     bash benchmarks/device/issue14_pending.sh topk_synced $OUT 2>&1 | tee $OUT/issue14_topk_synced.txt
+#     bash benchmarks/device/issue14_pending.sh topk_synced_step $OUT 2>&1 | tee $OUT/issue14_topk_synced_step.txt
 #
 # What to read off: every check `ok`. The forms are timed in rounds that rotate their order (the first form timed read
 # 2-9% fast in a fixed order), so a form wins where its median is below the default's past the spread of the rounds.
@@ -169,9 +170,12 @@ timeout 140 python3 benchmarks/device/step_profile.py --context 32768 --componen
 ;;
 topk_synced_step)
 # the one-launch top-k's early stop (2026-12-06): the probe's 8-bit forms again, then the attention component at a
-# 32768-token context for 1 and 8 rows (the picker's times for every top-k form printed)
+# 32768-token context for 1 and 8 rows (the picker's times for every top-k form printed), with every kernel check
+# between
 timeout 150 python3 benchmarks/device/topk_probe.py --rows 1,8 --lengths 8192,32768,131072 --chunks 1024,2048 \
   --digits 8 --pdl 1
+timeout 150 python3 benchmarks/lowprec_device.py --out "${2:?usage: $0 topk_synced_step OUT_DIR}/lp" \
+  --sections kernelchecks --budget-s 120 2>&1 | grep -E "checks:|FAILED" | tail -3
 timeout 140 python3 benchmarks/device/step_profile.py --context 32768 --components attention
 timeout 140 python3 benchmarks/device/step_profile.py --context 32768 --batch 8 --components attention
 ;;

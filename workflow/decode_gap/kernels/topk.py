@@ -18,9 +18,13 @@ k indices, the same set as torch.topk's up to ties.
   digits whose counts meet in global memory (atomics), then one that writes the indices at places taken from two
   atomic counters; which of several equal scores at the threshold are kept is then up to the chunks' order. The
   launches after the first are programmatic dependents (sm90+): each loads its scores before it waits for the counts.
-- The multi-pass form in one launch (`topk_indices_synced`, where the grid's chunks are all resident at once): the
-  chunk's keys stay in registers, and the row's chunks meet at a barrier in L2 after each pass (cooperative groups'
-  grid sync, a row's chunks only), then stop early where the bin kept holds exactly the keys still needed.
+- The multi-pass form in one launch (`topk_indices_synced`, the default past MAX_ROW + MAX_TAIL where the grid's
+  chunks are all resident at once): the chunk's keys stay in registers, and the row's chunks meet at a barrier in L2
+  after each pass (cooperative groups' grid sync, a row's chunks only), then stop early where the bin kept holds
+  exactly the keys still needed. H100 (2026-12-06, topk_probe.py, chunks of 2048, against the five launches with
+  PDL): 1 row of 8192 / 32768 / 131072 scores 13.5 / 14.4 / 15.1 us against 18.1 / 18.1 / 21.0, 8 rows 15.2 / 16.8 /
+  28.9 against 19.2 / 21.4 / 36.0 (without the early stop 15.6-17.3 and 16.7-30.3 us). In the kernel level's step
+  at a 32768-token context its picker kept it: 21.9 against 23.3 us (1 row), 23.5 against 28.1 (8 rows).
 
 H200 (2026-12-02, CUDA-graph replay over rotating copies), 2048 of T fp32 scores, median us, ours against torch.topk
 unsorted: one program T = 4096 10.8 vs 17.8 (the multi-pass form 17.8); multi-pass 8192 17.6 vs 38.2 (one program
@@ -65,20 +69,23 @@ MULTI_LABEL = f"{LABEL} (multi-pass)"
 SYNCED_LABEL = f"{LABEL} (multi-pass, one launch)"
 
 
-def label(t: int) -> str:
-    """What `topk_indices` runs for rows of t scores (where Triton runs)."""
-    return LABEL if t <= MAX_ROW else TAIL_LABEL if t <= MAX_ROW + MAX_TAIL else MULTI_LABEL
+def label(t: int, m: int = 1, device=None) -> str:
+    """What `topk_indices` runs for m rows of t scores on `device` (where Triton runs; without a device, the form
+    it runs where the multi-pass form's chunks do not all fit at once)."""
+    if t <= MAX_ROW + MAX_TAIL:
+        return LABEL if t <= MAX_ROW else TAIL_LABEL
+    return SYNCED_LABEL if device is not None and synced_fits(m, t, device) else MULTI_LABEL
 
 
 def forms(t: int, m: int = 1, device=None) -> dict[str, Callable[[torch.Tensor, int], torch.Tensor]]:
     """The radix-select forms for m rows of t scores, by label, for a caller to time and keep the fastest:
-    `topk_indices`; where that is the one program with a tail block, the multi-pass form as well; and past
-    MAX_ROW the multi-pass form in one launch where its chunks are all resident on `device` (`synced_fits`)."""
-    out = {label(t): topk_indices}
-    if label(t) != LABEL:
+    `topk_indices`, and past MAX_ROW the multi-pass form, in one launch too where its chunks are all resident on
+    `device` (`synced_fits`)."""
+    out = {label(t, m, device): topk_indices}
+    if t > MAX_ROW:
         out.setdefault(MULTI_LABEL, topk_indices_multipass)
         if device is not None and synced_fits(m, t, device):
-            out[SYNCED_LABEL] = topk_indices_synced
+            out.setdefault(SYNCED_LABEL, topk_indices_synced)
     return out
 
 
@@ -337,10 +344,11 @@ def synced_fits(m: int, t: int, device, chunk: int = CHUNK, digit: int = DIGIT) 
 def _resident_programs(dev: torch.device, chunk: int, digit: int) -> int:
     """Programs of the synced kernel an SM holds (compiled, not launched: a launch too large would never end);
     one where the compiled kernel's registers cannot be read."""
-    s = torch.zeros((1, chunk), device=dev)
-    counts, out = _counts(1, digit, dev), torch.zeros((1, 1), dtype=torch.int32, device=dev)
-    try:
-        compiled = _topk_synced_kernel.warmup(s, counts, out, chunk, 1, 1, s.stride(0), counts.stride(0),
+    s = torch.empty((1, chunk), device=dev)  # never read: nothing is launched
+    counts = torch.empty((1, -(-32 // digit) * (1 << digit) + 4), dtype=torch.int32, device=dev)
+    out = torch.empty((1, 16), dtype=torch.int32, device=dev)
+    try:  # sizes not 1, which Triton would compile as constants
+        compiled = _topk_synced_kernel.warmup(s, counts, out, chunk, 16, 2, s.stride(0), counts.stride(0),
                                               out.stride(0), PASSES=-(-32 // digit), DIGIT=digit, CHUNK=chunk,
                                               num_warps=_warps(chunk), grid=(1, 1))
         compiled._init_handles()  # loads it (registers known) without launching it
@@ -375,7 +383,7 @@ def topk_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
     if k >= t or not available(scores.device) or scores.stride(1) != 1:
         return topk_indices_reference(scores, k)
     if t > MAX_ROW + MAX_TAIL:
-        return topk_indices_multipass(scores, k)
+        return (topk_indices_synced if synced_fits(m, t, scores.device) else topk_indices_multipass)(scores, k)
     out = torch.empty((m, k), dtype=torch.int32, device=scores.device)
     block = max(2048, triton.next_power_of_2(min(t, MAX_ROW)))  # 4 warps at least
     tail_block = max(MIN_TAIL, triton.next_power_of_2(t - MAX_ROW)) if t > MAX_ROW else 0

@@ -218,8 +218,8 @@ def run_attention_bench(env: BenchEnv, shape: AttentionShape, context_lens: list
                 continue
             k_top = shape.index_topk
             # the selection: our radix select (one program a row up to MAX_ROW scores, with a tail block a little
-            # past it, multi-pass past that), none where L <= top-k
-            pick = "" if length <= k_top else " + " + topk_kernels.label(length).removeprefix("triton ")
+            # past it, multi-pass past that, in one launch where it fits), none where L <= top-k
+            pick = "" if length <= k_top else " + " + topk_kernels.label(length, b, env.device).removeprefix("triton ")
             index = [(torch_index, False)] + ([(f"triton scores (FP8 dot){pick}", True)] if triton_ok else [])
             for label, tri in index:
                 add("dsa-indexer", label, b, length, lambda tri=tri: indexer_case(env, shape, b, length, tri),
