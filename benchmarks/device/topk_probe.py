@@ -38,7 +38,8 @@ def synced_arrivals(m: int, t: int, k: int, chunk: int, digit: int, dev) -> str:
     counts, out = topk._counts(m, digit, dev), torch.empty((m, k), dtype=torch.int32, device=dev)
     chunks, passes = -(-t // chunk), -(-32 // digit)
     topk._topk_synced_kernel[(m, chunks)](s, counts, out, t, k, chunks, s.stride(0), counts.stride(0), out.stride(0),
-                                          PASSES=passes, DIGIT=digit, CHUNK=chunk, num_warps=topk._warps(chunk))
+                                          PASSES=passes, DIGIT=digit, CHUNK=chunk, ZERO=False,
+                                          num_warps=topk._warps(chunk))
     got = counts[:, passes * (1 << digit) + 2].tolist()
     ok = all(a % chunks == 0 and 0 < a // chunks <= passes for a in got)
     return f"arrivals {got[:4]} ({chunks} chunks, {passes} passes at most){'' if ok else ' WRONG'}"
@@ -63,6 +64,7 @@ def main() -> None:
         for t in map(int, a.lengths.split(",")):
             n = rotating_copies(m * t * 4, dev)
             copies = [torch.randn((m, t), device=dev) for _ in range(n)]
+            kept_counts = []
             cands = {"torch sorted": lambda s: torch.topk(s, a.k, dim=-1).indices,
                      "torch unsorted": lambda s: topk.topk_indices_reference(s, a.k)}
             if t <= topk.MAX_ROW:
@@ -79,6 +81,9 @@ def main() -> None:
                     if topk.synced_fits(m, t, dev, c, digit):
                         cands[f"one launch {digit}-bit chunk {c}"] = \
                             lambda s, c=c, digit=digit: topk.topk_indices_synced(s, a.k, c, digit)
+                        kept = topk.SyncedSelect(m, dev, digit, c)  # counts kept at zero, no memset; PDL
+                        cands[f"one launch kept {digit}-bit chunk {c}"] = lambda s, kept=kept: kept(s, a.k)
+                        kept_counts.append(kept.counts)
             cells = []
             ties = copies[0].mul(4).round()  # a few values, so the threshold's ties span chunks
             for name, fn in cands.items():
@@ -90,6 +95,10 @@ def main() -> None:
                     ok &= all(len(set(r)) == a.k for r in got.tolist())
                 us = time_graph([lambda fn=fn, x=x: fn(x) for x in copies], 3, 30, dev).median_us
                 cells.append(f"{name} {us:.1f}{'' if ok else ' WRONG'}")
+            torch.cuda.synchronize()
+            dirty = sum(bool(c.any()) for c in kept_counts)  # every call leaves its kept counts at zero
+            if kept_counts:
+                cells.append(f"kept counts zero after the calls: {'yes' if not dirty else f'NO ({dirty})'}")
             print(f"M={m} T={t} ({n} copies): " + " | ".join(cells), flush=True)
             del copies
             torch.cuda.empty_cache()

@@ -21,10 +21,14 @@ k indices, the same set as torch.topk's up to ties.
 - The multi-pass form in one launch (`topk_indices_synced`, the default past MAX_ROW + MAX_TAIL where the grid's
   chunks are all resident at once): the chunk's keys stay in registers, and the row's chunks meet at a barrier in L2
   after each pass (cooperative groups' grid sync, a row's chunks only), then stop early where the bin kept holds
-  exactly the keys still needed. H100 (2026-12-06, topk_probe.py, chunks of 2048, against the five launches with
-  PDL): 1 row of 8192 / 32768 / 131072 scores 13.5 / 14.4 / 15.1 us against 18.1 / 18.1 / 21.0, 8 rows 15.2 / 16.8 /
-  28.9 against 19.2 / 21.4 / 36.0 (without the early stop 15.6-17.3 and 16.7-30.3 us). In the kernel level's step
-  at a 32768-token context its picker kept it: 21.9 against 23.3 us (1 row), 23.5 against 28.1 (8 rows).
+  exactly the keys still needed. Its last chunk out leaves the counts at zero, so a caller that keeps them
+  (`SyncedSelect`, what `forms` offers) launches no memset before it, and launches it as a programmatic dependent of
+  the scores' kernel. H100 (2026-12-06, topk_probe.py, chunks of 2048, against the five launches with PDL): 1 row
+  of 8192 / 32768 / 131072 scores 13.2 / 13.9 / 15.0 us with the counts kept (14.5 / 15.1 / 16.2 after a memset)
+  against 18.1 / 18.0 / 20.9, 8 rows 14.7 / 16.2 / 29.2 (16.2 / 17.7 / 30.7) against 19.2 / 21.3 / 36.0; without
+  the early stop, 15.6-17.3 and 16.7-30.3 us after a memset. The kernel level's GLM-5-NVFP4 TP8 attention at a
+  32768-token context, a layer: 60.5 us in 10 launches against 61.4 in 15 with the five launches (1 row), 85.0
+  against 87.0 with the memset (8 rows).
 
 H200 (2026-12-02, CUDA-graph replay over rotating copies), 2048 of T fp32 scores, median us, ours against torch.topk
 unsorted: one program T = 4096 10.8 vs 17.8 (the multi-pass form 17.8); multi-pass 8192 17.6 vs 38.2 (one program
@@ -85,7 +89,7 @@ def forms(t: int, m: int = 1, device=None) -> dict[str, Callable[[torch.Tensor, 
     if t > MAX_ROW:
         out.setdefault(MULTI_LABEL, topk_indices_multipass)
         if device is not None and synced_fits(m, t, device):
-            out.setdefault(SYNCED_LABEL, topk_indices_synced)
+            out[SYNCED_LABEL] = SyncedSelect(m, device)
     return out
 
 
@@ -259,13 +263,18 @@ if HAVE_TRITON:
 
     @triton.jit
     def _topk_synced_kernel(scores, hist, out, T, K, CHUNKS, stride_sm, stride_hm, stride_om, PASSES: tl.constexpr,
-                            DIGIT: tl.constexpr, CHUNK: tl.constexpr):
+                            DIGIT: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr = False,
+                            ZERO: tl.constexpr = True):
         """The multi-pass form in one launch: the chunk's keys stay in registers from one load, and after each pass
         the row's chunks wait for one another (`_row_sync`) where the multi-pass form ends a launch, so the passes
         cost a round trip through L2 each, not a launch and a reload of the scores. The passes stop early where
         the bin kept holds exactly the keys still needed (random scores: after three 8-bit digits of rows up to
         131072): every key with that prefix is kept. Every chunk of the grid must be resident at once
-        (`topk_indices_synced` checks)."""
+        (`topk_indices_synced` checks). The row's last chunk to finish leaves its counts at zero, so a caller that
+        keeps them (`SyncedSelect`) needs no memset before the next call. PDL: launched as a programmatic dependent
+        of the kernel that wrote the scores, it waits for it before its first load."""
+        if PDL:
+            tl.extra.cuda.gdc_wait()
         m = tl.program_id(0).to(tl.int64)
         KEYBITS: tl.constexpr = DIGIT * PASSES
         ts, inb, key = _chunk_keys(scores, m, T, stride_sm, CHUNK, KEYBITS)
@@ -286,6 +295,15 @@ if HAVE_TRITON:
                 done = in_bin == need
                 rest = tl.where(done, KEYBITS - DIGIT * (p + 1), 0).to(tl.uint64)
         _emit(ts, inb, key >> rest, prefix, need, h_row, out + m * stride_om, K, PASSES, DIGIT)
+        if ZERO:  # (off only to read the counts afterwards, as tests do)
+            # the last chunk out zeroes the row's counts (its every chunk has released its reads and atomics by
+            # then: the finish of a stream-K GEMM)
+            tl.debug_barrier()
+            left = tl.atomic_add(h_row + PASSES * NB + 3, 1, sem="acq_rel")
+            if left == CHUNKS - 1:
+                for p in tl.static_range(PASSES):
+                    tl.store(h_row + p * NB + bins, tl.zeros((NB,), tl.int32))
+                tl.store(h_row + PASSES * NB + tl.arange(0, 4), tl.zeros((4,), tl.int32))
 
 
 def topk_indices_multipass(scores: torch.Tensor, k: int, chunk: int = CHUNK, pdl: bool | None = None,
@@ -314,7 +332,7 @@ def topk_indices_multipass(scores: torch.Tensor, k: int, chunk: int = CHUNK, pdl
 
 def _counts(m: int, digit: int, device) -> torch.Tensor:
     """A row's digit counts, then two int32 counters read as one int64 (passes * 2^digit is even: 8-byte aligned),
-    then the synced form's arrivals and one int32 to keep the rows' stride even; zeros."""
+    then the synced form's arrivals and the chunks it has seen finish; zeros."""
     return torch.zeros((m, -(-32 // digit) * (1 << digit) + 4), dtype=torch.int32, device=device)
 
 
@@ -357,21 +375,40 @@ def _resident_programs(dev: torch.device, chunk: int, digit: int) -> int:
     return resident_programs(compiled, _warps(chunk), dev) or 1
 
 
-def topk_indices_synced(scores: torch.Tensor, k: int, chunk: int = CHUNK, digit: int = DIGIT) -> torch.Tensor:
+def topk_indices_synced(scores: torch.Tensor, k: int, chunk: int = CHUNK, digit: int = DIGIT,
+                        counts: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
     """`topk_indices_multipass` in one launch (`_topk_synced_kernel`): the same passes and the same set of indices,
     the row's chunks meeting at a barrier in L2 after each pass. Needs every chunk resident at once
-    (`synced_fits`); fp32 [M, T] contiguous rows, k < T; int32 [M, k]."""
+    (`synced_fits`); fp32 [M, T] contiguous rows, k < T; int32 [M, k]. counts: the row's counts, zeros, as the
+    call leaves them (fresh zeros where None); pdl: launched as a programmatic dependent (sm90+)."""
     m, t = scores.shape
     if not synced_fits(m, t, scores.device, chunk, digit):
         why = " (the interpreter runs one at a time)" if interpreted() else ""
         raise DecodeGapError(f"top-k: the synced form's {m} x {triton.cdiv(t, chunk)} chunks are not all resident "
                              f"at once on {scores.device}{why}")
-    counts = _counts(m, digit, scores.device)
+    counts = _counts(m, digit, scores.device) if counts is None else counts
     out = torch.empty((m, k), dtype=torch.int32, device=scores.device)
     _topk_synced_kernel[(m, triton.cdiv(t, chunk))](
         scores, counts, out, t, k, triton.cdiv(t, chunk), scores.stride(0), counts.stride(0), out.stride(0),
-        PASSES=-(-32 // digit), DIGIT=digit, CHUNK=chunk, num_warps=_warps(chunk))
+        PASSES=-(-32 // digit), DIGIT=digit, CHUNK=chunk, PDL=pdl, num_warps=_warps(chunk), **_pdl_launch(pdl))
     return out
+
+
+class SyncedSelect:
+    """`topk_indices_synced` for m rows with the counts kept between calls (the kernel leaves them at zero), so a
+    call is one launch with no memset before it, launched as a programmatic dependent of the kernel before it
+    where the GPU has that (sm90+); a caller's own, as calls share the counts (one stream)."""
+
+    def __init__(self, m: int, device, digit: int = DIGIT, chunk: int = CHUNK):
+        self.m, self.digit, self.chunk = m, digit, chunk
+        self.counts = _counts(m, digit, device)
+        self.pdl = pdl_supported(device)
+
+    def __call__(self, scores: torch.Tensor, k: int) -> torch.Tensor:
+        if scores.shape[0] != self.m:
+            raise DecodeGapError(f"top-k: {scores.shape[0]} rows where this selection was built for {self.m}")
+        return topk_indices_synced(scores, k, self.chunk, self.digit, self.counts, self.pdl)
+
 
 def topk_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
     """The indices of the k largest of each row of fp32 scores [M, T], unsorted: int32 from the radix select where
