@@ -158,7 +158,9 @@ def indexer_case(env: BenchEnv, shape: AttentionShape, b: int, length: int,
         s = torch.relu(torch.matmul(q.to(dtype), k.to(dtype).transpose(1, 2)).float()) * k_scale[:, None]
         return (s * (w * q_scale)[..., None]).sum(1)  # [B, L]
 
-    select = topk_kernels.topk_indices if triton else topk_kernels.topk_indices_reference
+    # ours: the form its label names, as the kernel level runs it (the one-launch form with its counts kept)
+    select = (topk_kernels.forms(length, b, dev)[topk_kernels.label(length, b, dev)] if triton
+              else topk_kernels.topk_indices_reference)
 
     def fn():
         return select(scores(), kk)
