@@ -164,8 +164,8 @@ topk_synced)
 # fastest)
 timeout 230 python3 benchmarks/device/topk_probe.py --rows 1,8 --lengths 8192,32768,65536,131072 \
   --chunks 1024,2048,4096 --digits 8,11 --pdl 1
-timeout 200 python3 benchmarks/lowprec_device.py --out "${2:?usage: $0 topk_synced OUT_DIR}/lp" --sections kernelchecks \
-  --budget-s 150 2>&1 | grep -E "checks:|FAILED|top-k" | tail -12
+timeout 200 python3 benchmarks/lowprec_device.py --out "${2:?usage: $0 topk_synced OUT_DIR}/lp" \
+  --sections kernelchecks --budget-s 150 2>&1 | grep -E "checks:|FAILED|top-k" | tail -12
 timeout 140 python3 benchmarks/device/step_profile.py --context 32768 --components attention
 ;;
 topk_synced_step)

@@ -2,7 +2,8 @@
 radix select (T <= topk.MAX_ROW, or past it by up to MAX_TAIL with a tail block) and the multi-pass radix select at
 several chunk sizes, with and without programmatic dependent launch, and in one launch (its chunks meeting at a barrier
 after each pass) where they are all resident; every result checked against torch.topk's scores, on random scores and
-on scores rounded to a few values (ties at the threshold across chunks). CUDA-graph replay over rotating copies of the scores (median us).
+on scores rounded to a few values (ties at the threshold across chunks). CUDA-graph replay over rotating copies of
+the scores (median us).
 
     PYTHONPATH=workflow python3 benchmarks/device/topk_probe.py [--rows 1,8] [--lengths 4096,...] [--chunks 1024,...]
 """

@@ -249,11 +249,10 @@ if HAVE_TRITON:
         at_eq = base_eq + tl.cumsum(eq, axis=0) - 1
         tl.store(dst + (K - need) + at_eq, ts, mask=(eq != 0) & (at_eq < need))
 
-
     @triton.jit
     def _row_sync(bar, target):
-        """Wait until this row's chunks have all arrived here: `target` arrivals at the row's counter (zeroed before
-        the launch, so pass p waits for chunks * (p + 1)). CUDA cooperative groups' grid sync, for a row's chunks:
+        """Wait until this row's chunks have all arrived here: `target` arrivals at the row's counter (zero at the
+        launch, so pass p waits for chunks * (p + 1)). CUDA cooperative groups' grid sync, for a row's chunks:
         the program's threads meet, one thread adds its arrival (release: every thread's counts before it) and spins
         on the counter (acquire), and the threads meet again."""
         tl.debug_barrier()
@@ -415,7 +414,8 @@ class SyncedSelect:
 def topk_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
     """The indices of the k largest of each row of fp32 scores [M, T], unsorted: int32 from the radix select where
     Triton runs (one program a row up to MAX_ROW scores, with a tail block up to MAX_ROW + MAX_TAIL; the multi-pass
-    form past it), else torch.topk's (int64). Every index when k >= T (the reference's, int64)."""
+    form past it, in one launch where its chunks all fit at once), else torch.topk's (int64). Every index when
+    k >= T (the reference's, int64)."""
     if scores.dim() != 2 or scores.dtype != torch.float32:
         raise DecodeGapError(f"top-k: needs fp32 scores [M, T], got {scores.dtype} {tuple(scores.shape)}")
     m, t = scores.shape
