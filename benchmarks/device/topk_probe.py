@@ -37,7 +37,7 @@ def synced_arrivals(m: int, t: int, k: int, chunk: int, digit: int, dev) -> str:
     program's arrival counted once, by one thread; random scores stop after 3 of 4 8-bit passes)."""
     s = torch.randn((m, t), device=dev)
     counts, out = topk._counts(m, digit, dev), torch.empty((m, k), dtype=torch.int32, device=dev)
-    chunks, passes = -(-t // chunk), -(-32 // digit)
+    chunks, passes = -(-t // chunk), topk._passes(digit)
     topk._topk_synced_kernel[(m, chunks)](s, counts, out, t, k, chunks, s.stride(0), counts.stride(0), out.stride(0),
                                           PASSES=passes, DIGIT=digit, CHUNK=chunk, ZERO=False,
                                           num_warps=topk._warps(chunk))

@@ -316,7 +316,7 @@ def topk_indices_multipass(scores: torch.Tensor, k: int, chunk: int = CHUNK, pdl
     reaches the counters first. fp32 [M, T] contiguous rows, k < T; int32 [M, k]. pdl (default: where the GPU has
     it): the passes after the first launch as programmatic dependents, so a launch overlaps the pass before."""
     m, t = scores.shape
-    passes = -(-32 // digit)
+    passes = _passes(digit)
     counts = _counts(m, digit, scores.device)
     out = torch.empty((m, k), dtype=torch.int32, device=scores.device)
     grid = (m, triton.cdiv(t, chunk))
@@ -331,10 +331,15 @@ def topk_indices_multipass(scores: torch.Tensor, k: int, chunk: int = CHUNK, pdl
     return out
 
 
-def _counts(m: int, digit: int, device) -> torch.Tensor:
+def _passes(digit: int) -> int:
+    """Passes of `digit`-bit digits that cover a 32-bit key."""
+    return -(-32 // digit)
+
+
+def _counts(m: int, digit: int, device, make=torch.zeros) -> torch.Tensor:
     """A row's digit counts, then two int32 counters read as one int64 (passes * 2^digit is even: 8-byte aligned),
-    then the synced form's arrivals and the chunks it has seen finish; zeros."""
-    return torch.zeros((m, -(-32 // digit) * (1 << digit) + 4), dtype=torch.int32, device=device)
+    then the synced form's arrivals and the chunks it has seen finish; zeros (`make`: how the buffer is made)."""
+    return make((m, _passes(digit) * (1 << digit) + 4), dtype=torch.int32, device=device)
 
 
 def _warps(chunk: int) -> int:
@@ -364,11 +369,11 @@ def _resident_programs(dev: torch.device, chunk: int, digit: int) -> int:
     """Programs of the synced kernel an SM holds (compiled, not launched: a launch too large would never end);
     one where the compiled kernel's registers cannot be read."""
     s = torch.empty((1, chunk), device=dev)  # never read: nothing is launched
-    counts = torch.empty((1, -(-32 // digit) * (1 << digit) + 4), dtype=torch.int32, device=dev)
+    counts = _counts(1, digit, dev, torch.empty)
     out = torch.empty((1, 16), dtype=torch.int32, device=dev)
     try:  # sizes not 1, which Triton would compile as constants
         compiled = _topk_synced_kernel.warmup(s, counts, out, chunk, 16, 2, s.stride(0), counts.stride(0),
-                                              out.stride(0), PASSES=-(-32 // digit), DIGIT=digit, CHUNK=chunk,
+                                              out.stride(0), PASSES=_passes(digit), DIGIT=digit, CHUNK=chunk,
                                               num_warps=_warps(chunk), grid=(1, 1))
         compiled._init_handles()  # loads it (registers known) without launching it
     except Exception:  # noqa: BLE001 - Triton's private loader: an unknown count is taken as one a program an SM
@@ -391,7 +396,7 @@ def topk_indices_synced(scores: torch.Tensor, k: int, chunk: int = CHUNK, digit:
     out = torch.empty((m, k), dtype=torch.int32, device=scores.device)
     _topk_synced_kernel[(m, triton.cdiv(t, chunk))](
         scores, counts, out, t, k, triton.cdiv(t, chunk), scores.stride(0), counts.stride(0), out.stride(0),
-        PASSES=-(-32 // digit), DIGIT=digit, CHUNK=chunk, PDL=pdl, num_warps=_warps(chunk), **_pdl_launch(pdl))
+        PASSES=_passes(digit), DIGIT=digit, CHUNK=chunk, PDL=pdl, num_warps=_warps(chunk), **_pdl_launch(pdl))
     return out
 
 
