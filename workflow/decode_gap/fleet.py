@@ -23,6 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -256,11 +257,43 @@ def stop_launch(proc: subprocess.Popen, grace_s: float = 45.0) -> None:
             proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             pass
+    members = _group_members(proc.pid)
     group(signal.SIGKILL)  # stragglers of the group (the leader may be gone already)
     try:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
         pass
+    # SIGKILL is delivered asynchronously: a member can still be running for a moment after killpg returns
+    _wait_dead(members, timeout_s=10.0)
+
+
+def _group_members(pgid: int) -> list:
+    """The live processes of process group `pgid` (psutil; the group's leader may have exited already)."""
+    import psutil
+
+    members = []
+    for p in psutil.process_iter():
+        try:
+            if os.getpgid(p.pid) == pgid:
+                members.append(p)
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+    return members
+
+
+def _wait_dead(members: list, timeout_s: float) -> None:
+    """Until every member has exited (a zombie not yet reaped by its parent counts as exited) or `timeout_s`."""
+    import psutil
+
+    def alive(p) -> bool:
+        try:
+            return p.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    deadline = time.monotonic() + timeout_s
+    while any(alive(p) for p in members) and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 # --------------------------------------------------------------------------------------------- node identity
