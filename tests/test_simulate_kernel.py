@@ -302,6 +302,21 @@ def test_kernel_picker_keeps_the_fastest_and_records_each_shape():
         "decode attention: topk: radix on 1 of 1 shapes; mla: split on 1 of 2 shapes, bmm on 1 of 2 shapes (")
 
 
+
+def test_kernel_picker_leaves_inputs_in_l2_where_the_kernel_before_wrote_them():
+    """An op fed by the kernel before it (the indexer's top-k) is timed without the flush, and its record says so;
+    the other ops keep the flush before each call."""
+    from decode_gap.simulate.layers import KernelPicker
+
+    picker = KernelPicker("cpu", warmup=1, iters=3)
+    flushes = []
+    picker.flush = lambda: flushes.append(1)
+    picker.pick(("topk", 1, 8193, 2048), {"a": lambda: None, "b": lambda: None}, inputs_in_l2=True)
+    assert flushes == [] and picker.records[-1]["clock"] == "wall time, inputs in cache"
+    picker.pick(("mla", 1, 64, 2048), {"a": lambda: None, "b": lambda: None})
+    assert len(flushes) == 6 and picker.records[-1]["clock"] == "wall time"
+    assert KernelPicker.CLOCK_IN_L2.startswith("CUDA-graph replay of one call, its inputs left in L2")
+
 def test_fp8_linear_runs_the_kernel_the_picker_chose():
     """An fp8 per-tensor linear at batch 1 holds our GEMV and torch._scaled_mm over the same bytes and runs the one
     the picker timed faster; both agree with the dequantised weight (TRITON_INTERPRET on the CPU)."""
@@ -378,7 +393,7 @@ from decode_gap.simulate.step import DecodeStep
 from decode_gap.simulate.layers import KernelPicker
 
 
-def first_candidate(self, key, candidates):  # test double for the timing: interpreted Triton always loses on a CPU
+def first_candidate(self, key, candidates, inputs_in_l2=False):  # test double for the timing: interpreted Triton always loses on a CPU
     if key not in self.chosen:
         self.chosen[key] = next(iter(candidates))
         self.records.append({"shape": str(key), "chosen": self.chosen[key]})

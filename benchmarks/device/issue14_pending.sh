@@ -22,6 +22,7 @@
 #     bash benchmarks/device/issue14_pending.sh fp8_keys_step $OUT 2>&1 | tee $OUT/issue14_fp8_keys_step.txt
 #     bash benchmarks/device/issue14_pending.sh topk_synced $OUT 2>&1 | tee $OUT/issue14_topk_synced.txt
 #     bash benchmarks/device/issue14_pending.sh topk_synced_step $OUT 2>&1 | tee $OUT/issue14_topk_synced_step.txt
+#     bash benchmarks/device/issue14_pending.sh topk_warm 2>&1 | tee $OUT/issue14_topk_warm.txt
 #
 # What to read off: every check `ok`. The forms are timed in rounds that rotate their order (the first form timed read
 # 2-9% fast in a fixed order), so a form wins where its median is below the default's past the spread of the rounds.
@@ -178,6 +179,21 @@ timeout 150 python3 benchmarks/lowprec_device.py --out "${2:?usage: $0 topk_sync
   --sections kernelchecks --budget-s 120 2>&1 | grep -E "checks:|FAILED" | tail -3
 timeout 140 python3 benchmarks/device/step_profile.py --context 32768 --components attention
 timeout 140 python3 benchmarks/device/step_profile.py --context 32768 --batch 8 --components attention
+;;
+topk_warm)
+# the kernel level's picker times the DSA top-k with the scores left in L2 (KernelPicker.pick's inputs_in_l2,
+# 2026-12-07), as the scores kernel leaves them in the step: the attention component at 4096 and 8192 tokens with
+# this tree, then at 4096 with a copy that offers the one-launch form from 4097 scores (topk.SYNCED_FROM = MAX_ROW),
+# where the picker's flushed timing ranked it first and the layer was slower with it (2026-12-06, H100)
+copy=/tmp/wf_synced_4097
+rm -rf "$copy" && cp -r workflow "$copy"
+sed -i 's/^SYNCED_FROM = MAX_ROW + MAX_TAIL$/SYNCED_FROM = MAX_ROW/' "$copy/decode_gap/kernels/topk.py"
+grep -q '^SYNCED_FROM = MAX_ROW$' "$copy/decode_gap/kernels/topk.py" || { echo "SYNCED_FROM not found" >&2; exit 2; }
+for args in "--context 4096" "--context 8192" "--context 4096 --workflow $copy" "--context 4096 --batch 8" \
+    "--context 4096 --batch 8 --workflow $copy"; do
+  echo "== step_profile $args"
+  timeout 140 python3 benchmarks/device/step_profile.py $args --components attention
+done
 ;;
 fp8_keys|fp8_keys_step)
 # the DSA indexer's FP8 keys and queries (kernels/attention.py; run on an H100 and an H200 on 2026-12-06, the

@@ -71,6 +71,8 @@ CHUNK = 2048  # scores a program holds in the multi-pass form
 
 MULTI_LABEL = f"{LABEL} (multi-pass)"
 SYNCED_LABEL = f"{LABEL} (multi-pass, one launch)"
+# rows past this many scores are offered the one-launch form too (`forms`)
+SYNCED_FROM = MAX_ROW + MAX_TAIL
 
 
 def label(t: int, m: int = 1, device=None) -> str:
@@ -90,7 +92,7 @@ def forms(t: int, m: int = 1, device=None) -> dict[str, Callable[[torch.Tensor, 
     out = {label(t, m, device): topk_indices}
     if t > MAX_ROW:
         out.setdefault(MULTI_LABEL, topk_indices_multipass)
-    if t > MAX_ROW + MAX_TAIL and device is not None and synced_fits(m, t, device):
+    if t > SYNCED_FROM and device is not None and synced_fits(m, t, device):
         out[SYNCED_LABEL] = SyncedSelect(m, device)
     return out
 

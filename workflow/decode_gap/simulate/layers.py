@@ -54,12 +54,15 @@ class KernelPicker:
     build. On a GPU each candidate is captured in a CUDA graph and its replays are timed (CUDA events, the L2
     flushed and a sleep kernel queued ahead of each, so the span is the kernel's GPU time and not its launch);
     on a CPU, wall time. The median of `iters` after a warm-up decides. Shapes already timed keep their choice;
-    `records` holds every shape's times for the result file."""
+    `records` holds every shape's times for the result file. An op whose inputs the kernel before it has just
+    written (the DSA indexer's scores into its top-k) is timed with them left in L2 (`inputs_in_l2`), as the step
+    runs it: a flush there ranked a top-k form first that lost in the step (H100, 4097 scores)."""
 
     SLEEP_CYCLES = 200_000  # ~0.1 ms at H200 clocks: longer than a graph launch takes on the host
     # one call after a flush that leaves the L2 full of dirty lines: slower than the micro-benchmarks' steady state
     # over rotating copies, the same for every candidate, so it ranks them; the gemm stage's figures are the ones
     CLOCK = "CUDA-graph replay of one call after an L2 flush, CUDA events (ranks the candidates)"
+    CLOCK_IN_L2 = "CUDA-graph replay of one call, its inputs left in L2 as the kernel before leaves them, CUDA events"
 
     def __init__(self, device: str, warmup: int = 3, iters: int = 15) -> None:
         from ..timing import L2Flusher
@@ -69,29 +72,36 @@ class KernelPicker:
         self.chosen: dict[tuple, str] = {}
         self.records: list[dict] = []
 
-    def _time_us(self, fn) -> list[float]:
+    def _time_us(self, fn, flush) -> list[float]:
         from ..timing import capture_graph, graph_spans_us, time_cpu_us
 
         if not self.device.startswith("cuda"):
-            return time_cpu_us(fn, self.warmup, self.iters, self.flush)
+            return time_cpu_us(fn, self.warmup, self.iters, flush)
         graph = capture_graph([fn], self.device, self.warmup)
-        return graph_spans_us(graph, self.iters, self.SLEEP_CYCLES, self.flush)
+        return graph_spans_us(graph, self.iters, self.SLEEP_CYCLES, flush)
 
-    def pick(self, key: tuple, candidates: dict) -> str:
-        """The name of the fastest of `candidates` (name -> call) for `key`, timing them the first time."""
+    def pick(self, key: tuple, candidates: dict, inputs_in_l2: bool = False) -> str:
+        """The name of the fastest of `candidates` (name -> call) for `key`, timing them the first time; with
+        `inputs_in_l2`, without the flush (each replay finds what the last one read still in L2)."""
         if key in self.chosen:
             return self.chosen[key]
         import numpy as np
 
-        times = {name: float(np.median(self._time_us(fn))) for name, fn in candidates.items()}
+        flush = None if inputs_in_l2 else self.flush
+        times = {name: float(np.median(self._time_us(fn, flush))) for name, fn in candidates.items()}
         best = min(times, key=times.__getitem__)
         self.chosen[key] = best
         what = f"{key[0]} " if isinstance(key[0], str) else ""  # "gqa 1x32x8x128x513": the kind, then its sizes
         sizes = key[1:] if what else key
         self.records.append({"shape": what + "x".join(str(v) for v in sizes), "chosen": best,
                              "us": {n: round(t, 2) for n, t in times.items()},
-                             "clock": self.CLOCK if self.device.startswith("cuda") else "wall time"})
+                             "clock": self._clock(inputs_in_l2)})
         return best
+
+    def _clock(self, inputs_in_l2: bool) -> str:
+        if self.device.startswith("cuda"):
+            return self.CLOCK_IN_L2 if inputs_in_l2 else self.CLOCK
+        return "wall time, inputs in cache" if inputs_in_l2 else "wall time"
 
     def summary(self, what: str) -> str:
         """One line: how many shapes of each kind (gqa, mla, topk; none for the linears) took each kernel."""

@@ -380,7 +380,8 @@ class DecodeStep:
                 ours = topk_kernels.forms(self.T, M, self.device)  # past 4096 scores: two or three, the fastest kept
                 choice = self.attn_picker.pick(("topk", M, self.T, rows), {
                     **{lab: (lambda f=f: f(spread, rows)) for lab, f in ours.items()},
-                    "torch.topk (unsorted)": lambda: topk_kernels.topk_indices_reference(spread, rows)})
+                    "torch.topk (unsorted)": lambda: topk_kernels.topk_indices_reference(spread, rows)},
+                    inputs_in_l2=True)  # the scores kernel has just written them
                 select = ours.get(choice, select)
             try:
                 split = attn_kernels.MlaDecode(M, H, lora, rope, rows, self.device, _tdtype(self.act))
