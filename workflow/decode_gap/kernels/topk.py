@@ -71,7 +71,7 @@ CHUNK = 2048  # scores a program holds in the multi-pass form
 
 MULTI_LABEL = f"{LABEL} (multi-pass)"
 SYNCED_LABEL = f"{LABEL} (multi-pass, one launch)"
-# rows past this many scores are offered the one-launch form too (`forms`)
+# rows past this many scores are offered the one-launch form too (`forms`, which says why not from MAX_ROW)
 SYNCED_FROM = MAX_ROW + MAX_TAIL
 
 
@@ -86,9 +86,12 @@ def label(t: int, m: int = 1, device=None) -> str:
 def forms(t: int, m: int = 1, device=None) -> dict[str, Callable[[torch.Tensor, int], torch.Tensor]]:
     """The radix-select forms for m rows of t scores, by label, for a caller to time and keep the fastest:
     `topk_indices`, past MAX_ROW the multi-pass form, and past the tail block's reach the multi-pass form in one
-    launch where its chunks are all resident on `device` (`synced_fits`). Not offered in the tail block's range:
-    there a picker timing one call after an L2 flush ranked it first (H100, 4097 scores: 14.7 against 19.6 us) but
-    it lost in the step's attention, where the scores sit in L2 (57.3 against 55.1 us a layer)."""
+    launch where its chunks are all resident on `device` (`synced_fits`). Not offered in the tail block's range
+    (SYNCED_FROM): alone it times first there, but it loses in the step's attention. H100, 1 row of 4097 scores:
+    after an L2 flush 14.7 against 19.6 us, and the layer 57.3 against 55.1 us with it (2026-12-06); with the scores
+    left in L2, as the picker now times the top-k, still 11.4 against 16.6, and the layer 55.7 against 55.2
+    (2026-12-07). So it is not the L2: inside the step it took 16.1 us of kernel time (the tail block 15.9) where
+    alone it took 11.4. At 8 rows the picker keeps the tail block anyway (16.5 against 17.8 us)."""
     out = {label(t, m, device): topk_indices}
     if t > MAX_ROW:
         out.setdefault(MULTI_LABEL, topk_indices_multipass)
