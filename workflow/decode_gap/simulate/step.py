@@ -371,11 +371,13 @@ class DecodeStep:
         if self.fused:
             rows = idx[-1] if idx else self.T  # it attends to the rows the indexer keeps, where there is one
             sparse = rows < self.T
-            # the pickers' inputs: zeros, and scores in a fixed scrambled order whose top rows spread over the cache;
-            # no RNG draw (the torch path draws the same)
+            # the pickers' inputs: zeros, and normal scores from a generator of their own (the torch path draws the
+            # same from the global one), whose top rows spread over the cache. Not integers in a scrambled order:
+            # the one-launch top-k stops early on those (H100, 4097 scores: 11.4 us against 14.8 on normal scores)
             kept = None
             if sparse:
-                spread = (torch.arange(M * self.T, device=self.device) * 40503 % 65521).float().view(M, self.T)
+                gen = torch.Generator(device=self.device).manual_seed(0)
+                spread = torch.randn((M, self.T), generator=gen, device=self.device)
                 kept = topk_kernels.topk_indices_reference(spread, rows)
                 ours = topk_kernels.forms(self.T, M, self.device)  # past 4096 scores: two or three, the fastest kept
                 choice = self.attn_picker.pick(("topk", M, self.T, rows), {
