@@ -668,89 +668,6 @@ if HAVE_TRITON:
             d = _fp4_mma_wload(wb, sb, 3, EV)
         return a, b, c, d
 
-    def _cp_ring_asm(depth: int, threads: int) -> str:
-        """A program's ring of cp.async stages in shared memory: `depth` + 1 slots of 16 bytes a thread; returns its
-        shared address (the variable is the block's, its storage the kernel's: other asm blocks take the address)."""
-        return (f"{{ .shared .align 16 .b8 ring[{(depth + 1) * 16 * threads}]; mov.u32 $0, ring; mov.u32 $1, ring; "
-                "mov.u32 $2, ring; mov.u32 $3, ring; }")
-
-    def _cp_asm(depth: int, issue_only: bool) -> str:
-        """A thread's 16 bytes of a step through its ring. Operands, each a pack of 4 of which the first is used: the
-        ring's address, the lane's weight address, the byte offset of the step to issue, issue or not, the slot to
-        read, the slot to fill. Wait until at most depth - 1 of its copies are in flight (so the oldest, the step read
-        now, has landed), read it, then issue the step `depth` ahead into a slot not read (depth + 1 slots).
-        `issue_only`: the prologue's copies, nothing read."""
-        head = ("{ .reg .pred p; .reg .u32 a, b; .reg .u64 g; mov.u32 a, %tid.x; "
-                f"mad.lo.u32 a, a, {(depth + 1) * 16}, $4; mad.lo.u32 b, $24, 16, a; setp.ne.s32 p, $16, 0; "
-                "cvt.u64.u32 g, $12; add.u64 g, g, $8; ")
-        read = "" if issue_only else (f"cp.async.wait_group {depth - 1}; mad.lo.u32 a, $20, 16, a; "
-                                      "ld.shared.v4.u32 {$0, $1, $2, $3}, [a]; ")
-        tail = "@p cp.async.cg.shared.global [b], [g], 16; cp.async.commit_group; "
-        zero = "mov.u32 $0, 0; mov.u32 $1, 0; mov.u32 $2, 0; mov.u32 $3, 0; " if issue_only else ""
-        return head + read + tail + zero + "}"
-
-    _CP_CONS = tl.constexpr("=r,=r,=r,=r," + ",".join(["r"] * 4 + ["l"] * 4 + ["r"] * 16))
-
-    def cp_constexprs(depth: int, warps: int) -> dict[str, Any]:
-        """The tensor-core kernel's constexprs for weights through a ring of `depth` cp.async stages (0: none;
-        depth + 1 a power of two, so a slot is a mask)."""
-        if not depth:
-            return {"CPA": 0}
-        if depth + 1 & depth:
-            raise DecodeGapError(f"cp.async ring: {depth} + 1 slots is not a power of two")
-        return {"CPA": depth, "CP_RING": _cp_ring_asm(depth, 32 * warps), "CP_STEP": _cp_asm(depth, False),
-                "CP_ISSUE": _cp_asm(depth, True)}
-
-    @triton.jit
-    def _cp_step(ring, wq, off, go, slot, fill, ASM: tl.constexpr):
-        """One step's words from the ring (_cp_asm), issuing the copy at wq + off bytes into slot `fill` where
-        `go`; the scalars as splats (one register, whatever the layout)."""
-        z = tl.zeros_like(ring)
-        return tl.inline_asm_elementwise(ASM, _CP_CONS, [ring, wq, z + off, z + go.to(tl.int32), z + slot, z + fill],
-                                         dtype=tl.int32, is_pure=False, pack=4)
-
-    @triton.jit
-    def _cp_prologue(wb, i0, i1, T: tl.constexpr, D: tl.constexpr, RING: tl.constexpr, ISSUE: tl.constexpr):
-        """The ring and its first D steps in flight, one copy group each; returns (ring, the lanes' weight
-        pointers) in the lanes' layout, anchored by a load that reads nothing (the asm blocks' operands must be each
-        lane's 4 contiguous words, as the MMA asm's are)."""
-        zero = tl.load(wb + i0 * 128, mask=(tl.arange(0, T) < 0)[:, None], other=0)
-        ring = tl.inline_asm_elementwise(RING, "=r,=r,=r,=r,r,r,r,r", [zero], dtype=tl.int32, is_pure=False, pack=4)
-        wq = wb + zero
-        for d in tl.static_range(D):
-            _cp_step(ring, wq, (i0 + d) * 512, i0 + d < i1, 0, d, ISSUE)
-        return ring, wq
-
-    @triton.jit
-    def _cp_wloads(ring, wq, s, i, i0, i1, U: tl.constexpr, D: tl.constexpr, ASM: tl.constexpr):
-        """U steps' weight operands from the ring, each issuing the step D ahead; with their scales s (loaded an
-        iteration ahead by _fp4_mma_sloads)."""
-        k = i - i0
-        a = (_cp_step(ring, wq, (i + D) * 512, i + D < i1, k & D, (k + D) & D, ASM), s[0])
-        b = a
-        c = a
-        d = a
-        if U >= 2:
-            b = (_cp_step(ring, wq, (i + 1 + D) * 512, i + 1 + D < i1, (k + 1) & D, (k + 1 + D) & D, ASM), s[1])
-        if U >= 4:
-            c = (_cp_step(ring, wq, (i + 2 + D) * 512, i + 2 + D < i1, (k + 2) & D, (k + 2 + D) & D, ASM), s[2])
-            d = (_cp_step(ring, wq, (i + 3 + D) * 512, i + 3 + D < i1, (k + 3) & D, (k + 3 + D) & D, ASM), s[3])
-        return a, b, c, d
-
-    @triton.jit
-    def _fp4_mma_sloads(sb, U: tl.constexpr):
-        """The block scales of U steps (the others unused when U < 4)."""
-        a = tl.load(sb)
-        b = a
-        c = a
-        d = a
-        if U >= 2:
-            b = tl.load(sb + 32)
-        if U >= 4:
-            c = tl.load(sb + 64)
-            d = tl.load(sb + 96)
-        return a, b, c, d
-
     @triton.jit
     def _fp4_mma_with_x(w, xb, xb2, U: tl.constexpr, TWO: tl.constexpr):
         """U steps' operands: their weights w (_fp4_mma_wloads) with x loaded now (_fp4_mma_xload)."""
@@ -858,9 +775,7 @@ if HAVE_TRITON:
     @triton.jit
     def _fp4_mma_loop(wb, sb, xb, xb2, i0, i1, T: tl.constexpr, U: tl.constexpr, EV: tl.constexpr,
                       TWO: tl.constexpr, acc0, acc1, acc2, acc3, PDL: tl.constexpr = False,
-                      BX: tl.constexpr = False, XJIT: tl.constexpr = False, XS: tl.constexpr = False, xcp=None,
-                      CPA: tl.constexpr = 0, CP_RING: tl.constexpr = "", CP_STEP: tl.constexpr = "",
-                      CP_ISSUE: tl.constexpr = ""):
+                      BX: tl.constexpr = False, XJIT: tl.constexpr = False, XS: tl.constexpr = False, xcp=None):
         """Steps [i0, i1) (a multiple of U) with a register double buffer: the next U steps' loads are issued
         before this U steps' math, so 2U steps' bytes are in flight a warp (on the H200 this, with the decode's
         fewer operations, took Llama-3.1-8B lm_head from 64% to 86% of read bandwidth; unrolling alone: 72%).
@@ -879,20 +794,7 @@ if HAVE_TRITON:
         # int32 step index each step took an address computation of its own, 3 instructions; H200: 0.5-2% faster
         # at M = 1 and 4). Two buffers taking turns instead of one rolled over (no register moves, 4 fewer
         # instructions a step) took 72 registers for 56 and lost up to a third where programs no longer fit one wave
-        if CPA > 0 and XJIT:  # the weights through a ring of CPA cp.async stages, x in place; the scales ahead
-            ring, wq = _cp_prologue(wb, i0, i1, T, CPA, CP_RING, CP_ISSUE)
-            sc = _fp4_mma_sloads(sb + i0 * 32, U)
-            for i in range(i0, i1, U):
-                j = tl.minimum(i + U, i1 - U)
-                sn = _fp4_mma_sloads(sb + j * 32, U)
-                w = _cp_wloads(ring, wq, sc, i, i0, i1, U, CPA, CP_STEP)
-                if XS:
-                    a = _fp4_mma_with_chunks(w, _x_chunks(xcp + i * 32, U), U, T // 32)
-                else:
-                    a = _fp4_mma_with_x(w, xb + i * 32, xb2 + i * 32, U, TWO)
-                acc0, acc1, acc2, acc3 = _fp4_mma_steps(a, U, T, TWO, acc0, acc1, acc2, acc3, BX)
-                sc = sn
-        elif XS:  # x's chunks, one a step a program (_x_frags): loaded an iteration ahead, or in place with XJIT
+        if XS:  # x's chunks, one a step a program (_x_frags): loaded an iteration ahead, or in place with XJIT
             w = _fp4_mma_wloads(wb + i0 * 128, sb + i0 * 32, U, EV)
             if not XJIT:
                 xc = _x_chunks(xcp + i0 * 32, U)
@@ -975,9 +877,7 @@ if HAVE_TRITON:
                         USE_ASM: tl.constexpr, EV: tl.constexpr = "", PDL: tl.constexpr = False,
                         SELF_PACK: tl.constexpr = False, FINISH: tl.constexpr = False, BX: tl.constexpr = False,
                         STREAM: tl.constexpr = False, SLICES: tl.constexpr = 1, DEPS: tl.constexpr = False,
-                        XJIT: tl.constexpr = False, XS: tl.constexpr = False, PAIR: tl.constexpr = False,
-                        CPA: tl.constexpr = 0, CP_RING: tl.constexpr = "", CP_STEP: tl.constexpr = "",
-                        CP_ISSUE: tl.constexpr = ""):
+                        XJIT: tl.constexpr = False, XS: tl.constexpr = False, PAIR: tl.constexpr = False):
         """y[M<=16, N] = x W^T on tensor cores (see _fp4_mma_asm); program (group of WARPS 16-row tiles, K split).
         ATOMIC: fp32 partial sums added into out_ptr (K split; the last split casting the sums in-kernel, with a
         counter and fences, was no faster on the H200 than the separate cast once the GEMV launches as a programmatic
@@ -1033,8 +933,7 @@ if HAVE_TRITON:
                                  32 * WARPS)
             _fp4_mma_part(xp_ptr, w_ptr, s_ptr, ts, out_ptr, M, N, NT, pid_n, i0, i1, 1, tl.num_programs(1),
                           stride_xm, stride_wt, stride_st, stride_om, fin_ptr, stride_fm, cnt_ptr,
-                          WARPS, BLOCK_M, UNROLL, ATOMIC, USE_ASM, EV, PDL, FINISH, BX, SLICES, DEPS, XJIT, XS, PAIR,
-                          CPA, CP_RING, CP_STEP, CP_ISSUE)
+                          WARPS, BLOCK_M, UNROLL, ATOMIC, USE_ASM, EV, PDL, FINISH, BX, SLICES, DEPS, XJIT, XS, PAIR)
 
     @triton.jit
     def _lanes(first_tile, T: tl.constexpr, SLICES: tl.constexpr):
@@ -1062,9 +961,7 @@ if HAVE_TRITON:
                       WARPS: tl.constexpr, BLOCK_M: tl.constexpr, UNROLL: tl.constexpr, ATOMIC: tl.constexpr,
                       USE_ASM: tl.constexpr, EV: tl.constexpr, PDL: tl.constexpr, FINISH: tl.constexpr,
                       BX: tl.constexpr, SLICES: tl.constexpr = 1, DEPS: tl.constexpr = False,
-                      XJIT: tl.constexpr = False, XS: tl.constexpr = False, PAIR: tl.constexpr = False,
-                      CPA: tl.constexpr = 0, CP_RING: tl.constexpr = "", CP_STEP: tl.constexpr = "",
-                      CP_ISSUE: tl.constexpr = ""):
+                      XJIT: tl.constexpr = False, XS: tl.constexpr = False, PAIR: tl.constexpr = False):
         """Steps [i0, i1) of group grp's WARPS / SLICES 16-row tiles, added (ATOMIC) or stored; with FINISH these
         steps count as `units` of the group's `total` (the one that completes it casts). Accumulator element e of
         lane 4g+q holds row g + 8 (e // 2), x row 2q + e % 2 (+ 8 in the second set of BLOCK_M = 16: x rows 8-15
@@ -1103,8 +1000,7 @@ if HAVE_TRITON:
                     BLOCK_M == 16, PDL, BX)
             else:
                 acc0, acc1, acc2, acc3 = _fp4_mma_loop(wb, sb, xb, xb2, i0, i1, T, UNROLL, EV, BLOCK_M == 16, acc0,
-                                                       acc1, acc0, acc1, PDL, BX, XJIT, XS, xcp, CPA, CP_RING,
-                                                       CP_STEP, CP_ISSUE)
+                                                       acc1, acc0, acc1, PDL, BX, XJIT, XS, xcp)
             if DEPS:
                 tl.extra.cuda.gdc_launch_dependents()
             y = _slice_sum(acc0 + acc1, TILES, SLICES) * ts
