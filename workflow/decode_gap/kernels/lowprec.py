@@ -61,7 +61,11 @@ benchmarks/kernel_resources.py; 92 before the scales were converted together and
 thirds of them the decode and its scale multiply, on the integer and FMA pipes; at the 0.62-0.66 issued warps a
 scheduler ncu showed (an earlier build), that is about 4.0 TB/s at the most. The last 4% fewer instructions bought
 about 1%, so issue is not the whole limit. L2 prefetch ahead of the register double buffer (prefetch.global.L2 lane
-by lane, or sm90 cp.async.bulk.prefetch of a tile's steps) was 5-30% slower on every shape tried. With every tile
+by lane, or sm90 cp.async.bulk.prefetch of a tile's steps) was 5-30% slower on every shape tried. So was a ring of
+cp.async stages in shared memory in place of that buffer (each thread reading back its own 16 bytes, no barrier;
+commit 465ec3b, reverted): 3 or 7 steps in flight a warp in 60-70 registers, but 15 more instructions a step, and
+1.5-2.1x slower at M=1 and 16 on every shape (H100, 2026-12-07; 28672x4096 at M=16: 43.6 and 50.8 us against 28.0
+for the same form with the buffer in registers). With every tile
 reading tile 0's weights and scales (no DRAM traffic; benchmarks/device/ablate_probe.py) the loop alone takes
 0.87-0.97 of a plain read's time on the wide shapes and 1.04-1.25 on the narrow and small ones (their K split's
 finish included), and the 16 scale multiplies a step with their conversion (22 of 79 instructions, sm_90 SASS of
