@@ -66,6 +66,34 @@ print("ok")
 ''')
 
 
+def test_the_one_program_form_stops_once_the_bin_is_exactly_what_is_needed():
+    """Its passes (counted through its digit counts, in the interpreter) end where the bin kept holds exactly the
+    keys still needed, and the scores it keeps are still torch.topk's; with ties through every digit, all eight."""
+    _interpret(r'''
+import torch
+from decode_gap.kernels import topk
+passes = []
+count = topk._digit_counts
+def counting(key, inb, prefix, p, BITS):
+    passes.append(int(p))
+    return count.fn(key, inb, prefix, p, BITS)
+topk._digit_counts = counting
+torch.manual_seed(0)
+for t in (4096, topk.MAX_ROW + 1):  # the one program, then with its tail (two counts a pass)
+    s = torch.randn(1, t)
+    passes.clear()
+    got = topk.topk_indices(s, 2048)
+    ref = topk.topk_indices_reference(s, 2048)
+    assert torch.equal(s[0, got[0].long()].sort().values, s[0, ref[0]].sort().values), t
+    assert len(set(got[0].tolist())) == 2048 and 0 < max(passes) < 7, (t, passes)
+s = torch.zeros(1, 4096)
+s[0, :100] = 1
+passes.clear()
+assert sorted(topk.topk_indices(s, 2048)[0].tolist()) == list(range(2048))  # the 1s, then zeros in index order
+assert passes == list(range(8)), passes
+print("ok")
+''')
+
 def test_radix_select_refuses_what_it_cannot_take():
     import torch
 

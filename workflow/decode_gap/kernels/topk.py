@@ -11,9 +11,14 @@ count, for the keys whose higher digits match the prefix found so far, how many 
 (tl.histogram), and keep the digit that holds the k-th largest; after the last digit the prefix is the k-th largest
 key itself. Then write every index whose key is above it and as many of those equal to it as k still needs: exactly
 k indices, the same set as torch.topk's up to ties.
-- One program a row (rows up to MAX_ROW): the row in registers from one load, eight passes of 4-bit digits, ties in
-  index order. Rows a little longer (up to MAX_ROW + MAX_TAIL) keep their last scores in a second block, the
-  tail, counted and written after the first.
+- One program a row (rows up to MAX_ROW): the row in registers from one load, up to eight passes of 4-bit digits,
+  ties in index order. Rows a little longer (up to MAX_ROW + MAX_TAIL) keep their last scores in a second block,
+  the tail, counted and written after the first. The passes stop early where the bin kept holds exactly the keys
+  still needed, as the one-launch form's do. H100 (2026-12-07, topk_probe.py, normal scores, against all eight
+  passes on the same machine): 1 row of 3000 / 4096 / 4097 / 6144 scores 11.1-11.3 / 8.4-8.5 / 10.7-11.1 / 15.0 us
+  against 12.6 / 10.8 / 14.6 / 16.3. On the scores of the kernel level's GLM-5 indexer (sums over heads of
+  weight x relu(q . k), close together: no bin is exact before the last digits) it gains nothing: the step's
+  `_topk_kernel` took 15.6-15.8 us a layer at 4097 scores, against 15.9 with eight passes.
 - Multi-pass (longer rows, `topk_indices_multipass`): chunks of the row in parallel programs, four launches of 8-bit
   digits whose counts meet in global memory (atomics), then one that writes the indices at places taken from two
   atomic counters; which of several equal scores at the threshold are kept is then up to the chunks' order. The
@@ -145,17 +150,21 @@ if HAVE_TRITON:
             tkey = _sortable_key(tl.load(scores + m * stride_sm + tts, mask=tinb, other=0.0))
         NB: tl.constexpr = 1 << BITS
         bins = tl.arange(0, NB)
-        prefix = tl.zeros((), tl.uint32)
+        prefix = tl.zeros((), tl.uint64)
         need = K
+        rest = tl.zeros((), tl.uint32)  # the key's bits below the prefix
+        done = K < 0
         for p in tl.static_range(32 // BITS):
-            hist = _digit_counts(key, inb, prefix, p, BITS)
-            if TAIL > 0:
-                hist += _digit_counts(tkey, tinb, prefix, p, BITS)
-            above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0)  # live keys in higher bins
-            b = tl.max(tl.where(above + hist >= need, bins, -1), axis=0)  # the bin of the need-th largest
-            need = need - tl.sum(tl.where(bins == b, above, 0), axis=0)
-            prefix = (prefix << BITS) | b.to(tl.uint32)
-        # prefix is now the k-th largest key: K - need keys lie above it; ties fill the rest in index order
+            if not done:  # stop where the bin kept holds exactly the keys still needed: all with that prefix
+                hist = _digit_counts(key, inb, prefix, p, BITS)
+                if TAIL > 0:
+                    hist += _digit_counts(tkey, tinb, prefix, p, BITS)
+                prefix, need, in_bin = _next_digit(hist, bins, prefix, need, BITS)
+                done = in_bin == need
+                rest = tl.where(done, 32 - BITS * (p + 1), 0).to(tl.uint32)
+        # prefix is now the k-th largest key's top bits: K - need keys lie above it; ties fill the rest in index
+        # order (every one of them where the passes stopped early)
+        key = key >> rest
         gt = (inb & (key > prefix)).to(tl.int32)
         eq = (inb & (key == prefix)).to(tl.int32)
         at_eq = tl.cumsum(eq, axis=0) - 1
@@ -163,6 +172,7 @@ if HAVE_TRITON:
         tl.store(dst + tl.cumsum(gt, axis=0) - 1, ts, mask=gt != 0)
         tl.store(dst + (K - need) + at_eq, ts, mask=(eq != 0) & (at_eq < need))
         if TAIL > 0:  # the tail's places follow the main block's
+            tkey = tkey >> rest
             tgt = (tinb & (tkey > prefix)).to(tl.int32)
             teq = (tinb & (tkey == prefix)).to(tl.int32)
             t_eq = tl.sum(eq, axis=0) + tl.cumsum(teq, axis=0) - 1

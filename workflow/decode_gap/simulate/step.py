@@ -371,13 +371,18 @@ class DecodeStep:
         if self.fused:
             rows = idx[-1] if idx else self.T  # it attends to the rows the indexer keeps, where there is one
             sparse = rows < self.T
-            # the pickers' inputs: zeros, and normal scores from a generator of their own (the torch path draws the
-            # same from the global one), whose top rows spread over the cache. Not integers in a scrambled order:
-            # the one-launch top-k stops early on those (H100, 4097 scores: 11.4 us against 14.8 on normal scores)
+            # the pickers' inputs: zeros, and the indexer's own scores over its cache for random queries and head
+            # weights, from a generator of their own (the torch path draws the same from the global one); their top
+            # rows spread over the cache. Their distribution decides how soon a radix select can stop (H100, 4097
+            # scores: the tail block 13.9 us on normal scores, 15.8 on the step's), so not normal scores, nor
+            # integers in a scrambled order (the one-launch form 11.4 us against 14.8 on normal scores)
             kept = None
             if sparse:
+                IH, ID, icache, iscale = idx[0], idx[1], idx[5], idx[6]
                 gen = torch.Generator(device=self.device).manual_seed(0)
-                spread = torch.randn((M, self.T), generator=gen, device=self.device)
+                spread = attn_kernels.index_scores_reference(
+                    torch.randn((M, IH, ID), generator=gen, device=self.device), icache,
+                    torch.randn((M, IH), generator=gen, device=self.device), (IH * ID) ** -0.5, iscale)
                 kept = topk_kernels.topk_indices_reference(spread, rows)
                 ours = topk_kernels.forms(self.T, M, self.device)  # past 4096 scores: two or three, the fastest kept
                 choice = self.attn_picker.pick(("topk", M, self.T, rows), {
