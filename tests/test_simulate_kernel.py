@@ -393,7 +393,8 @@ from decode_gap.simulate.step import DecodeStep
 from decode_gap.simulate.layers import KernelPicker
 
 
-def first_candidate(self, key, candidates, inputs_in_l2=False):  # test double for the timing: interpreted Triton always loses on a CPU
+# test double for the timing: interpreted Triton always loses on a CPU
+def first_candidate(self, key, candidates, inputs_in_l2=False):
     if key not in self.chosen:
         self.chosen[key] = next(iter(candidates))
         self.records.append({"shape": str(key), "chosen": self.chosen[key]})

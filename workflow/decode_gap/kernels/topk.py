@@ -94,12 +94,12 @@ def forms(t: int, m: int = 1, device=None) -> dict[str, Callable[[torch.Tensor, 
     launch where its chunks are all resident on `device` (`synced_fits`). Not offered in the tail block's range
     (SYNCED_FROM): alone it times first there, but it loses in the step's attention. H100, 1 row of 4097 scores:
     after an L2 flush 14.7 against 19.6 us, and the layer 57.3 against 55.1 us with it (2026-12-06). With the scores
-    left in L2 and normal (as the picker now times the top-k): 14.8-14.9 against 16.5-16.7 us alone, every time;
-    in the step's attention, four builds on one machine (2026-12-07) took the layer 54.2, 56.0, 56.2 and 56.8 us
-    with it (its kernel 15.4-17.9 us) against 54.4-54.6 with the tail block (15.8 us), and launched without PDL
-    56.0 and 56.4. So it is neither the L2 nor PDL: its time in the step moves from one build to the next (the
-    placement of its barrier's counters, a guess not checked) and is not better. At 8 rows the picker keeps the
-    tail block anyway (16.5 against 17.8 us)."""
+    left in L2 and normal (before the picker took the indexer's own scores, with the tail block's eight passes):
+    14.8-14.9 against 16.5-16.7 us alone, every time; in the step's attention, four builds on one machine
+    (2026-12-07) took the layer 54.2, 56.0, 56.2 and 56.8 us with it (its kernel 15.4-17.9 us) against 54.4-54.6
+    with the tail block (15.8 us), and launched without PDL 56.0 and 56.4. So it is neither the L2 nor PDL: its
+    time in the step moves from one build to the next (the placement of its barrier's counters, a guess not
+    checked) and is not better. At 8 rows the picker keeps the tail block anyway (16.5 against 17.8 us)."""
     out = {label(t, m, device): topk_indices}
     if t > MAX_ROW:
         out.setdefault(MULTI_LABEL, topk_indices_multipass)
