@@ -94,6 +94,7 @@ assert passes == list(range(8)), passes
 print("ok")
 ''')
 
+
 def test_radix_select_refuses_what_it_cannot_take():
     import torch
 

@@ -302,7 +302,6 @@ def test_kernel_picker_keeps_the_fastest_and_records_each_shape():
         "decode attention: topk: radix on 1 of 1 shapes; mla: split on 1 of 2 shapes, bmm on 1 of 2 shapes (")
 
 
-
 def test_kernel_picker_leaves_inputs_in_l2_where_the_kernel_before_wrote_them():
     """An op fed by the kernel before it (the indexer's top-k) is timed without the flush, and its record says so;
     the other ops keep the flush before each call."""
@@ -316,6 +315,7 @@ def test_kernel_picker_leaves_inputs_in_l2_where_the_kernel_before_wrote_them():
     picker.pick(("mla", 1, 64, 2048), {"a": lambda: None, "b": lambda: None})
     assert len(flushes) == 6 and picker.records[-1]["clock"] == "wall time"
     assert KernelPicker.CLOCK_IN_L2.startswith("CUDA-graph replay of one call, its inputs left in L2")
+
 
 def test_fp8_linear_runs_the_kernel_the_picker_chose():
     """An fp8 per-tensor linear at batch 1 holds our GEMV and torch._scaled_mm over the same bytes and runs the one

@@ -378,7 +378,6 @@ class DecodeStep:
             # integers in a scrambled order (the one-launch form 11.4 us against 14.8 on normal scores)
             kept = None
             if sparse:
-                IH, ID, icache, iscale = idx[0], idx[1], idx[5], idx[6]
                 gen = torch.Generator(device=self.device).manual_seed(0)
                 spread = attn_kernels.index_scores_reference(
                     torch.randn((M, IH, ID), generator=gen, device=self.device), icache,
