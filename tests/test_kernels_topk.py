@@ -23,16 +23,17 @@ def _interpret(code: str) -> None:
 def test_radix_select_keeps_torch_topks_scores():
     _interpret(r'''
 import torch
-from decode_gap.kernels.topk import (LABEL, MAX_ROW, MAX_TAIL, TAIL_LABEL, forms, topk_indices, topk_indices_multipass,
-                                    topk_indices_reference)
+from decode_gap.kernels.topk import (LABEL, MAX_ROW, MAX_TAIL, RANK_LABEL, RANK_MAX, TAIL_LABEL, forms, topk_indices,
+                                    topk_indices_multipass, topk_indices_reference)
 torch.manual_seed(0)
 # one program: within MAX_ROW, and past it with a second block (the tail) of 1, 904 and MAX_TAIL scores
 one = [(1, 100, 7), (2, 5000, 2048), (3, 2049, 2048), (1, MAX_ROW, 33), (1, 64, 63), (2, MAX_ROW + 1, 2048),
        (1, MAX_ROW + MAX_TAIL, 3000)]
 multi = [(1, 100, 7, 32), (2, 5000, 2048, 1024), (3, 3000, 77, 512), (1, 64, 63, 64), (1, 9000, 2048, 2048)]
 for m, t, k, chunk in [c + (None,) for c in one] + multi:
-    assert set(forms(t)) == ({LABEL} if t <= MAX_ROW else {LABEL + " (multi-pass)", TAIL_LABEL}
-                             if t <= MAX_ROW + MAX_TAIL else {LABEL + " (multi-pass)"})
+    assert set(forms(t)) - {RANK_LABEL} == ({LABEL} if t <= MAX_ROW else {LABEL + " (multi-pass)", TAIL_LABEL}
+                                            if t <= MAX_ROW + MAX_TAIL else {LABEL + " (multi-pass)"})
+    assert (RANK_LABEL in forms(t)) == (t <= RANK_MAX)
     s = torch.randn(m, t) * 3
     s[0, :10] = 0.5   # equal scores
     s[0, 10:20] = -0.0  # and signed zeros beside positive ones
@@ -59,7 +60,7 @@ s = torch.zeros(1, MAX_ROW + 300)
 s[0, 5:MAX_ROW] = -1
 got = sorted(topk_indices(s, 10)[0].tolist())  # the zeros: 5 in the main block, then the tail's first 5
 assert got == [0, 1, 2, 3, 4] + [MAX_ROW + i for i in range(5)], got
-assert forms(MAX_ROW + MAX_TAIL + 1) == {LABEL + " (multi-pass)": topk_indices}
+assert forms(RANK_MAX + 1) == {LABEL + " (multi-pass)": topk_indices}
 got = topk_indices(torch.randn(1, MAX_ROW + MAX_TAIL + 1), 4)  # past the tail: the multi-pass form
 assert got.dtype == torch.int32 and got.shape == (1, 4)
 print("ok")
@@ -95,6 +96,43 @@ print("ok")
 ''')
 
 
+def test_the_pairwise_rank_writes_the_k_largest_in_order_each_index_once():
+    """Ranks, ties by index, so the k places hold the k largest in descending order; NaN, -inf and signed zeros
+    leave every place written once (a rank each); rows shorter than, equal to and past a block of the row, and the
+    block's own chunk the last, partial one."""
+    _interpret(r'''
+import torch
+from decode_gap.kernels.topk import RANK_BLOCK_I, RANK_BLOCK_J, topk_indices_rank
+torch.manual_seed(0)
+for m, t, k in [(2, 300, 100), (1, 50, 10), (1, RANK_BLOCK_J, 100), (2, RANK_BLOCK_J + RANK_BLOCK_I + 1, 129),
+                (1, 3 * RANK_BLOCK_J + 5, 700), (1, 700, 699)]:
+    for s in (torch.randn(m, t), torch.randint(0, 7, (m, t)).float()):  # distinct scores, then ties everywhere
+        got = topk_indices_rank(s, k)
+        assert got.dtype == torch.int32 and got.shape == (m, k), (got.dtype, got.shape)
+        for i in range(m):
+            order = sorted(range(t), key=lambda j: (-s[i, j].item(), j))[:k]
+            assert got[i].tolist() == order, (m, t, k, i)
+s = torch.randn(1, 300)
+s[0, ::7] = float("nan")
+s[0, 3::11] = float("-inf")
+s[0, 5], s[0, 9], s[0, 10] = float("inf"), -0.0, 0.0
+for k in (5, 200, 299):
+    got = topk_indices_rank(s, k)[0].tolist()
+    assert len(set(got)) == k and got[0] == 5, (k, got[:3])  # +inf first, every place written once
+print("ok")
+''')
+
+
+def test_the_pairwise_rank_refuses_rows_past_its_reach():
+    import torch
+
+    from decode_gap.errors import DecodeGapError
+    from decode_gap.kernels.topk import RANK_MAX, topk_indices_rank
+
+    with pytest.raises(DecodeGapError, match=f"rows of up to {RANK_MAX} scores"):
+        topk_indices_rank(torch.randn(1, RANK_MAX + 1), 8)
+
+
 def test_radix_select_refuses_what_it_cannot_take():
     import torch
 
@@ -108,12 +146,13 @@ def test_radix_select_refuses_what_it_cannot_take():
 
 
 def test_the_tail_block_is_the_default_just_past_max_row_and_multi_pass_the_other_form_there():
-    from decode_gap.kernels.topk import (LABEL, MAX_ROW, MAX_TAIL, MULTI_LABEL, TAIL_LABEL, forms, label, topk_indices,
-                                        topk_indices_multipass)
+    from decode_gap.kernels.topk import (LABEL, MAX_ROW, MAX_TAIL, MULTI_LABEL, RANK_LABEL, TAIL_LABEL, forms, label,
+                                        topk_indices, topk_indices_multipass, topk_indices_rank)
 
     assert [label(t) for t in (MAX_ROW, MAX_ROW + 1, MAX_ROW + MAX_TAIL, MAX_ROW + MAX_TAIL + 1)] == [
         LABEL, TAIL_LABEL, TAIL_LABEL, MULTI_LABEL]
-    assert forms(MAX_ROW + 1) == {TAIL_LABEL: topk_indices, MULTI_LABEL: topk_indices_multipass}
+    assert forms(MAX_ROW + 1) == {TAIL_LABEL: topk_indices, MULTI_LABEL: topk_indices_multipass,
+                                  RANK_LABEL: topk_indices_rank}
 
 
 def test_the_one_launch_form_keeps_torch_topks_scores_and_stops_once_the_bin_is_exactly_what_is_needed():
@@ -167,14 +206,14 @@ def test_the_one_launch_form_is_offered_only_where_its_chunks_are_all_resident()
     from decode_gap.kernels import topk
 
     assert not topk.synced_fits(1, 100, "cpu")  # outside the interpreter nothing runs on the CPU
-    assert set(topk.forms(9000, 1, "cpu")) == {topk.MULTI_LABEL}
+    assert set(topk.forms(9000, 1, "cpu")) == {topk.MULTI_LABEL, topk.RANK_LABEL}
     _interpret(r'''
 import pytest, torch
 from decode_gap.errors import DecodeGapError
 from decode_gap.kernels import topk
 # one program at a time: one chunk a row fits, two never do, so the kernel level never offers it on the CPU
 assert topk.synced_fits(2, topk.CHUNK, "cpu") and not topk.synced_fits(1, topk.CHUNK + 1, "cpu")
-assert set(topk.forms(9000, 1, "cpu")) == {topk.MULTI_LABEL}
+assert set(topk.forms(9000, 1, "cpu")) == {topk.MULTI_LABEL, topk.RANK_LABEL}
 with pytest.raises(DecodeGapError, match="not all resident at once on cpu .the interpreter runs one at a time"):
     topk.topk_indices_synced(torch.randn(1, 5000), 10)
 print("ok")

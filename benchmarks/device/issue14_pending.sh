@@ -23,6 +23,7 @@
 #     bash benchmarks/device/issue14_pending.sh topk_synced $OUT 2>&1 | tee $OUT/issue14_topk_synced.txt
 #     bash benchmarks/device/issue14_pending.sh topk_synced_step $OUT 2>&1 | tee $OUT/issue14_topk_synced_step.txt
 #     bash benchmarks/device/issue14_pending.sh topk_warm 2>&1 | tee $OUT/issue14_topk_warm.txt
+#     bash benchmarks/device/issue14_pending.sh rank $OUT 2>&1 | tee $OUT/issue14_rank.txt
 #
 # What to read off: every check `ok`. The forms are timed in rounds that rotate their order (the first form timed read
 # 2-9% fast in a fixed order), so a form wins where its median is below the default's past the spread of the rounds.
@@ -193,6 +194,20 @@ for args in "--context 4096" "--context 8192" "--context 4096 --workflow $copy" 
     "--context 4096 --batch 8 --workflow $copy"; do
   echo "== step_profile $args"
   timeout 140 python3 benchmarks/device/step_profile.py $args --components attention
+done
+;;
+rank)
+# the DSA top-k's pairwise rank (kernels/topk.py; an H100 ran this group on 2026-12-06, topk.RANK_BLOCK_J's comment):
+# its blocks against the radix select's forms at 1 and 8 rows of 4097 to 12288 scores, every kernel check (the
+# rank's among them), then the attention component kernel by kernel at 4096 and 8192 tokens (1 row: the picker took
+# the rank) and at 4096 for 8 rows (it kept the tail block)
+timeout 120 python3 benchmarks/device/topk_probe.py --rows 1,8 --lengths 4097,8193,12288 --chunks 2048 --digits 8 \
+  --pdl 1 --rank 8x256,4x256,8x128,16x256
+timeout 220 python3 benchmarks/lowprec_device.py --out "${2:?usage: $0 rank OUT_DIR}/lp" --sections kernelchecks \
+  --budget-s 170 2>&1 | grep -E "checks:|FAILED|top-k" | tail -12
+for args in "--context 4096" "--context 8192" "--context 4096 --batch 8"; do
+  echo "== step_profile $args"
+  timeout 100 python3 benchmarks/device/step_profile.py $args --components attention
 done
 ;;
 fp8_keys|fp8_keys_step)

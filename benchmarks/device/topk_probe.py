@@ -3,7 +3,7 @@ radix select (T <= topk.MAX_ROW, or past it by up to MAX_TAIL with a tail block)
 several chunk sizes, with and without programmatic dependent launch, and in one launch (its chunks meeting at a barrier
 after each pass) where they are all resident; every result checked against torch.topk's scores, on random scores and
 on scores rounded to a few values (ties at the threshold across chunks). CUDA-graph replay over rotating copies of
-the scores (median us).
+the scores (median us). The pairwise rank (rows up to topk.RANK_MAX) at the blocks --rank names.
 
     PYTHONPATH=workflow python3 benchmarks/device/topk_probe.py [--rows 1,8] [--lengths 4096,...] [--chunks 1024,...]
 """
@@ -32,6 +32,17 @@ def one_program(s: torch.Tensor, k: int, bits: int) -> torch.Tensor:
     return out
 
 
+def rank(s: torch.Tensor, k: int, block_i: int, block_j: int) -> torch.Tensor:
+    """topk.topk_indices_rank's launch with other block sizes (PDL as it launches)."""
+    m, t = s.shape
+    out = torch.empty((m, k), dtype=torch.int32, device=s.device)
+    pdl = topk.pdl_supported(s.device)
+    topk._topk_rank_kernel[(m, -(-t // block_i))](s, out, t, k, s.stride(0), out.stride(0), BLOCK_I=block_i,
+                                                   BLOCK_J=block_j, USE_ASM=True, PDL=pdl, num_warps=1,
+                                                   **topk._pdl_launch(pdl))
+    return out
+
+
 def synced_arrivals(m: int, t: int, k: int, chunk: int, digit: int, dev) -> str:
     """The one-launch form's barrier counters after a call: each row's must read chunks x the passes it ran (a
     program's arrival counted once, by one thread; random scores stop after 3 of 4 8-bit passes)."""
@@ -54,6 +65,8 @@ def main() -> None:
     ap.add_argument("--digits", default="8,11")
     ap.add_argument("--pdl", default="0,1", help="the multi-pass form without (0) and with (1) PDL")
     ap.add_argument("--k", type=int, default=2048)
+    ap.add_argument("--rank", default=f"{topk.RANK_BLOCK_I}x{topk.RANK_BLOCK_J}",
+                    help="the pairwise rank's blocks, scores a program x scores an iteration (rows up to RANK_MAX)")
     a = ap.parse_args()
     dev = torch.device("cuda")
     print(torch.cuda.get_device_name(dev), flush=True)
@@ -71,6 +84,10 @@ def main() -> None:
             if t <= topk.MAX_ROW:
                 for bits in (4, 8):
                     cands[f"radix 1 program {bits}-bit"] = lambda s, bits=bits: one_program(s, a.k, bits)
+            if t <= topk.RANK_MAX:
+                for blocks in a.rank.split(","):
+                    bi, bj = map(int, blocks.split("x"))
+                    cands[f"pairwise rank {bi}x{bj}"] = lambda s, bi=bi, bj=bj: rank(s, a.k, bi, bj)
             tail = topk.forms(t).get(topk.TAIL_LABEL)  # just past MAX_ROW: one program with a tail block
             if tail is not None:
                 cands["radix 1 program + tail"] = lambda s, tail=tail: tail(s, a.k)

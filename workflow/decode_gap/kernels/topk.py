@@ -1,5 +1,5 @@
 """The DSA indexer's selection (GLM-5, DeepSeek-V3.2): the indices of the k largest scores of each row, in no order
-(the sparse attention that reads them sums over its rows), as a Triton radix select.
+(the sparse attention that reads them sums over its rows), as a Triton radix select or pairwise rank.
 
 Why hand-written: torch.topk sorts what it selects, and even unsorted it runs a general multi-kernel select. On the
 H200 (2026-12-02), 2048 of 4096 fp32 scores took 37.6 us sorted and 21.3 us unsorted, 59.6 / 42.2 us of 32k, where the
@@ -19,6 +19,14 @@ k indices, the same set as torch.topk's up to ties.
   against 12.6 / 10.8 / 14.6 / 16.3. On the scores of the kernel level's GLM-5 indexer (sums over heads of
   weight x relu(q . k), close together: no bin is exact before the last digits) it gains nothing: the step's
   `_topk_kernel` took 15.6-15.8 us a layer at 4097 scores, against 15.9 with eight passes.
+- Pairwise rank (rows up to RANK_MAX, `topk_indices_rank`; offered by `forms` for the kernel level to time): each
+  score's rank is the number of scores above it in the row, found by comparing it with every other (two instructions
+  a pair: an fp32 set.gt and an add), and its index is written at that place where it is below k. No pass, no count
+  shared between programs: a row of 4097 scores is 513 one-warp programs where the one-program radix select is one
+  program on one SM, so at one row it wins while the square stays small. H100 (2026-12-06), 4097 scores 4.6 us
+  against 10.9 for the tail block; in the kernel level's GLM-5-NVFP4 TP8 attention, a layer at 1 row: 4096-token
+  context, its top-k 15.6 -> 5.2 us and the layer 54.4-57.2 -> 42.8 us; 8192 tokens 19.0 -> 9.7 and 59.8 -> 47.7.
+  At 8 rows the picker keeps the radix select (16.4 against 22.8 us in the step).
 - Multi-pass (longer rows, `topk_indices_multipass`): chunks of the row in parallel programs, four launches of 8-bit
   digits whose counts meet in global memory (atomics), then one that writes the indices at places taken from two
   atomic counters; which of several equal scores at the threshold are kept is then up to the chunks' order. The
@@ -74,6 +82,18 @@ DIGIT = 8  # 4 passes of 8-bit digits (a launch each, so fewer and wider digits 
 CHUNK = 2048  # scores a program holds in the multi-pass form
 
 
+# rows up to RANK_MAX scores are offered the pairwise rank too (`topk_indices_rank`), whose work grows as the square
+# of the row: H100 (2026-12-06, topk_probe.py), 1 row of 4097 / 8193 / 12288 scores 4.6 / 9.3 / 16.9 us against
+# 10.9 / 15.4 / 13.6 for the radix select's best form; 8 rows of 4097 20.3 against 12.2 (the picker keeps the radix
+# select there, and past about 11000 scores at 1 row)
+RANK_MAX = 12288
+RANK_LABEL = "triton pairwise rank"
+# scores a one-warp program ranks, and scores of the row it compares them with an iteration (sm_90: 2.6 instructions
+# a pair, 136 registers). H100, 1 row of 4097 / 8193 / 12288 scores, us: 8x256 4.6 / 9.3 / 16.9, 4x256 4.4 / 10.8 /
+# 23.3, 8x128 5.9 / 10.5 / 18.8, 8x512 6.5 / 14.2 / 19.4, 16x256 7.8 / 11.1 / 21.1 (more programs, or more of the row
+# in flight a load, where an iteration waits for L2; past that fewer programs an SM)
+RANK_BLOCK_I = 8
+RANK_BLOCK_J = 256
 MULTI_LABEL = f"{LABEL} (multi-pass)"
 SYNCED_LABEL = f"{LABEL} (multi-pass, one launch)"
 # rows past this many scores are offered the one-launch form too (`forms`, which says why not from MAX_ROW)
@@ -99,12 +119,15 @@ def forms(t: int, m: int = 1, device=None) -> dict[str, Callable[[torch.Tensor, 
     (2026-12-07) took the layer 54.2, 56.0, 56.2 and 56.8 us with it (its kernel 15.4-17.9 us) against 54.4-54.6
     with the tail block (15.8 us), and launched without PDL 56.0 and 56.4. So it is neither the L2 nor PDL: its
     time in the step moves from one build to the next (the placement of its barrier's counters, a guess not
-    checked) and is not better. At 8 rows the picker keeps the tail block anyway (16.5 against 17.8 us)."""
+    checked) and is not better. At 8 rows the picker keeps the tail block anyway (16.5 against 17.8 us).
+    Rows up to RANK_MAX are offered the pairwise rank too."""
     out = {label(t, m, device): topk_indices}
     if t > MAX_ROW:
         out.setdefault(MULTI_LABEL, topk_indices_multipass)
     if t > SYNCED_FROM and device is not None and synced_fits(m, t, device):
         out[SYNCED_LABEL] = SyncedSelect(m, device)
+    if t <= RANK_MAX:
+        out[RANK_LABEL] = topk_indices_rank
     return out
 
 
@@ -179,6 +202,87 @@ if HAVE_TRITON:
             tl.store(dst + tl.sum(gt, axis=0) + tl.cumsum(tgt, axis=0) - 1, tts, mask=tgt != 0)
             tl.store(dst + (K - need) + t_eq, tts, mask=(teq != 0) & (t_eq < need))
 
+
+    @triton.jit
+    def _above(s, th, USE_ASM: tl.constexpr):
+        """1.0 where s > th, else 0.0 (ordered: 0.0 where either is NaN). On the GPU one instruction (set.gt into
+        an fp32: FSET.BF), where a compare and a select into an integer took three with the add (sm_90 SASS)."""
+        if USE_ASM:
+            return tl.inline_asm_elementwise("set.gt.f32.f32 $0, $1, $2;", "=r,r,r", [s, th], dtype=tl.float32,
+                                             is_pure=True, pack=1)
+        return tl.where(s > th, 1.0, 0.0)
+
+    @triton.jit
+    def _finite_floor(s):
+        """NaN and -inf as -FLT_MAX (max.f32 returns the operand that is not NaN), so that every score has a float
+        just below it (`_just_below`) and the order is total."""
+        return tl.maximum(s, -3.4028234663852886e38)
+
+    @triton.jit
+    def _just_below(s):
+        """The float just below s (s >= -FLT_MAX, not NaN): s' > _just_below(s) exactly where s' >= s."""
+        b = s.to(tl.int32, bitcast=True)
+        return tl.where(s > 0, b - 1, tl.where(s < 0, b + 1, -2147483647)).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _rank_exact(row, cnt, c, ii, si, below, T, BLOCK_J: tl.constexpr, USE_ASM: tl.constexpr):
+        """`cnt` plus chunk c's scores that rank above each of ii (the chunk that holds them, or the row's last,
+        partial one): ties by index, the places past T counting none (NaN)."""
+        jj = c * BLOCK_J + tl.max_contiguous(tl.arange(0, BLOCK_J), 1)
+        sj = tl.load(row + jj, mask=jj < T, other=0.0)
+        sj = tl.where(jj < T, _finite_floor(sj), float("nan"))
+        th = tl.where(jj[None, :] < ii[:, None], below[:, None], si[:, None])
+        return cnt + _above(sj[None, :], th, USE_ASM)
+
+    @triton.jit
+    def _rank_whole(row, cnt, lo, hi, th, BLOCK_J: tl.constexpr, USE_ASM: tl.constexpr):
+        """`cnt` plus, for whole chunks lo..hi-1 of the row, the scores above th (a program's [BLOCK_I]), two chunks
+        an iteration, each loaded an iteration ahead into registers (a load from L2 takes several hundred cycles,
+        about what a warp issues an iteration); NaN and -inf raised to -FLT_MAX as loaded. A lane's
+        scores of a chunk are lane + 32 t (max_contiguous 1: Triton would otherwise load four consecutive ones a
+        lane and move them into that layout through shared memory, a barrier an iteration)."""
+        js = tl.max_contiguous(tl.arange(0, BLOCK_J), 1)
+        every = tl.full((BLOCK_J,), True, tl.int1)
+        n0 = tl.load(row + lo * BLOCK_J + js, mask=every & (lo < hi), other=0.0)
+        n1 = tl.load(row + (lo + 1) * BLOCK_J + js, mask=every & (lo + 1 < hi), other=0.0)
+        for c in range(lo, hi, 2):
+            a = _finite_floor(n0)
+            b = _finite_floor(n1)
+            n0 = tl.load(row + (c + 2) * BLOCK_J + js, mask=every & (c + 2 < hi), other=0.0)
+            n1 = tl.load(row + (c + 3) * BLOCK_J + js, mask=every & (c + 3 < hi), other=0.0)
+            cnt += _above(a[None, :], th[:, None], USE_ASM)
+            # the second chunk past hi (an odd count) above nothing: no score is above +inf
+            cnt += _above(b[None, :], tl.where(c + 1 < hi, th, float("inf"))[:, None], USE_ASM)
+        return cnt
+
+    @triton.jit
+    def _topk_rank_kernel(scores, out, T, K, stride_sm, stride_om, BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr,
+                          USE_ASM: tl.constexpr, PDL: tl.constexpr = False):
+        """BLOCK_I scores of a row a program (one warp): each one's rank, the scores above it in the whole row (an
+        equal score above it where its index is lower), and the index written at that place where it is below K.
+        The ranks of a row are then its places in descending order, each once, so the first K places are written
+        exactly once. The row in chunks of BLOCK_J from L2; a chunk wholly before the block counts s' >= s as s' >
+        the float just below s, a chunk after it s' > s: two instructions a pair, with no per-pair index test but in
+        the block's own chunk and the row's last, partial one. PDL: launched as a programmatic dependent of the
+        kernel that wrote the scores, it waits for it before its first load."""
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+        m = tl.program_id(0).to(tl.int64)
+        i0 = tl.program_id(1) * BLOCK_I
+        row = scores + m * stride_sm
+        ii = i0 + tl.arange(0, BLOCK_I)
+        si = _finite_floor(tl.load(row + ii, mask=ii < T, other=0.0))
+        below = _just_below(si)
+        cnt = tl.zeros((BLOCK_I, BLOCK_J), tl.float32)
+        own = i0 // BLOCK_J  # the chunk that holds this block (BLOCK_J a multiple of BLOCK_I)
+        whole = T // BLOCK_J
+        cnt = _rank_whole(row, cnt, 0, own, below, BLOCK_J, USE_ASM)
+        cnt = _rank_exact(row, cnt, own, ii, si, below, T, BLOCK_J, USE_ASM)
+        cnt = _rank_whole(row, cnt, own + 1, whole, si, BLOCK_J, USE_ASM)
+        if (whole > own) & (whole * BLOCK_J < T):  # the last, partial chunk, past this block
+            cnt = _rank_exact(row, cnt, whole, ii, si, below, T, BLOCK_J, USE_ASM)
+        rank = tl.sum(cnt, axis=1).to(tl.int32)  # exact: at most RANK_MAX, below 2^24
+        tl.store(out + m * stride_om + rank, ii, mask=(ii < T) & (rank < K))
 
     @triton.jit
     def _prefix_of(hist, P: tl.constexpr, K, DIGIT: tl.constexpr):
@@ -432,6 +536,24 @@ class SyncedSelect:
         if scores.shape[0] != self.m:
             raise DecodeGapError(f"top-k: {scores.shape[0]} rows where this selection was built for {self.m}")
         return topk_indices_synced(scores, k, self.chunk, self.digit, self.counts, self.pdl)
+
+
+def topk_indices_rank(scores: torch.Tensor, k: int, pdl: bool | None = None) -> torch.Tensor:
+    """`topk_indices` as a pairwise rank (`_topk_rank_kernel`): every score compared with every other of its row, in
+    one launch of one-warp programs of RANK_BLOCK_I scores each, with no pass and no count that programs share, so
+    a row of 4097 scores spreads over 513 programs where the radix select runs one. The k largest in descending
+    order, ties by index (NaN and -inf ranked as -FLT_MAX); the work grows as the square of the row, so for rows up
+    to RANK_MAX. fp32 [M, T] contiguous rows, k < T; int32 [M, k]. pdl (default: where the GPU has it): launched as
+    a programmatic dependent of the kernel before."""
+    m, t = scores.shape
+    if t > RANK_MAX:
+        raise DecodeGapError(f"top-k: the pairwise rank takes rows of up to {RANK_MAX} scores, not {t}")
+    out = torch.empty((m, k), dtype=torch.int32, device=scores.device)
+    pdl = pdl_supported(scores.device) if pdl is None else pdl
+    _topk_rank_kernel[(m, triton.cdiv(t, RANK_BLOCK_I))](
+        scores, out, t, k, scores.stride(0), out.stride(0), BLOCK_I=RANK_BLOCK_I, BLOCK_J=RANK_BLOCK_J,
+        USE_ASM=not interpreted(), PDL=pdl, num_warps=1, **_pdl_launch(pdl))
+    return out
 
 
 def topk_indices(scores: torch.Tensor, k: int) -> torch.Tensor:

@@ -135,12 +135,12 @@ def mla_case(env: BenchEnv, shape: AttentionShape, b: int, length: int, triton: 
 
 
 def indexer_case(env: BenchEnv, shape: AttentionShape, b: int, length: int,
-                 triton: bool = False) -> tuple[Callable[[], Any], int]:
+                 triton: bool = False, form: str = "") -> tuple[Callable[[], Any], int]:
     """The DSA indexer for one token over FP8 keys and FP8 queries with a scale a key and a head (DeepSeek-V3.2's
     cache and scores, GLM-5's): scores over the context, then the indices of the index_topk largest, unsorted (the
     attention sums over them): torch ops (both cast up, a matmul, the key scales past the relu, the query scales in
-    the weights) and torch.topk, or with `triton` the scores kernel (an FP8 dot) and the radix select
-    (`kernels.topk`)."""
+    the weights) and torch.topk, or with `triton` the scores kernel (an FP8 dot) and the selection `kernels.topk`
+    offers by the label `form` (default: what topk_indices runs, a radix select)."""
     dev = env.device
     dtype = torch.bfloat16 if env.is_gpu else torch.float32
     hi, di, topk = shape.index_heads, shape.index_head_dim, shape.index_topk
@@ -159,7 +159,7 @@ def indexer_case(env: BenchEnv, shape: AttentionShape, b: int, length: int,
         return (s * (w * q_scale)[..., None]).sum(1)  # [B, L]
 
     # ours: the form its label names, as the kernel level runs it (the one-launch form with its counts kept)
-    select = (topk_kernels.forms(length, b, dev)[topk_kernels.label(length, b, dev)] if triton
+    select = (topk_kernels.forms(length, b, dev)[form or topk_kernels.label(length, b, dev)] if triton
               else topk_kernels.topk_indices_reference)
 
     def fn():
@@ -220,11 +220,16 @@ def run_attention_bench(env: BenchEnv, shape: AttentionShape, context_lens: list
                 continue
             k_top = shape.index_topk
             # the selection: our radix select (one program a row up to MAX_ROW scores, with a tail block a little
-            # past it, multi-pass past that, in one launch where it fits), none where L <= top-k
-            pick = "" if length <= k_top else " + " + topk_kernels.label(length, b, env.device).removeprefix("triton ")
-            index = [(torch_index, False)] + ([(f"triton scores (FP8 dot){pick}", True)] if triton_ok else [])
-            for label, tri in index:
-                add("dsa-indexer", label, b, length, lambda tri=tri: indexer_case(env, shape, b, length, tri),
+            # past it, multi-pass past that, in one launch where it fits), and the pairwise rank beside it up to
+            # RANK_MAX scores (the kernel level keeps the faster); none where L <= top-k
+            selects = ([""] if length <= k_top else [topk_kernels.label(length, b, env.device)]
+                       + ([topk_kernels.RANK_LABEL] if length <= topk_kernels.RANK_MAX else []))
+            index = [(torch_index, False, "")] + [
+                (f"triton scores (FP8 dot){' + ' + form.removeprefix('triton ') if form else ''}", True, form)
+                for form in (selects if triton_ok else [])]
+            for label, tri, form in index:
+                add("dsa-indexer", label, b, length,
+                    lambda tri=tri, form=form: indexer_case(env, shape, b, length, tri, form),
                     shape.index_heads, 1, shape.index_head_dim, shape.layers, note=f"index scores over L, top-{k_top}"
                     + ("" if length > k_top else " (L <= top-k: every index, no selection run)"))
             if length > k_top:

@@ -383,7 +383,7 @@ class DecodeStep:
                     torch.randn((M, IH, ID), generator=gen, device=self.device), icache,
                     torch.randn((M, IH), generator=gen, device=self.device), (IH * ID) ** -0.5, iscale)
                 kept = topk_kernels.topk_indices_reference(spread, rows)
-                ours = topk_kernels.forms(self.T, M, self.device)  # past 4096 scores: two or three, the fastest kept
+                ours = topk_kernels.forms(self.T, M, self.device)  # radix selects, pairwise rank: fastest kept
                 choice = self.attn_picker.pick(("topk", M, self.T, rows), {
                     **{lab: (lambda f=f: f(spread, rows)) for lab, f in ours.items()},
                     "torch.topk (unsorted)": lambda: topk_kernels.topk_indices_reference(spread, rows)},
