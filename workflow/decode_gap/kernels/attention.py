@@ -350,12 +350,23 @@ if HAVE_TRITON:
 INDEX_KEY_DTYPE = torch.float8_e4m3fn  # the DSA indexer's key cache (DeepSeek-V3.2's, GLM-5's): FP8, a scale a key
 
 
+REFERENCE_CHUNK = 1 << 24  # fp32 values (64 MB) the indexer's reference casts or sums at once
+
+
 def index_scores_reference(q: torch.Tensor, keys: torch.Tensor, wts: torch.Tensor, w_scale: float = 1.0,
                            key_scale: torch.Tensor | None = None,
                            query_scale: torch.Tensor | None = None) -> torch.Tensor:
     """The DSA indexer's scores: q [M, IH, ID], keys [M, T, ID], wts [M, IH] (any dtype) -> [M, T] fp32, the sum
     over the indexer heads of each head's weight (times w_scale) times relu(q . key); FP8 keys times key_scale
-    [M, T] and FP8 queries times query_scale [M, IH] (fp32, one a key or a head)."""
+    [M, T] and FP8 queries times query_scale [M, IH] (fp32, one a key or a head). Long caches a chunk of keys at
+    a time, so that their fp32 copy stays under REFERENCE_CHUNK values (the kernel level's picker scores 8 rows of
+    131072 FP8 keys: half a GB at once before)."""
+    m, t, d = keys.shape
+    step = max(1, REFERENCE_CHUNK // max(1, m * max(d, q.shape[1])))
+    if t > step:
+        return torch.cat([index_scores_reference(q, keys[:, i:i + step], wts, w_scale,
+                                                 None if key_scale is None else key_scale[:, i:i + step], query_scale)
+                          for i in range(0, t, step)], dim=1)
     w = wts.float() * w_scale
     if key_scale is None and query_scale is None:
         s = torch.relu(torch.bmm(q, keys.transpose(1, 2))).float()
