@@ -12,7 +12,8 @@ Runs, each in its own process with a time limit inside the budget, and writes on
                           kernel_qwen3_moe_fp8, GQA with qk-norm and 128 experts; kernel_glm5_tp1_4k / _32k: GLM-5
                           at 4096 / 32768 tokens, where its indexer keeps 2048 of them; kernel_dsv3_tp8_block_b8 /
                           _fp8_b8: DeepSeek-V3 TP8 at 8 rows a step, fp8-block / fp8; kernel_glm5_tp8_nvfp4 / _b8:
-                          the seeds' GLM-5-NVFP4 TP8 per-GPU shapes at 1 and 8 rows a step; kernel_glm5_tp1_nvfp4:
+                          the seeds' GLM-5-NVFP4 TP8 per-GPU shapes at 1 and 8 rows a step (_4k: at 4096
+                          tokens, the indexer's top-k on the path); kernel_glm5_tp1_nvfp4:
                           GLM-5-NVFP4 at TP1, layers that fit, scaled; kernel_glm5_tp8_nvfp4_b32 and
                           kernel_llama8b_nvfp4_b32: NVFP4 at 32 rows a step)
 The kernel cases run a 512-token context unless named otherwise.
@@ -58,6 +59,9 @@ EXTRA = [("kernel_llama8b_fp8", "kernel", dict(model="llama-3.1-8b.json", weight
          ("kernel_glm5_tp8_nvfp4_b8", "kernel",
           dict(model="glm-5.json", weight_format="nvfp4", tp=8, ranks=1, batch=8), 150),
          ("kernel_glm5_tp1_nvfp4", "kernel", dict(model="glm-5.json", weight_format="nvfp4", tp=1), 150),
+         # the same at a 4096-token context, where DSA's indexer keeps 2048 of its 4097 rows (the top-k on the path)
+         ("kernel_glm5_tp8_nvfp4_4k", "kernel",
+          dict(model="glm-5.json", weight_format="nvfp4", tp=8, ranks=1, context_len=4096), 150),
          # NVFP4 above 16 rows a step: the linears through kernels/fp4wide
          ("kernel_glm5_tp8_nvfp4_b32", "kernel",
           dict(model="glm-5.json", weight_format="nvfp4", tp=8, ranks=1, batch=32), 150),
