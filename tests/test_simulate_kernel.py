@@ -345,32 +345,41 @@ print("ok")
 
 
 def test_bf16_linear_at_one_row_runs_the_kernel_the_picker_chose():
-    """A bf16 linear at batch 1 (the router, the indexer's weights) runs whichever of our bf16 GEMV, F.linear and
-    the swapped torch.mm the picker chose; all three give x @ W^T (TRITON_INTERPRET on the CPU)."""
+    """A bf16 linear at batch 1 (the router, the indexer's weights) runs whichever of our bf16 GEMV (its default
+    block, and on narrow shapes a shorter K block too), F.linear and the swapped torch.mm the picker chose; all give
+    x @ W^T (TRITON_INTERPRET on the CPU). Past NARROW_ROWS rows the shorter block is not offered."""
     code = r'''
 import torch
-from decode_gap.simulate.layers import KernelPicker, Linear
+from decode_gap.kernels import lowprec as lp
+from decode_gap.simulate.layers import NARROW_GEMV, NARROW_ROWS, KernelPicker, Linear
+
+NARROW = f"lowprec.DenseGemv ({lp.GemvConfig(*NARROW_GEMV).name})"
+LIBRARY = {"torch linear (cuBLAS)", "torch.mm(W, x^T) (cuBLAS)"}
 
 
 class Forced(KernelPicker):  # test double for the timing: the choice is the test's
-    def __init__(self, name):
+    def __init__(self, name, offered):
         super().__init__("cpu")
-        self.name = name
+        self.name, self.offered = name, offered
 
     def pick(self, key, candidates):
-        assert set(candidates) == {"lowprec.DenseGemv", "torch linear (cuBLAS)", "torch.mm(W, x^T) (cuBLAS)"}
+        assert set(candidates) == self.offered, set(candidates)
         return self.name
 
 
 torch.manual_seed(0)
 x = torch.randn(1, 256).to(torch.bfloat16)
-for name, kind in (("lowprec.DenseGemv", "bf16-gemv"), ("torch linear (cuBLAS)", "bf16"),
+for name, kind in (("lowprec.DenseGemv", "bf16-gemv"), (NARROW, "bf16-gemv"), ("torch linear (cuBLAS)", "bf16"),
                    ("torch.mm(W, x^T) (cuBLAS)", "bf16-swapped")):
     lin = Linear(64, 256, "bf16", "bf16", "cpu")
-    lin._pick_bf16_gemv(64, 256, "cpu", Forced(name))
+    lin._pick_bf16_gemv(64, 256, "cpu", Forced(name, {"lowprec.DenseGemv", NARROW} | LIBRARY))
     assert lin.kind == kind, (name, lin.kind)
+    if name.startswith("lowprec"):
+        assert lin.gemm.cfg.block_k == (NARROW_GEMV[1] if name == NARROW else lp.DENSE_CONFIGS[0].block_k), name
     y, ref = lin(x).float(), x.float() @ lin.w.float().t()
     assert y.shape == (1, 64) and ((y - ref).norm() / ref.norm()).item() < 1e-2, name
+wide = Linear(NARROW_ROWS + 8, 256, "bf16", "bf16", "cpu")
+wide._pick_bf16_gemv(NARROW_ROWS + 8, 256, "cpu", Forced("lowprec.DenseGemv", {"lowprec.DenseGemv"} | LIBRARY))
 print("ok")
 '''
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "workflow")}

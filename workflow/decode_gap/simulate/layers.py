@@ -8,6 +8,13 @@ from typing import Any
 from ..errors import DecodeGapError
 from .formats import FUSED_K_MULTIPLE, GROUPED_GEMV_KINDS, _torch
 
+# bf16 GEMVs of at most NARROW_ROWS rows at M=1 are offered a K block of NARROW_GEMV (rows, values, warps) too:
+# more K splits, more programs. H100 (2026-12-06, benchmarks/device/narrow_gemv_probe.py, us), the default block
+# (8 rows, 2048 values) / this: 256x6144 (GLM-5's router) 4.69 / 4.41, 256x7168 (DeepSeek-V3's) 5.81 / 4.59, 32x6144
+# (GLM-5's indexer head weights) 3.21 / 2.72, 160x5120 5.32 / 3.78; 1024x6144 7.48 / 7.78, so not past 512 rows
+NARROW_ROWS = 512
+NARROW_GEMV = (8, 512, 4)
+
 # ----------------------------------------------------------------------------------------------------------
 # tensors
 
@@ -229,14 +236,21 @@ class Linear:
         x = torch.randn(1, k, device=device).to(self.act_dtype)
         candidates = {"torch linear (cuBLAS)": lambda: torch.nn.functional.linear(x, self.w),
                       "torch.mm(W, x^T) (cuBLAS)": lambda: torch.mm(self.w, x.t()).t()}
-        try:
-            gemv = lp.DenseGemv(self.w, 1, device, out_dtype=self.act_dtype)
-            candidates = {"lowprec.DenseGemv": lambda: gemv(x), **candidates}
-        except DecodeGapError:  # a shape the GEMV does not take
-            gemv = None
+        gemvs = {}
+        # the default form, and on narrow shapes (a router, the indexer's head weights) a shorter K block, so that
+        # the K split spreads the few rows over more programs than 3 a tile (bf16 256x6144: 96 programs)
+        narrow = lp.GemvConfig(*NARROW_GEMV)
+        for name, cfg in (("lowprec.DenseGemv", None), (f"lowprec.DenseGemv ({narrow.name})", narrow)):
+            if cfg is not None and n > NARROW_ROWS:
+                continue
+            try:
+                gemvs[name] = lp.DenseGemv(self.w, 1, device, cfg=cfg, out_dtype=self.act_dtype)
+            except DecodeGapError:  # a shape the GEMV does not take
+                pass
+        candidates = {**{name: (lambda g=g: g(x)) for name, g in gemvs.items()}, **candidates}
         chosen = picker.pick(("bf16", n, k, 1), candidates)
-        if chosen == "lowprec.DenseGemv":
-            self.kind, self.gemm = "bf16-gemv", gemv
+        if chosen in gemvs:
+            self.kind, self.gemm = "bf16-gemv", gemvs[chosen]
         elif chosen.startswith("torch.mm"):
             self.kind = "bf16-swapped"
 

@@ -14,7 +14,7 @@ from ..kernels import norm as norm_kernels
 from ..kernels import topk as topk_kernels
 from ..kernels.lowprec import available
 from ..kernels.routing import FusedRoute, Routing, fused_fits, route_reference, with_shared_slot
-from .formats import GROUPED_GEMV_KINDS, _probe_grouped, _torch, fused_moe_fallback
+from .formats import FUSED_K_MULTIPLE, GROUPED_GEMV_KINDS, _probe_grouped, _torch, fused_moe_fallback
 from .layers import Experts, KernelPicker, Linear, _rand, _tdtype
 from .shapes import StepShapes
 
@@ -490,7 +490,9 @@ class DecodeStep:
         slot = E if fuse_shared else None
         fused = FusedRoute(routing, M, self.device, slot) if self.fused and fused_fits(routing) is None else None
         self.routing_impl = "triton fused" if fused is not None else "torch ops"
-        int32_ids = self.experts_kind in GROUPED_GEMV_KINDS  # the other expert kernels index with int64
+        # our grouped GEMVs and fused MoEs read int32 ids as the routing kernel writes them; torch's expert paths
+        # index with int64 (a copy kernel a layer: 1.4 us on an H100 before the fused MoEs took int32)
+        int32_ids = self.experts_kind in GROUPED_GEMV_KINDS or self.experts_kind in FUSED_K_MULTIPLE
 
         def route(S):
             logits = router(S["h"])
