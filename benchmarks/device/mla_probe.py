@@ -1,7 +1,8 @@
 """Probe (H200): GLM-5's sparse MLA decode (64 heads, latent 512 + rope 64, the 2048 rows DSA keeps of a 32k cache)
 by split count, heads a program and warps: the whole call and the combine alone (CUDA-graph replay, median us).
 
-    PYTHONPATH=workflow python3 benchmarks/device/mla_probe.py [--rows-kept 2048] [--cache 32768]
+    PYTHONPATH=workflow python3 benchmarks/device/mla_probe.py [--rows-kept 2048] [--cache 32768] [--heads 64]
+        [--splits 4,8,16,32,64] [--block-h 16,32,64]
 """
 
 from __future__ import annotations
@@ -23,9 +24,12 @@ def main() -> None:
     ap.add_argument("--rows-kept", type=int, default=2048)
     ap.add_argument("--cache", type=int, default=32768)
     ap.add_argument("--tokens", default="1,8")
+    ap.add_argument("--heads", type=int, default=64, help="heads on this GPU (GLM-5 at TP8: 8)")
+    ap.add_argument("--splits", default="4,8,16,32,64")
+    ap.add_argument("--block-h", default="16,32,64")
     a = ap.parse_args()
     dev = torch.device("cuda")
-    h, lora, rope = 64, 512, 64
+    h, lora, rope = a.heads, 512, 64
     for m in map(int, a.tokens.split(",")):
         qq = torch.randn((m, h, lora + rope), device=dev, dtype=torch.bfloat16)
         kv = torch.randn((m, a.cache, lora + rope), device=dev, dtype=torch.bfloat16)
@@ -34,9 +38,9 @@ def main() -> None:
                                  lora, 0.07)
         default = attn.MlaDecode(m, h, lora, rope, a.rows_kept, dev)
         print(f"M={m}: default splits {default.splits}, block_h {default.block_h}", flush=True)
-        for bh in (16, 32, 64):
+        for bh in map(int, a.block_h.split(",")):
             for warps in (4, 8):
-                for splits in (4, 8, 16, 32, 64):
+                for splits in map(int, a.splits.split(",")):
                     try:
                         mla = attn.MlaDecode(m, h, lora, rope, a.rows_kept, dev, splits=splits, block_h=bh, warps=warps)
                         err = attn_err(mla(qq, kv, 0.07, rows=rows), ref)

@@ -25,6 +25,11 @@ or flash): 1.3-1.6x faster at 512 tokens, up to 1.7x on 32k-token caches with on
 at 32k, and up to 20% slower at 8 sequences of 4k-32k tokens, where the kernel level keeps SDPA (it times both).
 DSA's sparse MLA over the 2048 rows GLM-5's indexer keeps, read in place through their indices
 (`MlaDecode(..., rows=)`): 22.4 us at one token against 41.0 for torch's gather + matmuls, 56.8 against 91.1 at eight.
+Tried and left out: every kernel here launched as a programmatic dependent of the one before (griddepcontrol.wait
+first): the GLM-5-NVFP4 TP8 attention at a 4096-token context, 1 row, 41.8-41.9 against 42.1-42.3 us a layer in
+CUDA graphs (H100, 2026-12-06), its ten kernels' 33.5 us unchanged: the gaps between them are not launch latency.
+At TP8's 8 heads a token, the sparse MLA split 64 or 128 ways took 8.9 / 8.5 us against 9.8 for the default 32 at
+one token (split and combine, H100, mla_probe.py --heads 8), and was slower at eight (18.2 / 26.5 against 14.0).
 """
 
 from __future__ import annotations
