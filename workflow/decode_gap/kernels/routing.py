@@ -3,8 +3,9 @@
 Why hand-written: in torch ops the routing of one token is a dozen small kernels (sigmoid, bias, the groups' top-2
 sums, the groups' top-k, a scatter, a mask, the experts' top-k, a gather, the normalisation), each a launch and a
 trip through memory for 256 scores; at decode that is tens of microseconds a layer, where engines run one fused
-kernel (SGLang's moe_fused_gate, vLLM's grouped_topk). One program a token holds its E scores in registers and
-selects with repeated argmax (k and the group count are small), so the result is one kernel whatever the model.
+kernel (SGLang's moe_fused_gate, vLLM's grouped_topk). One program (one warp) a token holds its E scores in registers
+and selects with repeated max-with-index (k and the group count are small), so the result is one kernel whatever the
+model; the chosen experts' weights are then computed again from their logits, read back from L1.
 H200 (2026-12-02, the MoE micro-benchmark, router GEMM included): DeepSeek-V3 52.1 -> 11.1 us a token, GLM-5 25.8 ->
 10.2 us; 11-12 us from 1 to 64 tokens.
 
@@ -24,6 +25,12 @@ from .lowprec import _pow2
 from .nvfp4 import HAVE_TRITON, tl, triton  # Triton is optional (one import guard for the kernels)
 
 MAX_EXPERTS = 1024  # one program holds a token's scores in registers
+# warps a token's program: one keeps every reduction in shuffles, with no barrier between warps (sm_90: 0 barriers
+# and 113 shuffles, where 4 warps took 35 and 153). With each pick one max-with-index instead of an argmax and a
+# masked sum, GLM-5's routing (256 experts, 8 groups, 4 kept, top 8 and the shared slot) took 4.18 -> 2.62 us, the
+# router component (its GEMV and this) 10.8-11.7 -> 9.4-9.8 us a layer in CUDA graphs (H100, 2026-12-06,
+# benchmarks/device/step_profile.py)
+ROUTE_WARPS = 1
 
 
 @dataclass(frozen=True)
@@ -90,8 +97,10 @@ if HAVE_TRITON:
         if SIGMOID:
             scores = tl.where(valid, 1.0 / (1.0 + tl.exp(-lg)), 0.0)
         else:
-            ex = tl.where(valid, tl.exp(lg - tl.max(lg, axis=0)), 0.0)
-            scores = ex / tl.sum(ex, axis=0)
+            top = tl.max(lg, axis=0)
+            ex = tl.where(valid, tl.exp(lg - top), 0.0)
+            total = tl.sum(ex, axis=0)
+            scores = ex / total
         choice = scores
         if HAS_BIAS:
             choice = choice + tl.load(bias + offs, mask=valid, other=0.0).to(tl.float32)
@@ -111,12 +120,16 @@ if HAVE_TRITON:
             choice = tl.reshape(tl.where(keep[:, None], grouped, float("-inf")), (BLOCK_E,))
         kidx = tl.arange(0, BLOCK_K)
         ids = tl.zeros((BLOCK_K,), dtype=tl.int32)
-        w = tl.zeros((BLOCK_K,), dtype=tl.float32)
-        for j in tl.static_range(K):
-            best = tl.argmax(choice, axis=0)
+        for j in tl.static_range(K):  # one reduction a pick; the picks' scores are read back after the loop
+            _, best = tl.max(choice, axis=0, return_indices=True)
             ids = tl.where(kidx == j, best, ids)
-            w = tl.where(kidx == j, tl.sum(tl.where(offs == best, scores, 0.0), axis=0), w)
             choice = tl.where(offs == best, float("-inf"), choice)
+        # the chosen experts' scores from their logits (in L1: loaded above), not a masked sum a pick
+        lk = tl.load(logits + m * stride_l + ids, mask=kidx < K, other=float("-inf")).to(tl.float32)
+        if SIGMOID:
+            w = tl.where(kidx < K, 1.0 / (1.0 + tl.exp(-lk)), 0.0)
+        else:
+            w = tl.where(kidx < K, tl.exp(lk - top) / total, 0.0)
         if NORM:
             w = w / tl.maximum(tl.sum(w, axis=0), 1e-20)
         w = w * scale
@@ -140,11 +153,11 @@ class FusedRoute:
     -> (weights [M, k] fp32, ids [M, k] int32); with `shared_slot`, [M, k + 1], the last column the shared expert
     (`with_shared_slot`)."""
 
-    def __init__(self, r: Routing, m: int, device, shared_slot: int | None = None) -> None:
+    def __init__(self, r: Routing, m: int, device, shared_slot: int | None = None, warps: int = ROUTE_WARPS) -> None:
         why = fused_fits(r)
         if why:
             raise DecodeGapError(f"fused routing: {why}")
-        self.r, self.m, self.shared_slot = r, m, shared_slot
+        self.r, self.m, self.shared_slot, self.warps = r, m, shared_slot, warps
         cols = r.top_k + (shared_slot is not None)
         self.weights = torch.empty((m, cols), dtype=torch.float32, device=device)
         self.ids = torch.empty((m, cols), dtype=torch.int32, device=device)
@@ -161,5 +174,5 @@ class FusedRoute:
             logits, bias if bias is not None else logits, self.weights, self.ids, r.experts, logits.stride(0),
             float(r.scale), self.shared_slot or 0, BLOCK_E=_pow2(r.experts), K=r.top_k,
             BLOCK_K=_pow2(r.top_k + shared), N_GROUP=r.n_group, TOPK_GROUP=r.topk_group, SIGMOID=r.sigmoid,
-            HAS_BIAS=bias is not None, NORM=r.norm, SHARED=shared, num_warps=4)
+            HAS_BIAS=bias is not None, NORM=r.norm, SHARED=shared, num_warps=self.warps)
         return self.weights, self.ids
