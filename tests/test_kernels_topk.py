@@ -123,7 +123,7 @@ print("ok")
 ''')
 
 
-def test_the_pairwise_rank_refuses_rows_past_its_reach():
+def test_the_pairwise_rank_refuses_what_it_cannot_take_and_keeps_every_index_past_k():
     import torch
 
     from decode_gap.errors import DecodeGapError
@@ -131,6 +131,11 @@ def test_the_pairwise_rank_refuses_rows_past_its_reach():
 
     with pytest.raises(DecodeGapError, match=f"rows of up to {RANK_MAX} scores"):
         topk_indices_rank(torch.randn(1, RANK_MAX + 1), 8)
+    with pytest.raises(DecodeGapError, match="fp32 scores .M, T. with contiguous rows"):
+        topk_indices_rank(torch.randn(1, 8, dtype=torch.bfloat16), 2)
+    with pytest.raises(DecodeGapError, match="fp32 scores .M, T. with contiguous rows"):
+        topk_indices_rank(torch.randn(8, 2).t(), 2)
+    assert topk_indices_rank(torch.randn(2, 5), 8).tolist() == [list(range(5))] * 2  # k >= T: every index
 
 
 def test_radix_select_refuses_what_it_cannot_take():

@@ -94,6 +94,7 @@ RANK_LABEL = "triton pairwise rank"
 # in flight a load, where an iteration waits for L2; past that fewer programs an SM)
 RANK_BLOCK_I = 8
 RANK_BLOCK_J = 256
+
 MULTI_LABEL = f"{LABEL} (multi-pass)"
 SYNCED_LABEL = f"{LABEL} (multi-pass, one launch)"
 # rows past this many scores are offered the one-launch form too (`forms`, which says why not from MAX_ROW)
@@ -543,11 +544,16 @@ def topk_indices_rank(scores: torch.Tensor, k: int, pdl: bool | None = None) -> 
     one launch of one-warp programs of RANK_BLOCK_I scores each, with no pass and no count that programs share, so
     a row of 4097 scores spreads over 513 programs where the radix select runs one. The k largest in descending
     order, ties by index (NaN and -inf ranked as -FLT_MAX); the work grows as the square of the row, so for rows up
-    to RANK_MAX. fp32 [M, T] contiguous rows, k < T; int32 [M, k]. pdl (default: where the GPU has it): launched as
-    a programmatic dependent of the kernel before."""
+    to RANK_MAX. fp32 [M, T] contiguous rows; int32 [M, k] (every index, the reference's int64, where k >= T). pdl
+    (default: where the GPU has it): launched as a programmatic dependent of the kernel before."""
+    if scores.dim() != 2 or scores.dtype != torch.float32 or scores.stride(-1) != 1:
+        raise DecodeGapError(f"top-k: the pairwise rank needs fp32 scores [M, T] with contiguous rows, got "
+                             f"{scores.dtype} {tuple(scores.shape)}")
     m, t = scores.shape
     if t > RANK_MAX:
         raise DecodeGapError(f"top-k: the pairwise rank takes rows of up to {RANK_MAX} scores, not {t}")
+    if k >= t:  # no selection: every index (its places past T would be left unwritten)
+        return topk_indices_reference(scores, k)
     out = torch.empty((m, k), dtype=torch.int32, device=scores.device)
     pdl = pdl_supported(scores.device) if pdl is None else pdl
     _topk_rank_kernel[(m, triton.cdiv(t, RANK_BLOCK_I))](
