@@ -32,17 +32,6 @@ def one_program(s: torch.Tensor, k: int, bits: int) -> torch.Tensor:
     return out
 
 
-def rank(s: torch.Tensor, k: int, block_i: int, block_j: int) -> torch.Tensor:
-    """topk.topk_indices_rank's launch with other block sizes (PDL as it launches)."""
-    m, t = s.shape
-    out = torch.empty((m, k), dtype=torch.int32, device=s.device)
-    pdl = topk.pdl_supported(s.device)
-    topk._topk_rank_kernel[(m, -(-t // block_i))](s, out, t, k, s.stride(0), out.stride(0), BLOCK_I=block_i,
-                                                   BLOCK_J=block_j, USE_ASM=True, PDL=pdl, num_warps=1,
-                                                   **topk._pdl_launch(pdl))
-    return out
-
-
 def synced_arrivals(m: int, t: int, k: int, chunk: int, digit: int, dev) -> str:
     """The one-launch form's barrier counters after a call: each row's must read chunks x the passes it ran (a
     program's arrival counted once, by one thread; random scores stop after 3 of 4 8-bit passes)."""
@@ -87,7 +76,8 @@ def main() -> None:
             if t <= topk.RANK_MAX:
                 for blocks in a.rank.split(","):
                     bi, bj = map(int, blocks.split("x"))
-                    cands[f"pairwise rank {bi}x{bj}"] = lambda s, bi=bi, bj=bj: rank(s, a.k, bi, bj)
+                    cands[f"pairwise rank {bi}x{bj}"] = \
+                        lambda s, bi=bi, bj=bj: topk.topk_indices_rank(s, a.k, block_i=bi, block_j=bj)
             tail = topk.forms(t).get(topk.TAIL_LABEL)  # just past MAX_ROW: one program with a tail block
             if tail is not None:
                 cands["radix 1 program + tail"] = lambda s, tail=tail: tail(s, a.k)

@@ -539,13 +539,15 @@ class SyncedSelect:
         return topk_indices_synced(scores, k, self.chunk, self.digit, self.counts, self.pdl)
 
 
-def topk_indices_rank(scores: torch.Tensor, k: int, pdl: bool | None = None) -> torch.Tensor:
+def topk_indices_rank(scores: torch.Tensor, k: int, pdl: bool | None = None, block_i: int = RANK_BLOCK_I,
+                      block_j: int = RANK_BLOCK_J) -> torch.Tensor:
     """`topk_indices` as a pairwise rank (`_topk_rank_kernel`): every score compared with every other of its row, in
     one launch of one-warp programs of RANK_BLOCK_I scores each, with no pass and no count that programs share, so
     a row of 4097 scores spreads over 513 programs where the radix select runs one. The k largest in descending
     order, ties by index (NaN and -inf ranked as -FLT_MAX); the work grows as the square of the row, so for rows up
     to RANK_MAX. fp32 [M, T] contiguous rows; int32 [M, k] (every index, the reference's int64, where k >= T). pdl
-    (default: where the GPU has it): launched as a programmatic dependent of the kernel before."""
+    (default: where the GPU has it): launched as a programmatic dependent of the kernel before. block_i, block_j:
+    scores a program ranks and scores it compares them with an iteration (block_j a multiple of block_i)."""
     if scores.dim() != 2 or scores.dtype != torch.float32 or scores.stride(-1) != 1:
         raise DecodeGapError(f"top-k: the pairwise rank needs fp32 scores [M, T] with contiguous rows, got "
                              f"{scores.dtype} {tuple(scores.shape)}")
@@ -556,8 +558,8 @@ def topk_indices_rank(scores: torch.Tensor, k: int, pdl: bool | None = None) -> 
         return topk_indices_reference(scores, k)
     out = torch.empty((m, k), dtype=torch.int32, device=scores.device)
     pdl = pdl_supported(scores.device) if pdl is None else pdl
-    _topk_rank_kernel[(m, triton.cdiv(t, RANK_BLOCK_I))](
-        scores, out, t, k, scores.stride(0), out.stride(0), BLOCK_I=RANK_BLOCK_I, BLOCK_J=RANK_BLOCK_J,
+    _topk_rank_kernel[(m, triton.cdiv(t, block_i))](
+        scores, out, t, k, scores.stride(0), out.stride(0), BLOCK_I=block_i, BLOCK_J=block_j,
         USE_ASM=not interpreted(), PDL=pdl, num_warps=1, **_pdl_launch(pdl))
     return out
 

@@ -240,9 +240,9 @@ class Linear:
         # the default form, and on narrow shapes (a router, the indexer's head weights) a shorter K block, so that
         # the K split spreads the few rows over more programs than 3 a tile (bf16 256x6144: 96 programs)
         narrow = lp.GemvConfig(*NARROW_GEMV)
-        for name, cfg in (("lowprec.DenseGemv", None), (f"lowprec.DenseGemv ({narrow.name})", narrow)):
-            if cfg is not None and n > NARROW_ROWS:
-                continue
+        forms = [("lowprec.DenseGemv", None)] + ([(f"lowprec.DenseGemv ({narrow.name})", narrow)]
+                                                  if n <= NARROW_ROWS else [])
+        for name, cfg in forms:
             try:
                 gemvs[name] = lp.DenseGemv(self.w, 1, device, cfg=cfg, out_dtype=self.act_dtype)
             except DecodeGapError:  # a shape the GEMV does not take
