@@ -52,6 +52,16 @@ for block_h in (16, 32):
     got = MlaDecode(M, H, L, R, 12, "cpu", dtype=torch.float32, block_h=block_h)(qq, kv, 0.2, rows=rows)
     assert ((got - ref).norm() / ref.norm()).item() < 1e-5, block_h
 assert MlaDecode(8, 64, L, R, 12, "cpu").block_h == 32 and MlaDecode(1, 64, L, R, 12, "cpu").block_h == 16
+# the split counts the kernel level's picker times (default, twice, four times; each split at least a block of rows):
+# each form the same attention
+from decode_gap.kernels.attention import mla_split_forms
+forms = mla_split_forms(M, H, L, R, 200, "cpu", dtype=torch.float32)
+assert [f.splits for f in forms.values()] == [2, 4] and all(lab.endswith(f"{f.splits} splits") for lab, f in forms.items())
+kv = torch.randn(M, 300, L + R)
+rows = torch.stack([torch.randperm(300)[:200] for _ in range(M)]).to(torch.int32)
+ref = reference_mla(qq, kv.gather(1, rows.long()[..., None].expand(-1, -1, L + R)), L, 0.2)
+for lab, f in forms.items():
+    assert ((f(qq, kv, 0.2, rows=rows) - ref).norm() / ref.norm()).item() < 1e-5, lab
 x = torch.randn(2, 3, 1, 24)[..., 8:]
 cos, sin = torch.randn(8), torch.randn(8)
 assert torch.allclose(rope(x, cos, sin), rope_reference(x, cos, sin), atol=1e-6)

@@ -576,6 +576,22 @@ class MlaDecode:
         return _combine(self.part, self.lse, self.out)
 
 
+def mla_split_forms(m: int, heads: int, lora: int, rope_dim: int, t_max: int, device,
+                    dtype=torch.bfloat16) -> dict[str, MlaDecode]:
+    """The MLA decode kernel with its default split count and with twice and four times as many (at most
+    MAX_SPLITS, each split still a block of rows, where the default keeps two), by label, for a caller that times
+    them and keeps the fastest (the kernel level's picker). H100 (2026-12-06, benchmarks/device/mla_probe.py --heads
+    8, GLM-5 at TP8, 2048 selected rows): 1 token 9.8 / 8.9 us with 32 / 64 splits; 8 tokens 14.0 / 18.2 us."""
+    base = MlaDecode(m, heads, lora, rope_dim, t_max, device, dtype)
+    forms = {f"{base.label}, {base.splits} splits": base}
+    most = min(MAX_SPLITS, max(1, math.ceil(t_max / MlaDecode.BLOCK_T)))
+    for more in (2 * base.splits, 4 * base.splits):
+        if more <= most:
+            forms[f"{base.label}, {more} splits"] = MlaDecode(m, heads, lora, rope_dim, t_max, device, dtype,
+                                                              splits=more)
+    return forms
+
+
 def _combine(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """out [M, H, W] from the split partials part [M, H, S, W] and their log-sum-exp lse [M, H, S]."""
     m, h, splits, width = part.shape

@@ -390,18 +390,19 @@ class DecodeStep:
                     inputs_in_l2=True)  # the scores kernel has just written them
                 select = ours.get(choice, select)
             try:
-                split = attn_kernels.MlaDecode(M, H, lora, rope, rows, self.device, _tdtype(self.act))
+                splits = attn_kernels.mla_split_forms(M, H, lora, rope, rows, self.device, _tdtype(self.act))
             except DecodeGapError:  # a latent or rope width the kernel does not take: torch ops
-                split = None
-            if split is not None:
+                splits = {}
+            if splits:
                 qt = torch.zeros((M, H, lora + rope), dtype=_tdtype(self.act), device=self.device)
+                kv_in = cache if sparse else cache[:, :rows]
                 choice = self.attn_picker.pick(("mla", M, H, lora, rope, rows) + (("sparse",) if sparse else ()), {
-                    split.label: lambda: split(qt, cache if sparse else cache[:, :rows], scale, rows=kept),
+                    **{lab: (lambda f=f: f(qt, kv_in, scale, rows=kept)) for lab, f in splits.items()},
                     "torch bmm + softmax": lambda: attn_kernels.reference_mla(
                         qt, _gather_rows(cache, kept) if sparse else cache[:, :rows], lora, scale)})
-                mla = split if choice == split.label else None
+                mla = splits.get(choice)
                 indexer = f"; DSA indexer: {_indexer_impl(icache.dtype == attn_kernels.INDEX_KEY_DTYPE)}" if idx else ""
-                self.attention_impl = (f"MLA absorbed ({mla.label if mla else 'torch bmm + softmax'}; latent norm, "
+                self.attention_impl = (f"MLA absorbed ({choice}; latent norm, "
                                        f"rope and cache append one kernel{indexer})")
 
         def proj(S):
