@@ -181,7 +181,12 @@ import torch
 from decode_gap.simulate.formats import _probe_fused_nvfp4, _probe_grouped, _probe_grouped_nvfp4
 from decode_gap.simulate.layers import Experts
 assert _probe_grouped("cpu", "nvfp4-moe") == "fused_moe"
-assert _probe_fused_nvfp4("cpu") and _probe_grouped_nvfp4("cpu")  # what probe_formats runs on a GPU
+why = []
+assert _probe_fused_nvfp4("cpu", why) and _probe_grouped_nvfp4("cpu", why) and not why  # what probe_formats runs
+# where a kernel does not run, its probe says why in one line (the kernel level's stand-in note carries it)
+from decode_gap.simulate.formats import _failed
+assert not _failed(why, "the NVFP4 fused MoE", ValueError("no\nmore"))
+assert why == ["the NVFP4 fused MoE: ValueError: no"]
 E, I, H, k = 6, 64, 128, 2
 torch.manual_seed(0)
 fused = Experts(E, I, H, "nvfp4-moe", "fp32", "cpu", "fused_moe", top_k=k)

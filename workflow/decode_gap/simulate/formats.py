@@ -89,14 +89,15 @@ def probe_formats(weight_format: str, device: str, batch: int = 1) -> dict[str, 
             q = nv.quantize_nvfp4(torch.randn(64, 64, device=device))
             nv.WeightOnlyGemm(q, 1, device)(torch.randn(1, 64, device=device, dtype=torch.bfloat16))
             info["linear"] = "nvfp4-wo"
-            if _probe_fused_nvfp4(device):
+            failed: list[str] = []  # why each experts' kernel did not run here, for the stand-in's note
+            if _probe_fused_nvfp4(device, failed):
                 info["experts"] = "nvfp4-moe"
                 info["note"] = ("nvfp4 linears run the micro-benchmarks' nvfp4-weight-only Triton kernel "
                                 "(decode_gap.kernels.nvfp4); routed experts the NVFP4 fused MoE (decode_gap.kernels."
                                 "fp4moe: the pairs sorted by expert, each expert hit read once a step, decoded onto "
                                 "bf16 tensor cores)")
                 return info
-            if _probe_grouped_nvfp4(device):
+            if _probe_grouped_nvfp4(device, failed):
                 info["experts"] = "nvfp4"
                 info["note"] = ("nvfp4 linears run the micro-benchmarks' nvfp4-weight-only Triton kernel "
                                 "(decode_gap.kernels.nvfp4); routed experts the grouped NVFP4 GEMV over the experts "
@@ -107,6 +108,7 @@ def probe_formats(weight_format: str, device: str, batch: int = 1) -> dict[str, 
             info["note"] = ("nvfp4 linears run the micro-benchmarks' nvfp4-weight-only Triton kernel "
                             "(decode_gap.kernels.nvfp4); routed experts run bf16")
             info["experts_stand_in"] = True
+            info["experts_failed"] = "; ".join(failed)
             return info
         except Exception as exc:
             why = f"nvfp4-weight-only kernel failed here ({type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''})"
@@ -182,15 +184,24 @@ def _nvfp4_probe_experts(device: str):
             [nv.quantize_nvfp4(torch.randn(64, 64, device=device)) for _ in range(4)])
 
 
-def _probe_fused_nvfp4(device: str) -> bool:
+def _failed(why: list[str] | None, kernel: str, exc: BaseException | str) -> bool:
+    """False, with why `kernel` did not run appended to `why` (one line)."""
+    if why is not None:
+        text = exc if isinstance(exc, str) else f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}"
+        why.append(f"{kernel}: {text}")
+    return False
+
+
+def _probe_fused_nvfp4(device: str, why: list[str] | None = None) -> bool:
     """Whether the NVFP4 fused MoE (bf16 tensor-core form, sm89+) runs here and agrees with dequantise-then-matmul:
-    four experts, two tokens choosing two each (the align), and one token (its ids read as the blocks' experts)."""
+    four experts, two tokens choosing two each (the align), and one token (its ids read as the blocks' experts).
+    Where not, the reason goes into `why`."""
     torch = _torch()
     try:
         from ..kernels import fp4moe
 
         if (experts := _nvfp4_probe_experts(device)) is None:
-            return False
+            return _failed(why, "the NVFP4 fused MoE", "needs Triton and tensor cores of sm89 or later")
         w13, w2 = experts
         d13, d2 = fp4moe.dequantized(w13), fp4moe.dequantized(w2)
         x = torch.randn(2, 64, device=device, dtype=torch.bfloat16)
@@ -199,27 +210,32 @@ def _probe_fused_nvfp4(device: str) -> bool:
         for m in (2, 1):
             moe = fp4moe.Nvfp4FusedMoe(w13, w2, m, 2, device)
             ref = fp4moe.reference(x[:m], ids[:m], w[:m], lambda e: (d13[e], d2[e]))
-            if ((moe(x[:m], ids[:m], w[:m]).float() - ref).norm() / ref.norm()).item() >= 2e-2:
-                return False
+            err = ((moe(x[:m], ids[:m], w[:m]).float() - ref).norm() / ref.norm()).item()
+            if not err < 2e-2:
+                return _failed(why, "the NVFP4 fused MoE", f"{m} token(s): relative error {err:.3g} against "
+                                                           "dequantise-then-matmul")
         return True
-    except Exception:  # no Triton, an older GPU, or no kernel
-        return False
+    except Exception as exc:  # no Triton, an older GPU, or no kernel
+        return _failed(why, "the NVFP4 fused MoE", exc)
 
 
-def _probe_grouped_nvfp4(device: str) -> bool:
-    """Whether the grouped NVFP4 GEMV (tensor-core form, sm89+) runs here: four experts, two selected."""
+def _probe_grouped_nvfp4(device: str, why: list[str] | None = None) -> bool:
+    """Whether the grouped NVFP4 GEMV (tensor-core form, sm89+) runs here: four experts, two selected. Where not,
+    the reason goes into `why`."""
     torch = _torch()
     try:
         from ..kernels import lowprec as lp
 
         if (experts := _nvfp4_probe_experts(device)) is None:
-            return False
+            return _failed(why, "the grouped NVFP4 GEMV", "needs Triton and tensor cores of sm89 or later")
         w13, w2 = experts
         g = lp.GroupedExperts("nvfp4", w13, w2, torch.tensor([0, 2], device=device), torch.ones(2, device=device),
                               device)
-        return bool(torch.isfinite(g(torch.randn(1, 64, device=device, dtype=torch.bfloat16))).all())
-    except Exception:  # no Triton, an older GPU, or no kernel
-        return False
+        if not torch.isfinite(g(torch.randn(1, 64, device=device, dtype=torch.bfloat16))).all():
+            return _failed(why, "the grouped NVFP4 GEMV", "a sum that is not finite")
+        return True
+    except Exception as exc:  # no Triton, an older GPU, or no kernel
+        return _failed(why, "the grouped NVFP4 GEMV", exc)
 
 
 # the fused MoEs' K granularity: NVFP4's MMA steps are 64 values, fp8's activation groups 128

@@ -169,8 +169,10 @@ def simulate_rank(spec: ModelSpec, settings: KernelSettings, device: str, group=
     shapes = step_shapes(spec, settings.tp, settings.ep, settings.batch, settings.context_len)
     fmt = probe_formats(settings.weight_format, device, settings.batch)
     if fmt.get("experts_stand_in") and spec.is_moe:
+        failed = f": {fmt['experts_failed']}" if fmt.get("experts_failed") else ""
         fmt = {**fmt, "format_match": False,
-               "stand_in": f"routed experts run bf16 stand-in weights (no grouped {settings.weight_format} kernel here)"}
+               "stand_in": f"routed experts run bf16 stand-in weights (no grouped {settings.weight_format} kernel "
+                           f"here{failed})"}
     odd = sorted({k.split("/")[1] for k in shapes.kinds if k.split("/")[1] in ("linear", "unknown", "none")})
     if odd:  # the step has kernels for softmax attention only: say so, and keep this level off the gap's chain
         fmt = {**fmt, "format_match": False,
