@@ -34,7 +34,8 @@ def forms() -> dict[str, dict]:
     set): K split (ATOMIC) but for the 4-step lm_head forms; a one-kernel form packs x itself and finishes its split,
     a bf16 form (bx) reads x as it is and finishes its split."""
     out = {}
-    for cfg in lp.FP4_MMA_CONFIGS + lp.FP4_MMA_CHAINED + lp.FP4_MMA_XJIT + lp.FP4_MMA_XSHARE + lp.FP4_MMA_PAIR:
+    for cfg in (lp.FP4_MMA_CONFIGS + lp.FP4_MMA_CHAINED + lp.FP4_MMA_XJIT + lp.FP4_MMA_XSHARE + lp.FP4_MMA_XRING
+                + lp.FP4_MMA_PAIR):
         unsplit = cfg.slices != 1  # a sliced form runs without a K split where it wins
         for block_m in (1, 16):
             out[f"{cfg.name} M={'1' if block_m == 1 else '9-16'}"] = dict(
@@ -43,7 +44,8 @@ def forms() -> dict[str, dict]:
                 EV="evict_first" if cfg.evict else "", PDL=not (cfg.one_kernel or cfg.bx) or cfg.chain,
                 SELF_PACK=cfg.one_kernel,
                 FINISH=((cfg.one_kernel or cfg.bx) and cfg.warps_per_sm != 18 or cfg.stream) and not unsplit, BX=cfg.bx,
-                STREAM=cfg.stream, SLICES=cfg.slices, DEPS=cfg.chain, XJIT=cfg.xjit, XS=cfg.xshare, PAIR=cfg.pair)
+                STREAM=cfg.stream, SLICES=cfg.slices, DEPS=cfg.chain, XJIT=cfg.xjit, XS=cfg.xshare, PAIR=cfg.pair,
+                **lp.xring_constexprs(cfg.xring, cfg.block_k // 64))
     return out
 
 

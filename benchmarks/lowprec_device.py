@@ -94,7 +94,7 @@ def checks(env: BenchEnv) -> None:
         q = nv.quantize_nvfp4(w)
         ref4 = nv.reference_mm(x, q)
         for cfg in ((lp.FP4_M1_CONFIGS if m == 1 else lp.FP4_MMA_CONFIGS) + lp.FP4_MMA_CHAINED + lp.FP4_MMA_XJIT
-                    + lp.FP4_MMA_XSHARE + lp.FP4_MMA_PAIR):
+                    + lp.FP4_MMA_XSHARE + lp.FP4_MMA_XRING + lp.FP4_MMA_PAIR):
             if not cfg.fits(k) or (not env.is_gpu and cfg.asm):
                 continue
             _check(f"nvfp4 {cfg.name}", m, n, k, lambda: _twice_if_one_kernel(lp.Nvfp4Gemv(q, m, dev, cfg,
@@ -723,7 +723,7 @@ _XS = lp.FP4_MMA_XS
 XSHARE_SIZES = (replace(_XS, block_n=128, warps=8), replace(_XS, block_n=32, warps=2), replace(_XS, block_k=64),
                 replace(_XS, warps_per_sm=20), replace(_XS, warps_per_sm=36),
                 replace(lp.FP4_MMA_XS_AHEAD, block_n=128, warps=8), replace(_XS, block_n=128, warps=8, block_k=64))
-EXTRA_FORMS = {"slices": SLICED_MANY, "m16": XSHARE_SIZES, "plan": ()}
+EXTRA_FORMS = {"slices": SLICED_MANY, "m16": XSHARE_SIZES, "plan": (), "xring": lp.FP4_MMA_XRING}
 
 
 def fp4_sweep(env: BenchEnv, n: int, k: int, m: int, forms: str = "all") -> None:
@@ -977,7 +977,7 @@ def main() -> int:
     ap.add_argument("--shapes", default="28672x4096,4096x14336,36864x7168,128256x4096",
                     help="the sweep section's N x K shapes (comma-separated), each at every --ms")
     ap.add_argument("--ms", default="1", help="the sweep section's M values (comma-separated)")
-    ap.add_argument("--forms", default="all", choices=("all", "slices", "m16", "plan"),
+    ap.add_argument("--forms", default="all", choices=("all", "slices", "m16", "plan", "xring"),
                     help="the sweep section's forms: all, or the default plan's and its neighbours (plan), with "
                          "many K slices a tile (slices) or x shared in other program sizes (m16)")
     ap.add_argument("--sections", default="memory,checks,llama,moe,dsv3,glm5,stage",

@@ -66,6 +66,18 @@ print("ok")
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
 
 
+def test_x_ring_is_a_form_of_shared_x_in_four_warp_programs():
+    """x through a ring of cp.async copies (xring) replaces xshare's layout conversion: refused without shared x, in
+    programs other than 4 warps (one 16-byte copy a thread covers a step's 16 rows) or at other depths than 2 or 3."""
+    _assert_refused(64, 512, 16, (replace(lp.FP4_MMA_XJ, xring=2), replace(lp.FP4_MMA_XS, xring=4),
+                                  replace(lp.FP4_MMA_XS, xring=2, warps=8, block_n=128)))
+    assert all(c.xring in (2, 3) and c.xshare for c in lp.FP4_MMA_XRING)
+    assert lp.FP4_MMA_XRING[0].name.endswith(",xs,xr=2")
+    if lp.HAVE_TRITON:  # the constexprs the launcher passes: none without a ring, the asm with one
+        assert lp.xring_constexprs(0, 2) == {"XR": 0}
+        assert lp.xring_constexprs(3, 2)["XR"] == 3 and "wait_group 1" in str(lp.xring_constexprs(3, 2)["XR_WAIT"])
+
+
 def test_tensor_core_layout_gives_each_lane_its_fragments():
     """repack_mma: lane 4g+q of tile T at step i holds group 4i+q of rows 16T+g then 16T+8+g; scales likewise."""
     q = nv.quantize_nvfp4(torch.randn(40, 256))

@@ -24,6 +24,7 @@
 #     bash benchmarks/device/issue14_pending.sh topk_synced_step $OUT 2>&1 | tee $OUT/issue14_topk_synced_step.txt
 #     bash benchmarks/device/issue14_pending.sh topk_warm 2>&1 | tee $OUT/issue14_topk_warm.txt
 #     bash benchmarks/device/issue14_pending.sh rank $OUT 2>&1 | tee $OUT/issue14_rank.txt
+#     bash benchmarks/device/issue14_pending.sh xring $OUT 2>&1 | tee $OUT/issue14_xring.txt
 #
 # What to read off: every check `ok`. The forms are timed in rounds that rotate their order (the first form timed read
 # 2-9% fast in a fixed order), so a form wins where its median is below the default's past the spread of the rounds.
@@ -209,6 +210,15 @@ for args in "--context 4096" "--context 8192" "--context 4096 --batch 8"; do
   echo "== step_profile $args"
   timeout 100 python3 benchmarks/device/step_profile.py $args --components attention
 done
+;;
+xring)
+# x through a ring of cp.async copies at M = 9-16 (lowprec.FP4_MMA_XRING, through L1 since an H100 timed the L2-only
+# copies slower on 2026-12-06): checked, then timed beside the plan's xshare forms on the split and stream-K shapes,
+# then ncu's stall reasons for both on 28672x4096
+timeout 240 python3 benchmarks/lowprec_device.py --out "${2:?usage: $0 xring OUT_DIR}/xr" --sections memory,sweep \
+  --forms xring --shapes 28672x4096,6144x4096,4096x14336,36864x7168,24576x6144,7168x18432 --ms 16,12 \
+  --budget-s 220 2>&1 | grep -E "sweep|FAIL|rror|read"
+timeout 150 bash benchmarks/device/ncu_xtraffic.sh "28672 4096 16 xs" "28672 4096 16 xr2" 2>&1 | tail -44
 ;;
 fp8_keys|fp8_keys_step)
 # the DSA indexer's FP8 keys and queries (kernels/attention.py; run on an H100 and an H200 on 2026-12-06, the

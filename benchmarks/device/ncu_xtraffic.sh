@@ -7,7 +7,10 @@ for r in long_scoreboard short_scoreboard math_pipe_throttle mio_throttle lg_thr
          dispatch_stall barrier no_instructions tex_throttle drain branch_resolving; do
   METRICS=$METRICS,${M}_${r}_per_issue_active.ratio
 done
-for spec in "28672 4096 16 xj" "28672 4096 16 xj shared" "28672 4096 16 xs" "28672 4096 8 bx" "28672 4096 1 bx"; do
+# the calls named as arguments (N K M FORM [shared], FORM a key of xtraffic_probe.CFGS), else these
+[ $# -gt 0 ] || set -- "28672 4096 16 xj" "28672 4096 16 xj shared" "28672 4096 16 xs" "28672 4096 8 bx" \
+  "28672 4096 1 bx"
+for spec in "$@"; do
   echo "=== $spec"
   timeout 100 ncu --clock-control none -k regex:fp4_mma -s 2 -c 1 --metrics $METRICS python3 benchmarks/device/xtraffic_probe.py one $spec 2>&1 | grep -E "triton nvfp4|smsp__|sm__|l1tex__|lts__|gpu__|ERR|Error" | sed 's/smsp__average_warps_issue_stalled_//' | head -40
 done

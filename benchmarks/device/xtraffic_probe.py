@@ -63,7 +63,7 @@ from decode_gap.microbench import memory  # noqa: E402
 from decode_gap.microbench.common import BenchEnv  # noqa: E402
 
 CFGS = {"xj": lp.FP4_MMA_XJ, "sk": lp.FP4_MMA_BX_SK, "bx": lp.FP4_MMA_DEFAULT, "ks2": lp.FP4_MMA_KS2,
-        "xs": lp.FP4_MMA_XS}
+        "xs": lp.FP4_MMA_XS, "xr2": lp.FP4_MMA_XRING[0], "xr3": lp.FP4_MMA_XRING[1]}
 
 
 def x_for(m: int, k: int, dev, shared: bool) -> torch.Tensor:

@@ -65,7 +65,9 @@ by lane, or sm90 cp.async.bulk.prefetch of a tile's steps) was 5-30% slower on e
 cp.async stages in shared memory in place of that buffer (each thread reading back its own 16 bytes, no barrier;
 commit 465ec3b, reverted): 3 or 7 steps in flight a warp in 60-70 registers, but 15 more instructions a step, and
 1.5-2.1x slower at M=1 and 16 on every shape (H100, 2026-12-07; 28672x4096 at M=16: 43.6 and 50.8 us against 28.0
-for the same form with the buffer in registers). With every tile
+for the same form with the buffer in registers). So was x at M = 9-16 through a ring of cp.async copies with one
+barrier an iteration in place of xshare's two a step (FP4_MMA_XRING: 4-15% slower on the K split shapes, level on
+stream-K; H100, 2026-12-06), a candidate the benchmark times. With every tile
 reading tile 0's weights and scales (no DRAM traffic; benchmarks/device/ablate_probe.py) the loop alone takes
 0.87-0.97 of a plain read's time on the wide shapes and 1.04-1.25 on the narrow and small ones (their K split's
 finish included), and the 16 scale multiplies a step with their conversion (22 of 79 instructions, sm_90 SASS of
@@ -737,6 +739,98 @@ if HAVE_TRITON:
             d = (w[3][0], w[3][1], x[0], x[1], x[2], x[3])
         return a, b, c, d
 
+    # x through a ring of cp.async copies (cfg.xring, with xshare): each thread copies 16 bytes of a step's x rows
+    # 0-15 (a [16, 32]-word chunk, rows padded to XR_ROW bytes so that a quarter warp's fragment reads hit distinct
+    # banks) straight from L2 into shared memory, an iteration or two ahead, holding no register; a program waits
+    # and meets at one barrier an iteration, then each lane reads its B fragments with four 16-byte loads a step.
+    # xshare's Triton layout conversion loaded x in the iteration that used it (or an iteration ahead in registers)
+    # and met at two barriers a step (ncu, H200, M=16: 2.0 cycles of barrier stall an issued instruction).
+    _XR_ROW = 144  # 128 bytes of a row's step, 16 of padding
+    _XR_SLOT = 16 * _XR_ROW  # one step's chunk
+    XR_ROW = tl.constexpr(_XR_ROW)
+    XR_SLOT = tl.constexpr(_XR_SLOT)
+
+    def _xr_ring_asm(sets: int, steps: int) -> str:
+        """The program's ring (sets x steps chunks; the variable is the block's, its storage the kernel's): its
+        shared address in each of the 4 outputs."""
+        return (f"{{ .shared .align 16 .b8 xring[{sets * steps * _XR_SLOT}]; mov.u32 $0, xring; mov.u32 $1, xring; "
+                "mov.u32 $2, xring; mov.u32 $3, xring; }")
+
+    def _xr_copy_asm(steps: int) -> str:
+        """A thread's 16 bytes of `steps` consecutive steps (the shared address $4, the global $8), one commit group."""
+        lines = ["{"] + [f"cp.async.ca.shared.global [$4+{u * _XR_SLOT}], [$8+{u * 128}], 16;" for u in range(steps)]
+        return " ".join(lines + ["cp.async.commit_group;", "mov.u32 $0, 0; mov.u32 $1, 0; mov.u32 $2, 0;",
+                                 "mov.u32 $3, 0; }"])
+
+    def _xr_wait_asm(pending: int) -> str:
+        """Until at most `pending` of the thread's groups are in flight, then the program's barrier (every thread's
+        copies of this iteration landed; every thread's reads of the set about to be refilled done)."""
+        return (f"{{ cp.async.wait_group {pending}; bar.sync 0; mov.u32 $0, 0; mov.u32 $1, 0; mov.u32 $2, 0; "
+                "mov.u32 $3, 0; }")
+
+    # a step's B fragments at lane 4g + q's read address $16 (row g, byte 32q): words 8q..8q+3 and 8q+4..8q+7 of
+    # rows g and g + 8, as _x_frags returns them (xa, xc, xa2, xc2)
+    _XR_READ_ASM = tl.constexpr(
+        "{ ld.shared.v4.u32 {$0, $1, $2, $3}, [$16]; ld.shared.v4.u32 {$4, $5, $6, $7}, [$16+16]; "
+        f"ld.shared.v4.u32 {{$8, $9, $10, $11}}, [$16+{8 * _XR_ROW}]; "
+        f"ld.shared.v4.u32 {{$12, $13, $14, $15}}, [$16+{8 * _XR_ROW + 16}]; }}")
+    _XR_READ_CONS = tl.constexpr(",".join(["=r"] * 16 + ["r"] * 4))
+    _XR_RING_CONS = tl.constexpr("=r,=r,=r,=r,r,r,r,r")
+    _XR_COPY_CONS = tl.constexpr("=r,=r,=r,=r,r,r,r,r,l,l,l,l")
+    _XR_DRAIN = tl.constexpr("{ cp.async.wait_all; mov.u32 $0, 0; mov.u32 $1, 0; mov.u32 $2, 0; mov.u32 $3, 0; }")
+    _XR_ASM = {(sets, steps): (tl.constexpr(_xr_ring_asm(sets, steps)), tl.constexpr(_xr_copy_asm(steps)),
+                               tl.constexpr(_xr_wait_asm(sets - 2))) for sets in (2, 3) for steps in (1, 2, 4)}
+
+    def xring_constexprs(sets: int, steps: int) -> dict[str, Any]:
+        """The tensor-core kernel's constexprs for x through a ring of `sets` iterations of `steps` steps (0: none)."""
+        if not sets:
+            return {"XR": 0}
+        ring, copy, wait = _XR_ASM[(sets, steps)]
+        return {"XR": sets, "XR_RING": ring, "XR_COPY": copy, "XR_WAIT": wait}
+
+    @triton.jit
+    def _xr_setup(wb, i0, xp_ptr, stride_xm, M, t, g, qq, RING: tl.constexpr):
+        """The ring's write address (thread t: row t // 8, bytes 16 (t % 8)), read address (lane 4g + q: row g, byte
+        32 q) and copy source (x row t // 8, words 4 (t % 8) of step 0), in the lanes' layout: anchored by a load that
+        reads nothing (the asm blocks' operands must be each lane's 4 contiguous words, as the MMA asm's are)."""
+        zero = tl.load(wb + i0 * 128, mask=(t < 0)[:, None], other=0)
+        ring = tl.inline_asm_elementwise(RING, _XR_RING_CONS, [zero], dtype=tl.int32, is_pure=False, pack=4)
+        wr = ring + ((t // 8) * XR_ROW + (t % 8) * 16)[:, None]
+        rd = ring + (g * XR_ROW + qq * 32)[:, None]
+        src = xp_ptr + (tl.minimum(t // 8, M - 1) * stride_xm + (t % 8) * 4)[:, None] + zero
+        return wr, rd, src
+
+    @triton.jit
+    def _xr_copy(wr, src, COPY: tl.constexpr):
+        tl.inline_asm_elementwise(COPY, _XR_COPY_CONS, [wr, src], dtype=tl.int32, is_pure=False, pack=4)
+
+    @triton.jit
+    def _xr_wait(rd, WAIT: tl.constexpr):
+        tl.inline_asm_elementwise(WAIT, _XR_RING_CONS, [rd], dtype=tl.int32, is_pure=False, pack=4)
+
+    @triton.jit
+    def _xr_frags(rd):
+        return tl.inline_asm_elementwise(_XR_READ_ASM, _XR_READ_CONS, [rd],
+                                         dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=False, pack=4)
+
+    @triton.jit
+    def _fp4_mma_with_ring(w, rd, U: tl.constexpr):
+        """U steps' operands: their weights w (_fp4_mma_wloads) with x's fragments read from the ring at rd."""
+        x = _xr_frags(rd)
+        a = (w[0][0], w[0][1], x[0], x[1], x[2], x[3])
+        b = a
+        c = a
+        d = a
+        if U >= 2:
+            x = _xr_frags(rd + XR_SLOT)
+            b = (w[1][0], w[1][1], x[0], x[1], x[2], x[3])
+        if U >= 4:
+            x = _xr_frags(rd + 2 * XR_SLOT)
+            c = (w[2][0], w[2][1], x[0], x[1], x[2], x[3])
+            x = _xr_frags(rd + 3 * XR_SLOT)
+            d = (w[3][0], w[3][1], x[0], x[1], x[2], x[3])
+        return a, b, c, d
+
     @triton.jit
     def _fp4_mma_steps(ops, U: tl.constexpr, T: tl.constexpr, TWO: tl.constexpr, acc0, acc1, acc2, acc3,
                        BX: tl.constexpr):
@@ -779,7 +873,8 @@ if HAVE_TRITON:
     @triton.jit
     def _fp4_mma_loop(wb, sb, xb, xb2, i0, i1, T: tl.constexpr, U: tl.constexpr, EV: tl.constexpr,
                       TWO: tl.constexpr, acc0, acc1, acc2, acc3, PDL: tl.constexpr = False,
-                      BX: tl.constexpr = False, XJIT: tl.constexpr = False, XS: tl.constexpr = False, xcp=None):
+                      BX: tl.constexpr = False, XJIT: tl.constexpr = False, XS: tl.constexpr = False, xcp=None,
+                      XR: tl.constexpr = 0, XR_COPY: tl.constexpr = "", XR_WAIT: tl.constexpr = "", xr=None):
         """Steps [i0, i1) (a multiple of U) with a register double buffer: the next U steps' loads are issued
         before this U steps' math, so 2U steps' bytes are in flight a warp (on the H200 this, with the decode's
         fewer operations, took Llama-3.1-8B lm_head from 64% to 86% of read bandwidth; unrolling alone: 72%).
@@ -798,7 +893,27 @@ if HAVE_TRITON:
         # int32 step index each step took an address computation of its own, 3 instructions; H200: 0.5-2% faster
         # at M = 1 and 4). Two buffers taking turns instead of one rolled over (no register moves, 4 fewer
         # instructions a step) took 72 registers for 56 and lost up to a third where programs no longer fit one wave
-        if XS:  # x's chunks, one a step a program (_x_frags): loaded an iteration ahead, or in place with XJIT
+        if XS and XR > 0:  # x's chunks through the ring (_xr_setup): XR sets of U steps, XR - 1 iterations ahead
+            wr, rd, src = xr
+            SET: tl.constexpr = U * XR_SLOT
+            w = _fp4_mma_wloads(wb + i0 * 128, sb + i0 * 32, U, EV)
+            for d in tl.static_range(XR - 1):  # the first XR - 1 iterations in flight (past the end: the last again)
+                _xr_copy(wr + d * SET, src + tl.minimum(i0 + d * U, i1 - U) * 32, XR_COPY)
+            cur = 0  # the byte offsets of the set read now and of the set read an iteration ago
+            last = (XR - 1) * SET
+            for i in range(i0, i1, U):
+                j = tl.minimum(i + U, i1 - U)
+                wn = _fp4_mma_wloads(wb + j * 128, sb + j * 32, U, EV)
+                _xr_wait(rd, XR_WAIT)
+                # every thread is past the set read an iteration ago: it takes the iteration XR - 1 ahead
+                _xr_copy(wr + last, src + tl.minimum(i + (XR - 1) * U, i1 - U) * 32, XR_COPY)
+                a = _fp4_mma_with_ring(w, rd + cur, U)
+                acc0, acc1, acc2, acc3 = _fp4_mma_steps(a, U, T, TWO, acc0, acc1, acc2, acc3, BX)
+                w = wn
+                last = cur
+                cur = tl.where(cur == (XR - 1) * SET, 0, cur + SET)
+            _xr_wait(rd, _XR_DRAIN)
+        elif XS:  # x's chunks, one a step a program (_x_frags): loaded an iteration ahead, or in place with XJIT
             w = _fp4_mma_wloads(wb + i0 * 128, sb + i0 * 32, U, EV)
             if not XJIT:
                 xc = _x_chunks(xcp + i0 * 32, U)
@@ -881,7 +996,9 @@ if HAVE_TRITON:
                         USE_ASM: tl.constexpr, EV: tl.constexpr = "", PDL: tl.constexpr = False,
                         SELF_PACK: tl.constexpr = False, FINISH: tl.constexpr = False, BX: tl.constexpr = False,
                         STREAM: tl.constexpr = False, SLICES: tl.constexpr = 1, DEPS: tl.constexpr = False,
-                        XJIT: tl.constexpr = False, XS: tl.constexpr = False, PAIR: tl.constexpr = False):
+                        XJIT: tl.constexpr = False, XS: tl.constexpr = False, PAIR: tl.constexpr = False,
+                        XR: tl.constexpr = 0, XR_RING: tl.constexpr = "", XR_COPY: tl.constexpr = "",
+                        XR_WAIT: tl.constexpr = ""):
         """y[M<=16, N] = x W^T on tensor cores (see _fp4_mma_asm); program (group of WARPS 16-row tiles, K split).
         ATOMIC: fp32 partial sums added into out_ptr (K split; the last split casting the sums in-kernel, with a
         counter and fences, was no faster on the H200 than the separate cast once the GEMV launches as a programmatic
@@ -920,12 +1037,14 @@ if HAVE_TRITON:
             n_a = tl.minimum(ki - k0, u1 - u)
             _fp4_mma_part(xp_ptr, w_ptr, s_ptr, ts, out_ptr, M, N, NT, grp, k0 * UNROLL, (k0 + n_a) * UNROLL,
                           n_a, ki, stride_xm, stride_wt, stride_st, stride_om, fin_ptr, stride_fm, cnt_ptr,
-                          WARPS, BLOCK_M, UNROLL, ATOMIC, USE_ASM, EV, PDL, FINISH, BX, XJIT=XJIT, XS=XS)
+                          WARPS, BLOCK_M, UNROLL, ATOMIC, USE_ASM, EV, PDL, FINISH, BX, XJIT=XJIT, XS=XS,
+                          XR=XR, XR_RING=XR_RING, XR_COPY=XR_COPY, XR_WAIT=XR_WAIT)
             n_b = u1 - u - n_a
             if n_b > 0:
                 _fp4_mma_part(xp_ptr, w_ptr, s_ptr, ts, out_ptr, M, N, NT, grp + 1, 0, n_b * UNROLL, n_b, ki,
                               stride_xm, stride_wt, stride_st, stride_om, fin_ptr, stride_fm, cnt_ptr,
-                              WARPS, BLOCK_M, UNROLL, ATOMIC, USE_ASM, EV, False, FINISH, BX, XJIT=XJIT, XS=XS)
+                              WARPS, BLOCK_M, UNROLL, ATOMIC, USE_ASM, EV, False, FINISH, BX, XJIT=XJIT, XS=XS,
+                              XR=XR, XR_RING=XR_RING, XR_COPY=XR_COPY, XR_WAIT=XR_WAIT)
             if DEPS:
                 tl.extra.cuda.gdc_launch_dependents()
         else:
@@ -937,7 +1056,8 @@ if HAVE_TRITON:
                                  32 * WARPS)
             _fp4_mma_part(xp_ptr, w_ptr, s_ptr, ts, out_ptr, M, N, NT, pid_n, i0, i1, 1, tl.num_programs(1),
                           stride_xm, stride_wt, stride_st, stride_om, fin_ptr, stride_fm, cnt_ptr,
-                          WARPS, BLOCK_M, UNROLL, ATOMIC, USE_ASM, EV, PDL, FINISH, BX, SLICES, DEPS, XJIT, XS, PAIR)
+                          WARPS, BLOCK_M, UNROLL, ATOMIC, USE_ASM, EV, PDL, FINISH, BX, SLICES, DEPS, XJIT, XS, PAIR,
+                          XR, XR_RING, XR_COPY, XR_WAIT)
 
     @triton.jit
     def _lanes(first_tile, T: tl.constexpr, SLICES: tl.constexpr):
@@ -965,7 +1085,9 @@ if HAVE_TRITON:
                       WARPS: tl.constexpr, BLOCK_M: tl.constexpr, UNROLL: tl.constexpr, ATOMIC: tl.constexpr,
                       USE_ASM: tl.constexpr, EV: tl.constexpr, PDL: tl.constexpr, FINISH: tl.constexpr,
                       BX: tl.constexpr, SLICES: tl.constexpr = 1, DEPS: tl.constexpr = False,
-                      XJIT: tl.constexpr = False, XS: tl.constexpr = False, PAIR: tl.constexpr = False):
+                      XJIT: tl.constexpr = False, XS: tl.constexpr = False, PAIR: tl.constexpr = False,
+                      XR: tl.constexpr = 0, XR_RING: tl.constexpr = "", XR_COPY: tl.constexpr = "",
+                      XR_WAIT: tl.constexpr = ""):
         """Steps [i0, i1) of group grp's WARPS / SLICES 16-row tiles, added (ATOMIC) or stored; with FINISH these
         steps count as `units` of the group's `total` (the one that completes it casts). Accumulator element e of
         lane 4g+q holds row g + 8 (e // 2), x row 2q + e % 2 (+ 8 in the second set of BLOCK_M = 16: x rows 8-15
@@ -996,6 +1118,9 @@ if HAVE_TRITON:
             if XS:  # x rows 0-15 of a step, one [16, 32] chunk a program (SLICES 1: every warp the same K range)
                 r16 = tl.arange(0, 16)
                 xcp = xp_ptr + tl.minimum(r16, M - 1)[:, None] * stride_xm + tl.arange(0, 32)[None, :]
+            xr = None
+            if XS and XR > 0:
+                xr = _xr_setup(wb, i0, xp_ptr, stride_xm, M, t, g, qq, XR_RING)  # (no K slices: kof is 0)
             if PAIR:  # the warp's second tile: TILES tiles on
                 tile_b = tile + TILES
                 hop = (tl.minimum(tile_b, NT - 1) - tile_c).to(tl.int64)
@@ -1004,7 +1129,8 @@ if HAVE_TRITON:
                     BLOCK_M == 16, PDL, BX)
             else:
                 acc0, acc1, acc2, acc3 = _fp4_mma_loop(wb, sb, xb, xb2, i0, i1, T, UNROLL, EV, BLOCK_M == 16, acc0,
-                                                       acc1, acc0, acc1, PDL, BX, XJIT, XS, xcp)
+                                                       acc1, acc0, acc1, PDL, BX, XJIT, XS, xcp, XR, XR_COPY,
+                                                       XR_WAIT, xr)
             if DEPS:
                 tl.extra.cuda.gdc_launch_dependents()
             y = _slice_sum(acc0 + acc1, TILES, SLICES) * ts
@@ -1582,6 +1708,7 @@ class GemvConfig:
     xjit: bool = False  # tensor-core form: x loaded in the iteration that uses it, only the weights double-buffered
     xshare: bool = False  # tensor-core form, no K slices: x loaded once a program, shared through shared memory
     pair: bool = False  # tensor-core form, x loaded in place: each warp two 16-row tiles against one x load a step
+    xring: int = 0  # with xshare and 4 warps: x through a ring of this many iterations of cp.async copies (2 or 3)
     xscale: bool = False  # fp8 128x128 blocks at M=1, BLOCK_N dividing 128: the block scales applied to x
     cast: bool = False  # bf16 tensor-core form, K split: the sums cast by a kernel behind it (PDL), not its last split
 
@@ -1593,7 +1720,9 @@ class GemvConfig:
                 + (f",t={self.warps_per_sm}" if self.warps_per_sm and not self.split else "")
                 + (",1k" if self.one_kernel else "") + (",bx" if self.bx else "") + (",sk" if self.stream else "")
                 + (f",ks={self.slices}" if self.slices > 1 else "") + (",pc" if self.chain else "")
-                + (",xj" if self.xjit else "") + (",xs" if self.xshare else "") + (",tp" if self.pair else "")
+                + (",xj" if self.xjit else "") + (",xs" if self.xshare else "")
+                + (f",xr={self.xring}" if self.xring else "")
+                + (",tp" if self.pair else "")
                 + (",xb" if self.xscale else "") + (",ck" if self.cast else ""))
 
     @property
@@ -1722,6 +1851,17 @@ FP4_MMA_XS_AHEAD = replace(FP4_MMA_DEFAULT, xshare=True)  # an iteration ahead, 
 FP4_MMA_BX_SK_XS = replace(FP4_MMA_BX_SK, xshare=True)
 FP4_MMA_XSHARE = (FP4_MMA_XS, FP4_MMA_XS_AHEAD, FP4_MMA_BX_SK_XS, replace(FP4_MMA_BX_SK_XS, xjit=True),
                   replace(FP4_MMA_XS_AHEAD, block_k=256, warps_per_sm=18))
+# x through a ring of cp.async copies (xring), 2 or 3 iterations deep, on the K split and stream-K forms of xshare:
+# candidates the benchmark checks and times (lowprec_device.py --sections sweep --forms xring), in no plan. H100
+# (2026-12-06, M=16, L2-only copies, cp.async.cg), us, the plan's xshare form / ring 2 / ring 3: 28672x4096 (split)
+# 27.6 / 31.4 / 31.6, 7168x18432 (split) 29.7 / 34.2 / 31.6, 6144x4096 10.7 / 11.9 / 11.9, 36864x7168 (stream-K)
+# 62.9 / 62.3 / 63.3. ncu (28672x4096): one barrier an iteration for four, yet 3.5 cycles of barrier stall an issued
+# instruction for 2.5, long-scoreboard 7.3 for 6.2, and x now read from L2 (L1 hit rate 4% for 33%; x's bytes
+# through L2 as many as the weight's): the warps of a program still meet, now at the slowest one's copies. The
+# copies go through L1 since (cp.async.ca, as xshare's loads did): not timed yet (benchmarks/device/
+# issue14_pending.sh xring)
+FP4_MMA_XRING = (replace(FP4_MMA_XS, xring=2), replace(FP4_MMA_XS, xring=3), replace(FP4_MMA_BX_SK_XS, xring=2),
+                 replace(FP4_MMA_BX_SK_XS, xring=3))
 # tile pairs (pair): each warp two 16-row tiles, tiles w and w + 4 of an 8-tile group, both against the same x
 # fragments, loaded in the iteration that uses them: a warp loads x once for twice the weight bytes (at M = 16 x's
 # 2 KB a step against 1 KB of weight and 128 bytes of scales), with no shared memory or barrier (xshare's
@@ -1979,6 +2119,11 @@ def _k_plan(k_units: int, block: int, split: int) -> tuple[int, int, bool]:
     return per, split, k_units % block == 0
 
 
+def _ring_aligned(xp: torch.Tensor) -> bool:
+    """Whether x's rows start at 16-byte boundaries (cp.async copies 16 aligned bytes; the ring's form needs them)."""
+    return xp.data_ptr() % 16 == 0 and xp.stride(0) % 4 == 0
+
+
 def _evict(cfg: GemvConfig) -> str:
     return "evict_first" if cfg.evict else ""
 
@@ -2052,6 +2197,9 @@ class Nvfp4Gemv:
                                 or k % cfg.k_multiple):
             raise DecodeGapError(f"nvfp4 gemv: K slices need warps a multiple of them, no stream-K or one-kernel "
                                  f"form, and K a multiple of BLOCK_K x slices ({cfg.name}, K={k})")
+        if cfg.xring and (not cfg.xshare or cfg.warps != 4 or cfg.xring not in (2, 3)):
+            raise DecodeGapError(f"nvfp4 gemv: x through a ring is a form of shared x in 4-warp programs, 2 or 3 "
+                                 f"iterations deep ({cfg.name})")
         if cfg.xshare and (cfg.slices != 1 or cfg.one_kernel):
             raise DecodeGapError(f"nvfp4 gemv: x shared a program needs every warp on the same K range: no K slices "
                                  f"or one-kernel form ({cfg.name})")
@@ -2136,7 +2284,7 @@ class Nvfp4Gemv:
             ATOMIC=self.acc is not None, USE_ASM=not interpreted(), EV=_evict(cfg), PDL=self.pdl,
             SELF_PACK=self.one_kernel and not self.bx, FINISH=self.finish, BX=self.bx, STREAM=self.stream,
             SLICES=cfg.slices, DEPS=self.pdl and cfg.chain or self.cast_pdl, XJIT=cfg.xjit,
-            XS=cfg.xshare, PAIR=cfg.pair,
+            XS=cfg.xshare, PAIR=cfg.pair, **xring_constexprs(cfg.xring if _ring_aligned(xp) else 0, self.steps),
             num_warps=cfg.warps, **_pdl_launch(self.pdl))
 
     def _call_mma(self, x: torch.Tensor) -> torch.Tensor:
