@@ -56,7 +56,8 @@ assert MlaDecode(8, 64, L, R, 12, "cpu").block_h == 32 and MlaDecode(1, 64, L, R
 # each form the same attention
 from decode_gap.kernels.attention import mla_split_forms
 forms = mla_split_forms(M, H, L, R, 200, "cpu", dtype=torch.float32)
-assert [f.splits for f in forms.values()] == [2, 4] and all(lab.endswith(f"{f.splits} splits") for lab, f in forms.items())
+assert [f.splits for f in forms.values()] == [2, 4]
+assert all(lab.endswith(f"{f.splits} splits") for lab, f in forms.items())
 kv = torch.randn(M, 300, L + R)
 rows = torch.stack([torch.randperm(300)[:200] for _ in range(M)]).to(torch.int32)
 ref = reference_mla(qq, kv.gather(1, rows.long()[..., None].expand(-1, -1, L + R)), L, 0.2)
