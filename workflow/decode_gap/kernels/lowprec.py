@@ -66,7 +66,7 @@ cp.async stages in shared memory in place of that buffer (each thread reading ba
 commit 465ec3b, reverted): 3 or 7 steps in flight a warp in 60-70 registers, but 15 more instructions a step, and
 1.5-2.1x slower at M=1 and 16 on every shape (H100, 2026-12-07; 28672x4096 at M=16: 43.6 and 50.8 us against 28.0
 for the same form with the buffer in registers). So was x at M = 9-16 through a ring of cp.async copies with one
-barrier an iteration in place of xshare's two a step (FP4_MMA_XRING: 4-15% slower on the K split shapes, level on
+barrier an iteration in place of xshare's two a step (FP4_MMA_XRING: 7-15% slower on the K split shapes, level on
 stream-K; H100, 2026-12-06), a candidate the benchmark times. With every tile
 reading tile 0's weights and scales (no DRAM traffic; benchmarks/device/ablate_probe.py) the loop alone takes
 0.87-0.97 of a plain read's time on the wide shapes and 1.04-1.25 on the narrow and small ones (their K split's
