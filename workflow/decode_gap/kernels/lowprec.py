@@ -741,10 +741,11 @@ if HAVE_TRITON:
 
     # x through a ring of cp.async copies (cfg.xring, with xshare): each thread copies 16 bytes of a step's x rows
     # 0-15 (a [16, 32]-word chunk, rows padded to XR_ROW bytes so that a quarter warp's fragment reads hit distinct
-    # banks) straight from L2 into shared memory, an iteration or two ahead, holding no register; a program waits
-    # and meets at one barrier an iteration, then each lane reads its B fragments with four 16-byte loads a step.
-    # xshare's Triton layout conversion loaded x in the iteration that used it (or an iteration ahead in registers)
-    # and met at two barriers a step (ncu, H200, M=16: 2.0 cycles of barrier stall an issued instruction).
+    # banks) from global memory (through L1) into shared memory, an iteration or two ahead, holding no register; a
+    # program waits and meets at one barrier an iteration, then each lane reads its B fragments with four 16-byte
+    # loads a step. xshare's Triton layout conversion loaded x in the iteration that used it (or an iteration ahead
+    # in registers) and met at two barriers a step (ncu, H200, M=16: 2.0 cycles of barrier stall an issued
+    # instruction). Slower on an H100 (FP4_MMA_XRING's comment): a candidate, in no plan.
     _XR_ROW = 144  # 128 bytes of a row's step, 16 of padding
     _XR_SLOT = 16 * _XR_ROW  # one step's chunk
     XR_ROW = tl.constexpr(_XR_ROW)
