@@ -2285,7 +2285,8 @@ class Nvfp4Gemv:
             ATOMIC=self.acc is not None, USE_ASM=not interpreted(), EV=_evict(cfg), PDL=self.pdl,
             SELF_PACK=self.one_kernel and not self.bx, FINISH=self.finish, BX=self.bx, STREAM=self.stream,
             SLICES=cfg.slices, DEPS=self.pdl and cfg.chain or self.cast_pdl, XJIT=cfg.xjit,
-            XS=cfg.xshare, PAIR=cfg.pair, **xring_constexprs(cfg.xring if _ring_aligned(xp) else 0, self.steps),
+            XS=cfg.xshare, PAIR=cfg.pair,
+            **xring_constexprs(cfg.xring if cfg.xring and _ring_aligned(xp) else 0, self.steps),
             num_warps=cfg.warps, **_pdl_launch(self.pdl))
 
     def _call_mma(self, x: torch.Tensor) -> torch.Tensor:

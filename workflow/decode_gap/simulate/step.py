@@ -399,7 +399,7 @@ class DecodeStep:
                 choice = self.attn_picker.pick(("mla", M, H, lora, rope, rows) + (("sparse",) if sparse else ()), {
                     **{lab: (lambda f=f: f(qt, kv_in, scale, rows=kept)) for lab, f in splits.items()},
                     "torch bmm + softmax": lambda: attn_kernels.reference_mla(
-                        qt, _gather_rows(cache, kept) if sparse else cache[:, :rows], lora, scale)})
+                        qt, _gather_rows(cache, kept) if sparse else kv_in, lora, scale)})
                 mla = splits.get(choice)
                 indexer = f"; DSA indexer: {_indexer_impl(icache.dtype == attn_kernels.INDEX_KEY_DTYPE)}" if idx else ""
                 self.attention_impl = (f"MLA absorbed ({choice}; latent norm, "
