@@ -2,6 +2,7 @@
 
 import json
 
+from decode_gap.errors import describe
 from decode_gap.io import read_stage_json
 from decode_gap.prompts import WORDS, random_words
 from decode_gap.provenance import figure_value, measured, unavailable
@@ -24,6 +25,16 @@ def test_figure_value_reads_numbers_and_labelled_figures():
     assert figure_value(2) == 2.0 and figure_value(measured(3.5, "us", "x")) == 3.5
     assert figure_value(unavailable("no GPU")) is None
     assert figure_value(True) is None and figure_value("1") is None and figure_value(float("nan")) is None
+
+
+def test_describe_puts_a_caught_exception_on_one_short_line_without_credentials():
+    assert describe(ValueError("bad shape\n  at line 2")) == "ValueError: bad shape"
+    assert describe(RuntimeError("")) == "RuntimeError" == describe(RuntimeError("  \n"))
+    assert describe(OSError("x" * 500), 10) == "OSError: " + "x" * 10
+    assert describe(KeyError("gone"), with_type=False) == "'gone'"
+    assert describe(TimeoutError(), with_type=False) == "TimeoutError"  # never an empty reason
+    line = describe(ConnectionError("GET http://h/v1?api_key=sk-abcdefghijkl failed: Bearer abc.def.ghi"))
+    assert "sk-abcdefghijkl" not in line and "abc.def.ghi" not in line and "[redacted]" in line
 
 
 def test_random_words_is_seeded():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import httpx
 import pytest
 
 from decode_gap.errors import DecodeGapError
@@ -86,6 +87,17 @@ def test_vllm_without_profiler_says_how_to_start_it():
     d = EngineDouble("vllm", profiler_on=False)
     with pytest.raises(DecodeGapError, match="VLLM_TORCH_PROFILER_DIR"):
         ServerProfiler("vllm", ENDPOINT, client=d.client()).start()
+
+
+def test_a_profile_error_that_echoes_the_key_is_one_line_without_it():
+    def handler(request):
+        return httpx.Response(401, text="invalid api_key=sk-live-abcdefghijkl\nTraceback ...")
+
+    client = httpx.Client(transport=httpx.MockTransport(handler), base_url="http://127.0.0.1:30000")
+    with pytest.raises(DecodeGapError) as exc:
+        ServerProfiler("sglang", ENDPOINT, client=client).start()
+    line = str(exc.value)
+    assert "HTTP 401" in line and "\n" not in line and "sk-live-abcdefghijkl" not in line and "[redacted]" in line
 
 
 def test_sglang_profile_window_protocol():

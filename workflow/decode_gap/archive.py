@@ -29,7 +29,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
-from .errors import DecodeGapError
+from .errors import DecodeGapError, describe
 from .io import write_json
 
 RUN_ID_RE = re.compile(r"^\d{8}T\d{6}\.\d{6}Z$")
@@ -118,7 +118,7 @@ def read_entry(path: Path, hw_rev: str | None = None) -> tuple[ArchivedRun | Non
     except FileNotFoundError:
         return None, f"corrupt archive entry {path}: {RUN_META} is missing"
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        return None, f"corrupt archive entry {path}: {RUN_META} is unreadable ({str(exc).splitlines()[0][:100]})"
+        return None, f"corrupt archive entry {path}: {RUN_META} is unreadable ({describe(exc, 100, with_type=False)})"
     if not isinstance(meta, dict) or not isinstance(meta.get("fingerprint"), dict):
         return None, f"corrupt archive entry {path}: {RUN_META} has no fingerprint"
     if meta.get("run_id") != path.name:

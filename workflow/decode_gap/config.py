@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from .errors import ConfigError, describe
 from .hardware import HardwareSpec, resolve_hardware
 from .host import hardware_revision
 from .model import ModelSpec, load_model_card
@@ -185,8 +185,7 @@ def one_line_validation_error(
         where = field_source(path, configfiles, overrides) if path else (", ".join(configfiles) or "config")
         return f"decode-gap: error: {where}: field '{field}': {msg}"
     where = ", ".join(configfiles) or "config"
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return f"decode-gap: error: {where}: {first}"
+    return f"decode-gap: error: {where}: {describe(exc, 300, with_type=False)}"
 
 
 # The run's configuration as a report shows it and the archive keeps it: no secret (the key's variable name only).

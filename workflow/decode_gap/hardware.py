@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from .errors import ConfigError
+from .errors import ConfigError, describe
 from .host import HostIdentity, host_identity
 
 MEASURE = "measure"
@@ -56,7 +56,7 @@ def load_hardware_file(path: Path) -> HardwareSpec:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+        raise ConfigError(f"{path}: not valid YAML ({describe(exc, 300, with_type=False)})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping")
     for key in ("name", "kind", "memory_bandwidth_gbps"):

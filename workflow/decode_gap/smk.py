@@ -8,7 +8,7 @@ import sys
 import traceback
 from typing import Any, Callable
 
-from .errors import DecodeGapError
+from .errors import DecodeGapError, describe
 from .timing import exclusive_measurement
 
 ERROR_PREFIX = "decode-gap: error in rule "  # a failed script's last line, on the console and in its log
@@ -38,7 +38,7 @@ def run_script(snakemake: Any, body: Callable[[], Any], measures: bool = False) 
         line = f"{ERROR_PREFIX}{snakemake.rule}: {exc}"
     except Exception as exc:  # a bug: keep the traceback in the log
         traceback.print_exc()
-        line = f"{ERROR_PREFIX}{snakemake.rule}: {type(exc).__name__}: {exc}".splitlines()[0]
+        line = f"{ERROR_PREFIX}{snakemake.rule}: {describe(exc, 300)}"
     else:
         return
     print(line, file=sys.stderr, flush=True)

@@ -17,6 +17,7 @@ import importlib.metadata
 import platform
 from typing import Any, Mapping
 
+from ..errors import describe
 from ..provenance import skipped_stage
 from .fields import env_snapshot, first, na, ok, scrub, secret_values, unavailable_map, value
 from .gpus import GPU_CLASSES, NVIDIA_VENDOR, collect_gpus, collect_topology, nvml_gpus  # noqa: F401 - re-exported
@@ -48,7 +49,7 @@ def collect_software(probe: Probe) -> dict[str, Any]:
     try:
         import torch
     except Exception as exc:  # ImportError, or a broken CUDA install raising at import
-        why = f"import torch: {type(exc).__name__}: {exc}"
+        why = f"import torch: {describe(exc, 300)}"
         out.update(torch=na(why, "torch"), torch_cuda=na(why, "torch"), cuda_available=na(why, "torch"))
         out["nccl"] = first(lambda: _dist(*nccl_dists))
         return out

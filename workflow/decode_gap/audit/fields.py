@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Mapping
 
+from ..errors import describe
 from ..secrets import REDACTED  # the one marker for every stage and the report
 
 # An environment variable whose name contains one of these is never written, only the REDACTED marker.
@@ -52,7 +53,7 @@ def first(*attempts: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         try:
             field = attempt()
         except Exception as exc:  # a probe failing is data ("unavailable: why"), never a crash
-            field = na(f"{type(exc).__name__}: {exc}")
+            field = na(describe(exc, 300))
         if is_ok(field) and field["value"] is not None:
             return field
         if field.get("source"):

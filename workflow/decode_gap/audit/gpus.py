@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
+from ..errors import describe
 from . import parsers as P
 from .fields import first, na, ok
 from .probe import Probe, ToolUnavailable, _tool_field
@@ -102,7 +103,7 @@ def _gpu_tool(probe: Probe) -> tuple[dict[str, Any] | None, str, list[str]]:
         except ImportError:
             whys.append("nvml: nvidia-ml-py (pynvml) not installed")
         except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
-            whys.append(f"nvml: {exc or type(exc).__name__}")
+            whys.append(f"nvml: {describe(exc, 300, with_type=False)}")
     else:
         whys.append("nvml: not used")
     try:

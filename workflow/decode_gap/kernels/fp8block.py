@@ -25,7 +25,7 @@ import math
 
 import torch
 
-from ..errors import DecodeGapError
+from ..errors import DecodeGapError, describe
 from .lowprec import FP8_BLOCK, Fp8Weight, _to_fp8_rounded, available, dequantize_fp8, interpreted, quantize_fp8
 from .nvfp4 import E4M3_MAX, HAVE_TRITON, tl, triton
 
@@ -173,5 +173,5 @@ def why_not(device) -> str:
             err = ((mm(x).float() - ref).norm() / ref.norm()).item()
             _SUPPORTED[key] = "" if err < 0.05 else f"blockwise fp8 GEMM check failed (rel. error {err:.2e})"
         except Exception as exc:  # no blockwise scaling in this cuBLAS / on this GPU, or no fp8 at all
-            _SUPPORTED[key] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+            _SUPPORTED[key] = describe(exc)
     return _SUPPORTED[key]

@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from ..errors import DecodeGapError
+from ..errors import DecodeGapError, describe
 from ..provenance import measured, unavailable
 
 # figure -> engine -> candidate metric families, first present wins
@@ -78,7 +78,7 @@ def parse(text: str, source: str = "/metrics") -> Snapshot:
             for s in fam.samples:
                 snap.samples.setdefault(s.name, []).append((dict(s.labels), float(s.value)))
     except (ValueError, TypeError, IndexError) as exc:
-        raise DecodeGapError(f"{source}: not Prometheus text ({str(exc).splitlines()[0][:120]})") from None
+        raise DecodeGapError(f"{source}: not Prometheus text ({describe(exc, 120, with_type=False)})") from None
     return snap
 
 
@@ -169,7 +169,7 @@ def scrape(endpoint: str, *, client: httpx.Client | None = None, headers: dict[s
     try:
         r = client.get(url, headers=headers or {})
     except httpx.HTTPError as exc:
-        raise DecodeGapError(f"{url}: {type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
+        raise DecodeGapError(f"{url}: {describe(exc, 120)}"
                              ) from None
     finally:
         if own:

@@ -25,7 +25,8 @@ from typing import Any
 
 import httpx
 
-from ..errors import DecodeGapError
+from ..errors import DecodeGapError, describe
+from ..secrets import scrub_credentials
 from .prometheus import local_client
 
 ENGINES = ("vllm", "sglang")
@@ -40,7 +41,7 @@ def _post(client: httpx.Client, url: str, headers: dict[str, str] | None, json: 
     try:
         return client.post(url, json=json, headers=headers or {})
     except httpx.HTTPError as exc:
-        raise DecodeGapError(f"{url}: {type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
+        raise DecodeGapError(f"{url}: {describe(exc, 120)}"
                              ) from None
 
 
@@ -79,9 +80,10 @@ class ServerProfiler:
             raise DecodeGapError(f"{url}: 404: start vLLM with its torch profiler on (VLLM_TORCH_PROFILER_DIR=<dir>, "
                                  "or --profiler-config with a torch profiler dir)")
         if r.status_code != 200:
-            raise DecodeGapError(f"{url}: HTTP {r.status_code}: {r.text.strip().splitlines()[0][:160] if r.text else ''}")
+            first = (r.text.strip().splitlines() or [""])[0]
+            raise DecodeGapError(f"{url}: HTTP {r.status_code}: {scrub_credentials(first)[:160]}")
         self.started_at = time.time()
-        return {"url": url, "http_status": r.status_code, "message": r.text.strip()[:200]}
+        return {"url": url, "http_status": r.status_code, "message": scrub_credentials(r.text.strip())[:200]}
 
     def stop(self) -> dict[str, Any]:
         """Stop the window. SGLang with num_steps has stopped by itself; its /stop_profile then answers anyway."""

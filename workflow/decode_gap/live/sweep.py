@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 import httpx
 
+from ..errors import describe
 from . import tokens as tok
 from .client import StreamResult, stream_request
 from .identity import detect_engine, probe_identity, safe_headers, server_root
@@ -106,7 +107,7 @@ async def _sweep(s: LiveSettings, endpoint: str, api_key: str, server: EmbeddedS
             try:
                 counter = tok.GGUFTokenizer(gguf)
             except Exception as exc:  # a broken optional fallback must not stop the measurement
-                log(f"live: GGUF tokenizer unavailable ({type(exc).__name__}: {exc})")
+                log(f"live: GGUF tokenizer unavailable ({describe(exc, 200)})")
                 counter = None
 
         n_measured = s.num_requests * len(s.concurrency)

@@ -11,6 +11,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from ..errors import describe
 from ..timing import back_to_back_us, capture_graph, warm_on_side_stream
 
 MODULE = "decode_gap.microbench.allreduce"  # `python -m` runs one rank (allreduce._main)
@@ -112,16 +113,15 @@ def _one_size(rank, world, device, dtype, count, job) -> dict[str, Any]:
             out["graph_us"] = [t / reps for t in back_to_back_us(graph.replay, max(iters // 2, 3), device)]
             del graph
         except Exception as exc:  # recorded as a skipped case by the parent
-            out["graph_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            out["graph_error"] = describe(exc, 200)
     return out
 
 
 
 
 def _write_error(job: dict[str, Any], rank: int, exc: BaseException) -> None:
-    text = str(exc).strip().splitlines()
     err = {**_where(rank, int(os.environ.get("LOCAL_RANK", rank)), job.get("backend", "")),
-           "error": f"{type(exc).__name__}: {text[0][:300]}" if text else type(exc).__name__}
+           "error": describe(exc, 300)}
     try:
         Path(job["out_dir"], f"rank{rank}.error.json").write_text(json.dumps(err))
     except OSError:

@@ -115,11 +115,6 @@ def skip(case: str, reason: str) -> dict[str, str]:
     return {"case": case, "reason": reason}
 
 
-def short_error(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:200] if text else ''}"
-
-
 def read_copy_gbps(memory_json: str | Path | None) -> float | None:
     """copy_gbps from memory.json, or None (then frac_of_copy_bw is left empty)."""
     if not memory_json:

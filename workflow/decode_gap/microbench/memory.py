@@ -15,7 +15,8 @@ import torch
 
 from ..provenance import measured, unavailable
 from ..kernels import nvfp4 as nv
-from .common import BenchEnv, short_error, skip, summary
+from ..errors import describe
+from .common import BenchEnv, skip, summary
 from .timing import gbps, tflops, time_cpu, time_events
 
 
@@ -59,8 +60,8 @@ def measure_memory(env: BenchEnv, gpu_bytes: int = 2 * 2**30, cpu_bytes: int = 2
             figures[f"peak_tflops.{dt}"] = unavailable(str(exc), "TFLOP/s")
             continue
         except Exception as exc:  # a backend that exists but refuses this device: skipped, with the error
-            skipped.append(skip(f"peak_tflops.{dt}", short_error(exc)))
-            figures[f"peak_tflops.{dt}"] = unavailable(short_error(exc), "TFLOP/s")
+            skipped.append(skip(f"peak_tflops.{dt}", describe(exc, 200)))
+            figures[f"peak_tflops.{dt}"] = unavailable(describe(exc, 200), "TFLOP/s")
             continue
         st = _time(env, fn, iters=max(5, env.iters // 2))
         peak[dt] = tflops(flops, st.median_us)

@@ -30,6 +30,7 @@ except ImportError:  # pragma: no cover
     torch = None  # type: ignore[assignment]
 
 from .. import timing as _core
+from ..errors import describe
 from ..timing import (ClockWatch, CpuCacheFlusher, L2Flusher, is_cuda, l2_bytes,  # noqa: F401 - shared with the core
                       percentiles)
 
@@ -239,7 +240,7 @@ def measure(
             gpu = time_graph(fns, warmup, iters, device, min_calls=min_graph_calls)
             method = GRAPH
         except Exception as exc:  # capture unsupported for this op: fall back to events, and say why
-            note = f"graph capture failed ({type(exc).__name__}: {str(exc).splitlines()[0][:160]}); events used"
+            note = f"graph capture failed ({describe(exc)}); events used"
             torch.cuda.synchronize(device)
     if gpu is None:
         gpu = time_events(fns[0], warmup, iters, device, flush)

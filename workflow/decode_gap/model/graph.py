@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, describe
 
 MIN_TRANSFORMERS = "5.0"  # fused 3-D expert tensors and `layer_types` on every config
 
@@ -94,7 +94,7 @@ def transformers_module():
         raise ConfigError(f"transformers is not installed: decode-gap needs transformers>={MIN_TRANSFORMERS} "
                           "(pip install -U transformers)") from None
     except ImportError as exc:  # installed, but broken (e.g. a dependency of the wrong version)
-        raise ConfigError(f"transformers cannot be imported: {str(exc).splitlines()[0][:300]}") from None
+        raise ConfigError(f"transformers cannot be imported: {describe(exc, 300, with_type=False)}") from None
     from packaging.version import Version
 
     if Version(transformers.__version__) < Version(MIN_TRANSFORMERS):
@@ -142,14 +142,9 @@ def auto_config(cfg: dict, path: str):
         return tf.AutoConfig.for_model(mt, **kwargs)
     except Exception as exc:
         raise ConfigError(f"{path}: transformers {tf.__version__} cannot read this config ({mt}): "
-                          f"{_one_line(exc)}") from None
+                          f"{describe(exc, 300)}") from None
     finally:
         tf.logging.set_verbosity(verbosity)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
 def safe_attr(cfg: Any, name: str) -> Any:
@@ -203,7 +198,7 @@ def build_graph(config: Any, path: str) -> Graph:
     except Exception as exc:
         arch = (getattr(config, "architectures", None) or [type(build_cfg).__name__])[0]
         raise ConfigError(f"{path}: transformers {tf.__version__} cannot build {arch} from this config: "
-                          f"{_one_line(exc)}") from None
+                          f"{describe(exc, 300)}") from None
     finally:
         tf.logging.set_verbosity(verbosity)
     graph = _classify(model, build_cfg, time.perf_counter() - t0, tf.__version__)

@@ -20,6 +20,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
+from ..errors import describe
 from ..metrics import live_itl
 from ..provenance import MEASURED, MODELLED, UNAVAILABLE
 
@@ -290,8 +291,7 @@ def load_table(name: str, path: str | os.PathLike | None, rel: str | None = None
     except pd.errors.EmptyDataError:
         return Table(name, rel, str(path), None, f"{rel} has no rows")
     except Exception as exc:  # any unreadable table is reported, never fatal
-        first = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
-        return Table(name, rel, str(path), None, f"{rel} cannot be read ({first[:120]})")
+        return Table(name, rel, str(path), None, f"{rel} cannot be read ({describe(exc, 120, with_type=False)})")
     if len(df) == 0:
         return Table(name, rel, str(path), df, f"{rel} has no rows")
     df.columns = [str(c).strip() for c in df.columns]

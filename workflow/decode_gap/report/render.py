@@ -19,6 +19,7 @@ from typing import Any, Iterable
 import jinja2
 from markupsafe import Markup
 
+from ..errors import describe
 from ..io import atomic_write_text
 from .data import Fig, fmt_bytes, fmt_num
 from ..secrets import scrub_text, secret_values
@@ -103,7 +104,7 @@ def prepare_charts(ctx: dict[str, Any], mode: str) -> None:
         try:
             ref["svg_uri"] = svg_data_uri(chart_svg(ref["spec"]))
         except Exception as exc:
-            ref["svg_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+            ref["svg_error"] = describe(exc)
 
 
 def render(template: str, ctx: dict[str, Any], mode: str = "html", templates: str | os.PathLike | None = None,

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import DecodeGapError
+from ..errors import DecodeGapError, describe
 from ..timing import capture_graph, warm_on_side_stream
 
 ANNOTATION = "decode_step"
@@ -101,7 +101,7 @@ class _Graph:
         except Exception as exc:  # the model's mask code synced during capture: let torch.compile cut the graph
             self.graph = None
             self.backend = (f"torch.compile mode=reduce-overhead (manual capture failed: "
-                            f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
+                            f"{describe(exc, 120)})")
             self.forward = torch.compile(model, mode="reduce-overhead")
             with torch.inference_mode():
                 for _ in range(3):  # compile, record, then replay
@@ -223,7 +223,7 @@ def record_engine_trace(card: str | Path | dict[str, Any], out_path: str | Path,
         try:
             calibration = profiler_calibration()
         except Exception as exc:  # the trace goes on without it; the trace stage says the correction is unavailable
-            calibration = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"}
+            calibration = {"error": describe(exc)}
     cuda_only = cuda and mode == "eager"
     acts = [ProfilerActivity.CUDA] if cuda_only else [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     annotate = annotate and not cuda_only  # no CPU activity, no annotation events
@@ -278,7 +278,7 @@ def engine_trace_stage(params: dict[str, Any], trace_out: str, json_out: str) ->
                                    mode=mode, layers=layers)
         result = {"stage": "record_engine_trace", "status": "ok", **info}
     except Exception as exc:  # any build or capture failure is a case this host cannot run, never a crash
-        why = f"engine trace not recorded: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        why = f"engine trace not recorded: {describe(exc, 200)}"
         Path(trace_out).parent.mkdir(parents=True, exist_ok=True)
         with gzip.open(trace_out, "wt") as f:
             json.dump({"traceEvents": [], "decode_gap_skipped": why}, f)

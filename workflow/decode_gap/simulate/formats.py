@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import describe
+
 # expert kinds that run our grouped GEMV over the experts each token selects (one call a token)
 GROUPED_GEMV_KINDS = ("nvfp4", "fp8-block", "fp8-gemv")
 
@@ -81,7 +83,7 @@ def probe_formats(weight_format: str, device: str, batch: int = 1) -> dict[str, 
                 info["note"] = "fp8-block runs with per-tensor scales (the block-scaled GEMV failed here)"
             return info
         except Exception as exc:  # no fp8 tensor cores (sm < 89) or no kernel
-            why = f"torch._scaled_mm fp8 failed here ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})"
+            why = f"torch._scaled_mm fp8 failed here ({describe(exc, 120)})"
     elif weight_format == "nvfp4" and on_gpu:
         try:
             from ..kernels import nvfp4 as nv
@@ -111,7 +113,7 @@ def probe_formats(weight_format: str, device: str, batch: int = 1) -> dict[str, 
             info["experts_failed"] = "; ".join(failed)
             return info
         except Exception as exc:
-            why = f"nvfp4-weight-only kernel failed here ({type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''})"
+            why = f"nvfp4-weight-only kernel failed here ({describe(exc, 120)})"
     elif on_gpu:
         why = f"no kernel for {weight_format} weights at the kernel level on this GPU"
     else:
@@ -168,7 +170,7 @@ def _block_mm_why_not(device: str) -> str:
 
         return fp8block.why_not(device)
     except Exception as exc:  # an fp8-less torch build
-        return f"{type(exc).__name__}: {exc}"[:160]
+        return describe(exc)
 
 
 def _nvfp4_probe_experts(device: str):
@@ -187,7 +189,7 @@ def _nvfp4_probe_experts(device: str):
 def _failed(why: list[str] | None, kernel: str, exc: BaseException | str) -> bool:
     """False, with why `kernel` did not run appended to `why` (one line)."""
     if why is not None:
-        text = exc if isinstance(exc, str) else f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}"
+        text = exc if isinstance(exc, str) else describe(exc)
         why.append(f"{kernel}: {text}")
     return False
 

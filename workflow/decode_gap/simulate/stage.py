@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import repo_path, with_defaults
-from ..errors import ConfigError, DecodeGapError
+from ..errors import ConfigError, DecodeGapError, describe
 from ..settings import LiveSettings
 from ..io import read_json, read_stage_json, write_json
 from ..model import load_model_card
@@ -67,7 +67,7 @@ def kernel_stage(params: dict[str, Any], allreduce_json: str | None, out: str, r
     except Exception as exc:  # out of device memory is a case this host cannot run, not a crash
         if "OutOfMemory" not in type(exc).__name__ and "out of memory" not in str(exc):
             raise
-        why = f"out of memory with {settings.layers} layers: {str(exc).splitlines()[0][:160]}"
+        why = f"out of memory with {settings.layers} layers: {describe(exc, with_type=False)}"
         result = skipped_stage("simulate_kernel", why, skipped=[{"case": "kernel level", "reason": why}])
     result["hardware_revision"] = params.get("hardware_revision")
     write_json(out, result)

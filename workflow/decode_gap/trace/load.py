@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..errors import DecodeGapError
+from ..errors import DecodeGapError, describe
 
 try:  # orjson parses a 100 MB trace several times faster than the stdlib; optional
     import orjson as _orjson
@@ -87,8 +87,8 @@ def _decode(path: Path) -> Any:
     try:
         return _orjson.loads(raw) if _orjson is not None else json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
-        msg = str(exc).splitlines()[0][:160]
-        raise DecodeGapError(f"trace {path}: not valid JSON ({msg}); a truncated or foreign file?") from None
+        raise DecodeGapError(f"trace {path}: not valid JSON ({describe(exc, with_type=False)}); a truncated or foreign "
+                             "file?") from None
 
 
 def _rank_of(path: Path, meta: dict[str, Any]) -> int | None:

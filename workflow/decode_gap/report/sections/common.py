@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 import pandas as pd
 
+from ...errors import describe
 from .. import charts as ch
 from ..data import Doc, Fig, fmt_num, num
 
@@ -103,7 +104,7 @@ class Builder:
         except ch.NoChart as exc:
             return {"why": str(exc), "title": title}
         except Exception as exc:  # a chart must never take the report down
-            return {"why": f"chart failed: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}", "title": title}
+            return {"why": f"chart failed: {describe(exc)}", "title": title}
         ref = ChartRef(id=f"chart-{len(self.charts) + 1}", title=title, caption=caption, spec=spec)
         self.charts.append(ref)
         return ref
