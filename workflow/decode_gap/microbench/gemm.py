@@ -358,7 +358,8 @@ def run_gemm_bench(env: BenchEnv, shapes: list[GemmShape], m_values: list[int], 
                     try:
                         c = check_case(env, be, m, n, k)
                     except Exception as exc:
-                        c = {"dtype": be.dtype, "backend": be.label, "M": m, "N": n, "K": k, "error": describe(exc, 200), "pass": False}
+                        c = {"dtype": be.dtype, "backend": be.label, "M": m, "N": n, "K": k,
+                             "error": describe(exc, 200), "pass": False}
                     check_rows.append(c)
                     failed_check |= not c["pass"]
             for m in m_values:
