@@ -272,3 +272,32 @@ def test_programs_an_sm_holds_follow_the_occupancy_rules():
     assert programs_per_sm(32, 1) == 32  # the program limit
     assert programs_per_sm(32, 4, shared=64 * 1024) == 3  # 228 KiB of shared memory
     assert programs_per_sm(255, 32) == 1  # never fewer than one
+
+
+def _jit_functions():
+    import importlib
+    import pkgutil
+
+    import decode_gap.kernels as pkg
+
+    for info in pkgutil.iter_modules(pkg.__path__):
+        module = importlib.import_module(f"decode_gap.kernels.{info.name}")
+        for name, obj in vars(module).items():
+            if isinstance(obj, triton.runtime.jit.JITFunction) and obj.__module__ == module.__name__:
+                yield name, obj
+
+
+def test_no_jit_helper_called_from_a_kernel_has_a_string_default():
+    """Triton 3.6 (the device's, with torch 2.11) passes a called @triton.jit function's unpassed defaults as
+    values, and a string one fails the compile ("'str' object has no attribute 'type'"); Triton 3.9 here accepts
+    it. The x ring's "" defaults on _fp4_mma_loop took the NVFP4 fused MoE and grouped GEMV off an H100 that way,
+    so the step ran bf16 experts (2026-12-06). A kernel launched from Python may keep string defaults."""
+    jits = dict(_jit_functions())
+    sources = {name: inspect.getsource(fn.fn) for name, fn in jits.items()}
+    offenders = []
+    for name, fn in jits.items():
+        strings = [p.name for p in inspect.signature(fn.fn).parameters.values() if isinstance(p.default, str)]
+        callers = [c for c, src in sources.items() if c != name and re.search(rf"\b{name}\(", src)]
+        if strings and callers:
+            offenders.append(f"{name} ({', '.join(strings)}) called from {', '.join(callers)}")
+    assert not offenders, offenders

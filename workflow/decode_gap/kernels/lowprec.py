@@ -65,9 +65,9 @@ by lane, or sm90 cp.async.bulk.prefetch of a tile's steps) was 5-30% slower on e
 cp.async stages in shared memory in place of that buffer (each thread reading back its own 16 bytes, no barrier;
 commit 465ec3b, reverted): 3 or 7 steps in flight a warp in 60-70 registers, but 15 more instructions a step, and
 1.5-2.1x slower at M=1 and 16 on every shape (H100, 2026-12-07; 28672x4096 at M=16: 43.6 and 50.8 us against 28.0
-for the same form with the buffer in registers). So was x at M = 9-16 through a ring of cp.async copies with one
-barrier an iteration in place of xshare's two a step (FP4_MMA_XRING: 7-15% slower on the K split shapes, level on
-stream-K; H100, 2026-12-06), a candidate the benchmark times. With every tile
+for the same form with the buffer in registers). x at M = 9-16 through a ring of cp.async copies with one barrier
+an iteration in place of xshare's two a step (FP4_MMA_XRING) gained 2-3% on the H100's large shapes once its copies
+went through L1, and lost on the small one (2026-12-06): a candidate the benchmark times. With every tile
 reading tile 0's weights and scales (no DRAM traffic; benchmarks/device/ablate_probe.py) the loop alone takes
 0.87-0.97 of a plain read's time on the wide shapes and 1.04-1.25 on the narrow and small ones (their K split's
 finish included), and the 16 scale multiplies a step with their conversion (22 of 79 instructions, sm_90 SASS of
@@ -745,7 +745,8 @@ if HAVE_TRITON:
     # program waits and meets at one barrier an iteration, then each lane reads its B fragments with four 16-byte
     # loads a step. xshare's Triton layout conversion loaded x in the iteration that used it (or an iteration ahead
     # in registers) and met at two barriers a step (ncu, H200, M=16: 2.0 cycles of barrier stall an issued
-    # instruction). Slower on an H100 (FP4_MMA_XRING's comment): a candidate, in no plan.
+    # instruction). 2-3% ahead on an H100's large shapes, behind on the small (FP4_MMA_XRING's comment): a candidate,
+    # in no plan.
     _XR_ROW = 144  # 128 bytes of a row's step, 16 of padding
     _XR_SLOT = 16 * _XR_ROW  # one step's chunk
     XR_ROW = tl.constexpr(_XR_ROW)
@@ -875,7 +876,7 @@ if HAVE_TRITON:
     def _fp4_mma_loop(wb, sb, xb, xb2, i0, i1, T: tl.constexpr, U: tl.constexpr, EV: tl.constexpr,
                       TWO: tl.constexpr, acc0, acc1, acc2, acc3, PDL: tl.constexpr = False,
                       BX: tl.constexpr = False, XJIT: tl.constexpr = False, XS: tl.constexpr = False, xcp=None,
-                      XR: tl.constexpr = 0, XR_COPY: tl.constexpr = "", XR_WAIT: tl.constexpr = "", xr=None):
+                      XR: tl.constexpr = 0, XR_COPY: tl.constexpr = None, XR_WAIT: tl.constexpr = None, xr=None):
         """Steps [i0, i1) (a multiple of U) with a register double buffer: the next U steps' loads are issued
         before this U steps' math, so 2U steps' bytes are in flight a warp (on the H200 this, with the decode's
         fewer operations, took Llama-3.1-8B lm_head from 64% to 86% of read bandwidth; unrolling alone: 72%).
@@ -1087,8 +1088,8 @@ if HAVE_TRITON:
                       USE_ASM: tl.constexpr, EV: tl.constexpr, PDL: tl.constexpr, FINISH: tl.constexpr,
                       BX: tl.constexpr, SLICES: tl.constexpr = 1, DEPS: tl.constexpr = False,
                       XJIT: tl.constexpr = False, XS: tl.constexpr = False, PAIR: tl.constexpr = False,
-                      XR: tl.constexpr = 0, XR_RING: tl.constexpr = "", XR_COPY: tl.constexpr = "",
-                      XR_WAIT: tl.constexpr = ""):
+                      XR: tl.constexpr = 0, XR_RING: tl.constexpr = None, XR_COPY: tl.constexpr = None,
+                      XR_WAIT: tl.constexpr = None):
         """Steps [i0, i1) of group grp's WARPS / SLICES 16-row tiles, added (ATOMIC) or stored; with FINISH these
         steps count as `units` of the group's `total` (the one that completes it casts). Accumulator element e of
         lane 4g+q holds row g + 8 (e // 2), x row 2q + e % 2 (+ 8 in the second set of BLOCK_M = 16: x rows 8-15
@@ -1858,8 +1859,12 @@ FP4_MMA_XSHARE = (FP4_MMA_XS, FP4_MMA_XS_AHEAD, FP4_MMA_BX_SK_XS, replace(FP4_MM
 # 27.6 / 31.4 / 31.6, 7168x18432 (split) 29.7 / 34.2 / 31.6, 6144x4096 10.7 / 11.9 / 11.9, 36864x7168 (stream-K)
 # 62.9 / 62.3 / 63.3. ncu (28672x4096): one barrier an iteration for four, yet 3.5 cycles of barrier stall an issued
 # instruction for 2.5, long-scoreboard 7.3 for 6.2, and x now read from L2 (L1 hit rate 4% for 33%; x's bytes
-# through L2 as many as the weight's): the warps of a program still meet, now at the slowest one's copies. The
-# copies go through L1 since (cp.async.ca, as xshare's loads did): not timed yet (benchmarks/device/
+# through L2 as many as the weight's): the warps of a program still meet, now at the slowest one's copies. With the
+# copies through L1 (cp.async.ca, as xshare's loads did), the same H100 later that day, us, M=16 (M=12), the plan's
+# form (xshare, its K split's sums cast behind it) / ring 3: 28672x4096 27.25 / 26.66 (26.76 / 26.03), 7168x18432
+# 29.11 / 28.44, 36864x7168 (stream-K, no cast) 63.04 / 61.72, 6144x4096 9.90 / 10.27 (ring 2 within 0.1-2.8 us of
+# ring 3): ring 3 2-3% ahead on the large shapes, without the cast kernel (which the plan adds) and one sweep
+# each, no H200 yet. Kept out of the plan until an H200 times it in rotated rounds (benchmarks/device/
 # issue14_pending.sh xring)
 FP4_MMA_XRING = (replace(FP4_MMA_XS, xring=2), replace(FP4_MMA_XS, xring=3), replace(FP4_MMA_BX_SK_XS, xring=2),
                  replace(FP4_MMA_BX_SK_XS, xring=3))
