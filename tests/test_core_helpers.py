@@ -33,7 +33,8 @@ def test_describe_puts_a_caught_exception_on_one_short_line_without_credentials(
     assert describe(OSError("x" * 500), 10) == "OSError: " + "x" * 10
     assert describe(KeyError("gone"), with_type=False) == "'gone'"
     assert describe(TimeoutError(), with_type=False) == "TimeoutError"  # never an empty reason
-    compile_error = RuntimeError("at 53:27:\n    acc0 = _loop(wb, sb)\n           ^\nAttributeError(\"'str' object\")\n")
+    compile_error = RuntimeError("at 53:27:\n    acc0 = _loop(wb, sb)\n           ^\n"
+                                 "AttributeError(\"'str' object\")\n")
     assert describe(compile_error) == "RuntimeError: at 53:27: AttributeError(\"'str' object\")"
     line = describe(ConnectionError("GET http://h/v1?api_key=sk-abcdefghijkl failed: Bearer abc.def.ghi"))
     assert "sk-abcdefghijkl" not in line and "abc.def.ghi" not in line and "[redacted]" in line
