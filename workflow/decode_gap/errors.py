@@ -17,7 +17,6 @@ class ConfigError(DecodeGapError):
     pass
 
 
-
 def describe(exc: BaseException, limit: int = 160, *, with_type: bool = True) -> str:
     """`ExcType: first line of its message` (the type alone where the message is empty; without the type where
     `with_type` is false), the line cut to `limit` characters and its credential-looking parts redacted (an exception

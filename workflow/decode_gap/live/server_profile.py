@@ -41,8 +41,7 @@ def _post(client: httpx.Client, url: str, headers: dict[str, str] | None, json: 
     try:
         return client.post(url, json=json, headers=headers or {})
     except httpx.HTTPError as exc:
-        raise DecodeGapError(f"{url}: {describe(exc, 120)}"
-                             ) from None
+        raise DecodeGapError(f"{url}: {describe(exc, 120)}") from None
 
 
 class ServerProfiler:
