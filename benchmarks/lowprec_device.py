@@ -32,6 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "workflow"))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from decode_gap.microbench import gemv as gemv_kernel  # noqa: E402
@@ -45,7 +46,8 @@ from decode_gap.kernels import routing as rt  # noqa: E402
 from decode_gap.kernels import topk as topk_kernels  # noqa: E402
 from decode_gap.microbench.common import BenchEnv, pick_device  # noqa: E402
 from decode_gap.microbench.timing import rotating_copies, time_graph  # noqa: E402
-from decode_gap.timing import ClockWatch  # noqa: E402
+from decode_gap.timing import ClockWatch, rotated  # noqa: E402
+from decode_gap.errors import REASON_CHARS, describe  # noqa: E402
 from decode_gap.model import load_model_card  # noqa: E402
 from decode_gap.metrics import floor_bound_fraction  # noqa: E402
 
@@ -570,7 +572,7 @@ def best_of(env, builders: dict, nbytes: int) -> tuple[str | None, float | None,
             times[name] = gpu_us(fns, env)
         except Exception as exc:
             times[name] = None
-            RESULTS["errors"][name] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            RESULTS["errors"][name] = describe(exc, REASON_CHARS)
         fns = None
     ok = {k: v for k, v in times.items() if isinstance(v, float)}
     if not ok:
@@ -597,6 +599,28 @@ def plain_read_us(env: BenchEnv, nbytes: int) -> float | None:
     us = reads.us(nbytes)
     RESULTS["errors"].update({s["case"]: s["reason"] for s in reads.skipped})
     return us
+
+
+def rotated_times(env: BenchEnv, builders: dict, rounds: int) -> dict:
+    """Every form built (and captured) once, then timed in `rounds` rounds that rotate their order (decode_gap.timing.
+    rotated: a form timed first in a fixed order can read a few per cent fast); each form's median of its rounds'
+    medians, with the rounds' spread logged. A form that fails to build is left out with its reason."""
+    calls, times = {}, {}
+    for name, build in builders.items():
+        if name in FAILED:
+            times[name] = "check failed"
+            continue
+        try:
+            calls[name] = build()
+            gpu_us(calls[name], env)  # compiled and warm before the first round
+        except Exception as exc:
+            times[name] = None
+            RESULTS["errors"][name] = describe(exc, REASON_CHARS)
+    samples = rotated(lambda fns: [gpu_us(fns, env)], calls, rounds)
+    for name, us in samples.items():
+        times[name] = float(np.median(us))
+        log(f"  rounds {name}: median {times[name]:.2f} us, min {min(us):.2f}, max {max(us):.2f} ({len(us)} rounds)")
+    return times
 
 
 def fp4_builders(qs: list[nv.NVFP4Tensor], x: torch.Tensor, dev, cfgs) -> dict:
@@ -744,7 +768,9 @@ def fp4_sweep(env: BenchEnv, n: int, k: int, m: int, forms: str = "all") -> None
             if cfg.fits(k):
                 _check(f"nvfp4 {cfg.name}", m, n, k, lambda: _twice_if_one_kernel(
                     lp.Nvfp4Gemv(q, m, dev, cfg, out_dtype=torch.float32), x), ref, 2e-3)
-    _, _, times = best_of(env, fp4_builders(nvfp4_copies(q, dev), x, dev, cfgs), nb4)
+    builders = fp4_builders(nvfp4_copies(q, dev), x, dev, cfgs)
+    rounds = env.extra.get("rounds", 1)
+    times = best_of(env, builders, nb4)[2] if rounds <= 1 else rotated_times(env, builders, rounds)
     read_us = plain_read_us(env, nb4)
     RESULTS["gemm"].append({"model": "sweep", "N": n, "K": k, "M": m, "nvfp4_bytes": nb4, "nvfp4_new_tried": times,
                             "nvfp4_plain_read_us": read_us})
@@ -797,7 +823,7 @@ def moe_case(env: BenchEnv, model: str, moe_fmts=("bf16", "fp8", "fp8-block", "n
             us = gpu_us([fn], env)
         except Exception as exc:
             us = None
-            RESULTS["errors"][f"{model} {name}"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            RESULTS["errors"][f"{model} {name}"] = describe(exc, REASON_CHARS)
         rows.append({"model": model, "what": name, "us": us, "bytes": nb, "of_read": frac(nb, us, read),
                      "of_copy": frac(nb, us, copy)})
     G = lp.GemvConfig
@@ -853,7 +879,7 @@ def moe_case(env: BenchEnv, model: str, moe_fmts=("bf16", "fp8", "fp8-block", "n
                     raise RuntimeError(f"wrong result: relative error {err:.3g}")
                 us = gpu_us([lambda: base(es.x)], env)
             except Exception as exc:
-                RESULTS["errors"][f"{model} grouped {fmt} {c13.name}/{c2.name}"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                RESULTS["errors"][f"{model} grouped {fmt} {c13.name}/{c2.name}"] = describe(exc, REASON_CHARS)
                 continue
             tried[base.label] = {"us": us, "rel_err": err}
             if best is None or us < best[1]:
@@ -915,7 +941,7 @@ def sweep_mma(env: BenchEnv, model: str, base, x, ref, read, tried: dict) -> lis
                 fn = (lambda: base.mma_gate_up(x)) if half == "gate_up" else base.mma_down
                 us = gpu_us([fn], env)
             except Exception as exc:
-                RESULTS["errors"][f"{model} grouped mma {half} {c.name}"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                RESULTS["errors"][f"{model} grouped mma {half} {c.name}"] = describe(exc, REASON_CHARS)
                 continue
             tried[f"{half} {c.name}"] = {"us": us, "rel_err": err, "of_read": frac(nb, us, read)}
             log(f"moe {model:12s} mma {half:7s} {c.name:28s} {us:7.1f} us {100 * (frac(nb, us, read) or 0):4.0f}% "
@@ -977,6 +1003,9 @@ def main() -> int:
     ap.add_argument("--shapes", default="28672x4096,4096x14336,36864x7168,128256x4096",
                     help="the sweep section's N x K shapes (comma-separated), each at every --ms")
     ap.add_argument("--ms", default="1", help="the sweep section's M values (comma-separated)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="the sweep section's rounds: above 1, its forms are built once and timed in rounds that "
+                         "rotate their order, each form's median of rounds kept")
     ap.add_argument("--forms", default="all", choices=("all", "slices", "m16", "plan", "xring"),
                     help="the sweep section's forms: all, or the default plan's and its neighbours (plan), with "
                          "many K slices a tile (slices) or x shared in other program sizes (m16)")
@@ -990,7 +1019,7 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     device = pick_device()
-    env = BenchEnv(device=device, warmup=2, iters=args.iters, cpu_budget_s=0.05)
+    env = BenchEnv(device=device, warmup=2, iters=args.iters, cpu_budget_s=0.05, extra={"rounds": args.rounds})
     log(f"device {env.device_name} {env.sm} torch {torch.__version__} triton {lp.HAVE_TRITON}")
     sections = args.sections.split(",")
 

@@ -7,6 +7,9 @@ import re
 from .secrets import scrub_credentials
 
 TRITON_POSITION = re.compile(r"at \d+:\d+:")
+# a skip or failure reason kept in a result file: room for the exception's type and its cause, short enough for a
+# table cell of the report
+REASON_CHARS = 200
 
 
 class DecodeGapError(Exception):

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from ..errors import describe
+from ..errors import REASON_CHARS, describe
 from .client import display_url, one_line
 
 ENGINES = ("llama.cpp", "transformers", "sglang", "vllm", "tgi", "other", "unknown")
@@ -63,7 +63,7 @@ async def _get_json(client: httpx.AsyncClient, url: str, headers: dict[str, str]
     try:
         resp = await client.get(url, headers=headers, timeout=5.0)
     except httpx.HTTPError as exc:
-        return None, describe(exc, 200), {}
+        return None, describe(exc, REASON_CHARS), {}
     try:
         body: Any = resp.json()
     except ValueError:

@@ -23,7 +23,7 @@ import contextlib
 import sys
 from typing import Any, Callable
 
-from ..errors import ConfigError, DecodeGapError, describe
+from ..errors import ConfigError, DecodeGapError, REASON_CHARS, describe
 from ..io import write_json, write_table
 from ..provenance import skipped_stage
 from . import tokens as tok
@@ -89,7 +89,7 @@ def run_live(settings: LiveSettings, outputs: LiveOutputs, *, progress: bool = T
         try:
             summary["client_overhead_us"]["loopback"] = asyncio.run(calibrate())
         except Exception as exc:  # the calibration is a diagnostic; never fail the stage over it
-            summary["client_overhead_us"]["loopback"] = {"status": "unavailable", "why": describe(exc, 200)}
+            summary["client_overhead_us"]["loopback"] = {"status": "unavailable", "why": describe(exc, REASON_CHARS)}
     summary = redactor.obj(summary)
     req_df = redactor.frame(req_df)
     for e in summary["errors"]:

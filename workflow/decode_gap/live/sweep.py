@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import httpx
 
-from ..errors import describe
+from ..errors import REASON_CHARS, describe
 from . import tokens as tok
 from .client import StreamResult, stream_request
 from .identity import detect_engine, probe_identity, safe_headers, server_root
@@ -107,7 +107,7 @@ async def _sweep(s: LiveSettings, endpoint: str, api_key: str, server: EmbeddedS
             try:
                 counter = tok.GGUFTokenizer(gguf)
             except Exception as exc:  # a broken optional fallback must not stop the measurement
-                log(f"live: GGUF tokenizer unavailable ({describe(exc, 200)})")
+                log(f"live: GGUF tokenizer unavailable ({describe(exc, REASON_CHARS)})")
                 counter = None
 
         n_measured = s.num_requests * len(s.concurrency)

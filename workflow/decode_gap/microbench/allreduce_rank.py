@@ -11,7 +11,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from ..errors import describe
+from ..errors import REASON_CHARS, describe
 from ..timing import back_to_back_us, capture_graph, warm_on_side_stream
 
 MODULE = "decode_gap.microbench.allreduce"  # `python -m` runs one rank (allreduce._main)
@@ -113,7 +113,7 @@ def _one_size(rank, world, device, dtype, count, job) -> dict[str, Any]:
             out["graph_us"] = [t / reps for t in back_to_back_us(graph.replay, max(iters // 2, 3), device)]
             del graph
         except Exception as exc:  # recorded as a skipped case by the parent
-            out["graph_error"] = describe(exc, 200)
+            out["graph_error"] = describe(exc, REASON_CHARS)
     return out
 
 

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from ..kernels import attention as attn_kernels
 from ..kernels import topk as topk_kernels
 from ..kernels.lowprec import available
-from ..errors import describe
+from ..errors import REASON_CHARS, describe
 from .common import BenchEnv, skip, summary
 from .shapes import AttentionShape
 from .timing import CpuCacheFlusher, L2Flusher, fraction, gbps, measure
@@ -183,7 +183,7 @@ def run_attention_bench(env: BenchEnv, shape: AttentionShape, context_lens: list
             t = measure([fn], env.device, env.warmup, env.iters, flush=flush, cpu_budget_s=env.cpu_budget_s,
                         graphs=env.graphs)
         except Exception as exc:
-            skipped.append(skip(case, describe(exc, 200)))
+            skipped.append(skip(case, describe(exc, REASON_CHARS)))
             if env.is_gpu:
                 torch.cuda.synchronize()
             return

@@ -20,7 +20,7 @@ from . import gemv as gemv_kernel
 from ..kernels import fp4wide, fp8block, fp8mma
 from ..kernels import lowprec as lp
 from ..kernels import nvfp4 as nv
-from ..errors import describe
+from ..errors import REASON_CHARS, describe
 from .common import BenchEnv, skip, summary
 from .shapes import GemmShape, unique_shapes
 from .timing import ClockWatch, CpuCacheFlusher, L2Flusher, fraction, gbps, measure, rotating_copies, tflops
@@ -320,7 +320,7 @@ def check_variant(env: BenchEnv, be: Backend, variant: str, m: int, n: int, k: i
         err = max(errs) if all(math.isfinite(e) for e in errs) else math.nan  # (max() would drop a later NaN)
         row.update(rel_err=err, tolerance=1e-2, **{"pass": bool(math.isfinite(err) and err <= 1e-2)})
     except Exception as exc:
-        row.update(error=describe(exc, 200), **{"pass": False})
+        row.update(error=describe(exc, REASON_CHARS), **{"pass": False})
     return row
 
 
@@ -359,7 +359,7 @@ def run_gemm_bench(env: BenchEnv, shapes: list[GemmShape], m_values: list[int], 
                         c = check_case(env, be, m, n, k)
                     except Exception as exc:
                         c = {"dtype": be.dtype, "backend": be.label, "M": m, "N": n, "K": k,
-                             "error": describe(exc, 200), "pass": False}
+                             "error": describe(exc, REASON_CHARS), "pass": False}
                     check_rows.append(c)
                     failed_check |= not c["pass"]
             for m in m_values:
@@ -387,7 +387,7 @@ def run_gemm_bench(env: BenchEnv, shapes: list[GemmShape], m_values: list[int], 
                             tried[variant] = measure(fns, env.device, env.warmup, env.iters, flush=flush,
                                                      graphs=env.graphs)
                         except Exception as exc:  # a candidate that fails to build or run is left out, not fatal
-                            skipped.append(skip(f"{case} {variant}", describe(exc, 200)))
+                            skipped.append(skip(f"{case} {variant}", describe(exc, REASON_CHARS)))
                             if env.is_gpu:
                                 torch.cuda.synchronize()
                     if len(tried) > 1:
@@ -403,12 +403,12 @@ def run_gemm_bench(env: BenchEnv, shapes: list[GemmShape], m_values: list[int], 
                     skipped.append(skip(case, str(exc)))
                     continue
                 except torch.OutOfMemoryError as exc:
-                    skipped.append(skip(case, f"out of memory: {describe(exc, 200)}"))
+                    skipped.append(skip(case, f"out of memory: {describe(exc, REASON_CHARS)}"))
                     if env.is_gpu:
                         torch.cuda.empty_cache()
                     continue
                 except Exception as exc:
-                    skipped.append(skip(case, describe(exc, 200)))
+                    skipped.append(skip(case, describe(exc, REASON_CHARS)))
                     if env.is_gpu:
                         torch.cuda.synchronize()
                     continue

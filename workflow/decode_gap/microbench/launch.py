@@ -20,7 +20,7 @@ import torch
 
 from ..provenance import measured, unavailable
 from ..timing import CpuCacheFlusher, back_to_back_us
-from ..errors import describe
+from ..errors import REASON_CHARS, describe
 from .common import BenchEnv, skip, summary
 from .timing import Stats, capture_graph, rotating_copies, stats_us, time_cpu, time_eager_loop, time_graph
 
@@ -90,7 +90,7 @@ def run_launch_bench(env: BenchEnv, gemm_nk: tuple[int, int] = (256, 6144), n_ke
             loop = time_eager_loop(fn, env.warmup, max(env.iters // 2, 5), n_kernels, dev)
             sync = time_cpu(fn, env.warmup, env.iters, budget_s=None if env.is_gpu else env.cpu_budget_s, device=dev)
         except Exception as exc:
-            skipped.append(skip(f"{name} eager", describe(exc, 200)))
+            skipped.append(skip(f"{name} eager", describe(exc, REASON_CHARS)))
             continue
         rows.append(_row(name, "eager", n_kernels, loop, loop.median_us * n_kernels, backend))
         rows.append(_row(name, "eager-sync", 1, sync, sync.median_us, backend))
@@ -102,8 +102,8 @@ def run_launch_bench(env: BenchEnv, gemm_nk: tuple[int, int] = (256, 6144), n_ke
                 rows.append(_row(name, "graph", n_kernels, node, total.median_us, backend))
                 entry["graph_node_us"] = measured(node.median_us, "us", f"graph of {n_kernels} nodes, GPU time / node")
             except Exception as exc:
-                skipped.append(skip(f"{name} graph", describe(exc, 200)))
-                entry["graph_node_us"] = unavailable(describe(exc, 200), "us")
+                skipped.append(skip(f"{name} graph", describe(exc, REASON_CHARS)))
+                entry["graph_node_us"] = unavailable(describe(exc, REASON_CHARS), "us")
         else:
             entry["graph_node_us"] = unavailable("CUDA graphs need a GPU", "us")
         per_kernel[name] = entry
@@ -146,7 +146,7 @@ def latency_floor(env: BenchEnv, k: int = 4096, n_kernels: int = 100) -> dict[st
             node, _ = _graph_per_kernel(fn, n_kernels, env)
             out[key] = measured(node.median_us, "us", f"{what}: graph of {n_kernels} nodes, GPU time / node")
         except Exception as exc:
-            out[key] = unavailable(describe(exc, 200), "us")
+            out[key] = unavailable(describe(exc, REASON_CHARS), "us")
     return out
 
 
@@ -213,7 +213,7 @@ class PlainReads:
                 if self.env.is_gpu:
                     torch.cuda.synchronize(self.env.device)
                 self._us[nbytes] = None
-                self.skipped.append(skip(f"plain read of {nbytes} bytes", describe(exc, 200)))
+                self.skipped.append(skip(f"plain read of {nbytes} bytes", describe(exc, REASON_CHARS)))
         return self._us[nbytes]
 
     def columns(self, nbytes: int, kernel_us: float | None) -> dict[str, float | None]:

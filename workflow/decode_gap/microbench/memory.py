@@ -15,7 +15,7 @@ import torch
 
 from ..provenance import measured, unavailable
 from ..kernels import nvfp4 as nv
-from ..errors import describe
+from ..errors import REASON_CHARS, describe
 from .common import BenchEnv, skip, summary
 from .timing import gbps, tflops, time_cpu, time_events
 
@@ -60,8 +60,8 @@ def measure_memory(env: BenchEnv, gpu_bytes: int = 2 * 2**30, cpu_bytes: int = 2
             figures[f"peak_tflops.{dt}"] = unavailable(str(exc), "TFLOP/s")
             continue
         except Exception as exc:  # a backend that exists but refuses this device: skipped, with the error
-            skipped.append(skip(f"peak_tflops.{dt}", describe(exc, 200)))
-            figures[f"peak_tflops.{dt}"] = unavailable(describe(exc, 200), "TFLOP/s")
+            skipped.append(skip(f"peak_tflops.{dt}", describe(exc, REASON_CHARS)))
+            figures[f"peak_tflops.{dt}"] = unavailable(describe(exc, REASON_CHARS), "TFLOP/s")
             continue
         st = _time(env, fn, iters=max(5, env.iters // 2))
         peak[dt] = tflops(flops, st.median_us)

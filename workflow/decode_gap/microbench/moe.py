@@ -38,7 +38,7 @@ from ..kernels import fp4moe, fp8mma, fusedmoe
 from ..kernels import lowprec as lp
 from ..kernels import nvfp4 as nv
 from ..kernels import routing as rt
-from ..errors import describe
+from ..errors import REASON_CHARS, describe
 from .common import BenchEnv, skip, summary
 from .shapes import MoeShape
 from .timing import ClockWatch, CpuCacheFlusher, L2Flusher, fraction, gbps, measure, tflops
@@ -246,7 +246,7 @@ def grouped_fp8_mma_row(env: BenchEnv, es: ExpertSet, fmt: str, time_it: Callabl
         tc = grouped_fp8_mma(es, fmt)
         tc(es.x)  # fail here (compile error) rather than inside the timing
     except Exception as exc:
-        skipped.append(skip(f"grouped_gemv {fmt} tensor-core M=1", describe(exc, 200)))
+        skipped.append(skip(f"grouped_gemv {fmt} tensor-core M=1", describe(exc, REASON_CHARS)))
         return None
     best = None
     for warps in sorted((4, 8), key=lambda w: w != tc.warps):  # its default first (fp8mma.grouped_warps)
@@ -308,7 +308,7 @@ def run_moe_bench(env: BenchEnv, shape: MoeShape | None, m_values: list[int], lo
             skipped.append(skip(f"experts M={m}", str(exc)))
             continue
         except Exception as exc:
-            skipped.append(skip(f"experts M={m}", describe(exc, 200)))
+            skipped.append(skip(f"experts M={m}", describe(exc, REASON_CHARS)))
             continue
         base = {"M": m, "top_k": shape.top_k, "experts_hit": es.experts_hit, "rows": int(es.rows.shape[0]),
                 "H": shape.hidden, "I": shape.inter}
@@ -339,7 +339,7 @@ def run_moe_bench(env: BenchEnv, shape: MoeShape | None, m_values: list[int], lo
                     g = grouped_gemv(es, fmt)
                     g(es.x)  # fail here (compile error) rather than inside the timing
                 except Exception as exc:
-                    skipped.append(skip(f"grouped_gemv {fmt} M={m}", describe(exc, 200)))
+                    skipped.append(skip(f"grouped_gemv {fmt} M={m}", describe(exc, REASON_CHARS)))
                     continue
                 nb = g.weight_bytes() + 2 * shape.hidden * 2 + g.slots * shape.inter * 4
                 best = fastest_form(g, lambda failed, g=g: _time_row(
@@ -359,7 +359,7 @@ def run_moe_bench(env: BenchEnv, shape: MoeShape | None, m_values: list[int], lo
                 moe = fused_moe(es, fmt)
                 moe(es.x, es.cids, es.weights)  # fail here (compile error) rather than inside the timing
             except Exception as exc:
-                skipped.append(skip(f"fused_moe {fmt} M={m}", describe(exc, 200)))
+                skipped.append(skip(f"fused_moe {fmt} M={m}", describe(exc, REASON_CHARS)))
                 continue
             act_bytes = 1 if fmt.startswith("fp8") else 2
             nb = _expert_bytes(es, 0, act_bytes) + moe.weight_bytes(es.experts_hit)
@@ -381,7 +381,7 @@ def run_moe_bench(env: BenchEnv, shape: MoeShape | None, m_values: list[int], lo
                     fn, dt, be, wb, ab, kernels = scaled_grouped_fn(es), "fp8", "torch._scaled_grouped_mm(e4m3, row-wise)", 1, 1, 7
                 fn()  # fail here (unsupported backend) rather than inside the timing
             except Exception as exc:
-                skipped.append(skip(f"{impl} M={m}", describe(exc, 200)))
+                skipped.append(skip(f"{impl} M={m}", describe(exc, REASON_CHARS)))
                 continue
             row = _time_row(env, flush, "moe.experts", impl, dt, be, fn, _expert_bytes(es, wb, ab), _expert_flops(es),
                             base, skipped, log)
@@ -426,7 +426,7 @@ def _time_row(env, flush, name, impl, dtype, backend, fn, nbytes, fl, base, skip
             t = measure([fn], env.device, env.warmup, env.iters, flush=flush, cpu_budget_s=env.cpu_budget_s,
                         graphs=env.graphs, min_graph_calls=2 if impl == "loop" else 8)
     except Exception as exc:
-        skipped.append(skip(f"{name} {impl} M={base['M']}", describe(exc, 200)))
+        skipped.append(skip(f"{name} {impl} M={base['M']}", describe(exc, REASON_CHARS)))
         return None
     bw = gbps(nbytes, t.device_us)
     log(f"moe {name} {impl} M={base['M']}: {t.device_us:.1f} us ({t.method}), eager {t.eager.median_us:.1f} us")

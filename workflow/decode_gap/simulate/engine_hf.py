@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import DecodeGapError, describe
+from ..errors import DecodeGapError, REASON_CHARS, describe
 from ..host import usable_cores
 from .engine_common import (
     EngineSettings,
@@ -165,7 +165,7 @@ def _measure_transformers_model(s: EngineSettings, device: str, dtype, layers: i
             out["graph"] = spread(_pool(runs))
             out["graph_compile_s"] = info.get("first_run_s")
         except Exception as exc:
-            out["graph_reason"] = f"static cache + compile failed: {describe(exc, 200)}"
+            out["graph_reason"] = f"static cache + compile failed: {describe(exc, REASON_CHARS)}"
     del model
     gc.collect()
     if device.startswith("cuda"):

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import DecodeGapError, describe
+from ..errors import DecodeGapError, REASON_CHARS, describe
 from ..timing import capture_graph, warm_on_side_stream
 
 ANNOTATION = "decode_step"
@@ -278,7 +278,7 @@ def engine_trace_stage(params: dict[str, Any], trace_out: str, json_out: str) ->
                                    mode=mode, layers=layers)
         result = {"stage": "record_engine_trace", "status": "ok", **info}
     except Exception as exc:  # any build or capture failure is a case this host cannot run, never a crash
-        why = f"engine trace not recorded: {describe(exc, 200)}"
+        why = f"engine trace not recorded: {describe(exc, REASON_CHARS)}"
         Path(trace_out).parent.mkdir(parents=True, exist_ok=True)
         with gzip.open(trace_out, "wt") as f:
             json.dump({"traceEvents": [], "decode_gap_skipped": why}, f)

@@ -50,7 +50,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..errors import DecodeGapError, describe
+from ..errors import DecodeGapError, REASON_CHARS, describe
 from ..model import ModelSpec
 from ..timing import ClockWatch, capture_graph
 from .formats import _probe_grouped, _torch, probe_formats  # noqa: F401 - re-exported
@@ -109,7 +109,7 @@ def _measure(step: DecodeStep, select, settings: KernelSettings, flusher, on_gpu
         out["graph_clock"] = watch.columns()
         del g
     except Exception as exc:
-        out["graph_error"] = describe(exc, 200)
+        out["graph_error"] = describe(exc, REASON_CHARS)
     return out
 
 
