@@ -1867,7 +1867,8 @@ FP4_MMA_XSHARE = (FP4_MMA_XS, FP4_MMA_XS_AHEAD, FP4_MMA_BX_SK_XS, replace(FP4_MM
 # each, no H200 yet. Kept out of the plan until an H200 times it in rotated rounds (benchmarks/device/
 # issue14_pending.sh xring)
 FP4_MMA_XRING = (replace(FP4_MMA_XS, xring=2), replace(FP4_MMA_XS, xring=3), replace(FP4_MMA_BX_SK_XS, xring=2),
-                 replace(FP4_MMA_BX_SK_XS, xring=3))
+                 replace(FP4_MMA_BX_SK_XS, xring=3), with_cast(replace(FP4_MMA_XS, xring=2)),
+                 with_cast(replace(FP4_MMA_XS, xring=3)))
 # tile pairs (pair): each warp two 16-row tiles, tiles w and w + 4 of an 8-tile group, both against the same x
 # fragments, loaded in the iteration that uses them: a warp loads x once for twice the weight bytes (at M = 16 x's
 # 2 KB a step against 1 KB of weight and 128 bytes of scales), with no shared memory or barrier (xshare's
@@ -1914,10 +1915,12 @@ FP4_STAGE_CONFIGS = (FP4_MMA_CONFIGS[:5] + (FP4_MMA_BX_SK, FP4_MMA_KS2, FP4_MMA_
                      # the same split forms with the cast kernel behind them (GemvConfig.cast; fp4_config_for)
                      + tuple(with_cast(c) for c in (FP4_MMA_DEFAULT, FP4_MMA_BX_40, FP4_MMA_BX_SK, FP4_MMA_KS2_WIDE)))
 # M = 2..16 (with the K-sliced form with x loaded in place: 28672x4096 at M=16 26.5 us on the H200, the fastest)
-# (each with the cast kernel behind it, as fp4_config_for plans above M=1)
+# (each with the cast kernel behind it, as fp4_config_for plans above M=1); and x through the ring, split and
+# stream-K, the forms that won on the H100 (FP4_MMA_XRING's comment), so the stage keeps them where they win
 FP4_STAGE_CONFIGS_M = tuple(with_cast(c) for c in (
     FP4_MMA_DEFAULT, FP4_MMA_BX_SK, FP4_MMA_BX_40, FP4_MMA_FP16, FP4_MMA_KS2, FP4_MMA_KS2_WIDE, FP4_MMA_XJ,
-    replace(FP4_MMA_KS2, xjit=True), FP4_MMA_XS, FP4_MMA_XS_AHEAD, FP4_MMA_BX_SK_XS, FP4_MMA_TP))
+    replace(FP4_MMA_KS2, xjit=True), FP4_MMA_XS, FP4_MMA_XS_AHEAD, FP4_MMA_BX_SK_XS, FP4_MMA_TP,
+    replace(FP4_MMA_XS, xring=3), replace(FP4_MMA_BX_SK_XS, xring=2)))
 
 
 # the grouped (MoE) tensor-core form, the default where it fits (H200, 8 of 256 experts, DeepSeek-V3 / GLM-5: 61 / 54 us,
