@@ -67,8 +67,8 @@ commit 465ec3b, reverted): 3 or 7 steps in flight a warp in 60-70 registers, but
 1.5-2.1x slower at M=1 and 16 on every shape (H100, 2026-12-07; 28672x4096 at M=16: 43.6 and 50.8 us against 28.0
 for the same form with the buffer in registers). x at M = 9-16 through a ring of cp.async copies with one barrier
 an iteration in place of xshare's two a step (FP4_MMA_XRING) gained 2-3% on the H100's large shapes once its copies
-went through L1, and lost on the small one (2026-12-06): a candidate the benchmark times. With every tile
-reading tile 0's weights and scales (no DRAM traffic; benchmarks/device/ablate_probe.py) the loop alone takes
+went through L1, and lost on the small one (2026-12-06, rotated rounds): a candidate the gemm stage times. With
+every tile reading tile 0's weights and scales (no DRAM traffic; benchmarks/device/ablate_probe.py) the loop alone takes
 0.87-0.97 of a plain read's time on the wide shapes and 1.04-1.25 on the narrow and small ones (their K split's
 finish included), and the 16 scale multiplies a step with their conversion (22 of 79 instructions, sm_90 SASS of
 the K-sliced form) cost 2-12% (noscale_probe.py): the instruction stream, not the access pattern, is the limit.
@@ -1864,8 +1864,13 @@ FP4_MMA_XSHARE = (FP4_MMA_XS, FP4_MMA_XS_AHEAD, FP4_MMA_BX_SK_XS, replace(FP4_MM
 # form (xshare, its K split's sums cast behind it) / ring 3: 28672x4096 27.25 / 26.66 (26.76 / 26.03), 7168x18432
 # 29.11 / 28.44, 36864x7168 (stream-K, no cast) 63.04 / 61.72, 6144x4096 9.90 / 10.27 (ring 2 within 0.1-2.8 us of
 # ring 3): ring 3 2-3% ahead on the large shapes, without the cast kernel (which the plan adds) and one sweep
-# each, no H200 yet. Kept out of the plan until an H200 times it in rotated rounds (benchmarks/device/
-# issue14_pending.sh xring)
+# each. In 5 rounds that rotate the forms' order (lowprec_device.py --rounds 5; the same H100 model, 2026-12-06,
+# read 3106 GB/s), M=16, medians (rounds' spread 0.1-0.5 us), the plan's form / the best ring: 28672x4096 27.61 /
+# 26.68 (ring 3; plain read of the bytes 24.83), 7168x18432 29.24 / 28.36 (ring 2; read 28.01), 36864x7168 63.08 /
+# 61.59 (stream-K ring 2; read 53.92), 6144x4096 10.05 / 10.19 (ring 3; read 6.85). So the gemm stage times the
+# ring's split and stream-K forms (FP4_STAGE_CONFIGS_M) and keeps them where they win; the plan (what the simulated
+# step runs) keeps xshare until an H200 times the ring in rotated rounds (benchmarks/device/issue14_pending.sh
+# xring), with the cast kernel behind the ring's split forms (the last two here), which no GPU has timed yet
 FP4_MMA_XRING = (replace(FP4_MMA_XS, xring=2), replace(FP4_MMA_XS, xring=3), replace(FP4_MMA_BX_SK_XS, xring=2),
                  replace(FP4_MMA_BX_SK_XS, xring=3), with_cast(replace(FP4_MMA_XS, xring=2)),
                  with_cast(replace(FP4_MMA_XS, xring=3)))
