@@ -71,7 +71,9 @@ def test_x_ring_is_a_form_of_shared_x_in_four_warp_programs():
     programs other than 4 warps (one 16-byte copy a thread covers a step's 16 rows) or at other depths than 2 or 3."""
     _assert_refused(64, 512, 16, (replace(lp.FP4_MMA_XJ, xring=2), replace(lp.FP4_MMA_XS, xring=4),
                                   replace(lp.FP4_MMA_XS, xring=2, warps=8, block_n=128)))
-    assert all(c.xring in (2, 3) and c.xshare for c in lp.FP4_MMA_XRING)
+    ringed = lp.FP4_MMA_XRING + tuple(c for c in lp.FP4_STAGE_CONFIGS_M if c.xring)
+    assert all(c.xring in (2, 3) and c.xshare and c.warps == 4 for c in ringed)
+    assert {c.stream for c in lp.FP4_STAGE_CONFIGS_M if c.xring} == {False, True}  # the stage times split and stream-K
     assert lp.FP4_MMA_XRING[0].name.endswith(",xs,xr=2")
     if lp.HAVE_TRITON:  # the constexprs the launcher passes: none without a ring, the asm with one
         assert lp.xring_constexprs(0, 2) == {"XR": 0}
