@@ -611,8 +611,9 @@ def rotated_times(env: BenchEnv, builders: dict, rounds: int) -> dict:
             times[name] = "check failed"
             continue
         try:
-            calls[name] = build()
-            gpu_us(calls[name], env)  # compiled and warm before the first round
+            fns = build()
+            gpu_us(fns, env)  # compiled and warm before the first round
+            calls[name] = fns
         except Exception as exc:
             times[name] = None
             RESULTS["errors"][name] = describe(exc, REASON_CHARS)
