@@ -686,6 +686,23 @@ def test_lowprec_benchmark_sweep_runs_in_the_interpreter(tmp_path):
     assert res["gemm"][0]["nvfp4_plain_read_us"] > 0  # the same bytes read plainly, beside the forms
 
 
+def test_lowprec_benchmark_sweep_rounds_time_every_ring_form(tmp_path):
+    """The sweep's rotated rounds (--rounds, how a candidate is judged against the plan's form), at a toy shape under
+    the CPU interpreter: every x-ring form is checked, then timed in the rounds, each with one median."""
+    import json
+
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO / "workflow")}
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "lowprec_device.py"), "--sections", "sweep",
+                           "--shapes", "64x256", "--ms", "16", "--forms", "xring", "--rounds", "2",
+                           "--out", str(tmp_path)], env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads((tmp_path / "lowprec.json").read_text())
+    tried = res["gemm"][0]["nvfp4_new_tried"]
+    assert not res["errors"] and res["checks"] and all(c["ok"] for c in res["checks"])
+    assert {c.name for c in lp.FP4_MMA_XRING} <= {name for name, us in tried.items() if isinstance(us, float)}
+    assert proc.stdout.count("(2 rounds)") == len(tried)
+
+
 @pytest.mark.skipif(not lp.HAVE_TRITON, reason="Triton is not installed")
 def test_default_tensor_core_forms_compile_for_sm90_without_spills():
     """benchmarks/kernel_resources.py on the defaults (Triton's own ptxas, no GPU): the M=1 and M=16 forms the
