@@ -604,7 +604,7 @@ def plain_read_us(env: BenchEnv, nbytes: int) -> float | None:
 def rotated_times(env: BenchEnv, builders: dict, rounds: int) -> dict:
     """Every form built (and captured) once, then timed in `rounds` rounds that rotate their order (decode_gap.timing.
     rotated: a form timed first in a fixed order can read a few per cent fast); each form's median of its rounds'
-    medians, with the rounds' spread logged. A form that fails to build is left out with its reason."""
+    medians, with the rounds' spread logged. A form that fails to build or to run is left out with its reason."""
     calls, times = {}, {}
     for name, build in builders.items():
         if name in FAILED:
