@@ -561,7 +561,10 @@ def _check(name, m, n, k, fn, ref, tol) -> None:
 FAILED: set = set()  # kernel names whose correctness check failed: never chosen
 
 
-def best_of(env, builders: dict, nbytes: int) -> tuple[str | None, float | None, dict]:
+def first_times(env, builders: dict, keep: dict | None = None) -> dict:
+    """Each form built and timed once: its time, "check failed" for a form whose check failed, None (the reason in
+    RESULTS["errors"]) for one that failed to build or run; with `keep`, the built calls of those that ran go in it
+    (else they are dropped as soon as timed, so only one form's copies are held at a time)."""
     times = {}
     for name, build in builders.items():
         if name in FAILED:
@@ -570,10 +573,17 @@ def best_of(env, builders: dict, nbytes: int) -> tuple[str | None, float | None,
         try:
             fns = build()
             times[name] = gpu_us(fns, env)
+            if keep is not None:
+                keep[name] = fns
         except Exception as exc:
             times[name] = None
             RESULTS["errors"][name] = describe(exc, REASON_CHARS)
         fns = None
+    return times
+
+
+def best_of(env, builders: dict, nbytes: int) -> tuple[str | None, float | None, dict]:
+    times = first_times(env, builders)
     ok = {k: v for k, v in times.items() if isinstance(v, float)}
     if not ok:
         return None, None, times
@@ -605,18 +615,8 @@ def rotated_times(env: BenchEnv, builders: dict, rounds: int) -> dict:
     """Every form built (and captured) once, then timed in `rounds` rounds that rotate their order (decode_gap.timing.
     rotated: a form timed first in a fixed order can read a few per cent fast); each form's median of its rounds'
     medians, with the rounds' spread logged. A form that fails to build or to run is left out with its reason."""
-    calls, times = {}, {}
-    for name, build in builders.items():
-        if name in FAILED:
-            times[name] = "check failed"
-            continue
-        try:
-            fns = build()
-            gpu_us(fns, env)  # compiled and warm before the first round
-            calls[name] = fns
-        except Exception as exc:
-            times[name] = None
-            RESULTS["errors"][name] = describe(exc, REASON_CHARS)
+    calls = {}
+    times = first_times(env, builders, calls)  # compiled and warm before the first round (that time is not kept)
     samples = rotated(lambda fns: [gpu_us(fns, env)], calls, rounds)
     for name, us in samples.items():
         times[name] = float(np.median(us))

@@ -668,17 +668,22 @@ def test_chained_forms_are_bf16_and_leave_pdl_to_gpus():
         lp.Nvfp4Gemv(q, 1, "cpu", cfg=replace(lp.FP4_MMA_CHAINED[2], cast=True))
 
 
-def test_lowprec_benchmark_sweep_runs_in_the_interpreter(tmp_path):
-    """The README's after-a-kernel-change command, at a toy shape under the CPU interpreter: the sweep section times
-    every NVFP4 tensor-core form and writes them to lowprec.json (a smoke test of the script, not a timing)."""
+def _lowprec_benchmark(out, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """benchmarks/lowprec_device.py with `args` under the CPU interpreter, writing to `out`: the process (asserted to
+    have passed) and its lowprec.json."""
     import json
 
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO / "workflow")}
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "lowprec_device.py"), "--sections", "bw,sweep",
-                           "--shapes", "64x256", "--ms", "1", "--out", str(tmp_path)],
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "lowprec_device.py"), *args, "--out", str(out)],
                           env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads((tmp_path / "lowprec.json").read_text())
+    return proc, json.loads((out / "lowprec.json").read_text())
+
+
+def test_lowprec_benchmark_sweep_runs_in_the_interpreter(tmp_path):
+    """The README's after-a-kernel-change command, at a toy shape under the CPU interpreter: the sweep section times
+    every NVFP4 tensor-core form and writes them to lowprec.json (a smoke test of the script, not a timing)."""
+    _, res = _lowprec_benchmark(tmp_path, "--sections", "bw,sweep", "--shapes", "64x256", "--ms", "1")
     tried = res["gemm"][0]["nvfp4_new_tried"]
     forms = lp.FP4_MMA_CONFIGS + lp.FP4_MMA_CHAINED
     assert not res["errors"] and {c.name for c in forms if 256 % c.k_multiple == 0} <= set(tried)
@@ -689,14 +694,8 @@ def test_lowprec_benchmark_sweep_runs_in_the_interpreter(tmp_path):
 def test_lowprec_benchmark_sweep_rounds_time_every_ring_form(tmp_path):
     """The sweep's rotated rounds (--rounds, how a candidate is judged against the plan's form), at a toy shape under
     the CPU interpreter: every x-ring form is checked, then timed in the rounds, each with one median."""
-    import json
-
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO / "workflow")}
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "lowprec_device.py"), "--sections", "sweep",
-                           "--shapes", "64x256", "--ms", "16", "--forms", "xring", "--rounds", "2",
-                           "--out", str(tmp_path)], env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads((tmp_path / "lowprec.json").read_text())
+    proc, res = _lowprec_benchmark(tmp_path, "--sections", "sweep", "--shapes", "64x256", "--ms", "16", "--forms",
+                                   "xring", "--rounds", "2")
     tried = res["gemm"][0]["nvfp4_new_tried"]
     assert not res["errors"] and res["checks"] and all(c["ok"] for c in res["checks"])
     assert {c.name for c in lp.FP4_MMA_XRING} <= {name for name, us in tried.items() if isinstance(us, float)}
