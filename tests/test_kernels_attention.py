@@ -220,11 +220,12 @@ def test_index_prepare_fp8_keys_match_torch_ops_in_the_interpreter():
     """DeepSeek-V3.2's FP8 indexer (GLM-5's): the fused kernel's Hadamard-turned queries and key as FP8 codes and
     scales against the torch ops, with only row pos written; the turn keeps q . k (the scores from FP8 keys and
     queries against the unquantised, unturned ones); then the scores kernel on FP8 keys, with bf16 and with FP8
-    queries, against torch."""
+    queries, against torch; an all-zero key's scale floored as fp8block's (quantize_e4m3_groups)."""
     code = r'''
 import torch
 from decode_gap.kernels.attention import (INDEX_KEY_DTYPE, index_prepare, index_prepare_reference, index_scores,
                                           index_scores_reference)
+from decode_gap.kernels.nvfp4 import E4M3_SCALE_FLOOR
 torch.manual_seed(0)
 M, IH, ID, R, T, P = 2, 5, 64, 16, 9, 4
 others = [t for t in range(T) if t != P]
@@ -252,6 +253,12 @@ for dt, tol in ((torch.float32, 1e-6), (torch.bfloat16, 1e-2)):
     for got, want in ((index_scores(bf, c1, wts, 0.3, s1), index_scores_reference(bf.float(), c1, wts, 0.3, s1)),
                       (index_scores(a, c1, wts, 0.3, s1, qs), index_scores_reference(a, c1, wts, 0.3, s1, qs))):
         assert got.shape == (M, T) and ((got - want).norm() / want.norm()).item() < tol, dt
+# an all-zero key (its LayerNorm's weight and bias zero): zero codes and the floored scale, kernel and torch alike
+zero = torch.zeros(ID)
+for prepare in (index_prepare, index_prepare_reference):
+    c, s = torch.randn(M, T, ID).to(INDEX_KEY_DTYPE), torch.rand(M, T)
+    prepare(q.float(), k.float(), c, pos, cos, sin, zero, zero, 1e-6, s)
+    assert not c[:, P].float().any() and torch.all(s[:, P] == E4M3_SCALE_FLOOR), (prepare.__name__, s[:, P])
 print("ok")
 '''
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO / "workflow")}

@@ -42,7 +42,7 @@ from ..errors import DecodeGapError
 from .lowprec import _pow2, _to_fp8_rounded, available
 from .norm import rms_norm_reference
 # Triton is optional (one import guard for the kernels)
-from .nvfp4 import E4M3_MAX, HAVE_TRITON, interpreted, tl, triton
+from .nvfp4 import HAVE_TRITON, interpreted, quantize_e4m3_groups, tl, triton
 
 
 def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -311,7 +311,7 @@ if HAVE_TRITON:
         if FP8:  # rounded as the reference rounds the rotated row, then turned (1/sqrt(ID) keeps its norm)
             v = _hadamard(v.to(q.dtype.element_ty).to(tl.float32), ID, LOG_ID) * (ID ** -0.5)
             v = v.to(q.dtype.element_ty).to(tl.float32)
-            scale = tl.maximum(tl.max(tl.abs(v), axis=0), 1e-12) / 448.0
+            scale = tl.maximum(tl.max(tl.abs(v), axis=0) / 448.0, 1e-12)  # as quantize_e4m3_groups
             v = _to_fp8_rounded(v / scale, ROUND)
             if r < IH:
                 tl.store(q_out + m * stride_om + r * stride_oh + d, v)
@@ -433,14 +433,6 @@ def hadamard_reference(x: torch.Tensor) -> torch.Tensor:
     return (x.float() @ h * x.shape[-1] ** -0.5).to(x.dtype)
 
 
-def _fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [..., D] as E4M3 codes and a scale a row (amax / 448, fp32), as the reference's act_quant makes them for
-    rows of 128 values; fp8block's twin takes groups of exactly 128, where the indexer's tests use 32 and 64."""
-    x = x.float()
-    scale = x.abs().amax(-1).clamp(min=1e-12) / E4M3_MAX
-    return (x / scale.unsqueeze(-1)).to(INDEX_KEY_DTYPE), scale
-
-
 def index_prepare_reference(q: torch.Tensor, k: torch.Tensor, cache: torch.Tensor, pos: torch.Tensor,
                             cos: torch.Tensor, sin: torch.Tensor, k_norm_w: torch.Tensor, k_norm_b: torch.Tensor,
                             eps: float, key_scale: torch.Tensor | None = None
@@ -458,11 +450,11 @@ def index_prepare_reference(q: torch.Tensor, k: torch.Tensor, cache: torch.Tenso
         return q, None
     if key_scale is None:
         raise DecodeGapError("index_prepare: an FP8 key cache needs its key_scale [M, T]")
-    key, scale = _fp8_rows(hadamard_reference(key))
+    key, scale = quantize_e4m3_groups(hadamard_reference(key))
     key_scale.index_copy_(1, pos, scale.unsqueeze(1).to(key_scale.dtype))
     # as bytes: torch has no index_copy_ for FP8 on the CPU
     cache.view(torch.uint8).index_copy_(1, pos, key.unsqueeze(1).view(torch.uint8))
-    return _fp8_rows(hadamard_reference(q))
+    return quantize_e4m3_groups(hadamard_reference(q))
 
 
 def index_prepare(q: torch.Tensor, k: torch.Tensor, cache: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor,

@@ -27,7 +27,7 @@ import torch
 
 from ..errors import DecodeGapError, describe
 from .lowprec import FP8_BLOCK, Fp8Weight, _to_fp8_rounded, available, dequantize_fp8, interpreted, quantize_fp8
-from .nvfp4 import E4M3_MAX, HAVE_TRITON, tl, triton
+from .nvfp4 import HAVE_TRITON, quantize_e4m3_groups, tl, triton
 
 MIN_M = 4  # rows cuBLAS's blockwise scaling takes at the least (fewer are padded with zero rows)
 LABEL = "torch._scaled_mm(e4m3, 1x128 x 128x128 block scales)"
@@ -45,10 +45,8 @@ def quantize_act_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     """x [M, K] (K a multiple of 128) -> (e4m3 [M, K], fp32 scales [M, K/128]) with x ~= q * scale per group: scale =
     amax / 448 (a tiny floor for all-zero groups), q = x / scale rounded to e4m3."""
     m, k = x.shape
-    g = x.float().reshape(m, _groups(k), FP8_BLOCK)
-    s = (g.abs().amax(-1) / E4M3_MAX).clamp(min=1e-12)
-    q = (g / s[..., None]).clamp(-E4M3_MAX, E4M3_MAX).reshape(m, k).to(torch.float8_e4m3fn)
-    return q, s
+    q, s = quantize_e4m3_groups(x.reshape(m, _groups(k), FP8_BLOCK))
+    return q.reshape(m, k), s
 
 
 def dequantize_act(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:

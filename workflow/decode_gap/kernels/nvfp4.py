@@ -33,6 +33,7 @@ from ..errors import DecodeGapError
 BLOCK = 16
 E2M1_MAX = 6.0
 E4M3_MAX = 448.0
+E4M3_SCALE_FLOOR = 1e-12  # an all-zero group's scale (amax / 448 floored), so its codes are 0 and not NaN
 E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 # midpoints between neighbours on the grid; a value exactly on one is a tie
 _MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
@@ -49,6 +50,15 @@ except Exception:  # pragma: no cover - depends on the host
 
 
 # --------------------------------------------------------------------------- E2M1 codes
+
+
+def quantize_e4m3_groups(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Groups g [..., G] as E4M3 codes [..., G] and an fp32 scale a group [...]: amax / 448 (floored at
+    E4M3_SCALE_FLOOR), the codes g / scale held to e4m3's range. The FP8 activations' 1x128 groups (fp8block) and
+    the DSA indexer's key and query rows (attention) both take it, as do their kernels (the same floor)."""
+    g = g.float()
+    scale = (g.abs().amax(-1) / E4M3_MAX).clamp(min=E4M3_SCALE_FLOOR)
+    return (g / scale.unsqueeze(-1)).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), scale
 
 
 def round_to_e2m1(x: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,7 @@ from ..kernels import attention as attn_kernels
 from ..kernels import norm as norm_kernels
 from ..kernels import topk as topk_kernels
 from ..kernels.lowprec import available
+from ..kernels.nvfp4 import E4M3_MAX
 from ..kernels.routing import FusedRoute, Routing, fused_fits, route_reference, with_shared_slot
 from .formats import FUSED_K_MULTIPLE, GROUPED_GEMV_KINDS, _probe_grouped, _torch, fused_moe_fallback
 from .layers import Experts, KernelPicker, Linear, _rand, _tdtype
@@ -361,7 +362,7 @@ class DecodeStep:
             wp = self._lin("attn.indexer.weights_proj")
             # FP8 keys and a scale a key, as DeepSeek-V3.2's indexer caches them
             icache = _rand((M, self.T, ID), self.act, self.device).to(attn_kernels.INDEX_KEY_DTYPE)
-            iscale = torch.full((M, self.T), 1.0 / attn_kernels.E4M3_MAX, dtype=torch.float32, device=self.device)
+            iscale = torch.full((M, self.T), 1.0 / E4M3_MAX, dtype=torch.float32, device=self.device)
             self.kv_bytes += M * T_att * (ID * icache.element_size() + iscale.element_size())
             kn_w, kn_b = self._norm_w(ID), torch.zeros(ID, dtype=_tdtype(self.act), device=self.device)
             topk = min(spec.index_topk or self.T, self.T)
