@@ -745,8 +745,8 @@ if HAVE_TRITON:
     # program waits and meets at one barrier an iteration, then each lane reads its B fragments with four 16-byte
     # loads a step. xshare's Triton layout conversion loaded x in the iteration that used it (or an iteration ahead
     # in registers) and met at two barriers a step (ncu, H200, M=16: 2.0 cycles of barrier stall an issued
-    # instruction). 2-3% ahead on an H100's large shapes, behind on the small (FP4_MMA_XRING's comment): a candidate,
-    # in no plan.
+    # instruction). 2-3% ahead on an H100's large shapes, behind on the small (FP4_MMA_XRING's comment): the plan takes
+    # it where a split is long (_m16_plan).
     _XR_ROW = 144  # 128 bytes of a row's step, 16 of padding
     _XR_SLOT = 16 * _XR_ROW  # one step's chunk
     XR_ROW = tl.constexpr(_XR_ROW)
@@ -1854,7 +1854,8 @@ FP4_MMA_BX_SK_XS = replace(FP4_MMA_BX_SK, xshare=True)
 FP4_MMA_XSHARE = (FP4_MMA_XS, FP4_MMA_XS_AHEAD, FP4_MMA_BX_SK_XS, replace(FP4_MMA_BX_SK_XS, xjit=True),
                   replace(FP4_MMA_XS_AHEAD, block_k=256, warps_per_sm=18))
 # x through a ring of cp.async copies (xring), 2 or 3 iterations deep, on the K split and stream-K forms of xshare:
-# candidates the benchmark checks and times (lowprec_device.py --sections sweep --forms xring), in no plan. H100
+# what the benchmark checks and times (lowprec_device.py --sections sweep --forms xring), in the plan where a split is
+# long (_m16_plan, FP4_RING_MIN_ITERATIONS). H100
 # (2026-12-06, M=16, L2-only copies, cp.async.cg), us, the plan's xshare form / ring 2 / ring 3: 28672x4096 (split)
 # 27.6 / 31.4 / 31.6, 7168x18432 (split) 29.7 / 34.2 / 31.6, 6144x4096 10.7 / 11.9 / 11.9, 36864x7168 (stream-K)
 # 62.9 / 62.3 / 63.3. ncu (28672x4096): one barrier an iteration for four, yet 3.5 cycles of barrier stall an issued
@@ -1868,9 +1869,10 @@ FP4_MMA_XSHARE = (FP4_MMA_XS, FP4_MMA_XS_AHEAD, FP4_MMA_BX_SK_XS, replace(FP4_MM
 # read 3106 GB/s), M=16, medians (rounds' spread 0.1-0.5 us), the plan's form / the best ring: 28672x4096 27.61 /
 # 26.68 (ring 3; plain read of the bytes 24.83), 7168x18432 29.24 / 28.36 (ring 2; read 28.01), 36864x7168 63.08 /
 # 61.59 (stream-K ring 2; read 53.92), 6144x4096 10.05 / 10.19 (ring 3; read 6.85). So the gemm stage times the
-# ring's split and stream-K forms (FP4_STAGE_CONFIGS_M) and keeps them where they win; the plan (what the simulated
-# step runs) keeps xshare until an H200 times the ring in rotated rounds (benchmarks/device/issue14_pending.sh
-# xring), with the cast kernel behind the ring's split forms (the last two here), which no GPU has timed yet
+# ring's split and stream-K forms (FP4_STAGE_CONFIGS_M) and keeps them where they win, and the plan (what the
+# simulated step runs) takes them on the long splits and stream-K; the H200 has not timed them in rotated rounds
+# (benchmarks/device/issue14_pending.sh xring), nor any GPU the cast kernel behind the ring's split forms (the last
+# two here, as the plan runs them)
 FP4_MMA_XRING = (replace(FP4_MMA_XS, xring=2), replace(FP4_MMA_XS, xring=3), replace(FP4_MMA_BX_SK_XS, xring=2),
                  replace(FP4_MMA_BX_SK_XS, xring=3), with_cast(replace(FP4_MMA_XS, xring=2)),
                  with_cast(replace(FP4_MMA_XS, xring=3)))
@@ -1994,8 +1996,9 @@ def _fp4_plan(m: int, k: int, device="cuda", n: int = 0) -> GemvConfig | None:
     on N >= FP4_WIDE_ROWS (an lm_head) with 4 steps an iteration and no split (FP4_MMA_BX_WIDE); up to M = 8 in two
     K slices a tile from FP4_KS2_VALUES weights or FP4_KS2_WARPS_PER_SM sliced warps an SM (FP4_MMA_KS2), or where K
     is one iteration of them (256 or 512 values), split over K below that; above M = 8 with x loaded once a program
-    and shared (_m16_plan: FP4_MMA_XS split over K, its split cut to fit one wave where needed, else stream-K; no
-    split: FP4_MMA_XS_AHEAD, or on an lm_head two tiles a warp, FP4_MMA_TP); else the CUDA-core asm form at M=1 and
+    and shared (_m16_plan: FP4_MMA_XS split over K, its split cut to fit one wave where needed, else stream-K, x
+    through a ring where the split is long; no split: FP4_MMA_XS_AHEAD, or on an lm_head two tiles a warp,
+    FP4_MMA_TP); else the CUDA-core asm form at M=1 and
     None above. Callers that time the forms (the gemm stage, the benchmark) keep the fastest; this is what the
     simulated step runs."""
     if mma_supported(device) and m == 1 and n >= FP4_WIDE_ROWS and k % FP4_MMA_BX_WIDE.block_k == 0:
@@ -2057,13 +2060,24 @@ def block_xscale_for(k: int) -> GemvConfig:
 DENSE_BLOCK_M = GemvConfig(16, 128, 4)
 
 
+# x through the ring (FP4_MMA_XRING) in the plan at M = 9-16: 3 iterations deep on the K split where a split is at
+# least FP4_RING_MIN_ITERATIONS iterations long, 2 on stream-K. H100 (2026-12-06, 5 rotated rounds, M=16,
+# FP4_MMA_XRING's comment): the ring won 2.4-3.4% where a split was 16 and 18 iterations long and on stream-K (28 a
+# program), and lost 1.4% at 4 (6144x4096, where its three-deep prologue is most of the program); between 4 and 16
+# untimed, so x stays shared in place there
+FP4_RING_MIN_ITERATIONS = 16
+FP4_RING_SPLIT, FP4_RING_STREAM = 3, 2
+
+
 def _m16_plan(n: int, k: int, sms: int) -> GemvConfig:
     """M = 9-16, x loaded once a program (xshare): with no K split (many short programs, several waves), x an
     iteration ahead (FP4_MMA_XS_AHEAD), but on the lm_heads (N >= FP4_WIDE_ROWS) two tiles a warp (FP4_MMA_TP: on
     the H200 the fastest on all three heads at M = 12-14 and on Llama-3.1-8B's at M=16 in every run, on the other two
     at M=16 fastest or slowest by machine: FP4_MMA_TP's comment); where the K split's grid (as Nvfp4Gemv plans it) fits one wave of
     FP4_XJ_PROGRAMS_PER_SM programs an SM, x in place (FP4_MMA_XS: fewer registers); else the same with the split cut
-    to what fits one wave, while that is still a split; else stream-K (FP4_MMA_BX_SK_XS). H200, M=16 (the forms'
+    to what fits one wave, while that is still a split; else stream-K (FP4_MMA_BX_SK_XS); x through the ring of
+    cp.async copies on stream-K and on a split of FP4_RING_MIN_ITERATIONS iterations or more (what won on the H100;
+    the constant's comment). H200, M=16, before the ring (the forms'
     comment has the times): each the fastest of the eleven forms tried on the eight shapes tried, or within 3.5%
     (6144x4096: 9.7 us in place, 9.4 ahead). Before x was shared, with x loaded in place (benchmarks/device/
     xj_probe.py): 6144x16384 cut from 10 splits to 9, 23.7 us against 24.9 for stream-K; 24576x6144 from 3 to 2,
@@ -2074,10 +2088,13 @@ def _m16_plan(n: int, k: int, sms: int) -> GemvConfig:
     _, split = mma_k_plan(cfg, tiles, k // 64, sms)
     if split == 1:
         return FP4_MMA_TP if n >= FP4_WIDE_ROWS else FP4_MMA_XS_AHEAD
-    if programs * split <= places:
-        return cfg
-    cut = places // programs
-    return replace(cfg, split=cut) if cut > 1 else FP4_MMA_BX_SK_XS
+    if programs * split > places:
+        cut = places // programs
+        if cut <= 1:
+            return replace(FP4_MMA_BX_SK_XS, xring=FP4_RING_STREAM)
+        cfg = replace(cfg, split=cut)
+    steps, _ = mma_k_plan(cfg, tiles, k // 64, sms)
+    return replace(cfg, xring=FP4_RING_SPLIT) if steps * 64 >= FP4_RING_MIN_ITERATIONS * cfg.block_k else cfg
 
 
 def split_for(n_tiles: int, slots: int, k_blocks: int, sms: int) -> int:
