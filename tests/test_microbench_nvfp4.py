@@ -25,6 +25,15 @@ def brute_code(v: float) -> int:
     return idx | (8 if v < 0 and idx > 0 else 0)
 
 
+def test_one_e4m3_scale_for_tensors_rows_and_groups_and_the_kernels_take_the_same_numbers():
+    floor = torch.tensor(nv.E4M3_SCALE_FLOOR)  # as fp32 holds it
+    assert torch.equal(nv.e4m3_scale(torch.tensor([0.0, 448.0, 896.0])), torch.stack([floor, *torch.tensor([1., 2.])]))
+    codes, scale = nv.quantize_e4m3_groups(torch.tensor([[0.0, 0.0], [-896.0, 448.0]]))
+    assert torch.equal(scale, torch.stack([floor, torch.tensor(2.0)])) and codes.float().tolist() == [[0, 0], [-448, 224]]
+    if nv.HAVE_TRITON:  # its literals (Triton takes no global float in a kernel) are the constants'
+        assert f"amax / {nv.E4M3_MAX!r}, {nv.E4M3_SCALE_FLOOR!r}" in nv.e4m3_scale_tl.src
+
+
 def test_round_to_e2m1_matches_brute_force_and_ties_to_even():
     ties = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0]
     vals = ties + [-t for t in ties] + [0.0, 6.0, 7.0, 100.0, -6.5, 0.1, 0.3, -2.6, 4.9, 5.1, 1e-9]

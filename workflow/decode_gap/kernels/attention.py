@@ -44,6 +44,9 @@ from .norm import rms_norm_reference
 # Triton is optional (one import guard for the kernels)
 from .nvfp4 import HAVE_TRITON, interpreted, quantize_e4m3_groups, tl, triton
 
+if HAVE_TRITON:
+    from .nvfp4 import e4m3_scale_tl
+
 
 def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate-half rotary embedding over the last dimension (cos, sin: its half)."""
@@ -311,7 +314,7 @@ if HAVE_TRITON:
         if FP8:  # rounded as the reference rounds the rotated row, then turned (1/sqrt(ID) keeps its norm)
             v = _hadamard(v.to(q.dtype.element_ty).to(tl.float32), ID, LOG_ID) * (ID ** -0.5)
             v = v.to(q.dtype.element_ty).to(tl.float32)
-            scale = tl.maximum(tl.max(tl.abs(v), axis=0) / 448.0, 1e-12)  # as quantize_e4m3_groups
+            scale = e4m3_scale_tl(tl.max(tl.abs(v), axis=0))  # as quantize_e4m3_groups
             v = _to_fp8_rounded(v / scale, ROUND)
             if r < IH:
                 tl.store(q_out + m * stride_om + r * stride_oh + d, v)

@@ -29,6 +29,9 @@ from ..errors import DecodeGapError, describe
 from .lowprec import FP8_BLOCK, Fp8Weight, _to_fp8_rounded, available, dequantize_fp8, interpreted, quantize_fp8
 from .nvfp4 import HAVE_TRITON, quantize_e4m3_groups, tl, triton
 
+if HAVE_TRITON:
+    from .nvfp4 import e4m3_scale_tl
+
 MIN_M = 4  # rows cuBLAS's blockwise scaling takes at the least (fewer are padded with zero rows)
 LABEL = "torch._scaled_mm(e4m3, 1x128 x 128x128 block scales)"
 _SUPPORTED: dict[str, str] = {}  # device -> "" where cuBLAS runs the blockwise form there, else why not (probed once)
@@ -60,7 +63,7 @@ if HAVE_TRITON:
     def _group_quant(v):
         """[G, 128] fp32 groups -> (the values over their group's scale, held to e4m3's range; the scales, amax /
         448 with a tiny floor for all-zero groups), as quantize_act_reference."""
-        scale = tl.maximum(tl.max(tl.abs(v), axis=1) / 448.0, 1e-12)
+        scale = e4m3_scale_tl(tl.max(tl.abs(v), axis=1))
         return tl.minimum(tl.maximum(v / scale[:, None], -448.0), 448.0), scale
 
     @triton.jit

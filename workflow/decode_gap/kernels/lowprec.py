@@ -1663,14 +1663,14 @@ def quantize_fp8(w: torch.Tensor, block: bool = False) -> Fp8Weight:
     wf = w.float()
     if not block:
         red = tuple(range(wf.dim() - 2, wf.dim()))
-        s = (wf.abs().amax(dim=red) / 448.0).clamp(min=1e-12)
+        s = nv.e4m3_scale(wf.abs().amax(dim=red))
         return Fp8Weight((wf / s[..., None, None]).to(torch.float8_e4m3fn), s.float().contiguous(), False)
     *lead, n, k = wf.shape
     nb, kb = math.ceil(n / FP8_BLOCK), math.ceil(k / FP8_BLOCK)
     pad = torch.zeros((*lead, nb * FP8_BLOCK, kb * FP8_BLOCK), dtype=torch.float32, device=w.device)
     pad[..., :n, :k] = wf
     blocks = pad.reshape(*lead, nb, FP8_BLOCK, kb, FP8_BLOCK)
-    s = (blocks.abs().amax(dim=(-3, -1)) / 448.0).clamp(min=1e-12)  # [..., nb, kb]
+    s = nv.e4m3_scale(blocks.abs().amax(dim=(-3, -1)))  # [..., nb, kb]
     q = (blocks / s[..., :, None, :, None]).reshape(*lead, nb * FP8_BLOCK, kb * FP8_BLOCK)[..., :n, :k]
     return Fp8Weight(q.to(torch.float8_e4m3fn).contiguous(), s.float().contiguous(), True)
 
@@ -2085,7 +2085,7 @@ def _m16_plan(n: int, k: int, sms: int) -> GemvConfig:
     cfg = FP4_MMA_XS
     tiles = math.ceil(n / 16)
     programs, places = math.ceil(tiles / cfg.warps), FP4_XJ_PROGRAMS_PER_SM * sms
-    _, split = mma_k_plan(cfg, tiles, k // 64, sms)
+    steps, split = mma_k_plan(cfg, tiles, k // 64, sms)
     if split == 1:
         return FP4_MMA_TP if n >= FP4_WIDE_ROWS else FP4_MMA_XS_AHEAD
     if programs * split > places:
@@ -2093,7 +2093,7 @@ def _m16_plan(n: int, k: int, sms: int) -> GemvConfig:
         if cut <= 1:
             return replace(FP4_MMA_BX_SK_XS, xring=FP4_RING_STREAM)
         cfg = replace(cfg, split=cut)
-    steps, _ = mma_k_plan(cfg, tiles, k // 64, sms)
+        steps, _ = mma_k_plan(cfg, tiles, k // 64, sms)  # a cut split runs more steps each
     return replace(cfg, xring=FP4_RING_SPLIT) if steps * 64 >= FP4_RING_MIN_ITERATIONS * cfg.block_k else cfg
 
 

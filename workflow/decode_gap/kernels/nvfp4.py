@@ -52,12 +52,18 @@ except Exception:  # pragma: no cover - depends on the host
 # --------------------------------------------------------------------------- E2M1 codes
 
 
+def e4m3_scale(amax: torch.Tensor) -> torch.Tensor:
+    """The E4M3 scale of a group, tensor or row from its amax: amax / 448, floored at E4M3_SCALE_FLOOR (the Triton
+    kernels take e4m3_scale_tl, the same two numbers)."""
+    return (amax.float() / E4M3_MAX).clamp(min=E4M3_SCALE_FLOOR)
+
+
 def quantize_e4m3_groups(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Groups g [..., G] as E4M3 codes [..., G] and an fp32 scale a group [...]: amax / 448 (floored at
-    E4M3_SCALE_FLOOR), the codes g / scale held to e4m3's range. The FP8 activations' 1x128 groups (fp8block) and
-    the DSA indexer's key and query rows (attention) both take it, as do their kernels (the same floor)."""
+    """Groups g [..., G] as E4M3 codes [..., G] and an fp32 scale a group [...] (e4m3_scale), the codes g / scale
+    held to e4m3's range. The FP8 activations' 1x128 groups (fp8block), the DSA indexer's key and query rows
+    (attention) and the row-scaled MoE benchmark all take it; the kernels take e4m3_scale_tl (the same floor)."""
     g = g.float()
-    scale = (g.abs().amax(-1) / E4M3_MAX).clamp(min=E4M3_SCALE_FLOOR)
+    scale = e4m3_scale(g.abs().amax(-1))
     return (g / scale.unsqueeze(-1)).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), scale
 
 
@@ -200,6 +206,12 @@ def plan_launch(m: int, n: int, k: int, sm_count: int) -> LaunchPlan:
 
 
 if HAVE_TRITON:
+
+    @triton.jit
+    def e4m3_scale_tl(amax):
+        """e4m3_scale in a kernel: Triton takes no global float here, so the two numbers are written out (a test
+        holds them to E4M3_MAX and E4M3_SCALE_FLOOR)."""
+        return tl.maximum(amax / 448.0, 1e-12)
 
     @triton.jit
     def _e2m1_to_bf16(c):
