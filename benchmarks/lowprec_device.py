@@ -762,13 +762,15 @@ def fp4_sweep(env: BenchEnv, n: int, k: int, m: int, forms: str = "all") -> None
     if forms != "all":
         extra = EXTRA_FORMS[forms]
         plan = lp.fp4_config_for(m, k, dev, n)
-        unringed = replace(plan, xring=0) if plan is not None else None  # the plan without x through the ring
-        cfgs = extra + tuple({plan, unringed, lp.FP4_MMA_BX_40, lp.FP4_MMA_DEFAULT, lp.FP4_MMA_KS2,
+        # the plan without x through the ring, and with the ring the other depth
+        unringed = replace(plan, xring=0) if plan is not None else None
+        other_depth = replace(plan, xring={2: 3, 3: 2}[plan.xring]) if plan is not None and plan.xring else None
+        cfgs = extra + tuple({plan, unringed, other_depth, lp.FP4_MMA_BX_40, lp.FP4_MMA_DEFAULT, lp.FP4_MMA_KS2,
                               lp.FP4_MMA_KS2_WIDE, lp.FP4_MMA_BX_WIDE, lp.FP4_MMA_XS, lp.FP4_MMA_XS_AHEAD,
                               lp.FP4_MMA_BX_SK_XS} - {None})
         ref = nv.reference_mm(x, q)
         # these and the plan checked on this shape before they are timed (a failed form is not timed)
-        for cfg in extra + tuple({plan} - {None}):
+        for cfg in extra + tuple({plan, other_depth} - {None}):
             if cfg.fits(k):
                 _check(f"nvfp4 {cfg.name}", m, n, k, lambda: _twice_if_one_kernel(
                     lp.Nvfp4Gemv(q, m, dev, cfg, out_dtype=torch.float32), x), ref, 2e-3)

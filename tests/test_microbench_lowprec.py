@@ -211,8 +211,8 @@ assert lp.fp4_config_for(1, 192, "cpu", n=576).bx  # K whole 64-value steps only
 # still splits, else stream-K (one wave of equal work); with no split, x loaded an iteration ahead
 assert lp.FP4_MMA_BX_SK_XS.stream and lp.FP4_MMA_XS.xjit and not lp.FP4_MMA_XS.stream
 assert all(c.xshare for c in lp.FP4_MMA_XSHARE) and not lp.FP4_MMA_XS_AHEAD.xjit
-# 4 SMs ("cpu"): split 11, 22 programs <= 7 x 4
-assert lp.fp4_config_for(12, 4096, "cpu", n=128) == lp.with_cast(lp.FP4_MMA_XS)
+# 4 SMs ("cpu"): split 11, 22 programs <= 7 x 4; x through a ring of 2 on a split
+assert lp.fp4_config_for(12, 4096, "cpu", n=128) == lp.with_cast(lp.replace(lp.FP4_MMA_XS, xring=2))
 # split 2, 32 programs > 7 x 4, cut to none: stream-K, x through a ring of 2 (_m16_plan)
 assert lp.fp4_config_for(12, 4096, "cpu", n=1024) == lp.with_cast(lp.replace(lp.FP4_MMA_BX_SK_XS, xring=2))
 assert lp.fp4_config_for(12, 4096, "cpu", n=640).split == 2  # 10 programs: split 3 (30 > 28) cut to 2
@@ -250,19 +250,19 @@ with mock.patch.object(lp, "sm_count", lambda device: 132):
         assert g.split == 1, (n, k, g.label)
     # M = 16, what won on the H200 at each shape (FP4_MMA_XS's and _m16_plan's comments have the times): x shared,
     # the K split with x loaded in place where its grid fits one wave, cut to one wave where that still splits, else
-    # stream-K; an iteration ahead with no split. x through the ring where a split is 16 iterations or more (28672x4096
-    # 16, 7168x18432 18, 24576x6144 cut to 2: 24) and on stream-K (what won on the H100), not where it is shorter
-    # (6144x4096 4, 4096x14336 8, 6144x16384 cut to 9: 14)
-    ring3, ring2 = dict(xring=lp.FP4_RING_SPLIT), dict(xring=lp.FP4_RING_STREAM)
-    for (n, k), want in {(28672, 4096): replace(lp.FP4_MMA_XS, **ring3),
-                         (7168, 18432): replace(lp.FP4_MMA_XS, **ring3), (6144, 4096): lp.FP4_MMA_XS,
-                         (4096, 14336): lp.FP4_MMA_XS, (128256, 4096): lp.FP4_MMA_TP,
-                         (36864, 7168): replace(lp.FP4_MMA_BX_SK_XS, **ring2),
-                         (24576, 6144): replace(lp.FP4_MMA_XS, split=2, **ring3),
-                         (6144, 16384): replace(lp.FP4_MMA_XS, split=9)}.items():
+    # stream-K; an iteration ahead with no split. x through the ring, 2 deep, on every split and on stream-K (what won
+    # on the H100 with the cast kernel behind the split, short splits too: 6144x4096 4 iterations, 4096x14336 8)
+    ring = dict(xring=lp.FP4_RING)
+    for (n, k), want in {(28672, 4096): replace(lp.FP4_MMA_XS, **ring),
+                         (7168, 18432): replace(lp.FP4_MMA_XS, **ring), (6144, 4096): replace(lp.FP4_MMA_XS, **ring),
+                         (4096, 14336): replace(lp.FP4_MMA_XS, **ring), (128256, 4096): lp.FP4_MMA_TP,
+                         (36864, 7168): replace(lp.FP4_MMA_BX_SK_XS, **ring),
+                         (24576, 6144): replace(lp.FP4_MMA_XS, split=2, **ring),
+                         (6144, 16384): replace(lp.FP4_MMA_XS, split=9, **ring)}.items():
         assert lp.fp4_config_for(16, k, "cpu", n=n) == lp.with_cast(want), (n, k)
-    assert (lp.FP4_RING_SPLIT, lp.FP4_RING_STREAM) == (3, 2) and lp.fp4_config_for(12, 4096, "cpu", n=28672).xring
-    assert replace(lp.FP4_MMA_XS, xring=3) in lp.FP4_MMA_XRING and lp.fp4_config_for(8, 4096, "cpu", n=28672).xring == 0
+    assert lp.FP4_RING == 2 and lp.fp4_config_for(12, 4096, "cpu", n=28672).xring
+    assert replace(lp.FP4_MMA_XS, xring=2) in lp.FP4_MMA_XRING and lp.fp4_config_for(8, 4096, "cpu", n=28672).xring == 0
+    assert lp.with_cast(replace(lp.FP4_MMA_XS, xring=2)) in lp.FP4_STAGE_CONFIGS_M  # the stage times the plan's form
 # above M=1 the K split's sums are cast by a kernel behind the GEMV (GemvConfig.cast); at M=1 the last split casts
 assert lp.fp4_config_for(8, 4096, "cpu", n=6144).cast and not lp.fp4_config_for(1, 4096, "cpu", n=6144).cast
 assert not lp.with_cast(lp.FP4_MMA_FP16).cast and not lp.with_cast(lp.FP4_MMA_CHAINED[0]).cast  # bf16, unchained

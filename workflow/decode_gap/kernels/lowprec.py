@@ -1854,8 +1854,8 @@ FP4_MMA_BX_SK_XS = replace(FP4_MMA_BX_SK, xshare=True)
 FP4_MMA_XSHARE = (FP4_MMA_XS, FP4_MMA_XS_AHEAD, FP4_MMA_BX_SK_XS, replace(FP4_MMA_BX_SK_XS, xjit=True),
                   replace(FP4_MMA_XS_AHEAD, block_k=256, warps_per_sm=18))
 # x through a ring of cp.async copies (xring), 2 or 3 iterations deep, on the K split and stream-K forms of xshare:
-# what the benchmark checks and times (lowprec_device.py --sections sweep --forms xring), in the plan where a split is
-# long (_m16_plan, FP4_RING_MIN_ITERATIONS). H100
+# what the benchmark checks and times (lowprec_device.py --sections sweep --forms xring), in the plan on every split and
+# stream-K (_m16_plan; FP4_RING has the 2026-12-07 rounds, with the cast kernel behind the split). H100
 # (2026-12-06, M=16, L2-only copies, cp.async.cg), us, the plan's xshare form / ring 2 / ring 3: 28672x4096 (split)
 # 27.6 / 31.4 / 31.6, 7168x18432 (split) 29.7 / 34.2 / 31.6, 6144x4096 10.7 / 11.9 / 11.9, 36864x7168 (stream-K)
 # 62.9 / 62.3 / 63.3. ncu (28672x4096): one barrier an iteration for four, yet 3.5 cycles of barrier stall an issued
@@ -1927,7 +1927,7 @@ FP4_STAGE_CONFIGS = (FP4_MMA_CONFIGS[:5] + (FP4_MMA_BX_SK, FP4_MMA_KS2, FP4_MMA_
 FP4_STAGE_CONFIGS_M = tuple(with_cast(c) for c in (
     FP4_MMA_DEFAULT, FP4_MMA_BX_SK, FP4_MMA_BX_40, FP4_MMA_FP16, FP4_MMA_KS2, FP4_MMA_KS2_WIDE, FP4_MMA_XJ,
     replace(FP4_MMA_KS2, xjit=True), FP4_MMA_XS, FP4_MMA_XS_AHEAD, FP4_MMA_BX_SK_XS, FP4_MMA_TP,
-    replace(FP4_MMA_XS, xring=3), replace(FP4_MMA_BX_SK_XS, xring=2)))
+    replace(FP4_MMA_XS, xring=2), replace(FP4_MMA_XS, xring=3), replace(FP4_MMA_BX_SK_XS, xring=2)))
 
 
 # the grouped (MoE) tensor-core form, the default where it fits (H200, 8 of 256 experts, DeepSeek-V3 / GLM-5: 61 / 54 us,
@@ -2060,13 +2060,19 @@ def block_xscale_for(k: int) -> GemvConfig:
 DENSE_BLOCK_M = GemvConfig(16, 128, 4)
 
 
-# x through the ring (FP4_MMA_XRING) in the plan at M = 9-16: 3 iterations deep on the K split where a split is at
-# least FP4_RING_MIN_ITERATIONS iterations long, 2 on stream-K. H100 (2026-12-06, 5 rotated rounds, M=16,
-# FP4_MMA_XRING's comment): the ring won 2.4-3.4% where a split was 16 and 18 iterations long and on stream-K (28 a
-# program), and lost 1.4% at 4 (6144x4096, where its three-deep prologue is most of the program); between 4 and 16
-# untimed, so x stays shared in place there
-FP4_RING_MIN_ITERATIONS = 16
-FP4_RING_SPLIT, FP4_RING_STREAM = 3, 2
+# x through the ring (FP4_MMA_XRING) in the plan at M = 9-16: 2 iterations deep on every K split and on stream-K.
+# H100 80GB HBM3 (2026-12-07, read 3107 GB/s, 5 rotated rounds, the plan's K split's sums cast behind it; M=16, M=12,
+# M=9, us, x shared in place / ring 2 / ring 3; a plain read of the bytes at M=16): 28672x4096 (16 iterations a split)
+# 28.06 / 26.54 / 26.89, 27.28 / 25.96 / 26.15, 26.81 / 25.53 / 25.85 (read 24.98); 7168x18432 (18) 29.79 / 27.89 /
+# 28.31, 29.51 / 27.65 / 27.81, 29.17 / 27.47 / 27.70 (read 28.00); 4096x14336 (8) 16.14 / 15.47 / 15.26, 15.79 /
+# 14.62 / 15.11, 15.35 / 14.54 / 14.99 (read 13.34); 6144x4096 (4) 9.80 / 9.28 / 9.75, 9.66 / 9.23 / 9.08, 9.45 /
+# 9.03 / 9.06 (read 6.84); stream-K 36864x7168 63.39 / 61.08, 61.26 / 59.19, 60.71 / 58.20 (read 53.83); 24576x6144 cut to 2
+# splits 35.28 / - / 34.56, 34.49 / - / 32.97, 34.23 / - / 32.40 (read 31.49); 6144x16384 cut to 9 splits (14
+# iterations) without the ring 23.50, 23.40, 23.16, uncut (10) with ring 2 23.49, 23.14, 22.63 (read 22.17). The ring
+# won on every split, short ones too (the 2026-12-06 loss at 4 iterations was without the cast kernel), ring 2 mostly ahead of ring 3 (by
+# 0.2-1.5%; behind on 4096x14336 at M=16 and 6144x4096 at M=12 by 1.4-1.6%); the cut split's ring 2 and 6144x16384's
+# (cut to 9) are untimed (benchmarks/device/issue14_pending.sh xring times the plan beside both). The H200 has not run it.
+FP4_RING = 2
 
 
 def _m16_plan(n: int, k: int, sms: int) -> GemvConfig:
@@ -2075,9 +2081,9 @@ def _m16_plan(n: int, k: int, sms: int) -> GemvConfig:
     the H200 the fastest on all three heads at M = 12-14 and on Llama-3.1-8B's at M=16 in every run, on the other two
     at M=16 fastest or slowest by machine: FP4_MMA_TP's comment); where the K split's grid (as Nvfp4Gemv plans it) fits one wave of
     FP4_XJ_PROGRAMS_PER_SM programs an SM, x in place (FP4_MMA_XS: fewer registers); else the same with the split cut
-    to what fits one wave, while that is still a split; else stream-K (FP4_MMA_BX_SK_XS); x through the ring of
-    cp.async copies on stream-K and on a split of FP4_RING_MIN_ITERATIONS iterations or more (what won on the H100;
-    the constant's comment). H200, M=16, before the ring (the forms'
+    to what fits one wave, while that is still a split; else stream-K (FP4_MMA_BX_SK_XS); on a split and stream-K x
+    through the ring of cp.async copies, FP4_RING deep (what won on the H100; the constant's comment). H200, M=16,
+    before the ring (the forms'
     comment has the times): each the fastest of the eleven forms tried on the eight shapes tried, or within 3.5%
     (6144x4096: 9.7 us in place, 9.4 ahead). Before x was shared, with x loaded in place (benchmarks/device/
     xj_probe.py): 6144x16384 cut from 10 splits to 9, 23.7 us against 24.9 for stream-K; 24576x6144 from 3 to 2,
@@ -2085,16 +2091,15 @@ def _m16_plan(n: int, k: int, sms: int) -> GemvConfig:
     cfg = FP4_MMA_XS
     tiles = math.ceil(n / 16)
     programs, places = math.ceil(tiles / cfg.warps), FP4_XJ_PROGRAMS_PER_SM * sms
-    steps, split = mma_k_plan(cfg, tiles, k // 64, sms)
+    _, split = mma_k_plan(cfg, tiles, k // 64, sms)
     if split == 1:
         return FP4_MMA_TP if n >= FP4_WIDE_ROWS else FP4_MMA_XS_AHEAD
     if programs * split > places:
         cut = places // programs
         if cut <= 1:
-            return replace(FP4_MMA_BX_SK_XS, xring=FP4_RING_STREAM)
+            return replace(FP4_MMA_BX_SK_XS, xring=FP4_RING)
         cfg = replace(cfg, split=cut)
-        steps, _ = mma_k_plan(cfg, tiles, k // 64, sms)  # a cut split runs more steps each
-    return replace(cfg, xring=FP4_RING_SPLIT) if steps * 64 >= FP4_RING_MIN_ITERATIONS * cfg.block_k else cfg
+    return replace(cfg, xring=FP4_RING)
 
 
 def split_for(n_tiles: int, slots: int, k_blocks: int, sms: int) -> int:
