@@ -29,7 +29,8 @@ def test_one_e4m3_scale_for_tensors_rows_and_groups_and_the_kernels_take_the_sam
     floor = torch.tensor(nv.E4M3_SCALE_FLOOR)  # as fp32 holds it
     assert torch.equal(nv.e4m3_scale(torch.tensor([0.0, 448.0, 896.0])), torch.stack([floor, *torch.tensor([1., 2.])]))
     codes, scale = nv.quantize_e4m3_groups(torch.tensor([[0.0, 0.0], [-896.0, 448.0]]))
-    assert torch.equal(scale, torch.stack([floor, torch.tensor(2.0)])) and codes.float().tolist() == [[0, 0], [-448, 224]]
+    assert torch.equal(scale, torch.stack([floor, torch.tensor(2.0)]))
+    assert codes.float().tolist() == [[0, 0], [-448, 224]]
     if nv.HAVE_TRITON:  # its literals (Triton takes no global float in a kernel) are the constants'
         assert f"amax / {nv.E4M3_MAX!r}, {nv.E4M3_SCALE_FLOOR!r}" in nv.e4m3_scale_tl.src
 

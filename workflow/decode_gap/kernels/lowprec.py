@@ -2060,18 +2060,17 @@ def block_xscale_for(k: int) -> GemvConfig:
 DENSE_BLOCK_M = GemvConfig(16, 128, 4)
 
 
-# x through the ring (FP4_MMA_XRING) in the plan at M = 9-16: 2 iterations deep on every K split and on stream-K.
-# H100 80GB HBM3 (2026-12-07, read 3107 GB/s, 5 rotated rounds, the plan's K split's sums cast behind it; M=16, M=12,
-# M=9, us, x shared in place / ring 2 / ring 3; a plain read of the bytes at M=16): 28672x4096 (16 iterations a split)
-# 28.06 / 26.54 / 26.89, 27.28 / 25.96 / 26.15, 26.81 / 25.53 / 25.85 (read 24.98); 7168x18432 (18) 29.79 / 27.89 /
-# 28.31, 29.51 / 27.65 / 27.81, 29.17 / 27.47 / 27.70 (read 28.00); 4096x14336 (8) 16.14 / 15.47 / 15.26, 15.79 /
-# 14.62 / 15.11, 15.35 / 14.54 / 14.99 (read 13.34); 6144x4096 (4) 9.80 / 9.28 / 9.75, 9.66 / 9.23 / 9.08, 9.45 /
-# 9.03 / 9.06 (read 6.84); stream-K 36864x7168 63.39 / 61.08, 61.26 / 59.19, 60.71 / 58.20 (read 53.83); 24576x6144 cut to 2
-# splits 35.28 / - / 34.56, 34.49 / - / 32.97, 34.23 / - / 32.40 (read 31.49); 6144x16384 cut to 9 splits (14
-# iterations) without the ring 23.50, 23.40, 23.16, uncut (10) with ring 2 23.49, 23.14, 22.63 (read 22.17). The ring
-# won on every split, short ones too (the 2026-12-06 loss at 4 iterations was without the cast kernel), ring 2 mostly ahead of ring 3 (by
-# 0.2-1.5%; behind on 4096x14336 at M=16 and 6144x4096 at M=12 by 1.4-1.6%); the cut split's ring 2 and 6144x16384's
-# (cut to 9) are untimed (benchmarks/device/issue14_pending.sh xring times the plan beside both). The H200 has not run it.
+# x through the ring (FP4_MMA_XRING) in the plan at M = 9-16: 2 iterations deep on every K split and on stream-K. H100
+# 80GB HBM3 (2026-12-07, 5 rotated rounds, the K split's sums cast behind it), M = 16, 12, 9, us, x shared in place /
+# ring 2 / ring 3, and a plain read of the bytes. Read 3107 GB/s: 28672x4096 (16 iterations a split) 28.06 / 26.54 /
+# 26.89, 27.28 / 25.96 / 26.15, 26.81 / 25.53 / 25.85 (read 24.98); 7168x18432 (18) 29.79 / 27.89 / 28.31, 29.51 / 27.65
+# / 27.81, 29.17 / 27.47 / 27.70 (read 28.00); stream-K 36864x7168 63.39 / 61.08, 61.26 / 59.19, 60.71 / 58.20 (read
+# 53.83). With this plan, read 3100 GB/s: 24576x6144 (cut to 2 splits) 35.10 / 33.82 / 33.54, 33.90 / 33.01 / 32.90,
+# 33.92 / 32.61 / 32.22 (read 31.6); 6144x16384 (cut to 9) 23.57 / 22.18 / 23.03, 23.36 / 22.11 / 22.61, 23.29 / 21.98 /
+# 22.48 (read 22.1); 6144x4096 (4) 10.04 / 9.46 / 9.34, 9.55 / 9.07 / 9.20, 9.27 / 8.93 / 8.97 (read 6.8); 4096x14336
+# (8) 15.87 / 15.19 / 15.27, 15.47 / 14.83 / 14.74, 15.33 / 15.18 / 14.59 (read 13.3). The ring ahead on every split and
+# M, short splits too (the 2026-12-06 loss at 4 iterations was without the cast kernel); ring 3 within -4% and +4% of
+# ring 2. The H200 has not run it (benchmarks/device/issue14_pending.sh xring).
 FP4_RING = 2
 
 
