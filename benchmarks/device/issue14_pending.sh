@@ -214,10 +214,11 @@ done
 xring)
 # x through a ring of cp.async copies at M = 9-16 (lowprec.FP4_MMA_XRING, through L1 since an H100 timed the L2-only
 # copies slower on 2026-12-06; the L1 copies it then timed 2-3% ahead of the plan's form on the large shapes, one
-# sweep each; the plan takes it since 2026-12-07 where a split is 16 iterations or more and on stream-K): checked,
-# then timed beside the plan without the ring and xshare's forms on split and stream-K shapes (4 to 28 iterations a
-# split) in 5 rounds that rotate their order (the project's rule for a default), then ncu's stall reasons for both
-# on 28672x4096
+# sweep each; the plan takes it 2 deep on every split and on stream-K since 2026-12-07, when an H100 timed it ahead on
+# all seven shapes at M = 9-16, lowprec.FP4_RING's comment): checked, then timed beside the plan without the ring,
+# with the ring 3 deep and xshare's forms on split and stream-K shapes (4 to 28 iterations a split) in 5 rounds that
+# rotate their order (the project's rule for a default), then ncu's stall reasons for both on 28672x4096. Still to
+# run on an H200
 timeout 280 python3 benchmarks/lowprec_device.py --out "${2:?usage: $0 xring OUT_DIR}/xr" --sections memory,sweep \
   --forms xring --shapes 28672x4096,36864x7168,7168x18432,6144x4096,4096x14336,24576x6144,6144x16384 --ms 16,12,9 \
   --rounds 5 --budget-s 250 2>&1 | grep -E "sweep|FAIL|rror|read|rounds"
