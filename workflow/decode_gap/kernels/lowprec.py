@@ -1870,9 +1870,9 @@ FP4_MMA_XSHARE = (FP4_MMA_XS, FP4_MMA_XS_AHEAD, FP4_MMA_BX_SK_XS, replace(FP4_MM
 # 26.68 (ring 3; plain read of the bytes 24.83), 7168x18432 29.24 / 28.36 (ring 2; read 28.01), 36864x7168 63.08 /
 # 61.59 (stream-K ring 2; read 53.92), 6144x4096 10.05 / 10.19 (ring 3; read 6.85). So the gemm stage times the
 # ring's split and stream-K forms (FP4_STAGE_CONFIGS_M) and keeps them where they win, and the plan (what the
-# simulated step runs) takes them on the long splits and stream-K; the H200 has not timed them in rotated rounds
-# (benchmarks/device/issue14_pending.sh xring), nor any GPU the cast kernel behind the ring's split forms (the last
-# two here, as the plan runs them)
+# simulated step runs) takes them on every split and stream-K, since the same H100 model timed the ring's split forms
+# with the cast kernel behind them (the last two here, as the plan runs them) ahead on every shape (FP4_RING's
+# comment); the H200 has not timed them in rotated rounds (benchmarks/device/issue14_pending.sh xring)
 FP4_MMA_XRING = (replace(FP4_MMA_XS, xring=2), replace(FP4_MMA_XS, xring=3), replace(FP4_MMA_BX_SK_XS, xring=2),
                  replace(FP4_MMA_BX_SK_XS, xring=3), with_cast(replace(FP4_MMA_XS, xring=2)),
                  with_cast(replace(FP4_MMA_XS, xring=3)))
