@@ -748,7 +748,9 @@ _XS = lp.FP4_MMA_XS
 XSHARE_SIZES = (replace(_XS, block_n=128, warps=8), replace(_XS, block_n=32, warps=2), replace(_XS, block_k=64),
                 replace(_XS, warps_per_sm=20), replace(_XS, warps_per_sm=36),
                 replace(lp.FP4_MMA_XS_AHEAD, block_n=128, warps=8), replace(_XS, block_n=128, warps=8, block_k=64))
-EXTRA_FORMS = {"slices": SLICED_MANY, "m16": XSHARE_SIZES, "plan": (), "xring": lp.FP4_MMA_XRING}
+# tile pairs with and without the cast kernel behind them: beside the ring's plan on the small shapes at M = 9-16
+PAIRS = lp.FP4_MMA_PAIR + tuple(lp.with_cast(c) for c in lp.FP4_MMA_PAIR)
+EXTRA_FORMS = {"slices": SLICED_MANY, "m16": XSHARE_SIZES, "plan": (), "xring": lp.FP4_MMA_XRING, "pair": PAIRS}
 
 
 def fp4_sweep(env: BenchEnv, n: int, k: int, m: int, forms: str = "all") -> None:
@@ -1012,9 +1014,10 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=1,
                     help="the sweep section's rounds: above 1, its forms are built once and timed in rounds that "
                          "rotate their order, each form's median of rounds kept")
-    ap.add_argument("--forms", default="all", choices=("all", "slices", "m16", "plan", "xring"),
+    ap.add_argument("--forms", default="all", choices=("all", *EXTRA_FORMS),
                     help="the sweep section's forms: all, or the default plan's and its neighbours (plan), with "
-                         "many K slices a tile (slices) or x shared in other program sizes (m16)")
+                         "many K slices a tile (slices), x shared in other program sizes (m16), x through the ring "
+                         "(xring) or tile pairs (pair)")
     ap.add_argument("--sections", default="memory,checks,llama,moe,dsv3,glm5,stage",
                     help="also: bw (bandwidths only), stats, fp8block (block-scaled fp8 above batch 1: checks and "
                          "times), fusedmoe (the fp8 fused MoE above batch 1: checks and times), fp4moe (the NVFP4 "
