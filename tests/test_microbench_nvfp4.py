@@ -26,11 +26,15 @@ def brute_code(v: float) -> int:
 
 
 def test_one_e4m3_scale_for_tensors_rows_and_groups_and_the_kernels_take_the_same_numbers():
-    floor = torch.tensor(nv.E4M3_SCALE_FLOOR)  # as fp32 holds it
-    assert torch.equal(nv.e4m3_scale(torch.tensor([0.0, 448.0, 896.0])), torch.stack([floor, *torch.tensor([1., 2.])]))
+    assert torch.equal(nv.e4m3_scale(torch.tensor([0.0, 448.0, 896.0])), torch.tensor([nv.E4M3_SCALE_FLOOR, 1.0, 2.0]))
     codes, scale = nv.quantize_e4m3_groups(torch.tensor([[0.0, 0.0], [-896.0, 448.0]]))
-    assert torch.equal(scale, torch.stack([floor, torch.tensor(2.0)]))
+    assert torch.equal(scale, torch.tensor([nv.E4M3_SCALE_FLOOR, 2.0]))
     assert codes.float().tolist() == [[0, 0], [-448, 224]]
+    # without a clamp, every row's largest code is 448 from 1e-30 to 1e30 (the scale's fp32 roundings stay inside)
+    rows = torch.randn(4096, 128, generator=torch.Generator().manual_seed(0)) * torch.logspace(-30, 30, 4096)[:, None]
+    top = nv.quantize_e4m3_groups(rows)[0].float().abs().amax(-1)
+    above_floor = rows.abs().amax(-1) > nv.E4M3_MAX * nv.E4M3_SCALE_FLOOR
+    assert above_floor.sum() > 2000 and bool((top[above_floor] == nv.E4M3_MAX).all())
     if nv.HAVE_TRITON:  # its literals (Triton takes no global float in a kernel) are the constants'
         assert f"amax / {nv.E4M3_MAX!r}, {nv.E4M3_SCALE_FLOOR!r}" in nv.e4m3_scale_tl.src
 

@@ -1664,7 +1664,7 @@ def quantize_fp8(w: torch.Tensor, block: bool = False) -> Fp8Weight:
     if not block:
         red = tuple(range(wf.dim() - 2, wf.dim()))
         s = nv.e4m3_scale(wf.abs().amax(dim=red))
-        return Fp8Weight((wf / s[..., None, None]).to(torch.float8_e4m3fn), s.float().contiguous(), False)
+        return Fp8Weight((wf / s[..., None, None]).to(torch.float8_e4m3fn), s.contiguous(), False)
     *lead, n, k = wf.shape
     nb, kb = math.ceil(n / FP8_BLOCK), math.ceil(k / FP8_BLOCK)
     pad = torch.zeros((*lead, nb * FP8_BLOCK, kb * FP8_BLOCK), dtype=torch.float32, device=w.device)
@@ -1672,7 +1672,7 @@ def quantize_fp8(w: torch.Tensor, block: bool = False) -> Fp8Weight:
     blocks = pad.reshape(*lead, nb, FP8_BLOCK, kb, FP8_BLOCK)
     s = nv.e4m3_scale(blocks.abs().amax(dim=(-3, -1)))  # [..., nb, kb]
     q = (blocks / s[..., :, None, :, None]).reshape(*lead, nb * FP8_BLOCK, kb * FP8_BLOCK)[..., :n, :k]
-    return Fp8Weight(q.to(torch.float8_e4m3fn).contiguous(), s.float().contiguous(), True)
+    return Fp8Weight(q.to(torch.float8_e4m3fn).contiguous(), s.contiguous(), True)
 
 
 def dequantize_fp8(f: Fp8Weight) -> torch.Tensor:

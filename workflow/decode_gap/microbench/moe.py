@@ -372,7 +372,10 @@ def run_moe_bench(env: BenchEnv, shape: MoeShape | None, m_values: list[int], lo
                 elif impl == "grouped_mm":
                     fn, dt, be, wb, ab, kernels = grouped_fn(es), "bf16", "torch._grouped_mm", 2, 2, 4
                 else:
-                    fn, dt, be, wb, ab, kernels = scaled_grouped_fn(es), "fp8", "torch._scaled_grouped_mm(e4m3, row-wise)", 1, 1, 7
+                    # the two GEMMs, silu, mul and quantize_e4m3_groups' seven (cast, abs, amax, scale, floor,
+                    # divide, to e4m3) between them
+                    fn, dt, be, wb, ab, kernels = (scaled_grouped_fn(es), "fp8",
+                                                   "torch._scaled_grouped_mm(e4m3, row-wise)", 1, 1, 11)
                 fn()  # fail here (unsupported backend) rather than inside the timing
             except Exception as exc:
                 skipped.append(skip(f"{impl} M={m}", describe(exc, REASON_CHARS)))
