@@ -25,6 +25,7 @@
 #     bash benchmarks/device/issue14_pending.sh topk_warm 2>&1 | tee $OUT/issue14_topk_warm.txt
 #     bash benchmarks/device/issue14_pending.sh rank $OUT 2>&1 | tee $OUT/issue14_rank.txt
 #     bash benchmarks/device/issue14_pending.sh xring $OUT 2>&1 | tee $OUT/issue14_xring.txt
+#     bash benchmarks/device/issue14_pending.sh pairs $OUT 2>&1 | tee $OUT/issue14_pairs.txt
 #
 # What to read off: every check `ok`. The forms are timed in rounds that rotate their order (the first form timed read
 # 2-9% fast in a fixed order), so a form wins where its median is below the default's past the spread of the rounds.
@@ -224,6 +225,14 @@ timeout 280 python3 benchmarks/lowprec_device.py --out "${2:?usage: $0 xring OUT
   --rounds 5 --budget-s 250 2>&1 | grep -E "sweep|FAIL|rror|read|rounds"
 timeout 150 bash benchmarks/device/ncu_xtraffic.sh "28672 4096 16 xs" "28672 4096 16 xr2" 2>&1 | tail -44
 ;;
+pairs)
+# tile pairs on a short K split at M = 9-12 (lowprec.FP4_PAIR_MAX_M: the plan since 2026-12-07, from an H100's rounds
+# on twelve TP1-TP8 shapes): checked, then timed beside the ring's split form and the rest of --forms pair in 5 rotated
+# rounds, at M = 9, 12 and 16 (where the plan keeps the ring). Still to run on an H200
+timeout 280 python3 benchmarks/lowprec_device.py --out "${2:?usage: $0 pairs OUT_DIR}/pairs" --sections memory,sweep \
+  --forms pair --shapes 6144x4096,4096x4096,3072x6144,4608x7168,7168x2304,3584x4096,4096x7168,6144x1536,7168x4608 \
+  --ms 9,12,16 --rounds 5 --budget-s 250 2>&1 | grep -E "sweep|FAIL|rror|read|rounds"
+;;
 fp8_keys|fp8_keys_step)
 # the DSA indexer's FP8 keys and queries (kernels/attention.py; run on an H100 and an H200 on 2026-12-06, the
 # figures in index_scores' and index_prepare's docstrings): every kernel check (the FP8 indexer's among them), then
@@ -286,6 +295,7 @@ probe --m 8 --variants
 *)
 echo "usage: bash $0 align|pair|step OUT_DIR|defaults OUT_DIR|walk|walk_more|shared OUT_DIR b8|b32" \
   "|walk_check OUT_DIR|walk_small OUT_DIR|table OUT_DIR|topk_tail|fp8_keys[_step] OUT_DIR|plans" \
+  "|topk_synced[_step] OUT_DIR|topk_warm|rank OUT_DIR|xring OUT_DIR|pairs OUT_DIR" \
   "(each under one device call's 600 s)" >&2
 exit 2
 ;;

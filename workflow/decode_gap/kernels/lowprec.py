@@ -1997,10 +1997,9 @@ def _fp4_plan(m: int, k: int, device="cuda", n: int = 0) -> GemvConfig | None:
     K slices a tile from FP4_KS2_VALUES weights or FP4_KS2_WARPS_PER_SM sliced warps an SM (FP4_MMA_KS2), or where K
     is one iteration of them (256 or 512 values), split over K below that; above M = 8 with x loaded once a program
     and shared (_m16_plan: FP4_MMA_XS split over K, its split cut to fit one wave where needed, else stream-K, x
-    through a ring where the split is long; no split: FP4_MMA_XS_AHEAD, or on an lm_head two tiles a warp,
-    FP4_MMA_TP); else the CUDA-core asm form at M=1 and
-    None above. Callers that time the forms (the gemm stage, the benchmark) keep the fastest; this is what the
-    simulated step runs."""
+    through a ring on a split; no split: FP4_MMA_XS_AHEAD, or on an lm_head two tiles a warp, FP4_MMA_TP, as on a
+    short split at M = 9-12); else the CUDA-core asm form at M=1 and None above. Callers that time the forms (the
+    gemm stage, the benchmark) keep the fastest; this is what the simulated step runs."""
     if mma_supported(device) and m == 1 and n >= FP4_WIDE_ROWS and k % FP4_MMA_BX_WIDE.block_k == 0:
         return FP4_MMA_BX_WIDE
     sliced = 2 * math.ceil(n / 16)  # the sliced forms' warps
@@ -2018,7 +2017,7 @@ def _fp4_plan(m: int, k: int, device="cuda", n: int = 0) -> GemvConfig | None:
             if k == short.k_multiple:
                 return short
     if mma_supported(device) and k % FP4_MMA_DEFAULT.block_k == 0:
-        return _m16_plan(n, k, sm_count(device)) if m > 8 else FP4_MMA_DEFAULT
+        return _m16_plan(n, k, sm_count(device), m) if m > 8 else FP4_MMA_DEFAULT
     if mma_supported(device) and k % 64 == 0:
         return GemvConfig(64, 64, 4, mma=True, evict=True, warps_per_sm=27, bx=True)
     return FP4_DEFAULT_ASM if m == 1 else None
@@ -2072,16 +2071,28 @@ DENSE_BLOCK_M = GemvConfig(16, 128, 4)
 # M, short splits too (the 2026-12-06 loss at 4 iterations was without the cast kernel); ring 3 within -4% and +4% of
 # ring 2. The H200 has not run it (benchmarks/device/issue14_pending.sh xring).
 FP4_RING = 2
+# tile pairs (FP4_MMA_TP, its own K split) at M = 9-12 where the plan's K split is short (FP4_PAIR_MAX_ITERATIONS
+# iterations or fewer) over at least FP4_PAIR_MIN_ROWS rows: the TP4/TP8 attention, shared-expert and Llama
+# projections. H100 80GB HBM3 (2026-12-07, read 3162 GB/s, lowprec_device.py --forms pair --rounds 5, the cast kernel
+# behind both), M=9 / M=12, us, the ring's plan against tile pairs: 6144x4096 8.77 / 8.44, 8.96 / 8.78; 4096x4096
+# 7.33 / 7.04, 7.38 / 7.20; 3072x6144 7.65 / 7.36, 8.11 / 7.70; 4608x7168 10.33 / 9.74, 10.44 / 10.24; 7168x2304
+# 7.56 / 7.29, 7.84 / 7.65; 4096x7168 9.72 / 9.44, 9.85 / 9.67; 6144x1536 6.21 / 5.95, 6.39 / 6.22; 7168x4608
+# 10.38 / 9.78, 10.70 / 10.37; 3584x4096 6.93 / 6.81, 7.14 / 7.23 (the one loss). Left to the plan: fewer rows
+# (2048x2048 4.57 / 4.63, 2112x7168 7.06 / 7.09 at M=9), longer splits (4096x14336, 8 iterations: 14.63 / 14.64,
+# 14.56 / 14.86) and M = 13-16, where tile pairs lost 5 of 12 shapes (M=16: 3584x4096 7.32 / 7.70, 7168x2304 8.00 /
+# 8.40, 2112x7168 7.58 / 8.08) for 3-4% won on others (3072x6144 8.40 / 8.11). The H200 has not timed it.
+FP4_PAIR_MAX_M, FP4_PAIR_MAX_ITERATIONS, FP4_PAIR_MIN_ROWS = 12, 6, 3072
 
 
-def _m16_plan(n: int, k: int, sms: int) -> GemvConfig:
+def _m16_plan(n: int, k: int, sms: int, m: int = 16) -> GemvConfig:
     """M = 9-16, x loaded once a program (xshare): with no K split (many short programs, several waves), x an
     iteration ahead (FP4_MMA_XS_AHEAD), but on the lm_heads (N >= FP4_WIDE_ROWS) two tiles a warp (FP4_MMA_TP: on
     the H200 the fastest on all three heads at M = 12-14 and on Llama-3.1-8B's at M=16 in every run, on the other two
     at M=16 fastest or slowest by machine: FP4_MMA_TP's comment); where the K split's grid (as Nvfp4Gemv plans it) fits one wave of
     FP4_XJ_PROGRAMS_PER_SM programs an SM, x in place (FP4_MMA_XS: fewer registers); else the same with the split cut
     to what fits one wave, while that is still a split; else stream-K (FP4_MMA_BX_SK_XS); on a split and stream-K x
-    through the ring of cp.async copies, FP4_RING deep (what won on the H100; the constant's comment). H200, M=16,
+    through the ring of cp.async copies, FP4_RING deep (what won on the H100; the constant's comment); at M = 9-12 a
+    short split over many rows takes tile pairs instead (FP4_PAIR_MAX_M's comment). H200, M=16,
     before the ring (the forms'
     comment has the times): each the fastest of the eleven forms tried on the eight shapes tried, or within 3.5%
     (6144x4096: 9.7 us in place, 9.4 ahead). Before x was shared, with x loaded in place (benchmarks/device/
@@ -2090,9 +2101,12 @@ def _m16_plan(n: int, k: int, sms: int) -> GemvConfig:
     cfg = FP4_MMA_XS
     tiles = math.ceil(n / 16)
     programs, places = math.ceil(tiles / cfg.warps), FP4_XJ_PROGRAMS_PER_SM * sms
-    _, split = mma_k_plan(cfg, tiles, k // 64, sms)
+    steps, split = mma_k_plan(cfg, tiles, k // 64, sms)
     if split == 1:
         return FP4_MMA_TP if n >= FP4_WIDE_ROWS else FP4_MMA_XS_AHEAD
+    short = steps * 64 // cfg.block_k <= FP4_PAIR_MAX_ITERATIONS
+    if m <= FP4_PAIR_MAX_M and short and n >= FP4_PAIR_MIN_ROWS and programs * split <= places:
+        return FP4_MMA_TP
     if programs * split > places:
         cut = places // programs
         if cut <= 1:
