@@ -2079,11 +2079,11 @@ FP4_RING = 2
 # 7.56 / 7.29, 7.84 / 7.65; 4096x7168 9.72 / 9.44, 9.85 / 9.67; 6144x1536 6.21 / 5.95, 6.39 / 6.22; 7168x4608
 # 10.38 / 9.78, 10.70 / 10.37; 3584x4096 6.93 / 6.81, 7.14 / 7.23 (the one loss). Left to the plan: fewer rows
 # (2048x2048 4.57 / 4.63, 2112x7168 7.06 / 7.09 at M=9), longer splits (4096x14336, 8 iterations: 14.63 / 14.64,
-# 14.56 / 14.86) and M = 13-16, where tile pairs lost 5 of 12 shapes (M=16: 3584x4096 7.32 / 7.70, 7168x2304 8.00 /
-# 8.40, 2112x7168 7.58 / 8.08) for 3-4% won on others (3072x6144 8.40 / 8.11). With this plan (issue14_pending.sh
-# pairs, the same H100 model, read 3162 GB/s), plan / ring at M=9: 0.93-0.99 on eight of the nine shapes, 1.007 on
-# 4096x4096; at M=12: 0.96-0.99 on six, 1.00 on 4096x7168, 1.008 on 4096x4096, 1.022 on 3584x4096. The H200 has not
-# timed it.
+# 14.56 / 14.86) and M = 13-16, where tile pairs lost 6 of 12 shapes at M=14 and 7 at M=16 (M=16: 3584x4096 7.32 /
+# 7.70, 7168x2304 8.00 / 8.40, 2112x7168 7.58 / 8.08) for 3-4% won on others (3072x6144 8.40 / 8.11). With this plan
+# (issue14_pending.sh pairs, the same H100 model, read 3162 GB/s), plan / ring at M=9: 0.93-0.99 on eight of the nine
+# shapes, 1.007 on 4096x4096; at M=12: 0.96-0.99 on six, 1.00 on 4096x7168, 1.008 on 4096x4096, 1.022 on 3584x4096.
+# The H200 has not timed it.
 FP4_PAIR_MAX_M, FP4_PAIR_MAX_ITERATIONS, FP4_PAIR_MIN_ROWS = 12, 6, 3072
 
 
