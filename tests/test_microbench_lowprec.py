@@ -244,7 +244,7 @@ with mock.patch.object(lp, "sm_count", lambda device: 132):
     # a short K is one iteration of two slices, no K split, at M <= 8 (the TP8 kv_b and shared-expert down)
     assert lp.fp4_config_for(8, 512, "cpu", n=3584) == lp.with_cast(lp.FP4_MMA_KS2_WIDE)
     assert lp.fp4_config_for(8, 256, "cpu", n=6144) == lp.with_cast(lp.FP4_MMA_KS2)
-    assert lp.fp4_config_for(12, 256, "cpu", n=6144) != lp.with_cast(lp.FP4_MMA_KS2)  # M = 9-16 keeps its own plan
+    assert lp.fp4_config_for(12, 256, "cpu", n=6144) != lp.with_cast(lp.FP4_MMA_KS2)  # M = 9-16: FP4_M16_SHORT_K
     for n, k in ((3584, 512), (6144, 256)):
         g = lp.Nvfp4Gemv(nv.quantize_nvfp4(torch.randn(n, k)), 1, "cpu")
         assert g.split == 1, (n, k, g.label)
@@ -263,8 +263,14 @@ with mock.patch.object(lp, "sm_count", lambda device: 132):
     # at M = 9-12 a short split (6 iterations or fewer) over 3072 rows or more takes tile pairs (the H100's rounds)
     for (n, k), m in (((6144, 4096), 9), ((3072, 6144), 12), ((7168, 2304), 10), ((6144, 1536), 12)):
         assert lp.fp4_config_for(m, k, "cpu", n=n) == lp.with_cast(lp.FP4_MMA_TP), (n, k, m)
-    for (n, k), m in (((6144, 4096), 13), ((2048, 2048), 9), ((4096, 14336), 9), ((28672, 4096), 12)):
+    for (n, k), m in (((6144, 4096), 13), ((2048, 2048), 9), ((4096, 14336), 9), ((28672, 4096), 12),
+                      ((4096, 1792), 9)):  # the last a one-iteration split
         assert lp.fp4_config_for(m, k, "cpu", n=n) != lp.with_cast(lp.FP4_MMA_TP), (n, k, m)
+    # a K of 256 or 512 values at M = 9-16 in one iteration with no split, as at M <= 8, up to 20 sliced warps an SM
+    for (n, k), m, want in (((3584, 512), 9, lp.FP4_MMA_KS2_WIDE), ((7168, 512), 16, lp.FP4_MMA_KS2_WIDE),
+                            ((6144, 256), 12, lp.FP4_MMA_BX_WIDE), ((16384, 256), 16, lp.FP4_MMA_BX_WIDE)):
+        assert lp.fp4_config_for(m, k, "cpu", n=n) == lp.with_cast(want), (n, k, m)
+    assert lp.fp4_config_for(12, 512, "cpu", n=28672).pair  # 3584 sliced warps: the plan (2 iterations a split)
     assert lp.FP4_RING == 2 and lp.fp4_config_for(12, 4096, "cpu", n=28672).xring
     assert replace(lp.FP4_MMA_XS, xring=2) in lp.FP4_MMA_XRING and lp.fp4_config_for(8, 4096, "cpu", n=28672).xring == 0
     assert lp.with_cast(replace(lp.FP4_MMA_XS, xring=2)) in lp.FP4_STAGE_CONFIGS_M  # the stage times the plan's form

@@ -2016,6 +2016,11 @@ def _fp4_plan(m: int, k: int, device="cuda", n: int = 0) -> GemvConfig | None:
         for short in (FP4_MMA_KS2, FP4_MMA_KS2_WIDE):
             if k == short.k_multiple:
                 return short
+    if mma_supported(device) and m > 8 and n < FP4_WIDE_ROWS and sliced < FP4_KS2_WARPS_PER_SM * sm_count(device):
+        # a short K in one iteration with no K split (and no cast kernel), as at M <= 8: FP4_M16_SHORT_K's comment
+        for short in FP4_M16_SHORT_K:
+            if k == short.k_multiple:
+                return short
     if mma_supported(device) and k % FP4_MMA_DEFAULT.block_k == 0:
         return _m16_plan(n, k, sm_count(device), m) if m > 8 else FP4_MMA_DEFAULT
     if mma_supported(device) and k % 64 == 0:
@@ -2085,6 +2090,22 @@ FP4_RING = 2
 # shapes, 1.007 on 4096x4096; at M=12: 0.96-0.99 on six, 1.00 on 4096x7168, 1.008 on 4096x4096, 1.022 on 3584x4096.
 # The H200 has not timed it.
 FP4_PAIR_MAX_M, FP4_PAIR_MAX_ITERATIONS, FP4_PAIR_MIN_ROWS = 12, 6, 3072
+# and not on a one-iteration split: over 1024-1792 values tile pairs were level or lost at M = 9 / 12 (the same H100,
+# ring / pairs, us: 4096x1792 5.59 / 5.84, 5.82 / 6.31; 3072x1536 4.96 / 4.95, 5.08 / 5.10; 4096x1024 4.83 / 4.74,
+# 5.05 / 4.96); a K of 256 or 512 values takes FP4_M16_SHORT_K before any split
+FP4_PAIR_MIN_ITERATIONS = 2
+# a K of one short iteration (256 or 512 values) at M = 9-16 over fewer than FP4_KS2_WARPS_PER_SM sliced warps an SM
+# (what the M <= 8 plan asks of its short forms): the whole K in one iteration, no split and no cast kernel (256:
+# FP4_MMA_BX_WIDE, 512: FP4_MMA_KS2_WIDE), where _m16_plan split it 2-4 ways. H100 80GB HBM3 (2026-12-07, read 3160
+# GB/s, lowprec_device.py --forms pair --rounds 5), us, M = 9 / 12 / 16, the split plan against this: 3584x512 (the
+# GLM-5 TP8 kv_b) 4.04 / 4.29 / 4.31 against 3.14 / 3.22 / 3.28; 4096x512 4.26 / 4.26 / 4.54 against 3.20 / 3.26 /
+# 3.33; 7168x512 5.00 / 5.13 / 5.41 against 4.02 / 4.10 / 4.21; 6144x256 (the GLM-5 TP8 shared expert's down) 4.13 /
+# 4.47 / 4.64 against 3.04 / 3.12 / 3.23; 7168x256 4.44 / 4.58 / 4.75 against 3.09 / 3.18 / 3.27; 16384x256 5.47 /
+# 5.64 / 5.93 against 4.14 / 4.29 / 4.48 (each the fastest form timed). Over more rows the plan stays: 28672x512
+# (tile pairs at M = 9-12) 8.21 / 8.67 / 9.42 against 9.54 / 10.01 / 10.57; on 32768x512 its stream-K (10.10 / 10.51 /
+# 11.40) lost to this (9.69 / 10.10 / 10.76), to tile pairs (8.77 / 9.25 at M = 9 / 12) and to FP4_MMA_KS2 split
+# (9.72 at M=16), left to the gemm stage, which times them all. The H200 has not timed it.
+FP4_M16_SHORT_K = (FP4_MMA_BX_WIDE, FP4_MMA_KS2_WIDE)
 
 
 def _m16_plan(n: int, k: int, sms: int, m: int = 16) -> GemvConfig:
@@ -2107,7 +2128,7 @@ def _m16_plan(n: int, k: int, sms: int, m: int = 16) -> GemvConfig:
     steps, split = mma_k_plan(cfg, tiles, k // 64, sms)
     if split == 1:
         return FP4_MMA_TP if n >= FP4_WIDE_ROWS else FP4_MMA_XS_AHEAD
-    short = steps * 64 // cfg.block_k <= FP4_PAIR_MAX_ITERATIONS
+    short = FP4_PAIR_MIN_ITERATIONS <= steps * 64 // cfg.block_k <= FP4_PAIR_MAX_ITERATIONS
     if m <= FP4_PAIR_MAX_M and short and n >= FP4_PAIR_MIN_ROWS and programs * split <= places:
         return FP4_MMA_TP
     if programs * split > places:
