@@ -1995,11 +1995,12 @@ def _fp4_plan(m: int, k: int, device="cuda", n: int = 0) -> GemvConfig | None:
     64-value steps (sm89+; on the H200 the tensor-core forms won every M=1 shape from 32x6144 to 154880x6144): at M=1
     on N >= FP4_WIDE_ROWS (an lm_head) with 4 steps an iteration and no split (FP4_MMA_BX_WIDE); up to M = 8 in two
     K slices a tile from FP4_KS2_VALUES weights or FP4_KS2_WARPS_PER_SM sliced warps an SM (FP4_MMA_KS2), or where K
-    is one iteration of them (256 or 512 values), split over K below that; above M = 8 with x loaded once a program
-    and shared (_m16_plan: FP4_MMA_XS split over K, its split cut to fit one wave where needed, else stream-K, x
-    through a ring on a split; no split: FP4_MMA_XS_AHEAD, or on an lm_head two tiles a warp, FP4_MMA_TP, as on a
-    short split at M = 9-12); else the CUDA-core asm form at M=1 and None above. Callers that time the forms (the
-    gemm stage, the benchmark) keep the fastest; this is what the simulated step runs."""
+    is one iteration of them (256 or 512 values; so too above M = 8, FP4_M16_SHORT_K), split over K below that;
+    above M = 8 with x loaded once a program and shared (_m16_plan: FP4_MMA_XS split over K, its split cut to fit
+    one wave where needed, else stream-K, x through a ring on a split; no split: FP4_MMA_XS_AHEAD, or on an lm_head
+    two tiles a warp, FP4_MMA_TP, as on a short split at M = 9-12); else the CUDA-core asm form at M=1 and None
+    above. Callers that time the forms (the gemm stage, the benchmark) keep the fastest; this is what the simulated
+    step runs."""
     if mma_supported(device) and m == 1 and n >= FP4_WIDE_ROWS and k % FP4_MMA_BX_WIDE.block_k == 0:
         return FP4_MMA_BX_WIDE
     sliced = 2 * math.ceil(n / 16)  # the sliced forms' warps
