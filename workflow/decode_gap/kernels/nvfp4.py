@@ -60,8 +60,9 @@ def e4m3_scale(amax: torch.Tensor) -> torch.Tensor:
 
 def quantize_e4m3_groups(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Groups g [..., G] as E4M3 codes [..., G] and an fp32 scale a group [...] (e4m3_scale), the codes g / scale
-    (within e4m3's range by construction). The FP8 activations' 1x128 groups (fp8block), the DSA indexer's key and query rows
-    (attention) and the row-scaled MoE benchmark all take it; the kernels take e4m3_scale_tl (the same floor)."""
+    (within e4m3's range by construction). The FP8 activations' 1x128 groups (fp8block), the DSA indexer's key and
+    query rows (attention) and the row-scaled MoE benchmark all take it; the kernels take e4m3_scale_tl (the same
+    floor)."""
     g = g.float()
     scale = e4m3_scale(g.abs().amax(-1))
     # no clamp: |g| / (amax / 448) is 448 within two fp32 roundings, which e4m3 rounds to 448 (a kernel saved where
