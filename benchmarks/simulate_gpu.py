@@ -14,8 +14,8 @@ Runs, each in its own process with a time limit inside the budget, and writes on
                           _fp8_b8: DeepSeek-V3 TP8 at 8 rows a step, fp8-block / fp8; kernel_glm5_tp8_nvfp4 / _b8:
                           the seeds' GLM-5-NVFP4 TP8 per-GPU shapes at 1 and 8 rows a step (_4k: at 4096
                           tokens, the indexer's top-k on the path); kernel_glm5_tp1_nvfp4:
-                          GLM-5-NVFP4 at TP1, layers that fit, scaled; kernel_glm5_tp8_nvfp4_b32 and
-                          kernel_llama8b_nvfp4_b32: NVFP4 at 32 rows a step)
+                          GLM-5-NVFP4 at TP1, layers that fit, scaled; kernel_glm5_tp8_nvfp4_b12 / _b32 and
+                          kernel_llama8b_nvfp4_b32: NVFP4 at 12 / 32 rows a step)
 The kernel cases run a 512-token context unless named otherwise.
 --cases picks cases by name; --workflow imports decode_gap from another checkout's workflow/ (e.g. `git archive` of
 an older commit) to time the kernel level before and after a change on the same machine.
@@ -62,6 +62,9 @@ EXTRA = [("kernel_llama8b_fp8", "kernel", dict(model="llama-3.1-8b.json", weight
          # the same at a 4096-token context, where DSA's indexer keeps 2048 of its 4097 rows (the top-k on the path)
          ("kernel_glm5_tp8_nvfp4_4k", "kernel",
           dict(model="glm-5.json", weight_format="nvfp4", tp=8, ranks=1, context_len=4096), 150),
+         # NVFP4 at 12 rows a step: the linears through the M = 9-16 plan (lowprec._m16_plan: tile pairs, the ring)
+         ("kernel_glm5_tp8_nvfp4_b12", "kernel",
+          dict(model="glm-5.json", weight_format="nvfp4", tp=8, ranks=1, batch=12), 150),
          # NVFP4 above 16 rows a step: the linears through kernels/fp4wide
          ("kernel_glm5_tp8_nvfp4_b32", "kernel",
           dict(model="glm-5.json", weight_format="nvfp4", tp=8, ranks=1, batch=32), 150),

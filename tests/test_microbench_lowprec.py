@@ -260,7 +260,7 @@ with mock.patch.object(lp, "sm_count", lambda device: 132):
                          (24576, 6144): replace(lp.FP4_MMA_XS, split=2, **ring),
                          (6144, 16384): replace(lp.FP4_MMA_XS, split=9, **ring)}.items():
         assert lp.fp4_config_for(16, k, "cpu", n=n) == lp.with_cast(want), (n, k)
-    # at M = 9-12 a short split (6 iterations or fewer) over 3072 rows or more takes tile pairs (the H100's rounds)
+    # at M = 9-12 a short split (2-6 iterations) over 3072 rows or more takes tile pairs (the H100's rounds)
     for (n, k), m in (((6144, 4096), 9), ((3072, 6144), 12), ((7168, 2304), 10), ((6144, 1536), 12)):
         assert lp.fp4_config_for(m, k, "cpu", n=n) == lp.with_cast(lp.FP4_MMA_TP), (n, k, m)
     for (n, k), m in (((6144, 4096), 13), ((2048, 2048), 9), ((4096, 14336), 9), ((28672, 4096), 12),
