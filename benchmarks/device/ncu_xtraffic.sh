@@ -3,6 +3,11 @@
 export PYTHONPATH=workflow
 M=smsp__average_warps_issue_stalled
 METRICS=l1tex__t_sector_hit_rate.pct,lts__t_sector_hit_rate.pct,gpu__time_duration.sum,smsp__inst_executed.sum,sm__cycles_elapsed.avg,smsp__issue_active.avg.pct_of_peak_sustained_active
+# how busy the tensor, integer and fp32 pipes and DRAM were (at M = 9-16 a decoded tile feeds two MMAs)
+METRICS=$METRICS,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
+METRICS=$METRICS,sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active
+METRICS=$METRICS,sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active
+METRICS=$METRICS,dram__throughput.avg.pct_of_peak_sustained_elapsed
 for r in long_scoreboard short_scoreboard math_pipe_throttle mio_throttle lg_throttle wait not_selected selected \
          dispatch_stall barrier no_instructions tex_throttle drain branch_resolving; do
   METRICS=$METRICS,${M}_${r}_per_issue_active.ratio
@@ -12,5 +17,5 @@ done
   "28672 4096 1 bx"
 for spec in "$@"; do
   echo "=== $spec"
-  timeout 100 ncu --clock-control none -k regex:fp4_mma -s 2 -c 1 --metrics $METRICS python3 benchmarks/device/xtraffic_probe.py one $spec 2>&1 | grep -E "triton nvfp4|smsp__|sm__|l1tex__|lts__|gpu__|ERR|Error" | sed 's/smsp__average_warps_issue_stalled_//' | head -40
+  timeout 100 ncu --clock-control none -k regex:fp4_mma -s 2 -c 1 --metrics $METRICS python3 benchmarks/device/xtraffic_probe.py one $spec 2>&1 | grep -E "triton nvfp4|smsp__|sm__|l1tex__|lts__|gpu__|dram__|ERR|Error" | sed 's/smsp__average_warps_issue_stalled_//' | head -40
 done

@@ -1876,6 +1876,21 @@ FP4_MMA_XSHARE = (FP4_MMA_XS, FP4_MMA_XS_AHEAD, FP4_MMA_BX_SK_XS, replace(FP4_MM
 FP4_MMA_XRING = (replace(FP4_MMA_XS, xring=2), replace(FP4_MMA_XS, xring=3), replace(FP4_MMA_BX_SK_XS, xring=2),
                  replace(FP4_MMA_BX_SK_XS, xring=3), with_cast(replace(FP4_MMA_XS, xring=2)),
                  with_cast(replace(FP4_MMA_XS, xring=3)))
+# Where M = 9-16 loses to M = 8 (28672x4096 on an H100 80GB HBM3, 2026-12-07: the K-sliced form 22.5 us at M = 8, the
+# plan 25.0-26.6 at M = 9-16). ncu (benchmarks/device/ncu_xtraffic.sh): the ring's form stalls 2.9 cycles an issued
+# instruction on its barrier at M = 9 and 16 with DRAM at 68-70% of peak, the sliced form at M = 8 0.46 with DRAM at
+# 74%; the tensor pipe is 22% busy at M = 16 (12% at M = 8), so the second MMA a tile is not the limit. Three forms
+# built on that, each checked on the GPU against dequantise-then-matmul and timed beside the plan in 3 rotated rounds
+# on seven shapes at M = 9, 12 and 16, lost or drew level, and were left out (us, form against the plan):
+# - the ring in the K-sliced form (two warps a tile on the halves of its K range, no K split, each slice copying its
+#   own x; 4- and 8-warp programs, 2 or 3 sets): level on 28672x4096 (26.39 / 26.58 at M=16, 26.18 / 25.57 at M=9),
+#   behind by 5-25% elsewhere (M=16: 4096x14336 17.67 / 15.22, 7168x18432 31.41 / 27.79, 6144x16384 27.50 / 22.11);
+# - the ring's sets handed on by mbarriers (a full and an empty barrier a set, 3 or 4 sets, copies 1 or 2
+#   iterations ahead, no program barrier in the loop, 70-71 registers): 2-5% behind on every shape (28672x4096
+#   27.47 / 26.69 at M=16, 26.66 / 25.37 at M=9; 7168x18432 28.64 / 27.44 at M=9): the waits moved, not the stall;
+# - the sliced form with x in place under a register cap (maxnreg 64 or 56: 8 programs an SM for 7): level or
+#   behind at M = 9-16 (28672x4096 27.96 / 26.33 at M=16), and at M = 8 within -4% to +15% of the plan's form
+#   (28672x4096 22.29 / 23.13, 24576x6144 32.71 / 28.52).
 # tile pairs (pair): each warp two 16-row tiles, tiles w and w + 4 of an 8-tile group, both against the same x
 # fragments, loaded in the iteration that uses them: a warp loads x once for twice the weight bytes (at M = 16 x's
 # 2 KB a step against 1 KB of weight and 128 bytes of scales), with no shared memory or barrier (xshare's
