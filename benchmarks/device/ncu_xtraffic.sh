@@ -17,5 +17,8 @@ done
   "28672 4096 1 bx"
 for spec in "$@"; do
   echo "=== $spec"
-  timeout 100 ncu --clock-control none -k regex:fp4_mma -s 2 -c 1 --metrics $METRICS python3 benchmarks/device/xtraffic_probe.py one $spec 2>&1 | grep -E "triton nvfp4|smsp__|sm__|l1tex__|lts__|gpu__|dram__|ERR|Error" | sed 's/smsp__average_warps_issue_stalled_//' | head -40
+  timeout 100 ncu --clock-control none -k regex:fp4_mma -s 2 -c 1 --metrics $METRICS \
+      python3 benchmarks/device/xtraffic_probe.py one $spec 2>&1 \
+    | grep -E "triton nvfp4|smsp__|sm__|l1tex__|lts__|gpu__|dram__|ERR|Error" \
+    | sed 's/smsp__average_warps_issue_stalled_//' | head -40
 done
