@@ -1881,7 +1881,8 @@ FP4_MMA_XRING = (replace(FP4_MMA_XS, xring=2), replace(FP4_MMA_XS, xring=3), rep
 # instruction on its barrier at M = 9 and 16 with DRAM at 68-70% of peak, the sliced form at M = 8 0.46 with DRAM at
 # 74%; the tensor pipe is 22% busy at M = 16 (12% at M = 8), so the second MMA a tile is not the limit. Three forms
 # built on that, each checked on the GPU against dequantise-then-matmul and timed beside the plan in 3 rotated rounds
-# on seven shapes at M = 9, 12 and 16, lost or drew level, and were left out (us, form against the plan):
+# on six or seven of the large shapes at M = 9, 12 and 16 (the register caps at M = 8, 9 and 16), lost or drew level,
+# and were left out (us, form against the plan):
 # - the ring in the K-sliced form (two warps a tile on the halves of its K range, no K split, each slice copying its
 #   own x; 4- and 8-warp programs, 2 or 3 sets): level on 28672x4096 (26.39 / 26.58 at M=16, 26.18 / 25.57 at M=9),
 #   behind by 5-25% elsewhere (M=16: 4096x14336 17.67 / 15.22, 7168x18432 31.41 / 27.79, 6144x16384 27.50 / 22.11);
