@@ -751,7 +751,7 @@ XSHARE_SIZES = (replace(_XS, block_n=128, warps=8), replace(_XS, block_n=32, war
 # tile pairs with and without the cast kernel behind them, and the ring's split form (the plan above M = 12 and on
 # long splits) with it: both sides of lp.FP4_PAIR_MAX_M's choice at M = 9-16, whichever the plan is
 PAIRS = lp.FP4_MMA_PAIR + tuple(lp.with_cast(c) for c in lp.FP4_MMA_PAIR) + (
-    lp.with_cast(replace(lp.FP4_MMA_XS, xring=lp.FP4_RING)),)
+    lp.with_cast(lp.FP4_MMA_XS_RING),)
 EXTRA_FORMS = {"slices": SLICED_MANY, "m16": XSHARE_SIZES, "plan": (), "xring": lp.FP4_MMA_XRING, "pair": PAIRS}
 
 

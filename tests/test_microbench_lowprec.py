@@ -252,13 +252,12 @@ with mock.patch.object(lp, "sm_count", lambda device: 132):
     # the K split with x loaded in place where its grid fits one wave, cut to one wave where that still splits, else
     # stream-K; an iteration ahead with no split. x through the ring, 2 deep, on every split and on stream-K (what won
     # on the H100 with the cast kernel behind the split, short splits too: 6144x4096 4 iterations, 4096x14336 8)
-    ring = dict(xring=lp.FP4_RING)
-    for (n, k), want in {(28672, 4096): replace(lp.FP4_MMA_XS, **ring),
-                         (7168, 18432): replace(lp.FP4_MMA_XS, **ring), (6144, 4096): replace(lp.FP4_MMA_XS, **ring),
-                         (4096, 14336): replace(lp.FP4_MMA_XS, **ring), (128256, 4096): lp.FP4_MMA_TP,
-                         (36864, 7168): replace(lp.FP4_MMA_BX_SK_XS, **ring),
-                         (24576, 6144): replace(lp.FP4_MMA_XS, split=2, **ring),
-                         (6144, 16384): replace(lp.FP4_MMA_XS, split=9, **ring)}.items():
+    ring, sk_ring = lp.FP4_MMA_XS_RING, lp.FP4_MMA_SK_RING
+    assert ring == replace(lp.FP4_MMA_XS, xring=lp.FP4_RING)
+    assert sk_ring == replace(lp.FP4_MMA_BX_SK_XS, xring=lp.FP4_RING)
+    for (n, k), want in {(28672, 4096): ring, (7168, 18432): ring, (6144, 4096): ring, (4096, 14336): ring,
+                         (128256, 4096): lp.FP4_MMA_TP, (36864, 7168): sk_ring,
+                         (24576, 6144): replace(ring, split=2), (6144, 16384): replace(ring, split=9)}.items():
         assert lp.fp4_config_for(16, k, "cpu", n=n) == lp.with_cast(want), (n, k)
     # at M = 9-12 a short split (2-6 iterations) over 3072 rows or more takes tile pairs (the H100's rounds)
     for (n, k), m in (((6144, 4096), 9), ((3072, 6144), 12), ((7168, 2304), 10), ((6144, 1536), 12)):

@@ -2093,6 +2093,9 @@ DENSE_BLOCK_M = GemvConfig(16, 128, 4)
 # M, short splits too (the 2026-12-06 loss at 4 iterations was without the cast kernel); ring 3 within -4% and +4% of
 # ring 2. The H200 has not run it (benchmarks/device/issue14_pending.sh xring).
 FP4_RING = 2
+# the ring's K-split and stream-K forms as the plan runs them (_m16_plan; the benchmark and the tests name them too)
+FP4_MMA_XS_RING = replace(FP4_MMA_XS, xring=FP4_RING)
+FP4_MMA_SK_RING = replace(FP4_MMA_BX_SK_XS, xring=FP4_RING)
 # tile pairs (FP4_MMA_TP, its own K split) at M = 9-12 where the plan's K split is short (FP4_PAIR_MAX_ITERATIONS
 # iterations or fewer) over at least FP4_PAIR_MIN_ROWS rows: the TP4/TP8 attention, shared-expert and Llama
 # projections. H100 80GB HBM3 (2026-12-07, read 3162 GB/s, lowprec_device.py --forms pair --rounds 5, the cast kernel
@@ -2151,9 +2154,9 @@ def _m16_plan(n: int, k: int, sms: int, m: int = 16) -> GemvConfig:
     if programs * split > places:
         cut = places // programs
         if cut <= 1:
-            return replace(FP4_MMA_BX_SK_XS, xring=FP4_RING)
-        cfg = replace(cfg, split=cut)
-    return replace(cfg, xring=FP4_RING)
+            return FP4_MMA_SK_RING
+        return replace(FP4_MMA_XS_RING, split=cut)
+    return FP4_MMA_XS_RING
 
 
 def split_for(n_tiles: int, slots: int, k_blocks: int, sms: int) -> int:
