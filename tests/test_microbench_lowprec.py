@@ -270,6 +270,12 @@ with mock.patch.object(lp, "sm_count", lambda device: 132):
                             ((6144, 256), 12, lp.FP4_MMA_BX_WIDE), ((16384, 256), 16, lp.FP4_MMA_BX_WIDE)):
         assert lp.fp4_config_for(m, k, "cpu", n=n) == lp.with_cast(want), (n, k, m)
     assert lp.fp4_config_for(12, 512, "cpu", n=28672).pair  # 3584 sliced warps: the plan (2 iterations a split)
+    # a short K whose split would overflow a wave takes the K-sliced form (unsplit there), a longer one stream-K
+    for n, k in ((32768, 512), (36864, 512), (32768, 1024)):
+        for m in (9, 12, 16):
+            assert lp.fp4_config_for(m, k, "cpu", n=n) == lp.with_cast(lp.FP4_MMA_KS2), (n, k, m)
+        assert lp.Nvfp4Gemv(nv.quantize_nvfp4(torch.randn(n, k)), 12, "cpu").split == 1, (n, k)
+    assert lp.fp4_config_for(16, 2048, "cpu", n=32768) == lp.with_cast(lp.FP4_MMA_SK_RING)
     assert lp.FP4_RING == 2 and lp.fp4_config_for(12, 4096, "cpu", n=28672).xring
     assert replace(lp.FP4_MMA_XS, xring=2) in lp.FP4_MMA_XRING and lp.fp4_config_for(8, 4096, "cpu", n=28672).xring == 0
     assert lp.with_cast(replace(lp.FP4_MMA_XS, xring=2)) in lp.FP4_STAGE_CONFIGS_M  # the stage times the plan's form

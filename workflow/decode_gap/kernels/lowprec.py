@@ -2124,8 +2124,17 @@ FP4_PAIR_MIN_ITERATIONS = 2
 # 5.64 / 5.93 against 4.14 / 4.29 / 4.48 (each the fastest form timed). Over more rows the plan stays: 28672x512
 # (tile pairs at M = 9-12) 8.21 / 8.67 / 9.42 against 9.54 / 10.01 / 10.57; on 32768x512 its stream-K (10.10 / 10.51 /
 # 11.40) lost to this (9.69 / 10.10 / 10.76), to tile pairs (8.77 / 9.25 at M = 9 / 12) and to FP4_MMA_KS2 split
-# (9.72 at M=16), left to the gemm stage, which times them all. The H200 has not timed it.
+# (9.72 at M=16); the plan now takes the last there (FP4_SLICED_MAX_STEPS). The H200 has not timed it.
 FP4_M16_SHORT_K = (FP4_MMA_BX_WIDE, FP4_MMA_KS2_WIDE)
+# where the split's grid overflows a wave even cut to two (stream-K), a K of at most FP4_SLICED_MAX_STEPS 64-value
+# steps takes the K-sliced form (FP4_MMA_KS2: x in place, no split on these shapes) as at M <= 8, not stream-K over
+# its 4-8 iterations a group. H100 80GB HBM3 (2026-12-07, read 3160 GB/s, lowprec_device.py --forms pair --rounds 5),
+# us, M = 9 / 12 / 16, stream-K with the ring against this: 32768x512 (DeepSeek-V3's kv_b at TP1) 10.10 / 10.49 /
+# 11.39 against 9.39 / 9.49 / 9.76; 36864x512 10.26 / 10.84 / 12.00 against 10.03 / 10.18 / 10.85; 32768x1024 12.77
+# / 13.32 / 14.09 against 12.81 / 13.15 / 13.68. Tile pairs were faster still on the two 32768-row shapes (8.75 /
+# 9.25 / 10.19 and 11.26 / 12.33 / 13.36) but slower on 36864x512 (10.96 / 11.61 / 12.58); the gemm stage times all
+# three. Longer K keeps stream-K (not timed against this)
+FP4_SLICED_MAX_STEPS = 16
 
 
 def _m16_plan(n: int, k: int, sms: int, m: int = 16) -> GemvConfig:
@@ -2134,7 +2143,8 @@ def _m16_plan(n: int, k: int, sms: int, m: int = 16) -> GemvConfig:
     the H200 the fastest on all three heads at M = 12-14 and on Llama-3.1-8B's at M=16 in every run, on the other two
     at M=16 fastest or slowest by machine: FP4_MMA_TP's comment); where the K split's grid (as Nvfp4Gemv plans it) fits one wave of
     FP4_XJ_PROGRAMS_PER_SM programs an SM, x in place (FP4_MMA_XS: fewer registers); else the same with the split cut
-    to what fits one wave, while that is still a split; else stream-K (FP4_MMA_BX_SK_XS); on a split and stream-K x
+    to what fits one wave, while that is still a split; else stream-K (FP4_MMA_BX_SK_XS), or the K-sliced form
+    where K is short (FP4_SLICED_MAX_STEPS); on a split and stream-K x
     through the ring of cp.async copies, FP4_RING deep (what won on the H100; the constant's comment); at M = 9-12 a
     short split over many rows takes tile pairs instead (FP4_PAIR_MAX_M's comment). H200, M=16,
     before the ring (the forms'
@@ -2154,7 +2164,7 @@ def _m16_plan(n: int, k: int, sms: int, m: int = 16) -> GemvConfig:
     if programs * split > places:
         cut = places // programs
         if cut <= 1:
-            return FP4_MMA_SK_RING
+            return FP4_MMA_KS2 if k // 64 <= FP4_SLICED_MAX_STEPS else FP4_MMA_SK_RING
         return replace(FP4_MMA_XS_RING, split=cut)
     return FP4_MMA_XS_RING
 
