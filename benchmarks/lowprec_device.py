@@ -748,10 +748,11 @@ _XS = lp.FP4_MMA_XS
 XSHARE_SIZES = (replace(_XS, block_n=128, warps=8), replace(_XS, block_n=32, warps=2), replace(_XS, block_k=64),
                 replace(_XS, warps_per_sm=20), replace(_XS, warps_per_sm=36),
                 replace(lp.FP4_MMA_XS_AHEAD, block_n=128, warps=8), replace(_XS, block_n=128, warps=8, block_k=64))
-# tile pairs with and without the cast kernel behind them, and the ring's split form (the plan above M = 12 and on
-# long splits) with it: both sides of lp.FP4_PAIR_MAX_M's choice at M = 9-16, whichever the plan is
+# tile pairs with and without the cast kernel behind them, the ring's split form (the plan above M = 12 and on
+# long splits) with it, and stream-K with the ring: both sides of lp.FP4_PAIR_MAX_M's and lp.FP4_SLICED_MAX_STEPS'
+# choices at M = 9-16, whichever the plan is
 PAIRS = lp.FP4_MMA_PAIR + tuple(lp.with_cast(c) for c in lp.FP4_MMA_PAIR) + (
-    lp.with_cast(lp.FP4_MMA_XS_RING),)
+    lp.with_cast(lp.FP4_MMA_XS_RING), lp.with_cast(lp.FP4_MMA_SK_RING))
 EXTRA_FORMS = {"slices": SLICED_MANY, "m16": XSHARE_SIZES, "plan": (), "xring": lp.FP4_MMA_XRING, "pair": PAIRS}
 
 

@@ -26,6 +26,7 @@
 #     bash benchmarks/device/issue14_pending.sh rank $OUT 2>&1 | tee $OUT/issue14_rank.txt
 #     bash benchmarks/device/issue14_pending.sh xring $OUT 2>&1 | tee $OUT/issue14_xring.txt
 #     bash benchmarks/device/issue14_pending.sh pairs $OUT 2>&1 | tee $OUT/issue14_pairs.txt
+#     bash benchmarks/device/issue14_pending.sh shortk $OUT 2>&1 | tee $OUT/issue14_shortk.txt
 #
 # What to read off: every check `ok`. The forms are timed in rounds that rotate their order (the first form timed read
 # 2-9% fast in a fixed order), so a form wins where its median is below the default's past the spread of the rounds.
@@ -232,6 +233,14 @@ pairs)
 timeout 280 python3 benchmarks/lowprec_device.py --out "${2:?usage: $0 pairs OUT_DIR}/pairs" --sections memory,sweep \
   --forms pair --shapes 6144x4096,4096x4096,3072x6144,4608x7168,7168x2304,3584x4096,4096x7168,6144x1536,7168x4608 \
   --ms 9,12,16 --rounds 5 --budget-s 250 2>&1 | grep -E "sweep|FAIL|rror|read|rounds"
+;;
+shortk)
+# a short K at M = 9-16 whose K split would overflow a wave even cut to two (lowprec.FP4_SLICED_MAX_STEPS: the
+# K-sliced form since an H100's rounds on 2026-12-07, where stream-K was the plan): checked, then timed beside
+# stream-K with the ring, tile pairs and the rest of --forms pair in 5 rotated rounds. Still to run on an H200
+timeout 280 python3 benchmarks/lowprec_device.py --out "${2:?usage: $0 shortk OUT_DIR}/shortk" --sections memory,sweep \
+  --forms pair --shapes 32768x512,36864x512,32768x1024 --ms 9,12,16 --rounds 5 --budget-s 250 2>&1 \
+  | grep -E "sweep|FAIL|rror|read|rounds"
 ;;
 fp8_keys|fp8_keys_step)
 # the DSA indexer's FP8 keys and queries (kernels/attention.py; run on an H100 and an H200 on 2026-12-06, the
