@@ -2123,7 +2123,7 @@ FP4_PAIR_MIN_ITERATIONS = 2
 # 4.47 / 4.64 against 3.04 / 3.12 / 3.23; 7168x256 4.44 / 4.58 / 4.75 against 3.09 / 3.18 / 3.27; 16384x256 5.47 /
 # 5.64 / 5.93 against 4.14 / 4.29 / 4.48 (each the fastest form timed). Over more rows the plan stays: 28672x512
 # (tile pairs at M = 9-12) 8.21 / 8.67 / 9.42 against 9.54 / 10.01 / 10.57; on 32768x512 its stream-K (10.10 / 10.51 /
-# 11.40) lost to this (9.69 / 10.10 / 10.76), to tile pairs (8.77 / 9.25 at M = 9 / 12) and to FP4_MMA_KS2 split
+# 11.40) lost to this (9.69 / 10.10 / 10.76), to tile pairs (8.77 / 9.25 at M = 9 / 12) and to FP4_MMA_KS2, unsplit
 # (9.72 at M=16); the plan now takes the last there (FP4_SLICED_MAX_STEPS). The H200 has not timed it.
 FP4_M16_SHORT_K = (FP4_MMA_BX_WIDE, FP4_MMA_KS2_WIDE)
 # where the split's grid overflows a wave even cut to two (stream-K), a K of at most FP4_SLICED_MAX_STEPS 64-value
