@@ -9,6 +9,12 @@ them ends and wait inside, so their times overlap: their sum can pass the graph'
 H200 (2026-12-05), GLM-5-NVFP4 TP8 at a 4096-token context, 1 row, a layer: attention 65.3 us in 15 launches, of
 which the indexer's top-k (2048 of 4097, the multi-pass form: four count launches and one emit) overlapped for 41 us
 of kernel time; the MLA decode 7.1 + 2.2 (combine), the indexer's scores 2.2, each fused prepare 1.5-1.6.
+H100 80GB HBM3 (2026-12-07, --batch 16 --context 4096 --components attention): 82.7 us a layer (min 82.0, p99 84.9)
+in 13 launches, kernels 76.1: the MLA decode 21.6 + 3.9 (combine), the top-k 20.7 (the one-program radix select with
+its tail), the indexer's two NVFP4 projections (wq_b, wk) 8.1 with their two casts 2.3, its scores 5.4, its bf16
+weights_proj 4.5 + 1.5 (cuBLAS split-K and its reduce), the W_UK batched GEMV 3.5, the two fused prepares 2.5 + 2.2.
+So the attention stage's kernels (the scores, the top-k and the MLA decode) are 51.6 of the 82.7; the rest is the
+indexer's projections and casts (15.9), the W_UK GEMV, the prepares and 6.6 us of gaps.
 
     PYTHONPATH=workflow python3 benchmarks/device/step_profile.py [--model glm-5.json] [--format nvfp4] [--tp 8]
         [--batch 1] [--context 512] [--layers 4] [--components attention,router] [--workflow DIR]
