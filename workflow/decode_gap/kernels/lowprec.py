@@ -1892,6 +1892,15 @@ FP4_MMA_XRING = (replace(FP4_MMA_XS, xring=2), replace(FP4_MMA_XS, xring=3), rep
 # - the sliced form with x in place under a register cap (maxnreg 64 or 56: 8 programs an SM for 7): level or
 #   behind at M = 9-16 (28672x4096 27.96 / 26.33 at M=16), and at M = 8 within -4% to +15% of the plan's form
 #   (28672x4096 22.29 / 23.13, 24576x6144 32.71 / 28.52).
+# A fourth form took the barrier out of the loop: x's K range staged whole in shared memory once a program (ranges of
+# 16 steps, 37 KB), then stream-K over the range's tile groups with no barrier (benchmarks/device/stage_probe.py; the
+# same H100 model, 2026-12-07, 3 rounds): behind by 0.6-5.2% at M = 16 (28672x4096 27.75 / 26.76, 24576x6144 35.26 /
+# 33.52) and level to 3% ahead at M = 9 (28672x4096 24.96 / 25.75), where it zero-fills the rows past M; left out.
+# Nor did the ring's own copies gain from that zero-fill (cp.async's src-size 0 for the rows past M, where they copy
+# row M - 1 again; 5 rounds, six shapes at M = 9, 12 and 15): within -5% to +2% of copying the row, the spread of
+# the two builds at M = 16 (-3% to +3%), where they copy the same bytes (28672x4096 26.76 / 26.17, 7168x18432 27.31 /
+# 28.27), and at M = 9 level or behind on all six (28672x4096 25.05 / 24.91, 24576x6144 31.82 / 31.38): x's copies
+# are not what M = 9-16 waits on.
 # tile pairs (pair): each warp two 16-row tiles, tiles w and w + 4 of an 8-tile group, both against the same x
 # fragments, loaded in the iteration that uses them: a warp loads x once for twice the weight bytes (at M = 16 x's
 # 2 KB a step against 1 KB of weight and 128 bytes of scales), with no shared memory or barrier (xshare's
