@@ -27,6 +27,7 @@
 #     bash benchmarks/device/issue14_pending.sh xring $OUT 2>&1 | tee $OUT/issue14_xring.txt
 #     bash benchmarks/device/issue14_pending.sh pairs $OUT 2>&1 | tee $OUT/issue14_pairs.txt
 #     bash benchmarks/device/issue14_pending.sh shortk $OUT 2>&1 | tee $OUT/issue14_shortk.txt
+#     bash benchmarks/device/issue14_pending.sh stage 2>&1 | tee $OUT/issue14_stage.txt
 #
 # What to read off: every check `ok`. The forms are timed in rounds that rotate their order (the first form timed read
 # 2-9% fast in a fixed order), so a form wins where its median is below the default's past the spread of the rounds.
@@ -242,6 +243,15 @@ timeout 280 python3 benchmarks/lowprec_device.py --out "${2:?usage: $0 shortk OU
   --forms pair --shapes 32768x512,36864x512,32768x1024 --ms 9,12,16 --rounds 5 --budget-s 250 2>&1 \
   | grep -E "sweep|FAIL|rror|read|rounds"
 ;;
+stage)
+# x staged whole a program at M = 9-16 (benchmarks/device/stage_probe.py: no barrier in the loop), the geometries
+# that came closest on an H100 on 2026-12-07 (0.6-5.2% behind the plan at M = 16, level to 3% ahead at M = 9, left
+# out): checked, then timed beside the plan in 3 rotated rounds. Still to run on an H200, whose faster memory may
+# move the balance
+timeout 500 python3 benchmarks/device/stage_probe.py --ms 16,9 --rounds 3 \
+  --shapes 28672x4096,7168x18432,36864x7168,24576x6144,6144x16384 --geometries 8:16:4:4:64,8:16:4:1:64,8:16:3:1:0 \
+  2>&1 | grep -E "x[0-9]+ +M=|read|FAIL|rror"
+;;
 fp8_keys|fp8_keys_step)
 # the DSA indexer's FP8 keys and queries (kernels/attention.py; run on an H100 and an H200 on 2026-12-06, the
 # figures in index_scores' and index_prepare's docstrings): every kernel check (the FP8 indexer's among them), then
@@ -304,7 +314,7 @@ probe --m 8 --variants
 *)
 echo "usage: bash $0 align|pair|step OUT_DIR|defaults OUT_DIR|walk|walk_more|shared OUT_DIR b8|b32" \
   "|walk_check OUT_DIR|walk_small OUT_DIR|table OUT_DIR|topk_tail|fp8_keys[_step] OUT_DIR|plans" \
-  "|topk_synced[_step] OUT_DIR|topk_warm|rank OUT_DIR|xring OUT_DIR|pairs OUT_DIR" \
+  "|topk_synced[_step] OUT_DIR|topk_warm|rank OUT_DIR|xring OUT_DIR|pairs OUT_DIR|shortk OUT_DIR|stage" \
   "(each under one device call's 600 s)" >&2
 exit 2
 ;;
