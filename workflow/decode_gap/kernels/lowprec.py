@@ -1899,8 +1899,8 @@ FP4_MMA_XRING = (replace(FP4_MMA_XS, xring=2), replace(FP4_MMA_XS, xring=3), rep
 # Nor did the ring's own copies gain from that zero-fill (cp.async's src-size 0 for the rows past M, where they copy
 # row M - 1 again; 5 rounds, six shapes at M = 9, 12 and 15): within -5% to +2% of copying the row, the spread of
 # the two builds at M = 16 (-3% to +3%), where they copy the same bytes (28672x4096 26.76 / 26.17, 7168x18432 27.31 /
-# 28.27), and at M = 9 level or behind on all six (28672x4096 25.05 / 24.91, 24576x6144 31.82 / 31.38): x's copies
-# are not what M = 9-16 waits on.
+# 28.27), and at M = 9 level or behind on all six (28672x4096 25.05 / 24.91, 24576x6144 31.82 / 31.38): the bytes
+# x's copies move are not what M = 9-16 waits on.
 # tile pairs (pair): each warp two 16-row tiles, tiles w and w + 4 of an 8-tile group, both against the same x
 # fragments, loaded in the iteration that uses them: a warp loads x once for twice the weight bytes (at M = 16 x's
 # 2 KB a step against 1 KB of weight and 128 bytes of scales), with no shared memory or barrier (xshare's
