@@ -14,7 +14,7 @@ in 13 launches, kernels 76.1: the MLA decode 21.6 + 3.9 (combine), the top-k 20.
 its tail), the indexer's two NVFP4 projections (wq_b, wk) 8.1 with their two casts 2.3, its scores 5.4, its bf16
 weights_proj 4.5 + 1.5 (cuBLAS split-K and its reduce), the W_UK batched GEMV 3.5, the two fused prepares 2.5 + 2.2.
 So the attention stage's kernels (the scores, the top-k and the MLA decode) are 51.6 of the 82.7; the rest is the
-indexer's projections and casts (15.9), the W_UK GEMV, the prepares and 6.6 us of gaps.
+indexer's projections and casts (16.3), the W_UK GEMV, the prepares and 6.6 us of gaps.
 
     PYTHONPATH=workflow python3 benchmarks/device/step_profile.py [--model glm-5.json] [--format nvfp4] [--tp 8]
         [--batch 1] [--context 512] [--layers 4] [--components attention,router] [--workflow DIR]
