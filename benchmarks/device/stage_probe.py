@@ -25,11 +25,11 @@ What it found (H100 80GB HBM3, 2026-12-07, read 3107 GB/s, 3 rotated rounds, eve
 plan against the best geometry: M = 16: 28672x4096 26.76 / 27.75 (8:16:4, 4 chunks, maxnreg 64), 7168x18432 27.38 /
 28.69, 36864x7168 (stream-K) 61.73 / 62.12, 24576x6144 33.52 / 35.26, 6144x16384 22.00 / 22.69; M = 9: 25.75 / 24.96
 (8:16:3, 1 chunk), 27.38 / 27.39, 58.82 / 58.13, 32.86 / 32.40, 22.02 / 21.92. An earlier run (read 3161 GB/s, the
-stage waited for whole, rows past M copied as row M - 1) put it 2-7% behind on 13 of the 14 cases (28672x4096
-M=16 26.03 / 27.43; ahead on 6144x4096 at M=16, 9.51 / 9.34). So the barrier out of the loop did not make up for what the form pays instead: behind by 0.6-5.2% at M = 16,
-level to 3% ahead at M = 9, where its rows past M are zero-filled and not read; copying the stage in chunks gained
-nothing (-2% to +6% against one chunk, the losses at M = 9). Not taken into the plan; nor was the zero-fill in the ring's own copies,
-timed the same day (lowprec.FP4_MMA_XRING's comment).
+stage waited for whole, rows past M copied as row M - 1) put it 2-7% behind on 13 of the 14 cases (28672x4096 M=16
+26.03 / 27.43; ahead on 6144x4096 at M=16, 9.51 / 9.34). So the barrier out of the loop did not make up for what the
+form pays instead: behind by 0.6-5.2% at M = 16, level to 3% ahead at M = 9, where its rows past M are zero-filled and
+not read; copying the stage in chunks gained nothing (-2% to +6% against one chunk, the losses at M = 9). Not taken
+into the plan; nor was the zero-fill in the ring's own copies, timed the same day (lowprec.FP4_MMA_XRING's comment).
 """
 
 from __future__ import annotations
