@@ -47,13 +47,13 @@ import lowprec_device as ld  # noqa: E402
 from decode_gap.kernels import lowprec as lp  # noqa: E402
 from decode_gap.kernels import nvfp4 as nv  # noqa: E402
 from decode_gap.kernels.lowprec import (  # noqa: E402
-    XR_ROW, XR_SLOT, _fp4_mma_steps, _fp4_mma_wloads, _fp4_mma_with_ring, _XR_SLOT)
+    XR_ROW, XR_SLOT, _fp4_mma_steps, _fp4_mma_wloads, _fp4_mma_with_ring, _store_sums, _xr_wait_asm, _XR_RING_CONS,
+    _XR_SLOT)
 from decode_gap.kernels.nvfp4 import tl, triton  # noqa: E402
 from decode_gap.microbench import memory  # noqa: E402
 from decode_gap.microbench.common import BenchEnv  # noqa: E402
 
 STAGE_MAX = 48 * 1024  # a static shared array's limit
-_CONS4 = tl.constexpr("=r,=r,=r,=r,r,r,r,r")
 _COPY_CONS = tl.constexpr("=r,=r,=r,=r,r,r,r,r,l,l,l,l,r,r,r,r")
 
 
@@ -71,19 +71,14 @@ def _copy_asm(copies: int, stride_steps: int) -> str:
                                      "mov.u32 $3, 0; }"])
 
 
-def _wait_asm(pending: int) -> str:
-    return (f"{{ cp.async.wait_group {pending}; bar.sync 0; mov.u32 $0, 0; mov.u32 $1, 0; mov.u32 $2, 0; "
-            "mov.u32 $3, 0; }")
-
-
 @triton.jit
 def _flush(out_ptr, acc0, acc1, acc2, acc3, ts, tg, w, g, qq, M, stride_om, WARPS: tl.constexpr):
     e = tl.arange(0, 4)[None, :]
     rows = ((tg * WARPS + w) * 16 + g)[:, None] + 8 * (e // 2)
     ms = (2 * qq)[:, None] + e % 2
     op = out_ptr + ms * stride_om + rows
-    tl.atomic_add(op, (acc0 + acc1) * ts, mask=ms < M, sem="relaxed")
-    tl.atomic_add(op + 8 * stride_om, (acc2 + acc3) * ts, mask=ms + 8 < M, sem="relaxed")
+    _store_sums(op, (acc0 + acc1) * ts, ms < M, True)
+    _store_sums(op + 8 * stride_om, (acc2 + acc3) * ts, ms + 8 < M, True)
 
 
 @triton.jit
@@ -139,7 +134,7 @@ def _stage_kernel(xp_ptr, w_ptr, s_ptr, ts_ptr, out_ptr, M, NT, PG, stride_xm, s
     # the stage: thread t copies 16 bytes of x row (t % 128) // 8 at word 4 (t % 8) of steps t // 128 + c WARPS / 4,
     # in NCH chunks (commit groups), the chunk the program starts in first and the rest in the order it reads them
     zero = tl.load(wl, mask=(t < 0)[:, None], other=0)
-    base = tl.inline_asm_elementwise(STAGE, _CONS4, [zero], dtype=tl.int32, is_pure=False, pack=4)
+    base = tl.inline_asm_elementwise(STAGE, _XR_RING_CONS, [zero], dtype=tl.int32, is_pure=False, pack=4)
     tt = t % 128
     row = tt // 8
     sub = t // 128
@@ -163,13 +158,13 @@ def _stage_kernel(xp_ptr, w_ptr, s_ptr, ts_ptr, out_ptr, M, NT, PG, stride_xm, s
     j0 = u0
     for c in tl.static_range(NCH):  # the first pass over the range: each chunk waited for as the program reaches it
         if c == 0:
-            tl.inline_asm_elementwise(WAIT0, _CONS4, [rd], dtype=tl.int32, is_pure=False, pack=4)
+            tl.inline_asm_elementwise(WAIT0, _XR_RING_CONS, [rd], dtype=tl.int32, is_pure=False, pack=4)
         elif c == 1:
-            tl.inline_asm_elementwise(WAIT1, _CONS4, [rd], dtype=tl.int32, is_pure=False, pack=4)
+            tl.inline_asm_elementwise(WAIT1, _XR_RING_CONS, [rd], dtype=tl.int32, is_pure=False, pack=4)
         elif c == 2:
-            tl.inline_asm_elementwise(WAIT2, _CONS4, [rd], dtype=tl.int32, is_pure=False, pack=4)
+            tl.inline_asm_elementwise(WAIT2, _XR_RING_CONS, [rd], dtype=tl.int32, is_pure=False, pack=4)
         else:
-            tl.inline_asm_elementwise(WAIT3, _CONS4, [rd], dtype=tl.int32, is_pure=False, pack=4)
+            tl.inline_asm_elementwise(WAIT3, _XR_RING_CONS, [rd], dtype=tl.int32, is_pure=False, pack=4)
         j1 = tl.minimum(u0 + (c0 + c + 1) * CI - it0, u1)
         w_now, acc0, acc1, acc2, acc3 = _stage_run(j0, j1, u1, w_now, acc0, acc1, acc2, acc3, wl, sl, rd, out_ptr,
                                                    ts, w, g, qq, M, stride_wt, stride_st, stride_om, T, RI, WARPS, U,
@@ -199,7 +194,7 @@ class StageGemv:
         self.acc = torch.zeros((m, n), dtype=torch.float32, device=dev)
         self.out = torch.empty((m, n), dtype=torch.bfloat16, device=dev)
         self.pdl = lp.pdl_supported(dev)
-        waits = {f"WAIT{c}": _wait_asm(chunks - 1 - c) if c < chunks else "" for c in range(4)}
+        waits = {f"WAIT{c}": _xr_wait_asm(chunks - 1 - c) if c < chunks else "" for c in range(4)}
         self.consts = dict(STAGE=_stage_asm(r), COPY=_copy_asm(r // chunks // (warps // 4), warps // 4),
                            NCH=chunks, **waits, **({"maxnreg": regs} if regs else {}))
 
