@@ -1,10 +1,12 @@
-"""Probe (H200): where the NVFP4 tensor-core GEMV's time over a plain read of its bytes goes at M=1, by taking the
-DRAM traffic away from its operands one at a time (the same compiled loop, grid and launch; the sums are wrong and
+"""Probe (H200): where the NVFP4 tensor-core GEMV's time over a plain read of its bytes goes, by taking the DRAM
+traffic away from its operands one at a time (the same compiled loop, grid and launch; the sums are wrong and
 never used, only timed).
 
-    PYTHONPATH=workflow python3 benchmarks/device/ablate_probe.py
+    PYTHONPATH=workflow python3 benchmarks/device/ablate_probe.py [--m 1 8 16] [--forms plan ring3 ...]
+        [--shapes 28672x4096 ...]
 
-Each shape runs its default form (fp4_config_for) four ways, through the kernel's own strides:
+Each shape runs the plan's form at each M (fp4_config_for; with --forms, the forms named, the cast kernel behind
+their K split above M=1) four ways, through the kernel's own strides:
   base   as the GEMV runs;
   s-L2   every tile reads tile 0's block scales (scale stride 0): the scales come from L2, the weights from DRAM;
   w-L2   every tile reads tile 0's weights (weight stride 0): the weights come from L2, the scales from DRAM;
@@ -38,7 +40,9 @@ single part of those instructions.
 
 from __future__ import annotations
 
+import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -53,41 +57,62 @@ from decode_gap.microbench import launch, memory  # noqa: E402
 from decode_gap.microbench.common import BenchEnv  # noqa: E402
 
 SHAPES = [(128256, 4096), (28672, 4096), (24576, 6144), (7168, 18432), (6144, 16384), (4096, 14336), (6144, 4096)]
+# forms by name beside the plan (--forms), each with the cast kernel behind its K split above M=1, as the plan runs
+FORMS = {"ring3": replace(lp.FP4_MMA_XS_RING, xring=3), "xs": lp.FP4_MMA_XS, "ahead": lp.FP4_MMA_XS_AHEAD,
+         "sk": lp.FP4_MMA_SK_RING, "pairs": lp.FP4_MMA_TP, "sliced": lp.FP4_MMA_KS2, "sliced4": lp.FP4_MMA_KS2_WIDE,
+         "ring4": replace(lp.FP4_MMA_XS_RING, block_k=256, warps_per_sm=18),
+         "ring1": replace(lp.FP4_MMA_XS_RING, block_k=64)}
 WAYS = {"base": (True, True), "s-L2": (True, False), "w-L2": (False, True), "L2": (False, False)}
 
 
 def launcher(g: lp.Nvfp4Gemv, x: torch.Tensor, w_stride: bool, s_stride: bool):
-    """g's own launch (Nvfp4Gemv.mma_args) with the weight or scale stride between tiles set to 0."""
+    """g's own launch (Nvfp4Gemv.mma_args) with the weight or scale stride between tiles set to 0, and the cast
+    kernel behind it where the form has one (it zeroes the split's sums for the next call)."""
     args = g.mma_args(x)
     args.update(stride_wt=args["stride_wt"] if w_stride else 0, stride_st=args["stride_st"] if s_stride else 0)
-    return lambda: lp._fp4_mma_kernel[g.grid](**args)
+
+    def call():
+        lp._fp4_mma_kernel[g.grid](**args)
+        if g.cast:
+            lp.cast_zero(g.acc, g.out, g.cast_pdl)
+    return call
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--m", type=int, nargs="+", default=[1], help="rows of x (the plan's form at each)")
+    ap.add_argument("--forms", nargs="+", default=["plan"], choices=["plan", *FORMS], help="forms to run")
+    ap.add_argument("--shapes", nargs="+", default=[f"{n}x{k}" for n, k in SHAPES], help="NxK")
+    args = ap.parse_args()
     dev = torch.device("cuda")
     env = BenchEnv(device=dev, warmup=3, iters=40, cpu_budget_s=0.05)
     read = memory.measure_memory(env)["read_gbps"]
     reads = launch.PlainReads(env)
-    print(f"read {read:.0f} GB/s; plain read: {reads.method}")
-    for n, k in SHAPES:
+    print(f"{torch.cuda.get_device_name(dev)}: read {read:.0f} GB/s; plain read: {reads.method}")
+    for n, k in (tuple(int(v) for v in s.split("x")) for s in args.shapes):
         q = nv.quantize_nvfp4(torch.randn((n, k), device=dev, dtype=torch.bfloat16))
-        x = torch.randn((1, k), device=dev, dtype=torch.bfloat16)
-        nb = ld.nvfp4_call_bytes(n, k, 1)
-        cfg = lp.fp4_config_for(1, k, dev, n)
-        if not cfg.bx:
-            print(f"{n}x{k}: default form {cfg.name} is not a bf16 form; skipped")
-            continue
-        gs = [lp.Nvfp4Gemv(qq, 1, dev, cfg) for qq in ld.nvfp4_copies(q, dev)]
-        for g in gs:
-            g(x)
-        err = nv.relative_error(gs[0](x).float(), nv.reference_mm(x, q))
-        read_us = reads.us(nb)
-        line = [f"{n:>6}x{k:<6} {cfg.name:38s} err {err:.1e} | read {read_us:6.2f}"]
-        for way, (w_stride, s_stride) in WAYS.items():
-            us = ld.gpu_us([launcher(g, x, w_stride, s_stride) for g in gs], env)
-            line.append(f"{way} {us:6.2f} ({us / read_us:4.2f}x)")
-        print("  ".join(line), flush=True)
-        gs = None
+        copies = ld.nvfp4_copies(q, dev)
+        for m in args.m:
+            x = torch.randn((m, k), device=dev, dtype=torch.bfloat16)
+            nb = ld.nvfp4_call_bytes(n, k, m)
+            for form in args.forms:
+                cfg = lp.fp4_config_for(m, k, dev, n) if form == "plan" else FORMS[form]
+                cfg = lp.with_cast(cfg) if m > 1 and form != "plan" else cfg
+                if not cfg.bx:
+                    print(f"{n}x{k} M={m}: form {cfg.name} is not a bf16 form; skipped")
+                    continue
+                gs = [lp.Nvfp4Gemv(qq, m, dev, cfg) for qq in copies]
+                for g in gs:
+                    g(x)
+                err = nv.relative_error(gs[0](x).float(), nv.reference_mm(x, q))
+                read_us = reads.us(nb)
+                line = [f"{n:>6}x{k:<6} M={m:<2} {form:7s} {cfg.name:44s} err {err:.1e} | read {read_us:6.2f}"]
+                for way, (w_stride, s_stride) in WAYS.items():
+                    us = ld.gpu_us([launcher(g, x, w_stride, s_stride) for g in gs], env)
+                    line.append(f"{way} {us:6.2f} ({us / read_us:4.2f}x)")
+                print("  ".join(line), flush=True)
+                gs = None
+        copies = None
         torch.cuda.empty_cache()
 
 
