@@ -78,13 +78,35 @@ def launcher(g: lp.Nvfp4Gemv, x: torch.Tensor, w_stride: bool, s_stride: bool):
     return call
 
 
+def profile(args, dev) -> None:
+    """Each shape, M and form run 4 times one way (args.profile), on one copy of the weight: for ncu
+    (benchmarks/device/ncu_ablate.sh), which takes the third call of the GEMV kernel."""
+    for n, k in (tuple(int(v) for v in s.split("x")) for s in args.shapes):
+        q = nv.quantize_nvfp4(torch.randn((n, k), device=dev, dtype=torch.bfloat16))
+        for m in args.m:
+            x = torch.randn((m, k), device=dev, dtype=torch.bfloat16)
+            for form in args.forms:
+                cfg = lp.fp4_config_for(m, k, dev, n) if form == "plan" else FORMS[form]
+                cfg = lp.with_cast(cfg) if m > 1 and form != "plan" else cfg
+                g = lp.Nvfp4Gemv(q, m, dev, cfg)
+                call = launcher(g, x, *WAYS[args.profile])
+                for _ in range(4):
+                    call()
+                torch.cuda.synchronize(dev)
+                print(f"{n}x{k} M={m} {form} {cfg.name} {args.profile}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--m", type=int, nargs="+", default=[1], help="rows of x (the plan's form at each)")
     ap.add_argument("--forms", nargs="+", default=["plan"], choices=["plan", *FORMS], help="forms to run")
     ap.add_argument("--shapes", nargs="+", default=[f"{n}x{k}" for n, k in SHAPES], help="NxK")
+    ap.add_argument("--profile", choices=list(WAYS), help="only run each form this way, untimed (under ncu)")
     args = ap.parse_args()
     dev = torch.device("cuda")
+    if args.profile:
+        profile(args, dev)
+        return
     env = BenchEnv(device=dev, warmup=3, iters=40, cpu_budget_s=0.05)
     read = memory.measure_memory(env)["read_gbps"]
     reads = launch.PlainReads(env)
