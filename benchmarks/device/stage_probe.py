@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "workflow"))
 
 import torch  # noqa: E402
 
+import ablate_probe  # noqa: E402
 import lowprec_device as ld  # noqa: E402
 from decode_gap.kernels import lowprec as lp  # noqa: E402
 from decode_gap.kernels import nvfp4 as nv  # noqa: E402
@@ -180,7 +181,7 @@ class StageGemv:
     """One call: _stage_kernel into fp32 sums, then lowprec.cast_zero (a programmatic dependent) into bf16."""
 
     def __init__(self, q: nv.NVFP4Tensor, m: int, dev, warps: int, r: int, pps: int, chunks: int = 1,
-                 regs: int = 0, u: int = 2):
+                 regs: int = 0, u: int = 2, l2: bool = False):
         n, k = q.shape
         self.words, self.scales = lp.repack_mma(q, bx=True)
         nt, nsteps = self.words.shape[0], self.words.shape[1]
@@ -188,6 +189,7 @@ class StageGemv:
                 or (r // u) % chunks or (r // chunks) % (warps // 4)):
             raise ValueError(f"geometry {warps}:{r}:{pps} does not fit {n}x{k}")
         self.q, self.m, self.r, self.warps, self.u = q, m, r, warps, u
+        self.l2 = l2  # every tile group reads tile group 0's weights and scales (from L2): the loop's own time
         ranges = nsteps // r
         self.pg = max(1, lp.sm_count(dev) * pps // ranges)
         self.grid = (ranges * self.pg,)
@@ -202,7 +204,8 @@ class StageGemv:
         xp = lp.bf16_pairs(x)
         self.compiled = _stage_kernel[self.grid](
             xp, self.words, self.scales, self.q.tensor_scale, self.acc, self.m, self.words.shape[0], self.pg,
-            xp.stride(0), self.words.stride(0), self.scales.stride(0), self.acc.stride(0), R=self.r,
+            xp.stride(0), 0 if self.l2 else self.words.stride(0), 0 if self.l2 else self.scales.stride(0),
+            self.acc.stride(0), R=self.r,
             WARPS=self.warps, U=self.u, EV="evict_first", DEPS=self.pdl, num_warps=self.warps, **self.consts)
         lp.cast_zero(self.acc, self.out, self.pdl)
         return self.out
@@ -240,6 +243,8 @@ def main() -> None:
     ap.add_argument("--geometries", default="8:16:4:4:64,8:16:4:1:64,8:16:3:4:0,8:16:3:1:0,16:16:1:4:0,8:8:4:4:64",
                     help="WARPS:R:PPS[:CHUNKS[:MAXNREG]] each")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--l2", action="store_true",
+                    help="also time the plan and each geometry with no DRAM traffic (ablate_probe's L2 way)")
     a = ap.parse_args()
     dev = torch.device("cuda")
     env = BenchEnv(device=dev, warmup=3, iters=30, cpu_budget_s=0.05)
@@ -259,6 +264,12 @@ def main() -> None:
             for geo in ok:
                 builders[f"stage {geo}"] = lambda geo=geo: [(lambda s=s: s(x)) for s in
                                                             [StageGemv(qq, m, dev, *geo) for qq in qs]]
+                if a.l2:
+                    builders[f"stage {geo} L2"] = lambda geo=geo: [(lambda s=s: s(x)) for s in
+                                                                   [StageGemv(qq, m, dev, *geo, l2=True) for qq in qs]]
+            if a.l2:
+                builders[f"{plan.name} L2"] = lambda: [ablate_probe.launcher(lp.Nvfp4Gemv(qq, m, dev, plan), x,
+                                                                             False, False) for qq in qs]
             times = ld.rotated_times(env, builders, a.rounds)
             for name, us in sorted(times.items(), key=lambda kv: kv[1] if isinstance(kv[1], float) else 1e9):
                 tag = " (plan)" if name == plan.name else ""
