@@ -1901,6 +1901,20 @@ FP4_MMA_XRING = (replace(FP4_MMA_XS, xring=2), replace(FP4_MMA_XS, xring=3), rep
 # the two builds at M = 16 (-3% to +3%), where they copy the same bytes (28672x4096 26.76 / 26.17, 7168x18432 27.31 /
 # 28.27), and at M = 9 level or behind on all six (28672x4096 25.05 / 24.91, 24576x6144 31.82 / 31.38): the bytes
 # x's copies move are not what M = 9-16 waits on.
+# Why an H100 cannot show what M = 9-16 loses on the H200: its loop, timed with no DRAM traffic (every tile reading
+# tile 0's weights and scales from L2: benchmarks/device/ablate_probe.py --m 1 8 16, H100 80GB HBM3, 2026-12-07, read
+# 3161 GB/s), us, M = 1 / 8 / 16 (the plan's forms), and a plain read of the bytes: 28672x4096 16.18 / 16.95 / 23.00
+# (read 24.4), 7168x18432 20.83 / 21.53 / 24.43 (27.3), 36864x7168 33.27 / 35.09 / 47.04 (52.3), 4096x14336 10.41 /
+# 10.78 / 12.70 (13.1). At M = 16 the loop alone takes 1.13-1.36x M = 8's: about 18% more instructions (100 a step
+# against 84.5 in the sm_90 SASS: the second MMA set, x's fragments from shared memory, the ring), the rest waiting.
+# The H100 hides it, its read of the bytes slower still; the H200 reads 28672x4096's bytes in 17.2 us (ablate_probe,
+# 2026-12-02), so there the plan's M = 16 can reach at most 17.2 / 23.0 = 0.75 of a plain read until its loop gets
+# cheaper (both cards took about 26 us: 25.9 on an H200 on 2026-12-01, 26.5 on this H100). The other forms' loops at
+# M = 16, no DRAM traffic, 28672x4096 / 7168x18432 / 4096x14336 (the plan 23.00 / 24.43 / 12.70): ring 3 23.46 /
+# 24.92 / 13.06, 4 steps an iteration 22.27 / 26.10 / 13.03 (5 programs an SM: 31.06 us as it runs on 28672x4096), 1
+# step 24.94 / 27.86 / 14.17, x an iteration ahead in registers 24.00 / 25.60 / 13.50, tile pairs 24.14 / 23.88 /
+# 13.75, the sliced form (x in place) 31.00 / 34.47 / 18.63: none more than 2.3% cheaper than the plan's but 4
+# steps an iteration on 28672x4096 (3.2%), slower as it runs.
 # tile pairs (pair): each warp two 16-row tiles, tiles w and w + 4 of an 8-tile group, both against the same x
 # fragments, loaded in the iteration that uses them: a warp loads x once for twice the weight bytes (at M = 16 x's
 # 2 KB a step against 1 KB of weight and 128 bytes of scales), with no shared memory or barrier (xshare's
