@@ -68,32 +68,46 @@ def wait_asm(pending: int) -> str:
             "mov.u32 $1, 0; mov.u32 $2, 0; mov.u32 $3, 0; }")
 
 
-def math_asm(sbo: int) -> str:
-    """One step: lowprec's bf16 decode of the four chunks (its asm for one x set, the same operand numbers: $0-$7
-    the sums, $8-$11 the words, $12-$13 the scales), each chunk's A fragment in registers of its own, then a fence and
-    four wgmma on the B tile at descriptor $14 (its low word: the address and the other stride; `sbo` the high word),
-    committed and waited for."""
-    src = lp._fp4_mma_asm(1, bx=True).split("\n")
-    body, chunk, decode = [], 0, []
-    for line in src:
+def _decode_lines(chunk0: int, words: int, scales: int) -> list[str]:
+    """lowprec's bf16 decode of a step's four chunks (its asm for one x set, without the MMAs), each chunk's A
+    fragment in registers of its own (a{chunk0 + c}0-3), the step's words at $words.. and scales at $scales.."""
+    renumber = {8: words, 9: words + 1, 10: words + 2, 11: words + 3, 12: scales, 13: scales + 1}
+    body, chunk, decode = [], chunk0, []
+    for line in lp._fp4_mma_asm(1, bx=True).split("\n"):
         if line in ("{", "}") or line.startswith(".reg"):
             continue
         if line.startswith("mma.sync"):
             decode += [re.sub(r"\ba([0-3])\b", rf"a{chunk}\1", x) for x in body]
             body, chunk = [], chunk + 1
         else:
-            body.append(line)
+            body.append(re.sub(r"\$(\d+)\b", lambda mt: f"${renumber.get(int(mt.group(1)), int(mt.group(1)))}", line))
+    return decode
+
+
+def math_asm(sbo: int, steps: int = 1) -> str:
+    """`steps` steps (1 or 2): lowprec's bf16 decode of each step's four chunks (the same operand numbers for the
+    first: $0-$7 the sums, $8-$11 the words, $12-$13 the scales; a second step's words and scales follow), then a
+    fence and a wgmma a chunk on the B tile at descriptor $D (its low word: the address and the other stride; `sbo`
+    the high word; a second step's tile one ring step on), committed and waited for once."""
+    d = 14 if steps == 1 else 20
+    decode = _decode_lines(0, 8, 12) + (_decode_lines(4, 14, 18) if steps == 2 else [])
+    chunks = 4 * steps
     acc = "{" + ",".join(f"${i}" for i in range(8)) + "}"
-    regs = ", ".join(f"a{c}{i}" for c in range(4) for i in range(4))
-    lines = ["{", f".reg .b32 t, u, h, sc, sg, sh, nz, dh, l1, l2, l3, {regs};", ".reg .b16 l, z;",
-             ".reg .b64 d0, d1, d2, d3;", ".reg .pred p;", *decode,
-             f"mov.b32 dh, {sbo >> 4};", f"add.u32 l1, $14, {512 >> 4};", f"add.u32 l2, $14, {1024 >> 4};",
-             f"add.u32 l3, $14, {1536 >> 4};", "mov.b64 d0, {$14, dh};", "mov.b64 d1, {l1, dh};",
-             "mov.b64 d2, {l2, dh};", "mov.b64 d3, {l3, dh};", "setp.ne.b32 p, 1, 0;", "wgmma.fence.sync.aligned;"]
+    regs = ", ".join(f"a{c}{i}" for c in range(chunks) for i in range(4))
+    lows = ", ".join(f"l{c}" for c in range(chunks))
+    descs = ", ".join(f"d{c}" for c in range(chunks))
+    lines = ["{", f".reg .b32 t, u, h, sc, sg, sh, nz, dh, {lows}, {regs};", ".reg .b16 l, z;",
+             f".reg .b64 {descs};", ".reg .pred p;", *decode, f"mov.b32 dh, {sbo >> 4};"]
+    for c in range(chunks):  # chunk c of the step at 512 bytes a chunk, the next step 2048 bytes on
+        lines += [f"add.u32 l{c}, ${d}, {(c // 4 * SLOT + c % 4 * 512) >> 4};", f"mov.b64 d{c}, {{l{c}, dh}};"]
+    lines += ["setp.ne.b32 p, 1, 0;", "wgmma.fence.sync.aligned;"]
     lines += [f"wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {acc}, {{a{c}0,a{c}1,a{c}2,a{c}3}}, d{c}, p, 1, "
-              "1, 0;" for c in range(4)]
+              "1, 0;" for c in range(chunks)]
     lines += ["wgmma.commit_group.sync.aligned;", "wgmma.wait_group.sync.aligned 0;", "}"]
     return "\n".join(lines)
+
+
+_MATH2_CONS = tl.constexpr(",".join(["=f"] * 8 + ["r"] * 16 + [str(i) for i in range(8)]))
 
 
 @triton.jit
@@ -104,10 +118,18 @@ def _math(w, dlo, acc0, acc2, MATH: tl.constexpr):
 
 
 @triton.jit
+def _math2(w0, w1, dlo, acc0, acc2, MATH: tl.constexpr):
+    s0 = tl.broadcast_to(w0[1][:, None], (128, 4))
+    s1 = tl.broadcast_to(w1[1][:, None], (128, 4))
+    return tl.inline_asm_elementwise(MATH, _MATH2_CONS, [w0[0], s0, w1[0], s1, dlo, acc0, acc2],
+                                     dtype=(tl.float32, tl.float32), is_pure=True, pack=4)
+
+
+@triton.jit
 def _wg_kernel(xp_ptr, w_ptr, s_ptr, ts_ptr, out_ptr, M, steps_per_split, NSTEPS, stride_xm, stride_wt, stride_st,
                stride_om, U: tl.constexpr, XR: tl.constexpr, EV: tl.constexpr, RING: tl.constexpr,
                COPY: tl.constexpr, WAIT: tl.constexpr, DRAIN: tl.constexpr, MATH: tl.constexpr, LBO: tl.constexpr,
-               DEPS: tl.constexpr):
+               DEPS: tl.constexpr, TWO: tl.constexpr = False):
     T: tl.constexpr = 128
     SET: tl.constexpr = U * 2048
     tg = tl.program_id(0)
@@ -147,8 +169,11 @@ def _wg_kernel(xp_ptr, w_ptr, s_ptr, ts_ptr, out_ptr, M, steps_per_split, NSTEPS
         tl.inline_asm_elementwise(WAIT, _XR_RING_CONS, [zero], dtype=tl.int32, is_pure=False, pack=4)
         tl.inline_asm_elementwise(COPY, _COPY_CONS, [wr + last, src + tl.minimum(i + (XR - 1) * U, i1 - U) * 32],
                                   dtype=tl.int32, is_pure=False, pack=4)
-        acc0, acc2 = _math(w_now[0], dlo + (cur >> 4), acc0, acc2, MATH)
-        if U >= 2:
+        if TWO:  # both steps in one asm block: one fence and one wait for eight wgmma
+            acc0, acc2 = _math2(w_now[0], w_now[1], dlo + (cur >> 4), acc0, acc2, MATH)
+        else:
+            acc0, acc2 = _math(w_now[0], dlo + (cur >> 4), acc0, acc2, MATH)
+        if U >= 2 and not TWO:
             acc0, acc2 = _math(w_now[1], dlo + ((cur + 2048) >> 4), acc0, acc2, MATH)
         if U >= 4:
             acc0, acc2 = _math(w_now[2], dlo + ((cur + 4096) >> 4), acc0, acc2, MATH)
@@ -170,12 +195,13 @@ def _wg_kernel(xp_ptr, w_ptr, s_ptr, ts_ptr, out_ptr, M, steps_per_split, NSTEPS
 class WgmmaGemv:
     """One call: _wg_kernel into the plan's fp32 sums over its K split, then lowprec.cast_zero into bf16."""
 
-    def __init__(self, plan: lp.Nvfp4Gemv, lbo: int, l2: bool = False, sets: int = 2):
+    def __init__(self, plan: lp.Nvfp4Gemv, lbo: int, l2: bool = False, sets: int = 2, two: bool = False):
         self.p, self.lbo, self.l2, self.sets = plan, lbo, l2, sets
         u = plan.steps
+        two = two and u == 2
         self.consts = dict(U=u, XR=sets, EV="evict_first", RING=ring_asm(sets, u), COPY=copy_asm(u),
-                           WAIT=wait_asm(sets - 2), DRAIN=lp._XR_DRAIN.value, MATH=math_asm(256 if lbo == 128 else 128),
-                           LBO=lbo)
+                           WAIT=wait_asm(sets - 2), DRAIN=lp._XR_DRAIN.value,
+                           MATH=math_asm(256 if lbo == 128 else 128, 2 if two else 1), LBO=lbo, TWO=two)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         p = self.p
@@ -213,31 +239,33 @@ def main() -> None:
                 print(f"{shape} M={m}: the plan is {plan.name}, not the ring's K split; skipped")
                 continue
             x = torch.randn((m, k), device=dev, dtype=torch.bfloat16)
-            good = None
-            for lbo in (128, 256):
-                try:
-                    wg = WgmmaGemv(lp.Nvfp4Gemv(q, m, dev, plan), lbo)
-                    err = max(nv.relative_error(wg(x.normal_()), x.float() @ deq.t()) for _ in range(3))
-                except Exception as exc:  # a probe: a compile or launch failure is its finding
-                    print(f"{shape} M={m} wgmma LBO {lbo}: failed: {str(exc).splitlines()[-1][:300]}", flush=True)
-                    continue
-                regs = getattr(wg.compiled, "n_regs", None)
-                ok = err < 2e-2
-                print(f"{shape} M={m} wgmma LBO {lbo}: {regs} registers, rel err {err:.2e} {'ok' if ok else 'WRONG'}",
-                      flush=True)
-                if ok and good is None:
-                    good = lbo
+            good = {}  # form name: (the descriptor's LBO that checked, both steps in one asm block)
+            for name, two in (("wgmma", False), ("wgmma 2 steps a block", True)):
+                for lbo in (128, 256):
+                    try:
+                        wg = WgmmaGemv(lp.Nvfp4Gemv(q, m, dev, plan), lbo, two=two)
+                        err = max(nv.relative_error(wg(x.normal_()), x.float() @ deq.t()) for _ in range(3))
+                    except Exception as exc:  # a probe: a compile or launch failure is its finding
+                        print(f"{shape} M={m} {name} LBO {lbo}: failed: {str(exc).splitlines()[-1][:300]}",
+                              flush=True)
+                        continue
+                    regs = getattr(wg.compiled, "n_regs", None)
+                    ok = err < 2e-2
+                    print(f"{shape} M={m} {name} LBO {lbo}: {regs} registers, rel err {err:.2e} "
+                          f"{'ok' if ok else 'WRONG'}", flush=True)
+                    if ok:
+                        good[name] = (lbo, two)
+                        break
             builders = ld.fp4_builders(qs, x, dev, [plan])
-            if good is not None:
-                builders["wgmma"] = lambda: [(lambda w=w: w(x)) for w in
-                                             [WgmmaGemv(lp.Nvfp4Gemv(qq, m, dev, plan), good) for qq in qs]]
             if a.l2:
                 builders[f"{plan.name} L2"] = lambda: [ablate_probe.launcher(lp.Nvfp4Gemv(qq, m, dev, plan), x,
                                                                              False, False) for qq in qs]
-                if good is not None:
-                    builders["wgmma L2"] = lambda: [(lambda w=w: w(x)) for w in
-                                                    [WgmmaGemv(lp.Nvfp4Gemv(qq, m, dev, plan), good, l2=True)
-                                                     for qq in qs]]
+            for name, (lbo, two) in good.items():
+                for l2 in (False, True) if a.l2 else (False,):
+                    builders[name + (" L2" if l2 else "")] = (
+                        lambda lbo=lbo, two=two, l2=l2: [(lambda w=w: w(x)) for w in
+                                                         [WgmmaGemv(lp.Nvfp4Gemv(qq, m, dev, plan), lbo, l2, two=two)
+                                                          for qq in qs]])
             times = ld.rotated_times(env, builders, a.rounds)
             for name, us in sorted(times.items(), key=lambda kv: kv[1] if isinstance(kv[1], float) else 1e9):
                 tag = " (plan)" if name == plan.name else ""
