@@ -1872,7 +1872,7 @@ FP4_MMA_XSHARE = (FP4_MMA_XS, FP4_MMA_XS_AHEAD, FP4_MMA_BX_SK_XS, replace(FP4_MM
 # ring's split and stream-K forms (FP4_STAGE_CONFIGS_M) and keeps them where they win, and the plan (what the
 # simulated step runs) takes them on every split and stream-K, since the same H100 model timed the ring's split forms
 # with the cast kernel behind them (the last two here, as the plan runs them) ahead on every shape (FP4_RING's
-# comment); the H200 has not timed them in rotated rounds (benchmarks/device/issue14_pending.sh xring)
+# comment); the H200's one sweep of them (2026-12-07) is in FP4_RING's comment
 FP4_MMA_XRING = (replace(FP4_MMA_XS, xring=2), replace(FP4_MMA_XS, xring=3), replace(FP4_MMA_BX_SK_XS, xring=2),
                  replace(FP4_MMA_BX_SK_XS, xring=3), with_cast(replace(FP4_MMA_XS, xring=2)),
                  with_cast(replace(FP4_MMA_XS, xring=3)))
@@ -1902,19 +1902,28 @@ FP4_MMA_XRING = (replace(FP4_MMA_XS, xring=2), replace(FP4_MMA_XS, xring=3), rep
 # 28.27), and at M = 9 level or behind on all six (28672x4096 25.05 / 24.91, 24576x6144 31.82 / 31.38): the bytes
 # x's copies move are not what M = 9-16 waits on.
 # Why an H100 cannot show what M = 9-16 loses on the H200: its loop, timed with no DRAM traffic (every tile reading
-# tile 0's weights and scales from L2: benchmarks/device/ablate_probe.py --m 1 8 16, H100 80GB HBM3, 2026-12-07, read
-# 3161 GB/s), us, M = 1 / 8 / 16 (the plan's forms), and a plain read of the bytes: 28672x4096 16.18 / 16.95 / 23.00
-# (read 24.4), 7168x18432 20.83 / 21.53 / 24.43 (27.3), 36864x7168 33.27 / 35.09 / 47.04 (52.3), 4096x14336 10.41 /
-# 10.78 / 12.70 (13.1). At M = 16 the loop alone takes 1.13-1.36x M = 8's: about 18% more instructions (100 a step
-# against 84.5 in the sm_90 SASS: the second MMA set, x's fragments from shared memory, the ring), the rest waiting.
-# The H100 hides it, its read of the bytes slower still; the H200 reads 28672x4096's bytes in 17.2 us (ablate_probe,
-# 2026-12-02), so there the plan's M = 16 can reach at most 17.2 / 23.0 = 0.75 of a plain read until its loop gets
-# cheaper (both cards took about 26 us: 25.9 on an H200 on 2026-12-01, 26.5 on this H100). The other forms' loops at
-# M = 16, no DRAM traffic, 28672x4096 / 7168x18432 / 4096x14336 (the plan 23.00 / 24.43 / 12.70): ring 3 23.46 /
-# 24.92 / 13.06, 4 steps an iteration 22.27 / 26.10 / 13.03 (5 programs an SM: 31.06 us as it runs on 28672x4096), 1
-# step 24.94 / 27.86 / 14.17, x an iteration ahead in registers 24.00 / 25.60 / 13.50, tile pairs 24.14 / 23.88 /
-# 13.75, the sliced form (x in place) 31.00 / 34.47 / 18.63: none more than 2.3% cheaper than the plan's but 4
-# steps an iteration on 28672x4096 (3.2%), slower as it runs.
+# tile 0's weights and scales from L2: benchmarks/device/ablate_probe.py --m 1 8 16), us, M = 1 / 8 / 16 (the plan's
+# forms), and a plain read of the bytes. H100 80GB HBM3 (2026-12-07, read 3161 GB/s): 28672x4096 16.18 / 16.95 /
+# 23.00 (read 24.4), 7168x18432 20.83 / 21.53 / 24.43 (27.3), 36864x7168 33.27 / 35.09 / 47.04 (52.3), 4096x14336
+# 10.41 / 10.78 / 12.70 (13.1). H200 (the same day, read 4468 GB/s): 16.52 / 17.28 / 22.96 (19.4), 21.01 / 21.96 /
+# 24.56 (21.4), 34.16 / 35.64 / 46.63 (40.7), 10.47 / 10.99 / 13.00 (10.6): the same loop times on both (the same SMs
+# and clocks). At M = 16 it takes 1.12-1.36x M = 8's, under the H100's read, which hides it, and over the H200's, so
+# there the plan's M = 16 (25.3 us on 28672x4096 as it runs, 1.30x the read) can come no closer than 1.18x a plain read
+# (0.64 of the read bandwidth) until its loop gets cheaper. ncu on the H200 (benchmarks/device/ncu_ablate.sh,
+# 28672x4096 with no DRAM traffic), M = 16 / M = 8: 12.56M / 11.07M warp instructions (about 100 a step against 84.5
+# in the sm_90 SASS: the second MMA set, x's fragments from shared memory, the ring), issue active 67% / 71% of cycles,
+# 2.0 / 2.1 cycles an issued instruction not selected (a ready warp waiting for the scheduler), barrier 0.64 / 0.11:
+# issue-bound, so the loop's instructions, not its latency, are what M = 9-16 must shed. The other forms' loops at
+# M = 16 on the H100, no DRAM traffic, 28672x4096 / 7168x18432 / 4096x14336 (the plan 23.00 / 24.43 / 12.70): ring 3
+# 23.46 / 24.92 / 13.06, 4 steps an iteration 22.27 / 26.10 / 13.03 (5 programs an SM: 31.06 us as it runs on
+# 28672x4096), 1 step 24.94 / 27.86 / 14.17, x an iteration ahead in registers 24.00 / 25.60 / 13.50, tile pairs 24.14
+# / 23.88 / 13.75, the sliced form (x in place) 31.00 / 34.47 / 18.63; on the H200, x staged whole
+# (stage_probe.py --l2) 24.30-24.93 against 22.90. And on Hopper's wgmma (benchmarks/device/wgmma_rs_probe.py: the
+# decoded tile as the A operand from registers, x's B tile read from the ring by the tensor cores, 4 wgmma a step for
+# 8 mma.sync and no x fragment loads, 55 registers; checked on the H200 against dequantise-then-matmul, 1.7e-3):
+# 1.7-2.1x slower, with or without DRAM traffic (28672x4096 M=16 42.8 us against 25.4; 7168x18432 56.9 against
+# 26.9; the same with both steps' eight wgmma under one wait). Each step waits for its wgmma before its A registers
+# are reused, which may be the cost (not profiled).
 # tile pairs (pair): each warp two 16-row tiles, tiles w and w + 4 of an 8-tile group, both against the same x
 # fragments, loaded in the iteration that uses them: a warp loads x once for twice the weight bytes (at M = 16 x's
 # 2 KB a step against 1 KB of weight and 128 bytes of scales), with no shared memory or barrier (xshare's
@@ -2114,7 +2123,14 @@ DENSE_BLOCK_M = GemvConfig(16, 128, 4)
 # 22.48 (read 22.1); 6144x4096 (4) 10.04 / 9.46 / 9.34, 9.55 / 9.07 / 9.20, 9.27 / 8.93 / 8.97 (read 6.8); 4096x14336
 # (8) 15.87 / 15.19 / 15.27, 15.47 / 14.83 / 14.74, 15.33 / 15.18 / 14.59 (read 13.3). The ring ahead on every split and
 # M, short splits too (the 2026-12-06 loss at 4 iterations was without the cast kernel); ring 3 within -4% and +4% of
-# ring 2. The H200 has not run it (benchmarks/device/issue14_pending.sh xring).
+# ring 2. H200 (2026-12-07, read 4469 GB/s, issue14_pending.sh xring: one sweep, not rotated rounds), us, M = 16 /
+# 9, the plan / the best form timed / a plain read: 28672x4096 25.57 / the plan / 19.54, 24.75 / the plan / 19.41;
+# 7168x18432 26.84 / the plan / 21.39, 26.74 / the plan / 21.37; 4096x14336 14.28 / the plan / 10.64, 14.22 / the
+# plan / 10.57; 6144x16384 (cut to 9) 21.63 / the plan / 16.95, 21.48 / the plan / 16.86; stream-K 36864x7168 51.84 /
+# the plan / 41.28, 50.25 / the plan / 40.58; 24576x6144 (cut to 2) 31.51 / 31.13 (the split of 2, no ring) / 23.97,
+# 30.96 / 30.26 (the uncut split, ring) / 24.05; 6144x4096 8.99 / 8.90 (ring 3) / 5.75 at M=16. The plan the fastest
+# on 16 of the 21 cases (M = 9, 12, 16) and within 0.2-2.3% on the rest; x in place with no ring 0.4-3.9% behind
+# it but on 24576x6144.
 FP4_RING = 2
 # the ring's K-split and stream-K forms as the plan runs them (_m16_plan; the benchmark and the tests name them too)
 FP4_MMA_XS_RING = replace(FP4_MMA_XS, xring=FP4_RING)
@@ -2131,7 +2147,13 @@ FP4_MMA_SK_RING = replace(FP4_MMA_BX_SK_XS, xring=FP4_RING)
 # 7.70, 7168x2304 8.00 / 8.40, 2112x7168 7.58 / 8.08) for 3-4% won on others (3072x6144 8.40 / 8.11). With this plan
 # (issue14_pending.sh pairs, the same H100 model, read 3162 GB/s), plan / ring at M=9: 0.93-0.99 on eight of the nine
 # shapes, 1.007 on 4096x4096; at M=12: 0.96-0.99 on six, 1.00 on 4096x7168, 1.008 on 4096x4096, 1.022 on 3584x4096.
-# The H200 has not timed it.
+# H200 (2026-12-07, read 4469 GB/s, issue14_pending.sh pairs: one sweep): at M = 9 and 12 tile pairs, the plan, the
+# fastest form timed on all nine shapes but one (4096x7168 M=9: 9.21 against the ring's 9.20). At M=16, where the
+# plan takes the ring, tile pairs were faster on seven of the nine (6144x4096 8.46 / 9.01, 4096x4096 7.09 / 7.39,
+# 3072x6144 7.42 / 7.81, 4608x7168 9.84 / 10.26, 7168x2304 7.54 / 7.87, 6144x1536 6.26 / 6.37, 7168x4608 10.20 /
+# 10.60) and ring 3 on the other two (3584x4096 6.92 / the plan 7.16, tile pairs 7.28; 4096x7168 9.33 / 9.65): the
+# H100's rounds above had tile pairs behind on 7 of 12 at M=16, so the two machines disagree there and the plan
+# stays (the gemm stage times both on the machine at hand).
 FP4_PAIR_MAX_M, FP4_PAIR_MAX_ITERATIONS, FP4_PAIR_MIN_ROWS = 12, 6, 3072
 # and not on a one-iteration split: over 1024-1792 values tile pairs were level or lost at M = 9 / 12 (the same H100,
 # ring / pairs, us: 4096x1792 5.59 / 5.84, 5.82 / 6.31; 3072x1536 4.96 / 4.95, 5.08 / 5.10; 4096x1024 4.83 / 4.74,
@@ -2147,7 +2169,12 @@ FP4_PAIR_MIN_ITERATIONS = 2
 # 5.64 / 5.93 against 4.14 / 4.29 / 4.48 (each the fastest form timed). Over more rows the plan stays: 28672x512
 # (tile pairs at M = 9-12) 8.21 / 8.67 / 9.42 against 9.54 / 10.01 / 10.57; on 32768x512 its stream-K (10.10 / 10.51 /
 # 11.40) lost to this (9.69 / 10.10 / 10.76), to tile pairs (8.77 / 9.25 at M = 9 / 12) and to FP4_MMA_KS2, unsplit
-# (9.72 at M=16); the plan now takes the last there (FP4_SLICED_MAX_STEPS). The H200 has not timed it.
+# (9.72 at M=16); the plan now takes the last there (FP4_SLICED_MAX_STEPS). H200 (2026-12-07, read 4469 GB/s,
+# issue14_pending.sh shortk: one sweep), us, M = 9 / 12 / 16, the plan (FP4_MMA_KS2) against tile pairs: 32768x512
+# 9.23 / 9.35 / 9.75 against 7.95 / 8.32 / 9.01, 32768x1024 12.56 / 12.93 / 13.59 against 10.19 / 10.93 / 11.84,
+# 36864x512 9.91 / 10.03 / 10.67 against 8.96 / 9.45 / 10.26 (tile pairs of one step an iteration): tile pairs the
+# fastest on all nine, by 4-19%, where the H100 had them behind on 36864x512 and at M=16 on 32768x512. Not yet in
+# the plan: the H100's and the H200's orders differ, and one sweep is not rotated rounds.
 FP4_M16_SHORT_K = (FP4_MMA_BX_WIDE, FP4_MMA_KS2_WIDE)
 # where the split's grid overflows a wave even cut to two (stream-K), a K of at most FP4_SLICED_MAX_STEPS 64-value
 # steps takes the K-sliced form (FP4_MMA_KS2: x in place, no split on these shapes) as at M <= 8, not stream-K over
