@@ -36,6 +36,10 @@ the loop still takes 0.87-0.96 of the read's time on the wide shapes and 1.04-1.
 (the split's finish, about 1 us, included): the instructions a byte, not the memory, hold the kernel back, and the
 time a call takes is close to its instruction time plus part of its transfer. noscale_probe.py measures the largest
 single part of those instructions.
+At M = 1, 8 and 16 (2026-12-07, the plan's forms; an H100 80GB HBM3 and an H200, the same day), the L2 way took the
+same time on both cards (28672x4096 M=16: 23.00 us on the H100, 22.96 on the H200), the SMs' own time, so an H100
+measures it too; at M=16 it was 1.12-1.36x M=8's and 1.18x the H200's plain read on 28672x4096 (the table and
+ncu_ablate.sh's stall reasons: lowprec's comment "Why an H100 cannot show what M = 9-16 loses on the H200").
 """
 
 from __future__ import annotations

@@ -30,6 +30,9 @@ stage waited for whole, rows past M copied as row M - 1) put it 2-7% behind on 1
 form pays instead: behind by 0.6-5.2% at M = 16, level to 3% ahead at M = 9, where its rows past M are zero-filled and
 not read; copying the stage in chunks gained nothing (-2% to +6% against one chunk, the losses at M = 9). Not taken
 into the plan; nor was the zero-fill in the ring's own copies, timed the same day (lowprec.FP4_MMA_XRING's comment).
+With --l2 on an H200 (later that day, read 4466 GB/s, 2 rounds, 28672x4096 M=16), us, as it runs / with no DRAM
+traffic: the plan 25.37 / 22.90, 8:16:4:4:64 26.61 / 24.93, 8:16:3:1:0 26.67 / 24.30: its loop costs more than the
+plan's, so the H100's verdict holds where memory does not hide the loop.
 """
 
 from __future__ import annotations
