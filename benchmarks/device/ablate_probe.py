@@ -82,6 +82,13 @@ def launcher(g: lp.Nvfp4Gemv, x: torch.Tensor, w_stride: bool, s_stride: bool):
     return call
 
 
+def form_config(form: str, m: int, k: int, n: int, dev) -> lp.GemvConfig:
+    """The plan's form for the call, or the one FORMS names with the cast kernel behind its split above M=1."""
+    if form == "plan":
+        return lp.fp4_config_for(m, k, dev, n)
+    return lp.with_cast(FORMS[form]) if m > 1 else FORMS[form]
+
+
 def profile(args, dev) -> None:
     """Each shape, M and form run 4 times one way (args.profile), on one copy of the weight: for ncu
     (benchmarks/device/ncu_ablate.sh), which takes the third call of the GEMV kernel."""
@@ -90,8 +97,7 @@ def profile(args, dev) -> None:
         for m in args.m:
             x = torch.randn((m, k), device=dev, dtype=torch.bfloat16)
             for form in args.forms:
-                cfg = lp.fp4_config_for(m, k, dev, n) if form == "plan" else FORMS[form]
-                cfg = lp.with_cast(cfg) if m > 1 and form != "plan" else cfg
+                cfg = form_config(form, m, k, n, dev)
                 g = lp.Nvfp4Gemv(q, m, dev, cfg)
                 call = launcher(g, x, *WAYS[args.profile])
                 for _ in range(4):
@@ -122,8 +128,7 @@ def main() -> None:
             x = torch.randn((m, k), device=dev, dtype=torch.bfloat16)
             nb = ld.nvfp4_call_bytes(n, k, m)
             for form in args.forms:
-                cfg = lp.fp4_config_for(m, k, dev, n) if form == "plan" else FORMS[form]
-                cfg = lp.with_cast(cfg) if m > 1 and form != "plan" else cfg
+                cfg = form_config(form, m, k, n, dev)
                 if not cfg.bx:
                     print(f"{n}x{k} M={m}: form {cfg.name} is not a bf16 form; skipped")
                     continue
