@@ -82,6 +82,20 @@ def launcher(g: lp.Nvfp4Gemv, x: torch.Tensor, w_stride: bool, s_stride: bool):
     return call
 
 
+def plan_l2(qs: list, m: int, dev, plan: lp.GemvConfig, x: torch.Tensor):
+    """A builder of the plan's calls the L2 way (no DRAM traffic), one a weight copy: the probes' --l2 rows."""
+    return lambda: [launcher(lp.Nvfp4Gemv(qq, m, dev, plan), x, False, False) for qq in qs]
+
+
+def print_times(times: dict, plan_name: str, n: int, k: int, m: int, nbytes: int, read_gbps: float) -> None:
+    """A probe's rotated rounds (lowprec_device.rotated_times), fastest first, each with its share of the read."""
+    for name, us in sorted(times.items(), key=lambda kv: kv[1] if isinstance(kv[1], float) else 1e9):
+        tag = " (plan)" if name == plan_name else ""
+        fr = f"{nbytes / (us * 1e-6) / (read_gbps * 1e9):.3f} of read" if isinstance(us, float) else str(us)
+        print(f"{n:>6}x{k:<6} M={m:<2} {name + tag:<50} {us if not isinstance(us, float) else f'{us:7.2f} us'} {fr}",
+              flush=True)
+
+
 def form_config(form: str, m: int, k: int, n: int, dev) -> lp.GemvConfig:
     """The plan's form for the call, or the one FORMS names with the cast kernel behind its split above M=1."""
     if form == "plan":

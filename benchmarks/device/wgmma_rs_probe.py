@@ -265,8 +265,7 @@ def main() -> None:
                         break
             builders = ld.fp4_builders(qs, x, dev, [plan])
             if a.l2:
-                builders[f"{plan.name} L2"] = lambda: [ablate_probe.launcher(lp.Nvfp4Gemv(qq, m, dev, plan), x,
-                                                                             False, False) for qq in qs]
+                builders[f"{plan.name} L2"] = ablate_probe.plan_l2(qs, m, dev, plan, x)
             for name, (lbo, two) in good.items():
                 for l2 in (False, True) if a.l2 else (False,):
                     builders[name + (" L2" if l2 else "")] = (
@@ -274,11 +273,7 @@ def main() -> None:
                                                          [WgmmaGemv(lp.Nvfp4Gemv(qq, m, dev, plan), lbo, l2, two=two)
                                                           for qq in qs]])
             times = ld.rotated_times(env, builders, a.rounds)
-            for name, us in sorted(times.items(), key=lambda kv: kv[1] if isinstance(kv[1], float) else 1e9):
-                tag = " (plan)" if name == plan.name else ""
-                fr = f"{nb / (us * 1e-6) / (read * 1e9):.3f} of read" if isinstance(us, float) else str(us)
-                print(f"{n:>6}x{k:<6} M={m:<2} {name + tag:<50} "
-                      f"{us if not isinstance(us, float) else f'{us:7.2f} us'} {fr}", flush=True)
+            ablate_probe.print_times(times, plan.name, n, k, m, nb, read)
         qs = None
         torch.cuda.empty_cache()
 
