@@ -28,6 +28,7 @@
 #     bash benchmarks/device/issue14_pending.sh pairs $OUT 2>&1 | tee $OUT/issue14_pairs.txt
 #     bash benchmarks/device/issue14_pending.sh shortk $OUT 2>&1 | tee $OUT/issue14_shortk.txt
 #     bash benchmarks/device/issue14_pending.sh stage 2>&1 | tee $OUT/issue14_stage.txt
+#     bash benchmarks/device/issue14_pending.sh floors 2>&1 | tee $OUT/issue14_floors.txt
 #
 # What to read off: every check `ok`. The forms are timed in rounds that rotate their order (the first form timed read
 # 2-9% fast in a fixed order), so a form wins where its median is below the default's past the spread of the rounds.
@@ -220,8 +221,8 @@ xring)
 # sweep each; the plan takes it 2 deep on every split and on stream-K since 2026-12-07, when an H100 timed it ahead on
 # all seven shapes at M = 9-16, lowprec.FP4_RING's comment): checked, then timed beside the plan without the ring,
 # with the ring 3 deep and xshare's forms on split and stream-K shapes (4 to 28 iterations a split) in 5 rounds that
-# rotate their order (the project's rule for a default), then ncu's stall reasons for both on 28672x4096. Still to
-# run on an H200
+# rotate their order (the project's rule for a default), then ncu's stall reasons for both on 28672x4096. An H200
+# ran it on 2026-12-07: the plan the fastest or within 0.2-2.3% on all 21 cases (lowprec.FP4_RING's comment)
 timeout 280 python3 benchmarks/lowprec_device.py --out "${2:?usage: $0 xring OUT_DIR}/xr" --sections memory,sweep \
   --forms xring --shapes 28672x4096,36864x7168,7168x18432,6144x4096,4096x14336,24576x6144,6144x16384 --ms 16,12,9 \
   --rounds 5 --budget-s 250 2>&1 | grep -E "sweep|FAIL|rror|read|rounds"
@@ -230,7 +231,8 @@ timeout 150 bash benchmarks/device/ncu_xtraffic.sh "28672 4096 16 xs" "28672 409
 pairs)
 # tile pairs on a short K split at M = 9-12 (lowprec.FP4_PAIR_MAX_M: the plan since 2026-12-07, from an H100's rounds
 # on twelve TP1-TP8 shapes): checked, then timed beside the ring's split form and the rest of --forms pair in 5 rotated
-# rounds, at M = 9, 12 and 16 (where the plan keeps the ring). Still to run on an H200
+# rounds, at M = 9, 12 and 16 (where the plan keeps the ring). An H200 ran it on 2026-12-07 (lowprec.FP4_PAIR_MAX_M's
+# comment: tile pairs the fastest at M = 9-12, and at M=16 on seven of the nine, where the H100 disagreed)
 timeout 280 python3 benchmarks/lowprec_device.py --out "${2:?usage: $0 pairs OUT_DIR}/pairs" --sections memory,sweep \
   --forms pair --shapes 6144x4096,4096x4096,3072x6144,4608x7168,7168x2304,3584x4096,4096x7168,6144x1536,7168x4608 \
   --ms 9,12,16 --rounds 5 --budget-s 250 2>&1 | grep -E "sweep|FAIL|rror|read|rounds"
@@ -238,7 +240,8 @@ timeout 280 python3 benchmarks/lowprec_device.py --out "${2:?usage: $0 pairs OUT
 shortk)
 # a short K at M = 9-16 whose K split would overflow a wave even cut to two (lowprec.FP4_SLICED_MAX_STEPS: the
 # K-sliced form since an H100's rounds on 2026-12-07, where stream-K was the plan): checked, then timed beside
-# stream-K with the ring, tile pairs and the rest of --forms pair in 5 rotated rounds. Still to run on an H200
+# stream-K with the ring, tile pairs and the rest of --forms pair in 5 rotated rounds. An H200 ran it on 2026-12-07:
+# tile pairs the fastest on all nine cases, by 4-19% (the comment above lowprec.FP4_M16_SHORT_K)
 timeout 280 python3 benchmarks/lowprec_device.py --out "${2:?usage: $0 shortk OUT_DIR}/shortk" --sections memory,sweep \
   --forms pair --shapes 32768x512,36864x512,32768x1024 --ms 9,12,16 --rounds 5 --budget-s 250 2>&1 \
   | grep -E "sweep|FAIL|rror|read|rounds"
@@ -246,11 +249,19 @@ timeout 280 python3 benchmarks/lowprec_device.py --out "${2:?usage: $0 shortk OU
 stage)
 # x staged whole a program at M = 9-16 (benchmarks/device/stage_probe.py: no barrier in the loop), the geometries
 # that came closest on an H100 on 2026-12-07 (0.6-5.2% behind the plan at M = 16, level to 3% ahead at M = 9, left
-# out): checked, then timed beside the plan in 3 rotated rounds. Still to run on an H200, whose faster memory may
-# move the balance
+# out): checked, then timed beside the plan in 3 rotated rounds. On an H200 (2026-12-07) only 28672x4096 at M=16 ran,
+# with --l2: behind the plan as it runs and with no DRAM traffic (stage_probe.py's docstring), so the H200's faster
+# memory does not move the balance there
 timeout 500 python3 benchmarks/device/stage_probe.py --ms 16,9 --rounds 3 \
   --shapes 28672x4096,7168x18432,36864x7168,24576x6144,6144x16384 --geometries 8:16:4:4:64,8:16:4:1:64,8:16:3:1:0 \
   2>&1 | grep -E "x[0-9]+ +M=|read|FAIL|rror"
+;;
+floors)
+# the NVFP4 GEMV's loops with no DRAM traffic at M = 1, 8 and 16 (ablate_probe.py's L2 way: the SMs' own time, the same
+# on an H100 and an H200, 2026-12-07), then ncu's stall reasons for M = 16 and M = 8 (ncu_ablate.sh): what a change
+# meant to make M = 9-16's loop cheaper must lower, measurable on either card
+timeout 200 python3 benchmarks/device/ablate_probe.py --m 1 8 16 --shapes 28672x4096 7168x18432 36864x7168 4096x14336
+timeout 150 bash benchmarks/device/ncu_ablate.sh "28672x4096 16 plan L2" "28672x4096 8 plan L2"
 ;;
 fp8_keys|fp8_keys_step)
 # the DSA indexer's FP8 keys and queries (kernels/attention.py; run on an H100 and an H200 on 2026-12-06, the
@@ -314,7 +325,7 @@ probe --m 8 --variants
 *)
 echo "usage: bash $0 align|pair|step OUT_DIR|defaults OUT_DIR|walk|walk_more|shared OUT_DIR b8|b32" \
   "|walk_check OUT_DIR|walk_small OUT_DIR|table OUT_DIR|topk_tail|fp8_keys[_step] OUT_DIR|plans" \
-  "|topk_synced[_step] OUT_DIR|topk_warm|rank OUT_DIR|xring OUT_DIR|pairs OUT_DIR|shortk OUT_DIR|stage" \
+  "|topk_synced[_step] OUT_DIR|topk_warm|rank OUT_DIR|xring OUT_DIR|pairs OUT_DIR|shortk OUT_DIR|stage|floors" \
   "(each under one device call's 600 s)" >&2
 exit 2
 ;;

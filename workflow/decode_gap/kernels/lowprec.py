@@ -1872,7 +1872,7 @@ FP4_MMA_XSHARE = (FP4_MMA_XS, FP4_MMA_XS_AHEAD, FP4_MMA_BX_SK_XS, replace(FP4_MM
 # ring's split and stream-K forms (FP4_STAGE_CONFIGS_M) and keeps them where they win, and the plan (what the
 # simulated step runs) takes them on every split and stream-K, since the same H100 model timed the ring's split forms
 # with the cast kernel behind them (the last two here, as the plan runs them) ahead on every shape (FP4_RING's
-# comment); the H200's one sweep of them (2026-12-07) is in FP4_RING's comment
+# comment); the H200's rotated rounds of them (2026-12-07) are in FP4_RING's comment
 FP4_MMA_XRING = (replace(FP4_MMA_XS, xring=2), replace(FP4_MMA_XS, xring=3), replace(FP4_MMA_BX_SK_XS, xring=2),
                  replace(FP4_MMA_BX_SK_XS, xring=3), with_cast(replace(FP4_MMA_XS, xring=2)),
                  with_cast(replace(FP4_MMA_XS, xring=3)))
@@ -2123,7 +2123,7 @@ DENSE_BLOCK_M = GemvConfig(16, 128, 4)
 # 22.48 (read 22.1); 6144x4096 (4) 10.04 / 9.46 / 9.34, 9.55 / 9.07 / 9.20, 9.27 / 8.93 / 8.97 (read 6.8); 4096x14336
 # (8) 15.87 / 15.19 / 15.27, 15.47 / 14.83 / 14.74, 15.33 / 15.18 / 14.59 (read 13.3). The ring ahead on every split and
 # M, short splits too (the 2026-12-06 loss at 4 iterations was without the cast kernel); ring 3 within -4% and +4% of
-# ring 2. H200 (2026-12-07, read 4469 GB/s, issue14_pending.sh xring: one sweep, not rotated rounds), us, M = 16 /
+# ring 2. H200 (2026-12-07, read 4469 GB/s, issue14_pending.sh xring: medians of 5 rotated rounds), us, M = 16 /
 # 9, the plan / the best form timed / a plain read: 28672x4096 25.57 / the plan / 19.54, 24.75 / the plan / 19.41;
 # 7168x18432 26.84 / the plan / 21.39, 26.74 / the plan / 21.37; 4096x14336 14.28 / the plan / 10.64, 14.22 / the
 # plan / 10.57; 6144x16384 (cut to 9) 21.63 / the plan / 16.95, 21.48 / the plan / 16.86; stream-K 36864x7168 51.84 /
@@ -2147,13 +2147,13 @@ FP4_MMA_SK_RING = replace(FP4_MMA_BX_SK_XS, xring=FP4_RING)
 # 7.70, 7168x2304 8.00 / 8.40, 2112x7168 7.58 / 8.08) for 3-4% won on others (3072x6144 8.40 / 8.11). With this plan
 # (issue14_pending.sh pairs, the same H100 model, read 3162 GB/s), plan / ring at M=9: 0.93-0.99 on eight of the nine
 # shapes, 1.007 on 4096x4096; at M=12: 0.96-0.99 on six, 1.00 on 4096x7168, 1.008 on 4096x4096, 1.022 on 3584x4096.
-# H200 (2026-12-07, read 4469 GB/s, issue14_pending.sh pairs: one sweep): at M = 9 and 12 tile pairs, the plan, the
-# fastest form timed on all nine shapes but one (4096x7168 M=9: 9.21 against the ring's 9.20). At M=16, where the
+# H200 (2026-12-07, read 4469 GB/s, issue14_pending.sh pairs, 5 rotated rounds): at M = 9 and 12 tile pairs, the plan,
+# the fastest form timed on all nine shapes but one (4096x7168 M=9: 9.21 against the ring's 9.20). At M=16, where the
 # plan takes the ring, tile pairs were faster on seven of the nine (6144x4096 8.46 / 9.01, 4096x4096 7.09 / 7.39,
-# 3072x6144 7.42 / 7.81, 4608x7168 9.84 / 10.26, 7168x2304 7.54 / 7.87, 6144x1536 6.26 / 6.37, 7168x4608 10.20 /
-# 10.60) and ring 3 on the other two (3584x4096 6.92 / the plan 7.16, tile pairs 7.28; 4096x7168 9.33 / 9.65): the
-# H100's rounds above had tile pairs behind on 7 of 12 at M=16, so the two machines disagree there and the plan
-# stays (the gemm stage times both on the machine at hand).
+# 3072x6144 7.42 / 7.81, 4608x7168 9.84 / 10.26, 7168x2304 7.54 / 7.87, 6144x1536 6.26 / 6.37, 7168x4608 10.20 / 10.60)
+# and ring 3 on the other two (3584x4096 6.92 / the plan 7.16, tile pairs 7.28; 4096x7168 9.33 / 9.65): the H100's
+# rounds above had tile pairs behind on 7 of 12 at M=16, so the two machines disagree there and the plan stays (the gemm
+# stage times both on the machine at hand).
 FP4_PAIR_MAX_M, FP4_PAIR_MAX_ITERATIONS, FP4_PAIR_MIN_ROWS = 12, 6, 3072
 # and not on a one-iteration split: over 1024-1792 values tile pairs were level or lost at M = 9 / 12 (the same H100,
 # ring / pairs, us: 4096x1792 5.59 / 5.84, 5.82 / 6.31; 3072x1536 4.96 / 4.95, 5.08 / 5.10; 4096x1024 4.83 / 4.74,
@@ -2170,11 +2170,11 @@ FP4_PAIR_MIN_ITERATIONS = 2
 # (tile pairs at M = 9-12) 8.21 / 8.67 / 9.42 against 9.54 / 10.01 / 10.57; on 32768x512 its stream-K (10.10 / 10.51 /
 # 11.40) lost to this (9.69 / 10.10 / 10.76), to tile pairs (8.77 / 9.25 at M = 9 / 12) and to FP4_MMA_KS2, unsplit
 # (9.72 at M=16); the plan now takes the last there (FP4_SLICED_MAX_STEPS). H200 (2026-12-07, read 4469 GB/s,
-# issue14_pending.sh shortk: one sweep), us, M = 9 / 12 / 16, the plan (FP4_MMA_KS2) against tile pairs: 32768x512
-# 9.23 / 9.35 / 9.75 against 7.95 / 8.32 / 9.01, 32768x1024 12.56 / 12.93 / 13.59 against 10.19 / 10.93 / 11.84,
-# 36864x512 9.91 / 10.03 / 10.67 against 8.96 / 9.45 / 10.26 (tile pairs of one step an iteration): tile pairs the
-# fastest on all nine, by 4-19%, where the H100 had them behind on 36864x512 and at M=16 on 32768x512. Not yet in
-# the plan: the H100's and the H200's orders differ, and one sweep is not rotated rounds.
+# issue14_pending.sh shortk, 5 rotated rounds), us, M = 9 / 12 / 16, the plan (FP4_MMA_KS2) against tile pairs:
+# 32768x512 9.23 / 9.35 / 9.75 against 7.95 / 8.32 / 9.01, 32768x1024 12.56 / 12.93 / 13.59 against 10.19 / 10.93 /
+# 11.84, 36864x512 9.91 / 10.03 / 10.67 against 8.96 / 9.45 / 10.26 (tile pairs of one step an iteration): tile pairs
+# the fastest on all nine, by 4-19%, where the H100 had them behind on 36864x512 and at M=16 on 32768x512. Not yet in
+# the plan: the H100's and the H200's rounds order them differently (the gemm stage times all three).
 FP4_M16_SHORT_K = (FP4_MMA_BX_WIDE, FP4_MMA_KS2_WIDE)
 # where the split's grid overflows a wave even cut to two (stream-K), a K of at most FP4_SLICED_MAX_STEPS 64-value
 # steps takes the K-sliced form (FP4_MMA_KS2: x in place, no split on these shapes) as at M <= 8, not stream-K over
