@@ -82,6 +82,30 @@ def launcher(g: lp.Nvfp4Gemv, x: torch.Tensor, w_stride: bool, s_stride: bool):
     return call
 
 
+def gpu_bench(iters: int) -> tuple:
+    """The probes' GPU, bench settings (`iters` replays a timing) and measured read bandwidth in GB/s."""
+    dev = torch.device("cuda")
+    env = BenchEnv(device=dev, warmup=3, iters=iters, cpu_budget_s=0.05)
+    return dev, env, memory.measure_memory(env)["read_gbps"]
+
+
+def weights(shapes, dev):
+    """For each "NxK" of `shapes`: (n, k, a random NVFP4 weight, it and enough copies to rotate past the L2), the
+    copies freed once the caller moves on."""
+    for shape in shapes:
+        n, k = (int(v) for v in shape.split("x"))
+        q = nv.quantize_nvfp4(torch.randn((n, k), device=dev, dtype=torch.bfloat16))
+        qs = ld.nvfp4_copies(q, dev)
+        yield n, k, q, qs
+        qs = None
+        torch.cuda.empty_cache()
+
+
+def copies_builder(make, qs: list, x: torch.Tensor):
+    """A builder (lowprec_device.rotated_times) of calls on x, one a weight copy, each made by make(copy)."""
+    return lambda: [(lambda g=g: g(x)) for g in [make(qq) for qq in qs]]
+
+
 def plan_l2(qs: list, m: int, dev, plan: lp.GemvConfig, x: torch.Tensor):
     """A builder of the plan's calls the L2 way (no DRAM traffic), one a weight copy: the probes' --l2 rows."""
     return lambda: [launcher(lp.Nvfp4Gemv(qq, m, dev, plan), x, False, False) for qq in qs]
@@ -127,17 +151,13 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="+", default=[f"{n}x{k}" for n, k in SHAPES], help="NxK")
     ap.add_argument("--profile", choices=list(WAYS), help="only run each form this way, untimed (under ncu)")
     args = ap.parse_args()
-    dev = torch.device("cuda")
     if args.profile:
-        profile(args, dev)
+        profile(args, torch.device("cuda"))
         return
-    env = BenchEnv(device=dev, warmup=3, iters=40, cpu_budget_s=0.05)
-    read = memory.measure_memory(env)["read_gbps"]
+    dev, env, read = gpu_bench(40)
     reads = launch.PlainReads(env)
     print(f"{torch.cuda.get_device_name(dev)}: read {read:.0f} GB/s; plain read: {reads.method}")
-    for n, k in (tuple(int(v) for v in s.split("x")) for s in args.shapes):
-        q = nv.quantize_nvfp4(torch.randn((n, k), device=dev, dtype=torch.bfloat16))
-        copies = ld.nvfp4_copies(q, dev)
+    for n, k, q, copies in weights(args.shapes, dev):
         for m in args.m:
             x = torch.randn((m, k), device=dev, dtype=torch.bfloat16)
             nb = ld.nvfp4_call_bytes(n, k, m)
@@ -157,8 +177,6 @@ def main() -> None:
                     line.append(f"{way} {us:6.2f} ({us / read_us:4.2f}x)")
                 print("  ".join(line), flush=True)
                 gs = None
-        copies = None
-        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

@@ -54,8 +54,6 @@ from decode_gap.kernels.lowprec import (  # noqa: E402
     XR_ROW, XR_SLOT, _fp4_mma_steps, _fp4_mma_wloads, _fp4_mma_with_ring, _store_sums, _xr_wait_asm, _XR_RING_CONS,
     _XR_SLOT)
 from decode_gap.kernels.nvfp4 import tl, triton  # noqa: E402
-from decode_gap.microbench import memory  # noqa: E402
-from decode_gap.microbench.common import BenchEnv  # noqa: E402
 
 STAGE_MAX = 48 * 1024  # a static shared array's limit
 _COPY_CONS = tl.constexpr("=r,=r,=r,=r,r,r,r,r,l,l,l,l,r,r,r,r")
@@ -127,11 +125,7 @@ def _stage_kernel(xp_ptr, w_ptr, s_ptr, ts_ptr, out_ptr, M, NT, PG, stride_xm, s
     u1 = ((p + 1) * total) // PG
     i0 = kr * R
     ts = tl.load(ts_ptr) * 16384.0
-    t = tl.arange(0, T)
-    lane = t % 32
-    w = t // 32
-    g = lane // 4
-    qq = lane % 4
+    t, w, lane, g, qq = lp._lanes(0, T, 1)  # w: the lane's warp, its tile in a tile group
     c4 = tl.arange(0, 4)
     wl = w_ptr + (w.to(tl.int64) * stride_wt)[:, None] + (lane * 4 + i0 * 128)[:, None] + c4[None, :]
     sl = s_ptr + w.to(tl.int64) * stride_st + lane + i0 * 32
@@ -249,15 +243,10 @@ def main() -> None:
     ap.add_argument("--l2", action="store_true",
                     help="also time the plan and each geometry with no DRAM traffic (ablate_probe's L2 way)")
     a = ap.parse_args()
-    dev = torch.device("cuda")
-    env = BenchEnv(device=dev, warmup=3, iters=30, cpu_budget_s=0.05)
-    read = memory.measure_memory(env)["read_gbps"]
+    dev, env, read = ablate_probe.gpu_bench(30)
     print(f"{torch.cuda.get_device_name(dev)}: read {read:.0f} GB/s", flush=True)
     geos = [tuple(int(v) for v in s.split(":")) for s in a.geometries.split(",")]
-    for shape in a.shapes.split(","):
-        n, k = (int(v) for v in shape.split("x"))
-        q = nv.quantize_nvfp4(torch.randn((n, k), device=dev, dtype=torch.bfloat16))
-        qs = ld.nvfp4_copies(q, dev)
+    for n, k, q, qs in ablate_probe.weights(a.shapes.split(","), dev):
         nb = nv.nvfp4_bytes(n, k)
         for m in (int(v) for v in a.ms.split(",")):
             ok = check(q, m, k, dev, geos)
@@ -265,17 +254,13 @@ def main() -> None:
             plan = lp.fp4_config_for(m, k, dev, n)
             builders = ld.fp4_builders(qs, x, dev, [plan])
             for geo in ok:
-                builders[f"stage {geo}"] = lambda geo=geo: [(lambda s=s: s(x)) for s in
-                                                            [StageGemv(qq, m, dev, *geo) for qq in qs]]
-                if a.l2:
-                    builders[f"stage {geo} L2"] = lambda geo=geo: [(lambda s=s: s(x)) for s in
-                                                                   [StageGemv(qq, m, dev, *geo, l2=True) for qq in qs]]
+                for l2 in (False, True) if a.l2 else (False,):
+                    builders[f"stage {geo}" + (" L2" if l2 else "")] = ablate_probe.copies_builder(
+                        lambda qq, geo=geo, l2=l2: StageGemv(qq, m, dev, *geo, l2=l2), qs, x)
             if a.l2:
                 builders[f"{plan.name} L2"] = ablate_probe.plan_l2(qs, m, dev, plan, x)
             times = ld.rotated_times(env, builders, a.rounds)
             ablate_probe.print_times(times, plan.name, n, k, m, nb, read)
-        qs = None
-        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

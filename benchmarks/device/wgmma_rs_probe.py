@@ -47,8 +47,6 @@ from decode_gap.kernels import lowprec as lp  # noqa: E402
 from decode_gap.kernels import nvfp4 as nv  # noqa: E402
 from decode_gap.kernels.lowprec import _fp4_mma_wloads, _store_sums, _XR_RING_CONS  # noqa: E402
 from decode_gap.kernels.nvfp4 import tl, triton  # noqa: E402
-from decode_gap.microbench import memory  # noqa: E402
-from decode_gap.microbench.common import BenchEnv  # noqa: E402
 
 SLOT = 2048  # one step's x tile in the ring: 4 chunks x 2 (8-row groups) x 2 (K halves) core matrices of 128 bytes
 CORE = 128
@@ -142,13 +140,9 @@ def _wg_kernel(xp_ptr, w_ptr, s_ptr, ts_ptr, out_ptr, M, steps_per_split, NSTEPS
     tg = tl.program_id(0)
     i0 = tl.program_id(1) * steps_per_split
     i1 = tl.minimum(i0 + steps_per_split, NSTEPS)
-    t = tl.arange(0, T)
-    lane = t % 32
-    w = t // 32
-    g = lane // 4
-    qq = lane % 4
+    t, tile, lane, g, qq = lp._lanes(tg * 4, T, 1)
+    tile = tile.to(tl.int64)
     c4 = tl.arange(0, 4)
-    tile = (tg * 4 + w).to(tl.int64)
     wb = w_ptr + (tile * stride_wt)[:, None] + (lane * 4)[:, None] + c4[None, :]
     sb = s_ptr + tile * stride_st + lane
     ts = tl.load(ts_ptr) * 16384.0
@@ -230,14 +224,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--l2", action="store_true", help="also time both with no DRAM traffic")
     a = ap.parse_args()
-    dev = torch.device("cuda")
-    env = BenchEnv(device=dev, warmup=3, iters=30, cpu_budget_s=0.05)
-    read = memory.measure_memory(env)["read_gbps"]
+    dev, env, read = ablate_probe.gpu_bench(30)
     print(f"{torch.cuda.get_device_name(dev)}: read {read:.0f} GB/s", flush=True)
-    for shape in a.shapes.split(","):
-        n, k = (int(v) for v in shape.split("x"))
-        q = nv.quantize_nvfp4(torch.randn((n, k), device=dev, dtype=torch.bfloat16))
-        qs = ld.nvfp4_copies(q, dev)
+    for n, k, q, qs in ablate_probe.weights(a.shapes.split(","), dev):
+        shape = f"{n}x{k}"
         nb = nv.nvfp4_bytes(n, k)
         deq = nv.dequantize_nvfp4(q)
         for m in (int(v) for v in a.ms.split(",")):
@@ -268,14 +258,11 @@ def main() -> None:
                 builders[f"{plan.name} L2"] = ablate_probe.plan_l2(qs, m, dev, plan, x)
             for name, (lbo, two) in good.items():
                 for l2 in (False, True) if a.l2 else (False,):
-                    builders[name + (" L2" if l2 else "")] = (
-                        lambda lbo=lbo, two=two, l2=l2: [(lambda w=w: w(x)) for w in
-                                                         [WgmmaGemv(lp.Nvfp4Gemv(qq, m, dev, plan), lbo, l2, two=two)
-                                                          for qq in qs]])
+                    builders[name + (" L2" if l2 else "")] = ablate_probe.copies_builder(
+                        lambda qq, lbo=lbo, two=two, l2=l2: WgmmaGemv(lp.Nvfp4Gemv(qq, m, dev, plan), lbo, l2, two=two),
+                        qs, x)
             times = ld.rotated_times(env, builders, a.rounds)
             ablate_probe.print_times(times, plan.name, n, k, m, nb, read)
-        qs = None
-        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
