@@ -91,13 +91,14 @@ def gpu_bench(iters: int) -> tuple:
 
 def weights(shapes, dev):
     """For each "NxK" of `shapes`: (n, k, a random NVFP4 weight, it and enough copies to rotate past the L2), the
-    copies freed once the caller moves on."""
+    copies freed once the caller moves on (the list emptied in place: the caller's name for it still points at it),
+    before the next shape's are made."""
     for shape in shapes:
         n, k = (int(v) for v in shape.split("x"))
         q = nv.quantize_nvfp4(torch.randn((n, k), device=dev, dtype=torch.bfloat16))
         qs = ld.nvfp4_copies(q, dev)
         yield n, k, q, qs
-        qs = None
+        qs.clear()
         torch.cuda.empty_cache()
 
 
