@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "workflow"))
 
 import torch  # noqa: E402
 
+import ablate_probe  # noqa: E402
 import lowprec_device as ld  # noqa: E402
 from decode_gap.kernels import lowprec as lp  # noqa: E402
 from decode_gap.kernels import nvfp4 as nv  # noqa: E402
@@ -216,8 +217,6 @@ class WgmmaGemv:
 
 
 def main() -> None:
-    import ablate_probe
-
     ap = argparse.ArgumentParser()
     ap.add_argument("--ms", default="16,9")
     ap.add_argument("--shapes", default="28672x4096,7168x18432,4096x14336,24576x6144,6144x16384")
