@@ -111,6 +111,46 @@ def test_tensor_core_bit_layout_decodes_each_plane_with_its_shifts():
         assert torch.equal(mag | sign, want), j
 
 
+
+_PTX_OPS = {"and.b32": int.__and__, "or.b32": int.__or__, "shl.b32": int.__lshift__, "shr.b32": int.__rshift__,
+            "mul.lo.u32": int.__mul__}
+
+
+def _run_decode_ptx(lines: list[str], word: int) -> int:
+    """The decode's PTX (the five b32 / u32 operations decode_plane_ptx emits) on one word; returns register h."""
+    regs = {"$w": word}
+    for line in lines:
+        op, rest = line.rstrip(";").split(" ", 1)
+        dst, a, b = (v.strip() for v in rest.split(","))
+        a, b = (int(v, 0) if v[0].isdigit() else regs[v] for v in (a, b))
+        regs[dst] = _PTX_OPS[op](a, b) & 0xFFFFFFFF
+    return regs["h"]
+
+
+@pytest.mark.parametrize("bx", [False, True])
+@pytest.mark.parametrize("imad", [False, True])
+def test_decode_ptx_of_every_plane_gives_its_two_values_sign_and_e1_e0_m_in_place(bx, imad):
+    """The asm's decode of plane j (decode_plane_ptx, with the multiply or with two shifts) leaves, in each half of h,
+    exactly the plane's sign at bit 15 and its e1 e0 m where fp16 (11-9) or bf16 (8-6) wants them, on random words and
+    on every code in every plane; the multiply form is used for the planes it is carry-free for."""
+    top = 6 if bx else 9
+    mags = lp.BX_MAG_BITS if bx else lp.MMA_MAG_BITS
+    words = torch.randint(0, 2**32, (2000,), dtype=torch.int64).tolist()
+    words += [sum(c << (4 * p) for p in range(8)) for c in range(16)]  # code c in every nibble, before the layout
+    words = [lp.mma_bit_layout(torch.tensor([w], dtype=torch.int64).to(torch.int32), bx=bx).item() & 0xFFFFFFFF
+             if i >= 2000 else w for i, w in enumerate(words)]
+    for j in range(4):
+        lines = lp.decode_plane_ptx(j, "$w", bx, imad=imad)
+        assert any("mul.lo" in line for line in lines) == (imad and (j == 2 if bx else j >= 2))
+        for w in words:
+            want = 0
+            for half in (0, 16):
+                mag = (w >> (half + mags[j])) & 7
+                sign = (w >> (half + lp.MMA_SIGN_BITS[j])) & 1
+                want |= (mag << (half + top)) | (sign << (half + 15))
+            assert _run_decode_ptx(lines, w) == want, (j, hex(w))
+
+
 def test_tensor_core_split_aims_at_warps_per_sm():
     assert lp.mma_split(n_tiles=8016, k_blocks=32, warps_per_sm=18, sms=132) == 1  # lm_head: no split
     assert lp.mma_split(n_tiles=1792, k_blocks=32, warps_per_sm=27, sms=132) == 2  # gate_up

@@ -29,6 +29,7 @@
 #     bash benchmarks/device/issue14_pending.sh shortk $OUT 2>&1 | tee $OUT/issue14_shortk.txt
 #     bash benchmarks/device/issue14_pending.sh stage 2>&1 | tee $OUT/issue14_stage.txt
 #     bash benchmarks/device/issue14_pending.sh floors 2>&1 | tee $OUT/issue14_floors.txt
+#     bash benchmarks/device/issue14_pending.sh imad $OUT 2>&1 | tee $OUT/issue14_imad.txt
 #
 # What to read off: every check `ok`. The forms are timed in rounds that rotate their order (the first form timed read
 # 2-9% fast in a fixed order), so a form wins where its median is below the default's past the spread of the rounds.
@@ -262,6 +263,22 @@ floors)
 # meant to make M = 9-16's loop cheaper must lower, measurable on either card
 timeout 200 python3 benchmarks/device/ablate_probe.py --m 1 8 16 --shapes 28672x4096 7168x18432 36864x7168 4096x14336
 timeout 150 bash benchmarks/device/ncu_ablate.sh "28672x4096 16 plan L2" "28672x4096 8 plan L2"
+;;
+imad)
+# the decode's multiply (lowprec.FP4_DECODE_IMAD: a plane whose sign and magnitude move apart in 3 operations, not 4)
+# against the two shifts it replaced: every kernel check on this tree, then the plan's loops as they run and with no
+# DRAM traffic (ablate_probe.py's base and L2 ways) with this tree and with a copy whose FP4_DECODE_IMAD is False, in
+# the order new, old, old, new (ROUNDS=1: new, old)
+timeout 200 python3 benchmarks/lowprec_device.py --out "${2:-/tmp}/lp" --sections kernelchecks --budget-s 150 2>&1 \
+  | grep -E "checks:|FAILED" | tail -3
+rm -rf /tmp/noimad && mkdir -p /tmp/noimad && cp -r workflow benchmarks /tmp/noimad/
+sed -i 's/^FP4_DECODE_IMAD = True$/FP4_DECODE_IMAD = False/' /tmp/noimad/workflow/decode_gap/kernels/lowprec.py
+grep -q "^FP4_DECODE_IMAD = False$" /tmp/noimad/workflow/decode_gap/kernels/lowprec.py || { echo "no FP4_DECODE_IMAD" >&2; exit 2; }
+order=". /tmp/noimad /tmp/noimad ."; [ "${ROUNDS:-2}" = 1 ] && order=". /tmp/noimad"
+for tree in $order; do
+  echo "== $( [ "$tree" = . ] && echo imad || echo shifts )"
+  timeout 150 python3 "$tree/benchmarks/device/ablate_probe.py" --m 1 16 --shapes 28672x4096 7168x18432 4096x14336
+done
 ;;
 fp8_keys|fp8_keys_step)
 # the DSA indexer's FP8 keys and queries (kernels/attention.py; run on an H100 and an H200 on 2026-12-06, the

@@ -145,6 +145,55 @@ BX_ORDER = (6, 4, 2, 0, 7, 5, 3, 1)  # packed position p holds value BX_ORDER[p]
 # product is the value x 2^-14, as in the fp16 form (FP4_UNSCALE), and exact (at most 6 significant bits)
 BX_SCALE_EXP = 112
 FP8_BLOCK = 128
+# A plane whose magnitude and sign move by different left shifts a and b (the fp16 form's planes 2 and 3, the bf16
+# form's plane 2) is decoded as ((word & its 8 bits) * (2^a + 2^b)) & target: the multiply makes both shifted
+# copies in one IMAD (the FMA pipe), 3 operations where two shifts, two masks and an OR took 4 after ptxas's LOP3
+# fusion. The copies' stray bits add up only outside the target bits (carry_free checks every one of the 256 cases
+# when the asm is built). sm_90 SASS, main loop (benchmarks/kernel_resources.py): the bf16 forms 4-5% shorter (the
+# M = 9-16 ring: 200 -> 192 instructions a 2-step iteration), the fp16 forms 9-10% (167 -> 150).
+FP4_DECODE_IMAD = True
+
+
+def _plane_bits(j: int, bx: bool) -> tuple[int, int, int, int]:
+    """Plane j's (magnitude shift, sign shift, source bits in both halves, target bits: sign and e1 e0 m)."""
+    mag_bit, top = (BX_MAG_BITS[j], 6) if bx else (MMA_MAG_BITS[j], 9)
+    half = (7 << mag_bit) | (1 << MMA_SIGN_BITS[j])
+    target = (7 << top) | (1 << 15)
+    return top - mag_bit, 15 - MMA_SIGN_BITS[j], half | half << 16, target | target << 16
+
+
+def carry_free(source: int, multiplier: int, target: int) -> bool:
+    """(w & source) * multiplier has, at the target bits, exactly the OR of its shifted copies for every w."""
+    bits = [b for b in range(32) if source >> b & 1]
+    shifts = [b for b in range(32) if multiplier >> b & 1]
+    for subset in range(1 << len(bits)):
+        t = sum(1 << b for i, b in enumerate(bits) if subset >> i & 1)
+        ored = 0
+        for s in shifts:
+            ored |= t << s
+        if (t * multiplier ^ ored) & target & 0xFFFFFFFF:
+            return False
+    return True
+
+
+def decode_plane_ptx(j: int, word: str, bx: bool, imad: bool | None = None) -> list[str]:
+    """PTX leaving plane j of the tensor-core-layout word in h (bf16 / fp16 pair, value x 2^-126 / 2^-14) and using
+    t and u as scratch: plane 0 is in place (one AND), plane 1's sign and magnitude move together (a shift, an AND),
+    the others move apart (the multiply of FP4_DECODE_IMAD, or two shifts, two ANDs and an OR)."""
+    imad = FP4_DECODE_IMAD if imad is None else imad
+    shift, sign_shift, source, target = _plane_bits(j, bx)
+    both = f"0x{target:08X}"
+    if shift == 0 and sign_shift == 0:
+        return [f"and.b32 h, {word}, {both};"]
+    move = f"shl.b32 t, {word}, {shift};" if shift >= 0 else f"shr.b32 t, {word}, {-shift};"
+    if shift == sign_shift:
+        return [move, f"and.b32 h, t, {both};"]
+    multiplier = (1 << shift) + (1 << sign_shift) if shift >= 0 else 0
+    if imad and multiplier and carry_free(source, multiplier, target):
+        return [f"and.b32 t, {word}, 0x{source:08X};", f"mul.lo.u32 t, t, {multiplier};", f"and.b32 h, t, {both};"]
+    mag = f"0x{target & 0x7FFF7FFF:08X}"
+    return [move, f"and.b32 h, t, {mag};", f"shl.b32 u, {word}, {sign_shift};", "and.b32 u, u, 0x80008000;",
+            "or.b32 h, h, u;"]
 
 
 def interpreted() -> bool:
@@ -511,8 +560,13 @@ if HAVE_TRITON:
         # 2G+1; row g+8: 2G, 2G+1); 2 scale registers (int16 x4 packed; low half of the first = s[row g] |
         # s[row g+8] << 8); then per x set 8 registers: planes 0-3 of word 2G, then of word 2G+1 (plane j = fp16
         # pair x[8w+3-j], x[8w+7-j]).
-        # Plane j of a word (repack_mma's bit layout): one AND for plane 0, a shift and an AND for plane 1, two
-        # shifts, two ANDs and an OR for planes 2 and 3 (11 operations a word, where nibbles in place took 15).
+        # Plane j of a word (repack_mma's bit layout, decode_plane_ptx): one AND for plane 0, a shift and an AND for
+        # plane 1, two shifts, two ANDs and an OR for planes 2 and 3: 11 operations a word once ptxas fuses the ANDs
+        # and the OR, where nibbles in place took 15. FP4_DECODE_IMAD's multiply (an AND, an IMAD, an AND) takes the
+        # planes whose magnitude and sign move apart by left shifts: 10 a word in the bf16 form, 9 in the fp16 form.
+        # A search over every bf16 layout whose planes take a shift each for their four bit groups (with a byte
+        # permute, or a multiply, low or high word, for two shifts at once) found none under 10 (2026-12-07): its
+        # plane 3 needs a right shift for its magnitude and a left one for its sign, which no one multiply gives.
         # One shift and one AND for every plane (7) would need four shifts of the value pattern {0, 1, 2, 9}
         # (magnitude bits 6-8 and sign 15 of a bf16 / fp16 half) to tile the 16 bits of a half: none do (searched
         # exhaustively), so the sign of two planes comes by a second shift. ncu on the H200: the loop issues about
@@ -523,9 +577,6 @@ if HAVE_TRITON:
         # and a bf16 MMA on x's own bf16 pairs
         w0 = 8 * nb
         s0, x0 = w0 + 4, w0 + 6
-        mag_bits, top = (BX_MAG_BITS, 6) if bx else (MMA_MAG_BITS, 9)
-        both = "0x81C081C0" if bx else "0x8E008E00"  # sign and plane-0 magnitude
-        mag = "0x01C001C0" if bx else "0x0E000E00"
         # both rows' scales converted at once (the low half: row g, the high: row g + 8; the bf16 form's shift, mask
         # and add once), then each half spread over a register: 5 operations a step in the bf16 form where
         # converting each row apart took 10
@@ -542,16 +593,7 @@ if HAVE_TRITON:
             for j in (j0, j0 + 1):
                 for r in (0, 1):
                     word = f"${w0 + 2 * r + wr}"
-                    shift = top - mag_bits[j]
-                    move = f"shl.b32 t, {word}, {shift};" if shift >= 0 else f"shr.b32 t, {word}, {-shift};"
-                    if j == 0:
-                        lines.append(f"and.b32 h, {word}, {both};")
-                    elif shift == 15 - MMA_SIGN_BITS[j]:  # sign and magnitude move together
-                        lines += [move, f"and.b32 h, t, {both};"]
-                    else:
-                        lines += [move, f"and.b32 h, t, {mag};",
-                                  f"shl.b32 u, {word}, {15 - MMA_SIGN_BITS[j]};", "and.b32 u, u, 0x80008000;",
-                                  "or.b32 h, h, u;"]
+                    lines += decode_plane_ptx(j, word, bx)
                     sc = "sg" if r == 0 else "sh"
                     lines.append(f"fma.rn.bf16x2 a{n}, h, {sc}, nz;" if bx else f"mul.rn.f16x2 a{n}, h, {sc};")
                     n += 1
