@@ -554,7 +554,7 @@ if HAVE_TRITON:
     # 4g+q reads x row g (row 0 when M=1) at its own group, so the decoded tile never goes through shared memory.
     # Why asm: Triton cannot place a decoded tile in the mma operand layout without a shared-memory round trip
     # (measured: 8-12% of read bandwidth), and has no f16x2 type.
-    def _fp4_mma_asm(nb: int = 1, bx: bool = False) -> str:
+    def _fp4_mma_asm(nb: int = 1, bx: bool = False, imad: bool | None = None) -> str:
         # with nb x sets (nb = 2: x rows 0-7 and 8-15, M up to 16 in one pass, the decoded tile used twice):
         # $0..8nb-1 accumulators, set 2b + (mma parity) for x set b (in place, tied); then 4 words (row g: 2G,
         # 2G+1; row g+8: 2G, 2G+1); 2 scale registers (int16 x4 packed; low half of the first = s[row g] |
@@ -593,7 +593,7 @@ if HAVE_TRITON:
             for j in (j0, j0 + 1):
                 for r in (0, 1):
                     word = f"${w0 + 2 * r + wr}"
-                    lines += decode_plane_ptx(j, word, bx)
+                    lines += decode_plane_ptx(j, word, bx, imad)
                     sc = "sg" if r == 0 else "sh"
                     lines.append(f"fma.rn.bf16x2 a{n}, h, {sc}, nz;" if bx else f"mul.rn.f16x2 a{n}, h, {sc};")
                     n += 1
@@ -617,6 +617,10 @@ if HAVE_TRITON:
     _FP4_MMA_CONS2 = tl.constexpr(_fp4_mma_cons(2))
     _BX_MMA_ASM = tl.constexpr(_fp4_mma_asm(1, bx=True))
     _BX_MMA_ASM2 = tl.constexpr(_fp4_mma_asm(2, bx=True))
+    # the decode with two shifts for plane 2 (SHIFTS): fp4moe's walking down at M = 9-16 keeps 128 registers with it
+    # (sm_90: 130 with the multiply, 3 programs an SM for 4)
+    _BX_MMA_ASM_SHIFTS = tl.constexpr(_fp4_mma_asm(1, bx=True, imad=False))
+    _BX_MMA_ASM2_SHIFTS = tl.constexpr(_fp4_mma_asm(2, bx=True, imad=False))
 
     @triton.jit
     def _fp4_xpack4_kernel(x_ptr, xp_ptr, KW, stride_xs, stride_ps, z_ptr, NZ, BLOCK: tl.constexpr,
@@ -877,22 +881,28 @@ if HAVE_TRITON:
 
     @triton.jit
     def _fp4_mma_steps(ops, U: tl.constexpr, T: tl.constexpr, TWO: tl.constexpr, acc0, acc1, acc2, acc3,
-                       BX: tl.constexpr):
-        """The math of the U steps whose operands _fp4_mma_loads returned."""
-        acc0, acc1, acc2, acc3 = _fp4_mma_math(ops[0], T, TWO, acc0, acc1, acc2, acc3, BX)
+                       BX: tl.constexpr, SHIFTS: tl.constexpr = False):
+        """The math of the U steps whose operands _fp4_mma_loads returned (SHIFTS: _BX_MMA_ASM*_SHIFTS' decode)."""
+        acc0, acc1, acc2, acc3 = _fp4_mma_math(ops[0], T, TWO, acc0, acc1, acc2, acc3, BX, SHIFTS)
         if U >= 2:
-            acc0, acc1, acc2, acc3 = _fp4_mma_math(ops[1], T, TWO, acc0, acc1, acc2, acc3, BX)
+            acc0, acc1, acc2, acc3 = _fp4_mma_math(ops[1], T, TWO, acc0, acc1, acc2, acc3, BX, SHIFTS)
         if U >= 4:
-            acc0, acc1, acc2, acc3 = _fp4_mma_math(ops[2], T, TWO, acc0, acc1, acc2, acc3, BX)
-            acc0, acc1, acc2, acc3 = _fp4_mma_math(ops[3], T, TWO, acc0, acc1, acc2, acc3, BX)
+            acc0, acc1, acc2, acc3 = _fp4_mma_math(ops[2], T, TWO, acc0, acc1, acc2, acc3, BX, SHIFTS)
+            acc0, acc1, acc2, acc3 = _fp4_mma_math(ops[3], T, TWO, acc0, acc1, acc2, acc3, BX, SHIFTS)
         return acc0, acc1, acc2, acc3
 
     @triton.jit
-    def _fp4_mma_math(op, T: tl.constexpr, TWO: tl.constexpr, acc0, acc1, acc2, acc3, BX: tl.constexpr = False):
+    def _fp4_mma_math(op, T: tl.constexpr, TWO: tl.constexpr, acc0, acc1, acc2, acc3, BX: tl.constexpr = False,
+                      SHIFTS: tl.constexpr = False):
         s = tl.broadcast_to(op[1][:, None], (T, 4))
         # one call per asm string: Triton takes it as a constexpr, not as a value a conditional expression picks
         if TWO:  # the decoded tile into two MMAs: x rows 0-7 (acc0, acc1) and 8-15 (acc2, acc3)
-            if BX:
+            if BX and SHIFTS:
+                acc0, acc1, acc2, acc3 = tl.inline_asm_elementwise(
+                    _BX_MMA_ASM2_SHIFTS, _FP4_MMA_CONS2,
+                    [op[0], s, op[2], op[3], op[4], op[5], acc0, acc1, acc2, acc3],
+                    dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=4)
+            elif BX:
                 acc0, acc1, acc2, acc3 = tl.inline_asm_elementwise(
                     _BX_MMA_ASM2, _FP4_MMA_CONS2, [op[0], s, op[2], op[3], op[4], op[5], acc0, acc1, acc2, acc3],
                     dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=4)
@@ -900,6 +910,10 @@ if HAVE_TRITON:
                 acc0, acc1, acc2, acc3 = tl.inline_asm_elementwise(
                     _FP4_MMA_ASM2, _FP4_MMA_CONS2, [op[0], s, op[2], op[3], op[4], op[5], acc0, acc1, acc2, acc3],
                     dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=4)
+        elif BX and SHIFTS:
+            acc0, acc1 = tl.inline_asm_elementwise(_BX_MMA_ASM_SHIFTS, _FP4_MMA_CONS,
+                                                   [op[0], s, op[2], op[3], acc0, acc1],
+                                                   dtype=(tl.float32, tl.float32), is_pure=True, pack=4)
         elif BX:
             acc0, acc1 = tl.inline_asm_elementwise(_BX_MMA_ASM, _FP4_MMA_CONS, [op[0], s, op[2], op[3], acc0, acc1],
                                                    dtype=(tl.float32, tl.float32), is_pure=True, pack=4)
