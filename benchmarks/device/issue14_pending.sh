@@ -273,7 +273,8 @@ timeout 200 python3 benchmarks/lowprec_device.py --out "${2:-/tmp}/lp" --section
   | grep -E "checks:|FAILED" | tail -3
 rm -rf /tmp/noimad && mkdir -p /tmp/noimad && cp -r workflow benchmarks /tmp/noimad/
 sed -i 's/^FP4_DECODE_IMAD = True$/FP4_DECODE_IMAD = False/' /tmp/noimad/workflow/decode_gap/kernels/lowprec.py
-grep -q "^FP4_DECODE_IMAD = False$" /tmp/noimad/workflow/decode_gap/kernels/lowprec.py || { echo "no FP4_DECODE_IMAD" >&2; exit 2; }
+grep -q "^FP4_DECODE_IMAD = False$" /tmp/noimad/workflow/decode_gap/kernels/lowprec.py \
+  || { echo "no FP4_DECODE_IMAD" >&2; exit 2; }
 order=". /tmp/noimad /tmp/noimad ."; [ "${ROUNDS:-2}" = 1 ] && order=". /tmp/noimad"
 for tree in $order; do
   echo "== $( [ "$tree" = . ] && echo imad || echo shifts )"
