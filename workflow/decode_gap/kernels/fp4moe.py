@@ -331,9 +331,9 @@ if HAVE_TRITON:
             vn = _fp4_mma_wloads(wb2 + sj * 128, sb2 + sj * 32, U, EV)
             step = i0 + k * U
             a = _fp4_mma_with_x(w, xb + step * 32, xb2 + step * 32, U, TWO)
-            # the decode's two shifts (SHIFTS): the multiply's took 130 registers here, 3 programs an SM for 4
-            acc0, acc1, acc2, acc3 = _fp4_mma_steps(a, U, T, TWO, acc0, acc1, acc2, acc3, BX, True)
-            acc4, acc5, acc6, acc7 = _fp4_mma_steps(_with_x_of(v, a, U), U, T, TWO, acc4, acc5, acc6, acc7, BX, True)
+            # at M = 9-16 the decode's two shifts (SHIFTS): the multiply's took 130 registers, 3 programs an SM for 4
+            acc0, acc1, acc2, acc3 = _fp4_mma_steps(a, U, T, TWO, acc0, acc1, acc2, acc3, BX, TWO)
+            acc4, acc5, acc6, acc7 = _fp4_mma_steps(_with_x_of(v, a, U), U, T, TWO, acc4, acc5, acc6, acc7, BX, TWO)
             if wrap:
                 _group_store(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, ts, tile + gi * 2 * WARPS, g, qq, c4, N,
                              NT, out_ptr, b, pairs_ptr, rw_ptr, P, stride_o, WARPS, O_DIV, BM, ATOMIC, ROW_WEIGHT,
