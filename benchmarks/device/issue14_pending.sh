@@ -268,7 +268,8 @@ imad)
 # the decode's multiply (lowprec.FP4_DECODE_IMAD: a plane whose sign and magnitude move apart in 3 operations, not 4)
 # against the two shifts it replaced: every kernel check on this tree, then the plan's loops as they run and with no
 # DRAM traffic (ablate_probe.py's base and L2 ways) with this tree and with a copy whose FP4_DECODE_IMAD is False, in
-# the order new, old, old, new (ROUNDS=1: new, old)
+# the order new, old, old, new (ROUNDS=1: new, old). Ran on an H100 on 2026-12-08 (lowprec's FP4_DECODE_IMAD comment
+# holds the figures); still to run on an H200
 timeout 200 python3 benchmarks/lowprec_device.py --out "${2:-/tmp}/lp" --sections kernelchecks --budget-s 150 2>&1 \
   | grep -E "checks:|FAILED" | tail -3
 rm -rf /tmp/noimad && mkdir -p /tmp/noimad && cp -r workflow benchmarks /tmp/noimad/

@@ -150,7 +150,13 @@ FP8_BLOCK = 128
 # copies in one IMAD (the FMA pipe), 3 operations where two shifts, two masks and an OR took 4 after ptxas's LOP3
 # fusion. The copies' stray bits add up only outside the target bits (carry_free checks every one of the 256 cases
 # when the asm is built). sm_90 SASS, main loop (benchmarks/kernel_resources.py): the bf16 forms 4-5% shorter (the
-# M = 9-16 ring: 200 -> 192 instructions a 2-step iteration), the fp16 forms 9-10% (167 -> 150).
+# M = 9-16 ring: 200 -> 192 instructions a 2-step iteration), the fp16 forms 9-10% (167 -> 150). H100 80GB HBM3
+# (2026-12-08, read 3159 GB/s, issue14_pending.sh imad and a second round in the other order; kernel checks 302
+# passed), us, median of 3, with / without, the plan's forms: with no DRAM traffic (ablate_probe's L2 way) M=16
+# 28672x4096 22.44 / 22.99, 7168x18432 23.66 / 24.60, 4096x14336 12.45 / 12.73; M=1 16.08 / 16.36, 20.26 /
+# 20.84, 10.26 / 10.38; as they run, M=16 26.36 / 26.63, 26.88 / 27.32, 14.79 / 14.89, M=1 level (22.93 / 22.84,
+# 26.23 / 26.25, 13.80 / 13.81: memory-bound on this card). ncu, 28672x4096 M=16 with no DRAM traffic: 12.10M
+# warp instructions for 12.56M, 22.18 us for 22.85. Not yet timed on an H200, where M=16 runs past the read.
 FP4_DECODE_IMAD = True
 
 
