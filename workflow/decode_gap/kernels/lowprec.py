@@ -623,9 +623,8 @@ if HAVE_TRITON:
     _FP4_MMA_CONS2 = tl.constexpr(_fp4_mma_cons(2))
     _BX_MMA_ASM = tl.constexpr(_fp4_mma_asm(1, bx=True))
     _BX_MMA_ASM2 = tl.constexpr(_fp4_mma_asm(2, bx=True))
-    # the decode with two shifts for plane 2 (SHIFTS): fp4moe's walking down at M = 9-16 keeps 128 registers with it
-    # (sm_90: 130 with the multiply, 3 programs an SM for 4)
-    _BX_MMA_ASM_SHIFTS = tl.constexpr(_fp4_mma_asm(1, bx=True, imad=False))
+    # the decode with two shifts for plane 2 (SHIFTS, two x sets): fp4moe's walking down at M = 9-16 keeps 128
+    # registers with it (sm_90: 130 with the multiply, 3 programs an SM for 4)
     _BX_MMA_ASM2_SHIFTS = tl.constexpr(_fp4_mma_asm(2, bx=True, imad=False))
 
     @triton.jit
@@ -888,7 +887,8 @@ if HAVE_TRITON:
     @triton.jit
     def _fp4_mma_steps(ops, U: tl.constexpr, T: tl.constexpr, TWO: tl.constexpr, acc0, acc1, acc2, acc3,
                        BX: tl.constexpr, SHIFTS: tl.constexpr = False):
-        """The math of the U steps whose operands _fp4_mma_loads returned (SHIFTS: _BX_MMA_ASM*_SHIFTS' decode)."""
+        """The math of the U steps whose operands _fp4_mma_loads returned (SHIFTS: with TWO and BX,
+        _BX_MMA_ASM2_SHIFTS' decode)."""
         acc0, acc1, acc2, acc3 = _fp4_mma_math(ops[0], T, TWO, acc0, acc1, acc2, acc3, BX, SHIFTS)
         if U >= 2:
             acc0, acc1, acc2, acc3 = _fp4_mma_math(ops[1], T, TWO, acc0, acc1, acc2, acc3, BX, SHIFTS)
@@ -916,10 +916,6 @@ if HAVE_TRITON:
                 acc0, acc1, acc2, acc3 = tl.inline_asm_elementwise(
                     _FP4_MMA_ASM2, _FP4_MMA_CONS2, [op[0], s, op[2], op[3], op[4], op[5], acc0, acc1, acc2, acc3],
                     dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=4)
-        elif BX and SHIFTS:
-            acc0, acc1 = tl.inline_asm_elementwise(_BX_MMA_ASM_SHIFTS, _FP4_MMA_CONS,
-                                                   [op[0], s, op[2], op[3], acc0, acc1],
-                                                   dtype=(tl.float32, tl.float32), is_pure=True, pack=4)
         elif BX:
             acc0, acc1 = tl.inline_asm_elementwise(_BX_MMA_ASM, _FP4_MMA_CONS, [op[0], s, op[2], op[3], acc0, acc1],
                                                    dtype=(tl.float32, tl.float32), is_pure=True, pack=4)
