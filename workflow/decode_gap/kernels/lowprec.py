@@ -108,6 +108,7 @@ configurations and launch wrappers, and a kernel and its wrapper are read (and t
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass, replace
@@ -168,6 +169,7 @@ def _plane_bits(j: int, bx: bool) -> tuple[int, int, int, int]:
     return top - mag_bit, 15 - MMA_SIGN_BITS[j], half | half << 16, target | target << 16
 
 
+@functools.cache  # each asm string asks it again for every word and MMA of a step: the same few planes
 def carry_free(source: int, multiplier: int, target: int) -> bool:
     """(w & source) * multiplier has, at the target bits, exactly the OR of its shifted copies for every w."""
     bits = [b for b in range(32) if source >> b & 1]
