@@ -111,7 +111,6 @@ def test_tensor_core_bit_layout_decodes_each_plane_with_its_shifts():
         assert torch.equal(mag | sign, want), j
 
 
-
 _PTX_OPS = {"and.b32": int.__and__, "or.b32": int.__or__, "shl.b32": int.__lshift__, "shr.b32": int.__rshift__,
             "mul.lo.u32": int.__mul__}
 
@@ -135,10 +134,10 @@ def test_decode_ptx_of_every_plane_gives_its_two_values_sign_and_e1_e0_m_in_plac
     on every code in every plane; the multiply form is used for the planes it is carry-free for."""
     top = 6 if bx else 9
     mags = lp.BX_MAG_BITS if bx else lp.MMA_MAG_BITS
+    # random words, and code c in every nibble (c = 0..15) put through the bit layout
+    every_code = torch.tensor([sum(c << (4 * p) for p in range(8)) for c in range(16)]).to(torch.int32)
     words = torch.randint(0, 2**32, (2000,), dtype=torch.int64).tolist()
-    words += [sum(c << (4 * p) for p in range(8)) for c in range(16)]  # code c in every nibble, before the layout
-    words = [lp.mma_bit_layout(torch.tensor([w], dtype=torch.int64).to(torch.int32), bx=bx).item() & 0xFFFFFFFF
-             if i >= 2000 else w for i, w in enumerate(words)]
+    words += [w & 0xFFFFFFFF for w in lp.mma_bit_layout(every_code, bx=bx).tolist()]
     for j in range(4):
         lines = lp.decode_plane_ptx(j, "$w", bx, imad=imad)
         assert any("mul.lo" in line for line in lines) == (imad and (j == 2 if bx else j >= 2))
